@@ -1,0 +1,61 @@
+"""DistIR: a small IR for distributed neural-network programs.
+
+Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
+``format`` for the text format, ``execute`` for the numpy reference executor,
+``Topology`` for hardware, and ``ir.models`` for ready-made models.
+"""
+
+from __future__ import annotations
+
+from .builder import FunctionBuilder
+from .device import Device, Topology, TopologyError
+from .errors import (
+    DistIRError,
+    ExecutionError,
+    ParseError,
+    RegistryError,
+    TypeRuleError,
+    UnknownOpError,
+    VerifyError,
+)
+from .execute import execute, random_inputs
+from .function import Function
+from .op import Op
+from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
+from .text import format_function as format
+from .types import DeviceVar, DType, TensorType, TupleType, Type
+from .value import Value
+from .verify import verify
+
+__all__ = [
+    "Attr",
+    "Cost",
+    "DType",
+    "Device",
+    "DeviceVar",
+    "DistIRError",
+    "ExecutionError",
+    "Function",
+    "FunctionBuilder",
+    "Op",
+    "OpDef",
+    "OpKind",
+    "ParseError",
+    "RegistryError",
+    "TensorType",
+    "Topology",
+    "TopologyError",
+    "TupleType",
+    "Type",
+    "TypeRuleError",
+    "UnknownOpError",
+    "Value",
+    "VerifyError",
+    "all_ops",
+    "execute",
+    "format",
+    "get_op",
+    "random_inputs",
+    "register_op",
+    "verify",
+]

@@ -1,0 +1,159 @@
+"""FunctionBuilder: the only mutable thing in the IR; ``finish()`` returns a verified Function."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .errors import UnknownOpError, VerifyError
+from .function import Function
+from .op import Op, freeze_attributes
+from .registry import get_op
+from .types import DeviceRef, TensorType, Type, TupleType
+from .value import Value
+from .verify import check_outputs, describe_op, infer_types
+
+
+class FunctionBuilder:
+    """Builds a Function op by op, inferring and checking types as it goes.
+
+    >>> from ir import FunctionBuilder, TensorType
+    >>> b = FunctionBuilder("double")
+    >>> x = b.input("x", TensorType((2, 3), device=0))
+    >>> y = b.call("Add", x, x, name="y")
+    >>> print(b.finish([y]))
+    def double(x: Tensor[(2, 3), 0]):
+        y: Tensor[(2, 3), 0] = Add(x, x)
+        return y
+    """
+
+    def __init__(self, name: str = "main") -> None:
+        self.name = name
+        self._inputs: list[Value] = []
+        self._ops: list[Op] = []
+        self._defined: set[Value] = set()
+        self._finished = False
+
+    @property
+    def ops(self) -> tuple[Op, ...]:
+        return tuple(self._ops)
+
+    def input(self, name: str, type: Type) -> Value:
+        """Declare a function input."""
+        if not isinstance(type, (TensorType, TupleType)):
+            raise VerifyError(f"input {name!r} needs a TensorType or TupleType, got {type!r}")
+        v = Value(name, type)
+        self._inputs.append(v)
+        self._defined.add(v)
+        return v
+
+    def add_op(
+        self,
+        op_type: str,
+        inputs: Sequence[Value],
+        attributes: Mapping[str, Any] | None = None,
+        *,
+        names: Sequence[str] | None = None,
+        subfunctions: Sequence[Function] = (),
+        output_types: Sequence[Type] | None = None,
+        op_name: str = "",
+    ) -> Op:
+        """Append an op; its result types come from the op's type rule.
+
+        ``output_types``, when given (the parser passes the declared types),
+        must equal what the rule infers. ``names`` are hints for the results.
+        """
+        self._check_open()
+        try:
+            opdef = get_op(op_type)
+        except UnknownOpError as e:
+            raise VerifyError(str(e)) from None
+        for i, v in enumerate(inputs):
+            if not isinstance(v, Value):
+                raise VerifyError(f"operand {i} of {opdef.name} is {v!r}, not a Value")
+            if v not in self._defined:
+                raise VerifyError(
+                    f"operand {i} of {opdef.name} ({v.name!r}) is not defined in function "
+                    f"{self.name!r} before this op"
+                )
+        types, attrs = infer_types(
+            opdef, [v.type for v in inputs], attributes or {}, tuple(subfunctions)
+        )
+        if output_types is not None:
+            if len(output_types) != len(types):
+                raise VerifyError(
+                    f"{opdef.name} has {len(types)} result(s), {len(output_types)} declared"
+                )
+            for i, (declared, inferred) in enumerate(zip(output_types, types)):
+                if declared != inferred:
+                    raise VerifyError(
+                        f"{opdef.name} result {i} is declared {declared} but the op's type "
+                        f"rule gives {inferred}"
+                    )
+        if names is None:
+            names = opdef.results if len(types) > 1 else (opdef.results[0],)
+        if len(names) != len(types):
+            raise VerifyError(f"{opdef.name} has {len(types)} result(s), got {len(names)} names")
+        outputs = tuple(Value(n, t) for n, t in zip(names, types))
+        op = Op(
+            op_type=opdef.name,
+            inputs=tuple(inputs),
+            outputs=outputs,
+            attributes=freeze_attributes(attrs),
+            device=_common_device(types),
+            subfunctions=tuple(subfunctions),
+            name=op_name,
+        )
+        self._ops.append(op)
+        self._defined.update(outputs)
+        return op
+
+    def call(
+        self,
+        op_type: str,
+        *inputs: Value,
+        name: str | Sequence[str] | None = None,
+        subfunctions: Sequence[Function] = (),
+        **attributes: Any,
+    ) -> Any:
+        """Append an op and return its result (a Value, or a tuple of Values if several)."""
+        names = [name] if isinstance(name, str) else name
+        op = self.add_op(op_type, inputs, attributes, names=names, subfunctions=subfunctions)
+        return op.outputs[0] if len(op.outputs) == 1 else op.outputs
+
+    def finish(self, outputs: Sequence[Value] | Value) -> Function:
+        """Close the builder and return the verified Function."""
+        self._check_open()
+        if isinstance(outputs, Value):
+            outputs = [outputs]
+        check_outputs(self.name, outputs, self._defined)
+        self._finished = True
+        return Function(self.name, tuple(self._inputs), tuple(self._ops), tuple(outputs))
+
+    def _check_open(self) -> None:
+        if self._finished:
+            raise VerifyError(f"builder for {self.name!r} is finished; start a new one")
+
+
+def _common_device(types: Sequence[Type]) -> DeviceRef:
+    """The device all results live on, or None if they span several (a collective)."""
+    devices = {t.device for t in types if isinstance(t, TensorType)}
+    if len(devices) == 1 and not any(isinstance(t, TupleType) for t in types):
+        return devices.pop()
+    return None
+
+
+def rebuild_op(builder: FunctionBuilder, op: Op, inputs: Sequence[Value]) -> tuple[Value, ...]:
+    """Re-add ``op`` to ``builder`` with new operands, keeping type, attributes and names."""
+    try:
+        new = builder.add_op(
+            op.op_type,
+            inputs,
+            dict(op.attributes),
+            names=[v.name for v in op.outputs],
+            subfunctions=op.subfunctions,
+            op_name=op.name,
+        )
+    except VerifyError as e:
+        raise VerifyError(f"{e}\n  while rebuilding: {describe_op(op)}") from None
+    return new.outputs

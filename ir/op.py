@@ -1,0 +1,51 @@
+"""Ops: the nodes of the dataflow graph."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any
+
+from .types import DeviceRef
+from .value import Value
+
+if TYPE_CHECKING:
+    from .function import Function
+
+
+def freeze_attributes(attributes: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A read-only copy of ``attributes`` with lists turned into tuples."""
+    return MappingProxyType({k: _freeze(v) for k, v in attributes.items()})
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, Mapping):
+        return MappingProxyType({k: _freeze(x) for k, x in v.items()})
+    return v
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """One application of a registered op type.
+
+    ``op_type`` is the canonical registry name (``MatMul``, ``AllReduce``, ``Pmap``).
+    ``device`` is where a single-device op runs; communication ops that span
+    several devices have ``device=None`` and carry their devices in their types
+    and attributes. ``subfunctions`` holds the body of a ``Pmap``.
+    """
+
+    op_type: str
+    inputs: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    attributes: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    device: DeviceRef = None
+    subfunctions: tuple[Function, ...] = ()
+    name: str = ""
+
+    def __repr__(self) -> str:
+        ins = ", ".join(v.name for v in self.inputs)
+        outs = ", ".join(v.name for v in self.outputs)
+        return f"Op({outs} = {self.op_type}({ins}))"

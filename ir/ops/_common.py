@@ -1,0 +1,77 @@
+"""Small building blocks that op families share: operand checks and cost shapes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import Cost, CostContext, TypeContext
+from ..types import TensorType, Type, TupleType
+
+
+def tensor(ctx: TypeContext, i: int, what: str = "") -> TensorType:
+    """Operand ``i`` as a TensorType, or a TypeRuleError saying it is not one."""
+    t = ctx.input_types[i]
+    if not isinstance(t, TensorType):
+        label = what or f"operand {i}"
+        raise TypeRuleError(f"{label} must be a tensor, got {t}")
+    return t
+
+
+def tuple_operand(ctx: TypeContext, i: int, what: str = "") -> TupleType:
+    t = ctx.input_types[i]
+    if not isinstance(t, TupleType) or not t.elements:
+        label = what or f"operand {i}"
+        raise TypeRuleError(f"{label} must be a non-empty per-device tuple, got {t}")
+    return t
+
+
+def same_dtype(*types: TensorType) -> None:
+    dtypes = {t.dtype for t in types}
+    if len(dtypes) > 1:
+        shown = ", ".join(sorted(d.value for d in dtypes))
+        raise TypeRuleError(f"operands have different dtypes ({shown}); cast them first")
+
+
+def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy broadcasting of two shapes, or a TypeRuleError naming both."""
+    try:
+        return tuple(np.broadcast_shapes(a, b))
+    except ValueError:
+        raise TypeRuleError(f"shapes {a} and {b} do not broadcast") from None
+
+
+def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
+    if not -rank <= axis < max(rank, 1):
+        raise TypeRuleError(f"{what} {axis} is out of range for a rank-{rank} tensor")
+    return axis % rank if rank else 0
+
+
+def element_sum(types: Sequence[Type]) -> int:
+    """Total number of bytes of ``types`` (tuples count every element)."""
+    return sum(t.size_bytes for t in types)
+
+
+def memory_cost(ctx: CostContext, flops: float = 0.0) -> Cost:
+    """Read every operand, write every result, and ``flops`` of arithmetic."""
+    return Cost(flops, element_sum(ctx.input_types), element_sum(ctx.output_types))
+
+
+def per_output_element(flops_per_element: float):
+    """A cost rule: ``flops_per_element`` per result element, plus reading and writing."""
+
+    def rule(ctx: CostContext) -> Cost:
+        n = sum(t.num_elements for t in ctx.output_types if isinstance(t, TensorType))
+        return memory_cost(ctx, flops_per_element * n)
+
+    return rule
+
+
+def no_cost(ctx: CostContext) -> Cost:
+    return Cost()
+
+
+def as_tuple(x) -> tuple:
+    return tuple(x) if isinstance(x, (tuple, list)) else (x,)

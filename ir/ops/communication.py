@@ -1,0 +1,281 @@
+"""Communication ops: explicit data movement between devices.
+
+Per-device values are tuples (``Tuple[T@1, ..., T@N]``). Uneven splits follow
+one rule everywhere (``split_sizes``): when ``n`` rows go to ``k`` devices, the
+first ``n % k`` devices get one row more than the others.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
+from ..types import TensorType, TupleType
+from ._common import memory_cost, normalize_axis, same_dtype, tensor, tuple_operand
+
+REDUCTIONS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "mean": np.add}
+
+
+def split_sizes(n: int, k: int) -> list[int]:
+    """Sizes of ``k`` shards of ``n`` elements: the first ``n % k`` get one more."""
+    base, extra = divmod(n, k)
+    return [base + (1 if i < extra else 0) for i in range(k)]
+
+
+def split_array(x: np.ndarray, k: int, axis: int) -> list[np.ndarray]:
+    bounds = np.cumsum([0, *split_sizes(x.shape[axis], k)])
+    return [np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=axis) for i in range(k)]
+
+
+def _devices(ctx: TypeContext) -> tuple:
+    devices = tuple(ctx.attributes["devices"])
+    if not devices:
+        raise TypeRuleError("devices must list at least one device")
+    if len(set(devices)) != len(devices):
+        raise TypeRuleError(f"devices lists a device twice: {list(devices)}")
+    return devices
+
+
+def _shards(t: TensorType, axis: int, devices: Sequence, what: str) -> TupleType:
+    axis = normalize_axis(axis, t.rank, "dim")
+    n, k = t.shape[axis], len(devices)
+    if k > n:
+        raise TypeRuleError(f"{what} of an axis of size {n} over {k} devices leaves empty shards")
+    shapes = [t.shape[:axis] + (s,) + t.shape[axis + 1 :] for s in split_sizes(n, k)]
+    return TupleType(tuple(TensorType(s, t.dtype, d) for s, d in zip(shapes, devices)))
+
+
+def _uniform_tuple(ctx: TypeContext, i: int = 0) -> TupleType:
+    """Operand ``i`` as a tuple whose elements are tensors of one dtype and rank."""
+    xs = tuple_operand(ctx, i)
+    for e in xs.elements:
+        if not isinstance(e, TensorType):
+            raise TypeRuleError(f"tuple elements must be tensors, got {e}")
+    same_dtype(*xs.elements)
+    if len({e.rank for e in xs.elements}) > 1:
+        raise TypeRuleError(f"tuple elements have different ranks: {xs}")
+    return xs
+
+
+def _same_shapes(xs: TupleType, what: str) -> None:
+    shapes = {e.shape for e in xs.elements}
+    if len(shapes) > 1:
+        raise TypeRuleError(f"{what} needs one shape on every device, got {sorted(shapes)}")
+
+
+def _concat_shape(xs: TupleType, axis: int) -> tuple[int, ...]:
+    first = xs.elements[0]
+    axis = normalize_axis(axis, first.rank, "dim")
+    for e in xs.elements:
+        if e.shape[:axis] + e.shape[axis + 1 :] != first.shape[:axis] + first.shape[axis + 1 :]:
+            raise TypeRuleError(f"shapes {first.shape} and {e.shape} differ off dim {axis}")
+    total = sum(e.shape[axis] for e in xs.elements)
+    return first.shape[:axis] + (total,) + first.shape[axis + 1 :]
+
+
+def _reduce(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
+    if op not in REDUCTIONS:
+        raise ValueError(f"unknown reduction {op!r} (one of {sorted(REDUCTIONS)})")
+    out = parts[0]
+    for p in parts[1:]:
+        out = REDUCTIONS[op](out, p)
+    return out / len(parts) if op == "mean" else out
+
+
+def _check_reduction(ctx: TypeContext) -> str:
+    op = ctx.attributes["op"]
+    if op not in REDUCTIONS:
+        raise TypeRuleError(f"op must be one of {sorted(REDUCTIONS)}, got {op!r}")
+    return op
+
+
+def _comm(name: str, operands, results, type_rule, kernel, attributes=(), doc="", aliases=()):
+    return register_op(
+        OpDef(
+            name=name,
+            operands=operands,
+            results=results,
+            type_rule=type_rule,
+            kernel=kernel,
+            cost_rule=memory_cost,
+            attributes=attributes,
+            kind=OpKind.COMMUNICATION,
+            aliases=aliases,
+            doc=doc,
+        )
+    )
+
+
+_TO_DEVICE = Attr("to_device", doc="destination device", aliases=("device",))
+_DEVICES = Attr("devices", doc="destination devices, in tuple order")
+_DIM = Attr("dim", 0, "tensor axis")
+_OP = Attr("op", "sum", "reduction: sum, mean, max or min")
+
+# -- point to point --------------------------------------------------------------
+
+_comm(
+    "Send",
+    ("x",),
+    ("y",),
+    lambda ctx: [tensor(ctx, 0).with_device(ctx.attributes["to_device"])],
+    lambda xs, a: [xs[0]],
+    (_TO_DEVICE,),
+    "Copy a tensor to another device.",
+)
+
+# -- one to many -----------------------------------------------------------------
+
+_comm(
+    "Scatter",
+    ("x",),
+    ("xs",),
+    lambda ctx: [_shards(tensor(ctx, 0), ctx.attributes["dim"], _devices(ctx), "scatter")],
+    lambda xs, a: [tuple(split_array(xs[0], len(a["devices"]), a["dim"]))],
+    (_DIM, _DEVICES),
+    "Split a tensor along dim; shard i goes to devices[i] (uneven: first n % k get one more).",
+)
+_comm(
+    "Broadcast",
+    ("x",),
+    ("xs",),
+    lambda ctx: [TupleType(tuple(tensor(ctx, 0).with_device(d) for d in _devices(ctx)))],
+    lambda xs, a: [tuple(xs[0].copy() for _ in a["devices"])],
+    (_DEVICES,),
+    "Copy a tensor to every device in devices.",
+)
+
+# -- many to one -----------------------------------------------------------------
+
+
+def _gather_types(ctx: TypeContext):
+    xs = _uniform_tuple(ctx)
+    shape = _concat_shape(xs, ctx.attributes["dim"])
+    return [xs.elements[0].with_shape(shape).with_device(ctx.attributes["to_device"])]
+
+
+_comm(
+    "Gather",
+    ("xs",),
+    ("x",),
+    _gather_types,
+    lambda xs, a: [np.concatenate(xs[0], axis=a["dim"])],
+    (_DIM, _TO_DEVICE),
+    "Concatenate per-device shards along dim on one device.",
+)
+
+
+def _reduce_types(ctx: TypeContext):
+    xs = _uniform_tuple(ctx)
+    _same_shapes(xs, "reduce")
+    _check_reduction(ctx)
+    return [xs.elements[0].with_device(ctx.attributes["to_device"])]
+
+
+_comm(
+    "Reduce",
+    ("xs",),
+    ("x",),
+    _reduce_types,
+    lambda xs, a: [_reduce(xs[0], a["op"])],
+    (_TO_DEVICE, _OP),
+    "Combine per-device tensors elementwise (sum, mean, max, min) onto one device.",
+)
+
+# -- collectives -----------------------------------------------------------------
+
+
+def _allreduce_types(ctx: TypeContext):
+    xs = _uniform_tuple(ctx)
+    _same_shapes(xs, "allreduce")
+    _check_reduction(ctx)
+    return [xs]
+
+
+_comm(
+    "AllReduce",
+    ("xs",),
+    ("ys",),
+    _allreduce_types,
+    lambda xs, a: [tuple(_reduce(xs[0], a["op"]) for _ in xs[0])],
+    (_OP,),
+    "Every device gets the elementwise reduction of all devices' tensors.",
+)
+
+
+def _allgather_types(ctx: TypeContext):
+    xs = _uniform_tuple(ctx)
+    shape = _concat_shape(xs, ctx.attributes["dim"])
+    return [TupleType(tuple(e.with_shape(shape) for e in xs.elements))]
+
+
+_comm(
+    "AllGather",
+    ("xs",),
+    ("ys",),
+    _allgather_types,
+    lambda xs, a: [tuple(np.concatenate(xs[0], axis=a["dim"]) for _ in xs[0])],
+    (_DIM,),
+    "Every device gets the concatenation of all devices' shards along dim.",
+)
+
+
+def _reducescatter_types(ctx: TypeContext):
+    xs = _uniform_tuple(ctx)
+    _same_shapes(xs, "reducescatter")
+    _check_reduction(ctx)
+    devices = xs.devices
+    return [_shards(xs.elements[0], ctx.attributes["dim"], devices, "reducescatter")]
+
+
+_comm(
+    "ReduceScatter",
+    ("xs",),
+    ("ys",),
+    _reducescatter_types,
+    lambda xs, a: [tuple(split_array(_reduce(xs[0], a["op"]), len(xs[0]), a["dim"]))],
+    (_DIM, _OP),
+    "Reduce across devices, then device i keeps shard i along dim.",
+)
+
+
+def _alltoall_types(ctx: TypeContext):
+    xs = _uniform_tuple(ctx)
+    _same_shapes(xs, "alltoall")
+    first = xs.elements[0]
+    split = normalize_axis(ctx.attributes["split_dim"], first.rank, "split_dim")
+    concat = normalize_axis(ctx.attributes["concat_dim"], first.rank, "concat_dim")
+    k = len(xs)
+    if first.shape[split] % k:
+        raise TypeRuleError(
+            f"alltoall splits dim {split} of size {first.shape[split]} into {k} equal parts"
+        )
+    shape = list(first.shape)
+    shape[split] //= k
+    shape[concat] *= k
+    return [TupleType(tuple(e.with_shape(tuple(shape)) for e in xs.elements))]
+
+
+def _alltoall_kernel(xs, a):
+    parts = [split_array(x, len(xs[0]), a["split_dim"]) for x in xs[0]]
+    k = len(parts)
+    return [
+        tuple(
+            np.concatenate([parts[src][dst] for src in range(k)], a["concat_dim"])
+            for dst in range(k)
+        )
+    ]
+
+
+_comm(
+    "AllToAll",
+    ("xs",),
+    ("ys",),
+    _alltoall_types,
+    _alltoall_kernel,
+    (Attr("split_dim", 0), Attr("concat_dim", 0)),
+    "Device i sends its j-th chunk (along split_dim) to device j, which concatenates "
+    "the chunks it receives along concat_dim in device order.",
+)

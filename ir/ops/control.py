@@ -1,0 +1,142 @@
+"""Structural ops: pmap, tuple construction and access, constants.
+
+``Pmap`` maps its body over devices (seeds 000 and 002). Its operands are
+per-device tuples of one length N; the body takes one element of each, typed on
+the device variable (``Tensor[(B/N, F), d]``), and its results become tuples
+whose i-th element lives on the i-th device of the first operand. A
+``device_map`` attribute resolves sub-devices ``d.k`` in nested pmaps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
+from ..types import DType, TensorType, TupleType, bind_type
+from ._common import memory_cost, no_cost, tuple_operand
+
+
+def _pmap_types(ctx: TypeContext):
+    if len(ctx.subfunctions) != 1:
+        raise TypeRuleError(f"pmap needs exactly one body, got {len(ctx.subfunctions)}")
+    (body,) = ctx.subfunctions
+    var = ctx.attributes["device_var"]
+    device_map = _plain_map(ctx.attributes["device_map"])
+    if len(body.inputs) != len(ctx.input_types):
+        raise TypeRuleError(
+            f"the body takes {len(body.inputs)} inputs but pmap maps over "
+            f"{len(ctx.input_types)} tuples"
+        )
+    if not ctx.input_types:
+        raise TypeRuleError("pmap needs at least one per-device tuple to map over")
+    tuples = [tuple_operand(ctx, i, f"pmap operand {i}") for i in range(len(ctx.input_types))]
+    n = len(tuples[0])
+    devices = tuples[0].devices
+    for i, t in enumerate(tuples):
+        if len(t) != n:
+            raise TypeRuleError(f"pmap operand {i} has {len(t)} elements, operand 0 has {n}")
+        for k, (elem, param) in enumerate(zip(t.elements, [body.inputs[i].type] * n)):
+            want = bind_type(param, var, devices[k], device_map)
+            if elem != want:
+                raise TypeRuleError(
+                    f"element {k} of pmap operand {i} is {elem}, but the body's input "
+                    f"{body.inputs[i].name!r} bound to device {devices[k]} is {want}"
+                )
+    return [
+        TupleType(tuple(bind_type(out.type, var, d, device_map) for d in devices))
+        for out in body.outputs
+    ]
+
+
+def _plain_map(m):
+    if m is None:
+        return None
+    return {k: (_plain_map(v) if hasattr(v, "items") else list(v)) for k, v in m.items()}
+
+
+register_op(
+    OpDef(
+        name="Pmap",
+        operands=("data",),
+        results=("results",),
+        type_rule=_pmap_types,
+        kernel=None,  # the executor runs the body once per device
+        cost_rule=no_cost,
+        attributes=(
+            Attr("device_var", "d", "name of the device variable the body is typed on"),
+            Attr("device_map", None, "device -> sub-devices, resolving d.k in nested pmaps"),
+        ),
+        variadic=True,
+        kind=OpKind.CONTROL,
+        doc="Map the body over devices; operands and results are per-device tuples.",
+        extra={"variadic_results": True},
+    )
+)
+
+
+def _tuple_get_types(ctx: TypeContext):
+    xs = tuple_operand(ctx, 0)
+    i = ctx.attributes["index"]
+    if not -len(xs) <= i < len(xs):
+        raise TypeRuleError(f"index {i} is out of range for a tuple of {len(xs)}")
+    return [xs.elements[i]]
+
+
+register_op(
+    OpDef(
+        name="TupleGet",
+        operands=("xs",),
+        results=("x",),
+        type_rule=_tuple_get_types,
+        kernel=lambda xs, a: [xs[0][a["index"]]],
+        cost_rule=no_cost,
+        attributes=(Attr("index", doc="element index"),),
+        kind=OpKind.CONTROL,
+        doc="Element i of a tuple; the text format also writes it xs[i].",
+    )
+)
+
+register_op(
+    OpDef(
+        name="MakeTuple",
+        operands=("x",),
+        results=("xs",),
+        type_rule=lambda ctx: [TupleType(tuple(ctx.input_types))],
+        kernel=lambda xs, a: [tuple(xs)],
+        cost_rule=no_cost,
+        variadic=True,
+        kind=OpKind.CONTROL,
+        doc="A tuple of its operands (one per device, usually).",
+    )
+)
+
+
+def _constant_types(ctx: TypeContext):
+    a = ctx.attributes
+    dtype = a["dtype"] if isinstance(a["dtype"], DType) else DType(a["dtype"])
+    return [TensorType(tuple(a["shape"]), dtype, a["device"])]
+
+
+def _constant_kernel(xs, a):
+    dtype = a["dtype"] if isinstance(a["dtype"], DType) else DType(a["dtype"])
+    return [np.full(tuple(a["shape"]), a["value"], dtype=dtype.numpy)]
+
+
+register_op(
+    OpDef(
+        name="Constant",
+        operands=(),
+        results=("c",),
+        type_rule=_constant_types,
+        kernel=_constant_kernel,
+        cost_rule=memory_cost,
+        attributes=(
+            Attr("value", doc="the fill value"),
+            Attr("shape", (), "result shape"),
+            Attr("dtype", "float32", "element type name"),
+            Attr("device", None, "device the constant lives on"),
+        ),
+        doc="A tensor filled with one value.",
+    )
+)

@@ -1,0 +1,124 @@
+"""Elementwise ops: binary arithmetic with numpy broadcasting, activations, their gradients."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import OpDef, TypeContext, register_op
+from ._common import broadcast_shapes, per_output_element, same_dtype, tensor
+
+# -- binary arithmetic ---------------------------------------------------------
+
+
+def _binary_types(ctx: TypeContext):
+    a, b = tensor(ctx, 0, "left operand"), tensor(ctx, 1, "right operand")
+    same_dtype(a, b)
+    return [a.with_shape(broadcast_shapes(a.shape, b.shape))]
+
+
+def _binary(name: str, fn, doc: str, aliases: tuple[str, ...] = ()) -> OpDef:
+    return register_op(
+        OpDef(
+            name=name,
+            operands=("a", "b"),
+            results=("c",),
+            type_rule=_binary_types,
+            kernel=lambda xs, attrs: [fn(xs[0], xs[1])],
+            cost_rule=per_output_element(1),
+            aliases=aliases,
+            doc=doc,
+        )
+    )
+
+
+_binary("Add", np.add, "a + b, with numpy broadcasting.")
+_binary("Sub", np.subtract, "a - b, with numpy broadcasting.")
+_binary("Mul", np.multiply, "a * b, with numpy broadcasting.")
+_binary("Div", np.divide, "a / b, with numpy broadcasting.")
+
+
+# -- unary activations ---------------------------------------------------------
+
+
+def _same_as_first(ctx: TypeContext):
+    return [tensor(ctx, 0)]
+
+
+def _same_as_all(ctx: TypeContext):
+    """Every operand has the first operand's type; the result too."""
+    first = tensor(ctx, 0)
+    for i in range(1, len(ctx.input_types)):
+        t = tensor(ctx, i)
+        if t.shape != first.shape:
+            raise TypeRuleError(f"operand {i} has shape {t.shape}, operand 0 has {first.shape}")
+        same_dtype(first, t)
+    return [first]
+
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _gelu(x):
+    # The tanh approximation (Hendrycks & Gimpel), as GPT-2 uses.
+    return 0.5 * x * (1.0 + np.tanh(_GELU_C * (x + 0.044715 * x**3)))
+
+
+def _gelu_grad(x, dy):
+    inner = _GELU_C * (x + 0.044715 * x**3)
+    t = np.tanh(inner)
+    d_inner = _GELU_C * (1.0 + 3 * 0.044715 * x**2)
+    return dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner)
+
+
+def _unary(name: str, fn, flops: float, doc: str) -> OpDef:
+    return register_op(
+        OpDef(
+            name=name,
+            operands=("x",),
+            results=("y",),
+            type_rule=_same_as_first,
+            kernel=lambda xs, attrs: [fn(xs[0])],
+            cost_rule=per_output_element(flops),
+            doc=doc,
+        )
+    )
+
+
+def _unary_grad(name: str, fn, flops: float, doc: str, operands=("x", "dy")) -> OpDef:
+    return register_op(
+        OpDef(
+            name=name,
+            operands=operands,
+            results=("dx",),
+            type_rule=_same_as_all,
+            kernel=lambda xs, attrs: [fn(xs[0], xs[1])],
+            cost_rule=per_output_element(flops),
+            doc=doc,
+        )
+    )
+
+
+_unary("Relu", lambda x: np.maximum(x, 0).astype(x.dtype), 1, "max(x, 0).")
+_unary("Gelu", _gelu, 8, "GELU, tanh approximation.")
+_unary("Tanh", np.tanh, 4, "tanh(x).")
+_unary("Neg", np.negative, 1, "-x.")
+register_op(
+    OpDef(
+        name="Identity",
+        operands=("x",),
+        results=("y",),
+        type_rule=lambda ctx: [ctx.input_types[0]],
+        kernel=lambda xs, attrs: [xs[0]],
+        cost_rule=per_output_element(0),
+        doc="Returns its operand (a tensor or a tuple) unchanged.",
+    )
+)
+
+_unary_grad("ReluGrad", lambda x, dy: dy * (x > 0), 1, "dy where x > 0, else 0.")
+_unary_grad("GeluGrad", _gelu_grad, 16, "Gradient of Gelu at x times dy.")
+_unary_grad(
+    "TanhGrad", lambda y, dy: dy * (1.0 - y * y), 3, "dy * (1 - y^2), y = tanh(x).", ("y", "dy")
+)

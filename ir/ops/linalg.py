@@ -1,0 +1,91 @@
+"""Matrix multiplication and its gradient.
+
+``MatMul(a, b)`` multiplies the last two axes: ``a`` is ``(..., M, K)`` and ``b``
+is ``(K, N)`` (a weight shared by every batch entry) or ``(..., K, N)`` with the
+same leading axes. ``MatMulGrad(a, b, dy)`` returns ``(db, da)`` in the seeds'
+order (``(dwB, da) = MatMulGrad(a, wB, dl)``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import Cost, CostContext, OpDef, TypeContext, register_op
+from ._common import same_dtype, tensor
+
+
+def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    if len(a) < 2 or len(b) < 2:
+        raise TypeRuleError(f"MatMul needs rank >= 2 operands, got shapes {a} and {b}")
+    if a[-1] != b[-2]:
+        raise TypeRuleError(f"contraction dimensions differ: {a} @ {b} ({a[-1]} != {b[-2]})")
+    if len(b) == 2:
+        return (*a[:-1], b[-1])
+    if a[:-2] != b[:-2]:
+        raise TypeRuleError(f"batch dimensions differ: {a[:-2]} and {b[:-2]}")
+    return (*a[:-1], b[-1])
+
+
+def _matmul_types(ctx: TypeContext):
+    a, b = tensor(ctx, 0, "left operand"), tensor(ctx, 1, "right operand")
+    same_dtype(a, b)
+    return [a.with_shape(_matmul_shape(a.shape, b.shape))]
+
+
+def _matmul_cost(ctx: CostContext) -> Cost:
+    a, b = ctx.input_types
+    (c,) = ctx.output_types
+    flops = 2.0 * c.num_elements * a.shape[-1]
+    return Cost(flops, a.size_bytes + b.size_bytes, c.size_bytes)
+
+
+register_op(
+    OpDef(
+        name="MatMul",
+        operands=("a", "b"),
+        results=("c",),
+        type_rule=_matmul_types,
+        kernel=lambda xs, attrs: [np.matmul(xs[0], xs[1])],
+        cost_rule=_matmul_cost,
+        doc="c = a @ b over the last two axes; b may be a shared (K, N) matrix.",
+    )
+)
+
+
+def _matmul_grad_types(ctx: TypeContext):
+    a, b, dy = (tensor(ctx, i, n) for i, n in enumerate(("a", "b", "dy")))
+    same_dtype(a, b, dy)
+    want = _matmul_shape(a.shape, b.shape)
+    if dy.shape != want:
+        raise TypeRuleError(f"dy has shape {dy.shape}, but a @ b has shape {want}")
+    return [b, a]
+
+
+def _matmul_grad_kernel(xs, attrs):
+    a, b, dy = xs
+    da = np.matmul(dy, np.swapaxes(b, -1, -2))
+    if b.ndim == 2 and a.ndim > 2:
+        db = np.tensordot(a, dy, axes=(list(range(a.ndim - 1)), list(range(dy.ndim - 1))))
+    else:
+        db = np.matmul(np.swapaxes(a, -1, -2), dy)
+    return [db, da]
+
+
+def _matmul_grad_cost(ctx: CostContext) -> Cost:
+    a, b, dy = ctx.input_types
+    flops = 2.0 * 2.0 * dy.num_elements * a.shape[-1]
+    return Cost(flops, a.size_bytes + b.size_bytes + dy.size_bytes, a.size_bytes + b.size_bytes)
+
+
+register_op(
+    OpDef(
+        name="MatMulGrad",
+        operands=("a", "b", "dy"),
+        results=("db", "da"),
+        type_rule=_matmul_grad_types,
+        kernel=_matmul_grad_kernel,
+        cost_rule=_matmul_grad_cost,
+        doc="Gradients of c = a @ b given dc: returns (db, da), the seeds' order.",
+    )
+)

@@ -1,0 +1,221 @@
+"""Types of DistIR values: dtypes, tensors (shape, dtype, device) and per-device tuples.
+
+A device reference in a type is an ``int`` (a concrete device id, as in the seeds'
+``Tensor[(B, F), 0]``), a :class:`DeviceVar` (``d`` bound by a pmap, ``d.1`` for a
+sub-device resolved through a device map), or ``None`` (not yet assigned: the
+seeds' ``?``).
+
+Scalars are rank-0 tensors; the text format spells them ``Float[0]``, ``Int[0]``
+and ``Bool[0]``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Union
+
+import ml_dtypes
+import numpy as np
+
+
+class DType(enum.Enum):
+    """Element types. The value is the name used in the text format."""
+
+    float64 = "float64"
+    float32 = "float32"
+    float16 = "float16"
+    bfloat16 = "bfloat16"
+    int64 = "int64"
+    int32 = "int32"
+    bool = "bool"
+
+    @property
+    def itemsize_bytes(self) -> int:
+        return _ITEMSIZE_BYTES[self]
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype the reference executor uses for this element type."""
+        return _NUMPY[self]
+
+    @property
+    def is_float(self) -> bool:
+        return self in (DType.float64, DType.float32, DType.float16, DType.bfloat16)
+
+    @staticmethod
+    def from_numpy(dtype: np.dtype) -> DType:
+        for member, np_dtype in _NUMPY.items():
+            if np.dtype(dtype) == np_dtype:
+                return member
+        raise ValueError(f"no DistIR dtype for numpy dtype {dtype}")
+
+
+_ITEMSIZE_BYTES = {
+    DType.float64: 8,
+    DType.float32: 4,
+    DType.float16: 2,
+    DType.bfloat16: 2,
+    DType.int64: 8,
+    DType.int32: 4,
+    DType.bool: 1,
+}
+
+_NUMPY = {
+    DType.float64: np.dtype(np.float64),
+    DType.float32: np.dtype(np.float32),
+    DType.float16: np.dtype(np.float16),
+    DType.bfloat16: np.dtype(ml_dtypes.bfloat16),
+    DType.int64: np.dtype(np.int64),
+    DType.int32: np.dtype(np.int32),
+    DType.bool: np.dtype(np.bool_),
+}
+
+
+@dataclass(frozen=True)
+class DeviceVar:
+    """A device variable bound by a pmap (``d``), or a sub-device of it (``d.1``).
+
+    ``d.k`` means "the k-th device that the pmap's device map lists for the
+    concrete device bound to ``d``" (seed 002): with ``device_map={1: [1, 3]}``
+    and ``d = 1``, ``d.0`` is device 1 and ``d.1`` is device 3.
+    """
+
+    name: str
+    sub: tuple[int, ...] = ()
+
+    def __str__(self) -> str:
+        return ".".join([self.name, *map(str, self.sub)])
+
+
+DeviceRef = Union[int, DeviceVar, None]
+
+
+def format_device(device: DeviceRef) -> str:
+    return "?" if device is None else str(device)
+
+
+@dataclass(frozen=True)
+class TensorType:
+    """A tensor with a concrete shape, an element type and the device it lives on."""
+
+    shape: tuple[int, ...]
+    dtype: DType = DType.float32
+    device: DeviceRef = None
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(d, int) and not isinstance(d, bool) for d in self.shape):
+            raise ValueError(f"tensor shape must be a tuple of ints, got {self.shape!r}")
+        if any(d < 0 for d in self.shape):
+            raise ValueError(f"tensor shape has a negative dimension: {self.shape!r}")
+
+    @staticmethod
+    def scalar(dtype: DType = DType.float32, device: DeviceRef = None) -> TensorType:
+        return TensorType((), dtype, device)
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def is_scalar(self) -> bool:
+        return not self.shape
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def size_bytes(self) -> int:
+        return self.num_elements * self.dtype.itemsize_bytes
+
+    def with_device(self, device: DeviceRef) -> TensorType:
+        return TensorType(self.shape, self.dtype, device)
+
+    def with_shape(self, shape: tuple[int, ...]) -> TensorType:
+        return TensorType(tuple(shape), self.dtype, self.device)
+
+    def __str__(self) -> str:
+        return format_type(self)
+
+
+@dataclass(frozen=True)
+class TupleType:
+    """A fixed-length tuple, usually one tensor per device (``Tuple[T@1, ..., T@N]``)."""
+
+    elements: tuple[Type, ...]
+
+    @property
+    def size_bytes(self) -> int:
+        return sum(e.size_bytes for e in self.elements)
+
+    @property
+    def devices(self) -> tuple[DeviceRef, ...]:
+        return tuple(getattr(e, "device", None) for e in self.elements)
+
+    def __len__(self) -> int:
+        return len(self.elements)
+
+    def __str__(self) -> str:
+        return format_type(self)
+
+
+Type = Union[TensorType, TupleType]
+
+_SCALAR_SPELLING = {DType.float32: "Float", DType.int64: "Int", DType.bool: "Bool"}
+
+
+def format_type(t: Type) -> str:
+    """The text-format spelling of a type (the parser reads it back)."""
+    if isinstance(t, TupleType):
+        return "Tuple[" + ", ".join(format_type(e) for e in t.elements) + "]"
+    device = format_device(t.device)
+    if t.is_scalar and t.dtype in _SCALAR_SPELLING:
+        return f"{_SCALAR_SPELLING[t.dtype]}[{device}]"
+    dims = ", ".join(map(str, t.shape))
+    if len(t.shape) == 1:
+        dims += ","
+    dtype = "" if t.dtype == DType.float32 else f", {t.dtype.value}"
+    return f"Tensor[({dims}){dtype}, {device}]"
+
+
+def devices_of(t: Type) -> tuple[DeviceRef, ...]:
+    """Every device a value of this type occupies, in order, with repeats removed."""
+    if isinstance(t, TensorType):
+        return (t.device,)
+    seen: dict[DeviceRef, None] = {}
+    for e in t.elements:
+        for d in devices_of(e):
+            seen[d] = None
+    return tuple(seen)
+
+
+def bind_device(
+    ref: DeviceRef, var: str, concrete: DeviceRef, device_map: dict | None = None
+) -> DeviceRef:
+    """Replace device variable ``var`` in ``ref`` by ``concrete``.
+
+    ``var.k`` (a sub-device) becomes ``device_map[concrete][k]``; without a device
+    map, or with an unassigned ``concrete``, a sub-device stays symbolic.
+    """
+    if not isinstance(ref, DeviceVar) or ref.name != var:
+        return ref
+    if not ref.sub:
+        return concrete
+    if device_map is None or concrete is None or concrete not in device_map:
+        return ref if concrete is None else DeviceVar(str(concrete), ref.sub)
+    node = device_map[concrete]
+    for i, k in enumerate(ref.sub):
+        if isinstance(node, dict):
+            node = node[sorted(node)[k]] if i < len(ref.sub) - 1 else sorted(node)[k]
+        else:
+            node = node[k]
+    return node
+
+
+def bind_type(t: Type, var: str, concrete: DeviceRef, device_map: dict | None = None) -> Type:
+    """``t`` with device variable ``var`` bound to ``concrete`` everywhere inside it."""
+    if isinstance(t, TupleType):
+        return TupleType(tuple(bind_type(e, var, concrete, device_map) for e in t.elements))
+    return t.with_device(bind_device(t.device, var, concrete, device_map))
