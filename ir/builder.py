@@ -9,7 +9,7 @@ from .errors import UnknownOpError, VerifyError
 from .function import Function
 from .op import Op, freeze_attributes
 from .registry import get_op
-from .types import DeviceRef, TensorType, Type, TupleType
+from .types import DeviceRef, TensorType, TupleType, Type
 from .value import Value
 from .verify import check_outputs, describe_op, infer_types
 

@@ -42,7 +42,7 @@ def send_time_s(size_bytes: float, src: int, dst: int, topology: Topology) -> fl
 
 
 def ring_links(devices: Sequence[int], topology: Topology) -> tuple[float, float]:
-    """(slowest bandwidth, largest latency) over the ring devices[0] -> devices[1] -> ... -> devices[0]."""
+    """(slowest bandwidth, largest latency) over the ring devices[0] -> ... -> devices[0]."""
     n = len(devices)
     bandwidth, latency = float("inf"), 0.0
     for i in range(n):

@@ -80,7 +80,8 @@ class Topology:
             if d.device_id == device_id:
                 return d
         raise TopologyError(
-            f"device {device_id} is not in topology {self.name!r} (devices: {list(self.device_ids)})"
+            f"device {device_id} is not in topology {self.name!r} "
+            f"(devices: {list(self.device_ids)})"
         )
 
     def index(self, device_id: int) -> int:
@@ -88,7 +89,8 @@ class Topology:
             if d.device_id == device_id:
                 return i
         raise TopologyError(
-            f"device {device_id} is not in topology {self.name!r} (devices: {list(self.device_ids)})"
+            f"device {device_id} is not in topology {self.name!r} "
+            f"(devices: {list(self.device_ids)})"
         )
 
     def bandwidth(self, src: int, dst: int) -> float:

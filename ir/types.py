@@ -14,7 +14,6 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
-from typing import Union
 
 import ml_dtypes
 import numpy as np
@@ -89,7 +88,7 @@ class DeviceVar:
         return ".".join([self.name, *map(str, self.sub)])
 
 
-DeviceRef = Union[int, DeviceVar, None]
+DeviceRef = int | DeviceVar | None
 
 
 def format_device(device: DeviceRef) -> str:
@@ -161,7 +160,7 @@ class TupleType:
         return format_type(self)
 
 
-Type = Union[TensorType, TupleType]
+Type = TensorType | TupleType
 
 _SCALAR_SPELLING = {DType.float32: "Float", DType.int64: "Int", DType.bool: "Bool"}
 

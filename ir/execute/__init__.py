@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import ExecutionError
 from ..function import Function
 from ..registry import get_op
-from ..types import TensorType, Type, TupleType
+from ..types import TensorType, TupleType, Type
 from ..value import Value
 from ..verify import describe_op
 

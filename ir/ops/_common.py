@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import TypeRuleError
 from ..registry import Cost, CostContext, TypeContext
-from ..types import TensorType, Type, TupleType
+from ..types import TensorType, TupleType, Type
 
 
 def tensor(ctx: TypeContext, i: int, what: str = "") -> TensorType:

@@ -44,7 +44,7 @@ def _shards(t: TensorType, axis: int, devices: Sequence, what: str) -> TupleType
     n, k = t.shape[axis], len(devices)
     if k > n:
         raise TypeRuleError(f"{what} of an axis of size {n} over {k} devices leaves empty shards")
-    shapes = [t.shape[:axis] + (s,) + t.shape[axis + 1 :] for s in split_sizes(n, k)]
+    shapes = [(*t.shape[:axis], s, *t.shape[axis + 1 :]) for s in split_sizes(n, k)]
     return TupleType(tuple(TensorType(s, t.dtype, d) for s, d in zip(shapes, devices)))
 
 
@@ -73,7 +73,7 @@ def _concat_shape(xs: TupleType, axis: int) -> tuple[int, ...]:
         if e.shape[:axis] + e.shape[axis + 1 :] != first.shape[:axis] + first.shape[axis + 1 :]:
             raise TypeRuleError(f"shapes {first.shape} and {e.shape} differ off dim {axis}")
     total = sum(e.shape[axis] for e in xs.elements)
-    return first.shape[:axis] + (total,) + first.shape[axis + 1 :]
+    return (*first.shape[:axis], total, *first.shape[axis + 1 :])
 
 
 def _reduce(parts: Sequence[np.ndarray], op: str) -> np.ndarray:
