@@ -30,8 +30,9 @@ setup_python() {
         python3 -m venv "$VENV"
     fi
     echo "==> installing the project and its tools into .venv"
-    "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-    "$VENV/bin/python" -m pip install -q -e ".[all]"
+    # The machine's pip configuration may list local wheel folders that do not all exist;
+    # pip warns about each on every lookup, which drowns real messages.
+    "$VENV/bin/python" -m pip install -q -e ".[all]" 2> >(grep -v "is ignored: it is neither" >&2)
 }
 
 setup() {
