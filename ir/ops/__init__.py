@@ -2,4 +2,14 @@
 
 from __future__ import annotations
 
-from . import communication, control, elementwise, linalg  # noqa: F401
+from . import (  # noqa: F401
+    communication,
+    control,
+    elementwise,
+    embedding,
+    linalg,
+    loss,
+    nn,
+    optim,
+    shape,
+)

@@ -1,0 +1,100 @@
+"""Embedding lookup (the issue's "Embedding/Gather") and its scatter-add gradient.
+
+The communication family already owns the name ``Gather`` (concatenate shards
+on one device), so the table lookup is ``Embedding``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
+from ..types import DType, TensorType
+from ._common import tensor
+from ._examples import ctx, t
+
+_INT_DTYPES = (DType.int64, DType.int32)
+
+
+def _ids(c: TypeContext, i: int) -> TensorType:
+    ids = tensor(c, i, "ids")
+    if ids.dtype not in _INT_DTYPES:
+        raise TypeRuleError(f"ids must be int64 or int32, got {ids.dtype.value}; cast them first")
+    return ids
+
+
+def _embedding_types(c: TypeContext):
+    table, ids = tensor(c, 0, "table"), _ids(c, 1)
+    if table.rank != 2:
+        raise TypeRuleError(f"the table must be (num_embeddings, hidden), got shape {table.shape}")
+    return [table.with_shape((*ids.shape, table.shape[1]))]
+
+
+def _embedding_cost(c: CostContext) -> Cost:
+    ids = c.input_types[1]
+    (y,) = c.output_types
+    # Only the looked-up rows are read, not the whole table.
+    return Cost(0.0, ids.size_bytes + y.size_bytes, y.size_bytes)
+
+
+register_op(
+    OpDef(
+        name="Embedding",
+        operands=("table", "ids"),
+        results=("y",),
+        type_rule=_embedding_types,
+        kernel=lambda xs, a: [np.take(xs[0], xs[1], axis=0)],
+        cost_rule=_embedding_cost,
+        doc="Row lookup: y[..., :] = table[ids[...], :].",
+        extra={
+            "examples": lambda s: [
+                ctx(t(4 * s, 3), t(2 * s, dtype=DType.int64)),
+                ctx(t(5, 2 * s), t(2, s, dtype=DType.int64)),
+            ]
+        },
+    )
+)
+
+
+def _embedding_grad_types(c: TypeContext):
+    ids, dy = _ids(c, 0), tensor(c, 1, "dy")
+    v = c.attributes["num_embeddings"]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        raise TypeRuleError(f"num_embeddings must be a positive integer, got {v!r}")
+    if dy.rank != ids.rank + 1 or dy.shape[:-1] != ids.shape:
+        raise TypeRuleError(f"dy has shape {dy.shape}, ids of shape {ids.shape} need (*ids, H)")
+    if not dy.dtype.is_float:
+        raise TypeRuleError(f"dy must be floating-point, got {dy.dtype.value}")
+    return [dy.with_shape((v, dy.shape[-1]))]
+
+
+def _embedding_grad(xs, a):
+    ids, dy = xs
+    out = np.zeros((a["num_embeddings"], dy.shape[-1]), dtype=dy.dtype)
+    np.add.at(out, ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    return [out]
+
+
+register_op(
+    OpDef(
+        name="EmbeddingGrad",
+        operands=("ids", "dy"),
+        results=("dtable",),
+        type_rule=_embedding_grad_types,
+        kernel=_embedding_grad,
+        cost_rule=lambda c: Cost(
+            c.input_types[1].num_elements,
+            c.input_types[0].size_bytes + c.input_types[1].size_bytes,
+            c.output_types[0].size_bytes,
+        ),
+        attributes=(Attr("num_embeddings", doc="rows of the table (V)"),),
+        doc="Gradient of Embedding: dy's rows added into a (V, H) zero table at rows ids.",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, dtype=DType.int64), t(2 * s, 3), num_embeddings=4 * s),
+                ctx(t(2, s, dtype=DType.int64), t(2, s, 2 * s), num_embeddings=5),
+            ]
+        },
+    )
+)

@@ -1,0 +1,158 @@
+"""Losses: softmax cross-entropy and mean squared error, and their gradient.
+
+``Loss(y, z)`` returns a scalar on y's device. ``cross_entropy``: ``y`` holds
+logits ``(..., C)`` and ``z`` class indices with y's leading shape (any dtype;
+float labels are cast to int). ``mse``: ``z`` has y's shape and the loss is the
+sum of squared differences. Both divide by ``denominator`` when it is positive,
+else by the number of rows of the local ``y`` (the product of all dims but the
+last; for a rank-1 ``y`` under ``mse`` every element is a row). Data
+parallelism sets ``denominator`` to the global batch size, so that the
+per-device losses and gradients sum to the global ones.
+
+``LossGrad(y, z, scale)`` is ``scale * dLoss/dy``; the seeds write
+``LossGrad(y, z, 1)``, so ``scale`` is the first attribute.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
+from ..types import DType
+from ._common import same_dtype, tensor
+from ._examples import ctx, t
+
+KINDS = ("cross_entropy", "mse")
+
+
+def _check(c: TypeContext):
+    y, z = tensor(c, 0, "y"), tensor(c, 1, "z")
+    a = c.attributes
+    if not y.dtype.is_float:
+        raise TypeRuleError(f"y must hold floating-point values, got {y.dtype.value}")
+    if a["kind"] not in KINDS:
+        raise TypeRuleError(f"kind must be one of {', '.join(KINDS)}, got {a['kind']!r}")
+    d = a["denominator"]
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or d < 0:
+        raise TypeRuleError(f"denominator must be a number >= 0, got {d!r}")
+    if a["kind"] == "cross_entropy":
+        if y.rank < 1:
+            raise TypeRuleError(
+                "cross_entropy needs logits of rank >= 1 (classes on the last axis)"
+            )
+        if z.shape != y.shape[:-1]:
+            raise TypeRuleError(
+                f"labels z have shape {z.shape}, but logits of shape {y.shape} need labels of "
+                f"shape {y.shape[:-1]} (one class index per row)"
+            )
+    else:
+        if z.shape != y.shape:
+            raise TypeRuleError(f"mse targets z have shape {z.shape}, y has {y.shape}")
+        same_dtype(y, z)
+    return y, z
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    return math.prod(shape[:-1]) if len(shape) >= 2 else max(math.prod(shape), 1)
+
+
+def _denominator(y: np.ndarray, a, kind: str) -> float:
+    if a["denominator"] > 0:
+        return float(a["denominator"])
+    if kind == "cross_entropy":
+        return float(max(math.prod(y.shape[:-1]), 1))
+    return float(_rows(y.shape))
+
+
+def _log_softmax(y: np.ndarray) -> np.ndarray:
+    shifted = y - np.max(y, axis=-1, keepdims=True)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
+
+
+def _labels(z: np.ndarray) -> np.ndarray:
+    return np.asarray(z).astype(np.int64)[..., None]
+
+
+def _loss_kernel(xs, a):
+    y, z = xs
+    if a["kind"] == "cross_entropy":
+        picked = np.take_along_axis(_log_softmax(y), _labels(z), axis=-1)
+        total = -np.sum(picked)
+    else:
+        total = np.sum((y - z) ** 2)
+    return [np.asarray(total / _denominator(y, a, a["kind"]), dtype=y.dtype)]
+
+
+def _loss_grad_kernel(xs, a):
+    y, z = xs
+    factor = a["scale"] / _denominator(y, a, a["kind"])
+    if a["kind"] == "cross_entropy":
+        dy = np.exp(_log_softmax(y))
+        np.put_along_axis(dy, _labels(z), np.take_along_axis(dy, _labels(z), -1) - 1.0, -1)
+    else:
+        dy = 2.0 * (y - z)
+    return [(dy * factor).astype(y.dtype)]
+
+
+def _loss_cost(c: CostContext) -> Cost:
+    y, z = c.input_types[:2]
+    flops_per_element = 5 if c.attributes["kind"] == "cross_entropy" else 3
+    out = sum(x.size_bytes for x in c.output_types)
+    return Cost(flops_per_element * y.num_elements, y.size_bytes + z.size_bytes, out)
+
+
+_KIND = Attr("kind", "cross_entropy", "cross_entropy (softmax of logits) or mse")
+_SCALE = Attr("scale", 1.0, "the upstream gradient dl (a constant)")
+_DENOMINATOR = Attr(
+    "denominator", 0, "divide the sum by this when > 0, else by the local number of rows"
+)
+
+
+def _examples(grad: bool):
+    def examples(s: int):
+        extra = {"scale": 1.0} if grad else {}
+        return [
+            ctx(t(2 * s, 5), t(2 * s, dtype=DType.int64), **extra),
+            ctx(t(2, s, 3), t(2, s), denominator=8, **extra),
+            ctx(t(3 * s, 4), t(3 * s, 4), kind="mse", **extra),
+        ]
+
+    return examples
+
+
+register_op(
+    OpDef(
+        name="Loss",
+        operands=("y", "z"),
+        results=("l",),
+        type_rule=lambda c: [_check(c)[0].with_shape(())],
+        kernel=_loss_kernel,
+        cost_rule=_loss_cost,
+        attributes=(_KIND, _DENOMINATOR),
+        aliases=("N11Loss",),
+        doc="Mean softmax cross-entropy of logits y against class indices z, or mean squared "
+        "error against targets z; a scalar on y's device.",
+        extra={"examples": _examples(grad=False)},
+    )
+)
+
+register_op(
+    OpDef(
+        name="LossGrad",
+        operands=("y", "z"),
+        results=("dy",),
+        type_rule=lambda c: [_check(c)[0]],
+        kernel=_loss_grad_kernel,
+        cost_rule=_loss_cost,
+        attributes=(
+            Attr("scale", 1.0, "the upstream gradient dl (a constant)"),
+            _KIND,
+            _DENOMINATOR,
+        ),
+        doc="scale * dLoss(y, z)/dy, with y's shape.",
+        extra={"examples": _examples(grad=True)},
+    )
+)

@@ -1,0 +1,245 @@
+"""Neural-network layers: softmax, layer normalisation, scaling, the causal mask.
+
+Gradients are ops of their own (``SoftmaxGrad``, ``LayerNormGrad``); ``Scale``
+and ``CausalMask`` are linear, so their gradients are ``Scale(dy, factor)`` and
+``CausalMask(dy, fill=0.0)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..registry import Attr, OpDef, TypeContext, register_op
+from ._common import normalize_axis, per_output_element, same_dtype, tensor
+from ._examples import ctx, t
+
+
+def _float(x, what: str):
+    if not x.dtype.is_float:
+        raise TypeRuleError(f"{what} must have a floating-point dtype, got {x.dtype.value}")
+    return x
+
+
+def _same_shape(a, b, what_a: str, what_b: str) -> None:
+    if a.shape != b.shape:
+        raise TypeRuleError(f"{what_b} has shape {b.shape}, {what_a} has {a.shape}")
+    same_dtype(a, b)
+
+
+# -- Softmax -----------------------------------------------------------------------
+
+
+def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _softmax_types(c: TypeContext):
+    x = _float(tensor(c, 0, "x"), "x")
+    normalize_axis(c.attributes["axis"], x.rank)
+    return [x]
+
+
+register_op(
+    OpDef(
+        name="Softmax",
+        operands=("x",),
+        results=("y",),
+        type_rule=_softmax_types,
+        kernel=lambda xs, a: [_softmax(xs[0], a["axis"])],
+        cost_rule=per_output_element(5),
+        attributes=(Attr("axis", -1, "axis the probabilities sum to one over"),),
+        doc="exp(x) / sum(exp(x)) along axis (computed stably).",
+        extra={"examples": lambda s: [ctx(t(2 * s, 5)), ctx(t(2, s, 3 * s), axis=1)]},
+    )
+)
+
+
+def _softmax_grad_types(c: TypeContext):
+    y, dy = tensor(c, 0, "y"), tensor(c, 1, "dy")
+    _float(y, "y")
+    _same_shape(y, dy, "y", "dy")
+    normalize_axis(c.attributes["axis"], y.rank)
+    return [y]
+
+
+def _softmax_grad(xs, a):
+    y, dy = xs
+    return [y * (dy - np.sum(dy * y, axis=a["axis"], keepdims=True))]
+
+
+register_op(
+    OpDef(
+        name="SoftmaxGrad",
+        operands=("y", "dy"),
+        results=("dx",),
+        type_rule=_softmax_grad_types,
+        kernel=_softmax_grad,
+        cost_rule=per_output_element(4),
+        attributes=(Attr("axis", -1, "the softmax's axis"),),
+        doc="Gradient of Softmax given its output y: y * (dy - sum(dy * y, axis)).",
+        extra={
+            "examples": lambda s: [ctx(t(2 * s, 5), t(2 * s, 5)), ctx(t(s, 3), t(s, 3), axis=0)]
+        },
+    )
+)
+
+# -- LayerNorm ---------------------------------------------------------------------
+
+
+def _layer_norm_params(c: TypeContext, what: str):
+    x = _float(tensor(c, 0, "x"), "x")
+    if x.rank < 1:
+        raise TypeRuleError(f"{what} needs a tensor of rank >= 1, got a scalar")
+    gamma = tensor(c, 1, "gamma")
+    if gamma.shape != x.shape[-1:]:
+        raise TypeRuleError(
+            f"gamma has shape {gamma.shape}, it must be ({x.shape[-1]},): x's last axis"
+        )
+    same_dtype(x, gamma)
+    if c.attributes["epsilon"] <= 0:
+        raise TypeRuleError(f"epsilon must be positive, got {c.attributes['epsilon']}")
+    return x, gamma
+
+
+def _layer_norm_types(c: TypeContext):
+    x, gamma = _layer_norm_params(c, "LayerNorm")
+    if normalize_axis(c.attributes["axis"], x.rank) != x.rank - 1:
+        raise TypeRuleError(
+            f"LayerNorm normalises the last axis only, got axis {c.attributes['axis']}"
+        )
+    beta = tensor(c, 2, "beta")
+    _same_shape(gamma, beta, "gamma", "beta")
+    return [x]
+
+
+def _normalise(x: np.ndarray, epsilon: float) -> tuple[np.ndarray, np.ndarray]:
+    mean = np.mean(x, axis=-1, keepdims=True)
+    inv_std = 1.0 / np.sqrt(np.var(x, axis=-1, keepdims=True) + epsilon)
+    return (x - mean) * inv_std, inv_std
+
+
+def _layer_norm(xs, a):
+    x, gamma, beta = xs
+    xhat, _ = _normalise(x, a["epsilon"])
+    return [(xhat * gamma + beta).astype(x.dtype)]
+
+
+register_op(
+    OpDef(
+        name="LayerNorm",
+        operands=("x", "gamma", "beta"),
+        results=("y",),
+        type_rule=_layer_norm_types,
+        kernel=_layer_norm,
+        cost_rule=per_output_element(8),
+        attributes=(
+            Attr("axis", -1, "the normalised axis (must be the last)"),
+            Attr("epsilon", 1e-5, "added to the variance"),
+        ),
+        doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis.",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, 4 * s), t(4 * s), t(4 * s)),
+                ctx(t(2, s, 3), t(3), t(3), epsilon=1e-3),
+            ]
+        },
+    )
+)
+
+
+def _layer_norm_grad_types(c: TypeContext):
+    x, gamma = _layer_norm_params(c, "LayerNormGrad")
+    _same_shape(x, tensor(c, 2, "dy"), "x", "dy")
+    return [x, gamma, gamma]
+
+
+def _layer_norm_grad(xs, a):
+    x, gamma, dy = xs
+    xhat, inv_std = _normalise(x, a["epsilon"])
+    lead = tuple(range(x.ndim - 1))
+    dgamma = np.sum(dy * xhat, axis=lead)
+    dbeta = np.sum(dy, axis=lead)
+    g = dy * gamma
+    dx = inv_std * (
+        g - np.mean(g, axis=-1, keepdims=True) - xhat * np.mean(g * xhat, axis=-1, keepdims=True)
+    )
+    return [dx.astype(x.dtype), dgamma.astype(x.dtype), dbeta.astype(x.dtype)]
+
+
+register_op(
+    OpDef(
+        name="LayerNormGrad",
+        operands=("x", "gamma", "dy"),
+        results=("dx", "dgamma", "dbeta"),
+        type_rule=_layer_norm_grad_types,
+        kernel=_layer_norm_grad,
+        cost_rule=per_output_element(12),
+        attributes=(Attr("epsilon", 1e-5, "the forward op's epsilon"),),
+        doc="Gradients of LayerNorm(x, gamma, beta) given dy: (dx, dgamma, dbeta).",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, 4 * s), t(4 * s), t(2 * s, 4 * s)),
+                ctx(t(2, s, 3), t(3), t(2, s, 3), epsilon=1e-3),
+            ]
+        },
+    )
+)
+
+# -- Scale and CausalMask ------------------------------------------------------------
+
+
+def _scale_types(c: TypeContext):
+    x = _float(tensor(c, 0, "x"), "x")
+    if isinstance(c.attributes["factor"], bool) or not isinstance(
+        c.attributes["factor"], (int, float)
+    ):
+        raise TypeRuleError(f"factor must be a number, got {c.attributes['factor']!r}")
+    return [x]
+
+
+register_op(
+    OpDef(
+        name="Scale",
+        operands=("x",),
+        results=("y",),
+        type_rule=_scale_types,
+        kernel=lambda xs, a: [(xs[0] * a["factor"]).astype(xs[0].dtype)],
+        cost_rule=per_output_element(1),
+        attributes=(Attr("factor", doc="the constant multiplier"),),
+        doc="x * factor for a constant factor; linear, so its gradient is Scale(dy, factor).",
+        extra={"examples": lambda s: [ctx(t(s, 3), factor=0.5), ctx(t(2, 2 * s), factor=3.0)]},
+    )
+)
+
+
+def _causal_mask_types(c: TypeContext):
+    x = _float(tensor(c, 0, "x"), "x")
+    if x.rank < 2:
+        raise TypeRuleError(f"CausalMask needs a tensor of rank >= 2, got shape {x.shape}")
+    return [x]
+
+
+def _causal_mask(xs, a):
+    x = xs[0]
+    rows, cols = x.shape[-2:]
+    above = np.triu(np.ones((rows, cols), dtype=bool), k=1)
+    return [np.where(above, np.asarray(a["fill"], dtype=x.dtype), x)]
+
+
+register_op(
+    OpDef(
+        name="CausalMask",
+        operands=("x",),
+        results=("y",),
+        type_rule=_causal_mask_types,
+        kernel=_causal_mask,
+        cost_rule=per_output_element(1),
+        attributes=(Attr("fill", -1e9, "value written above the diagonal"),),
+        doc="x with the entries above the diagonal of its last two axes set to fill; its "
+        "gradient is CausalMask(dy, fill=0.0).",
+        extra={"examples": lambda s: [ctx(t(2 * s, 2 * s)), ctx(t(2, 3 * s, 3 * s), fill=0.0)]},
+    )
+)
