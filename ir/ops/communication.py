@@ -15,6 +15,7 @@ from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
 from ..types import TensorType, TupleType
 from ._common import memory_cost, normalize_axis, same_dtype, tensor, tuple_operand
+from ._examples import ctx, per_device, t
 
 REDUCTIONS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "mean": np.add}
 
@@ -92,7 +93,17 @@ def _check_reduction(ctx: TypeContext) -> str:
     return op
 
 
-def _comm(name: str, operands, results, type_rule, kernel, attributes=(), doc="", aliases=()):
+def _comm(
+    name: str,
+    operands,
+    results,
+    type_rule,
+    kernel,
+    attributes=(),
+    doc="",
+    aliases=(),
+    examples=None,
+):
     return register_op(
         OpDef(
             name=name,
@@ -105,6 +116,7 @@ def _comm(name: str, operands, results, type_rule, kernel, attributes=(), doc=""
             kind=OpKind.COMMUNICATION,
             aliases=aliases,
             doc=doc,
+            extra={"examples": examples},
         )
     )
 
@@ -124,6 +136,7 @@ _comm(
     lambda xs, a: [xs[0]],
     (_TO_DEVICE,),
     "Copy a tensor to another device.",
+    examples=lambda s: [ctx(t(2 * s, 3), to_device=1), ctx(t(s), to_device=2)],
 )
 
 # -- one to many -----------------------------------------------------------------
@@ -136,6 +149,10 @@ _comm(
     lambda xs, a: [tuple(split_array(xs[0], len(a["devices"]), a["dim"]))],
     (_DIM, _DEVICES),
     "Split a tensor along dim; shard i goes to devices[i] (uneven: first n % k get one more).",
+    examples=lambda s: [
+        ctx(t(4 * s, 3), devices=(1, 2)),
+        ctx(t(2, 3 * s + 1), dim=1, devices=(1, 2, 3)),
+    ],
 )
 _comm(
     "Broadcast",
@@ -145,6 +162,7 @@ _comm(
     lambda xs, a: [tuple(xs[0].copy() for _ in a["devices"])],
     (_DEVICES,),
     "Copy a tensor to every device in devices.",
+    examples=lambda s: [ctx(t(2 * s, 3), devices=(1, 2)), ctx(t(s), devices=(0, 1, 2))],
 )
 
 # -- many to one -----------------------------------------------------------------
@@ -164,6 +182,10 @@ _comm(
     lambda xs, a: [np.concatenate(xs[0], axis=a["dim"])],
     (_DIM, _TO_DEVICE),
     "Concatenate per-device shards along dim on one device.",
+    examples=lambda s: [
+        ctx(per_device(s, 3), to_device=0),
+        ctx(TupleType((t(2, s + 1, device=1), t(2, s, device=2))), dim=1, to_device=1),
+    ],
 )
 
 
@@ -182,6 +204,10 @@ _comm(
     lambda xs, a: [_reduce(xs[0], a["op"])],
     (_TO_DEVICE, _OP),
     "Combine per-device tensors elementwise (sum, mean, max, min) onto one device.",
+    examples=lambda s: [
+        ctx(per_device(2 * s, 3), to_device=0),
+        ctx(per_device(s, devices=(1, 2, 3)), to_device=1, op="max"),
+    ],
 )
 
 # -- collectives -----------------------------------------------------------------
@@ -202,6 +228,10 @@ _comm(
     lambda xs, a: [tuple(_reduce(xs[0], a["op"]) for _ in xs[0])],
     (_OP,),
     "Every device gets the elementwise reduction of all devices' tensors.",
+    examples=lambda s: [
+        ctx(per_device(2 * s, 3)),
+        ctx(per_device(s, devices=(1, 2, 3)), op="mean"),
+    ],
 )
 
 
@@ -219,6 +249,7 @@ _comm(
     lambda xs, a: [tuple(np.concatenate(xs[0], axis=a["dim"]) for _ in xs[0])],
     (_DIM,),
     "Every device gets the concatenation of all devices' shards along dim.",
+    examples=lambda s: [ctx(per_device(s, 3)), ctx(per_device(2, s, devices=(1, 2, 3)), dim=1)],
 )
 
 
@@ -238,6 +269,7 @@ _comm(
     lambda xs, a: [tuple(split_array(_reduce(xs[0], a["op"]), len(xs[0]), a["dim"]))],
     (_DIM, _OP),
     "Reduce across devices, then device i keeps shard i along dim.",
+    examples=lambda s: [ctx(per_device(2 * s, 3)), ctx(per_device(3, 2 * s + 1), dim=1)],
 )
 
 
@@ -278,4 +310,8 @@ _comm(
     (Attr("split_dim", 0), Attr("concat_dim", 0)),
     "Device i sends its j-th chunk (along split_dim) to device j, which concatenates "
     "the chunks it receives along concat_dim in device order.",
+    examples=lambda s: [
+        ctx(per_device(2 * s, 4), split_dim=0, concat_dim=1),
+        ctx(per_device(3, 3 * s, devices=(1, 2, 3)), split_dim=1, concat_dim=0),
+    ],
 )

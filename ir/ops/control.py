@@ -13,7 +13,8 @@ import numpy as np
 
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
-from ..types import DType, TensorType, TupleType, bind_type
+from ..types import DeviceVar, DType, TensorType, TupleType, bind_type
+from . import _examples as ex
 from ._common import memory_cost, no_cost, tuple_operand
 
 
@@ -49,6 +50,23 @@ def _pmap_types(ctx: TypeContext):
     ]
 
 
+def _pmap_examples(s: int) -> list[TypeContext]:
+    """Registry-walk examples: a MatMul body, and a two-result body on three devices."""
+    from ..builder import FunctionBuilder  # the builder needs the registry loaded first
+
+    d = DeviceVar("d")
+    b = FunctionBuilder("body")
+    x, w = b.input("x", ex.t(s, 3, device=d)), b.input("w", ex.t(3, 2 * s, device=d))
+    matmul = b.finish([b.call("MatMul", x, w)])
+    b = FunctionBuilder("body2")
+    x = b.input("x", ex.t(2 * s, device=d))
+    two = b.finish([b.call("Relu", x), b.call("Add", x, x)])
+    return [
+        TypeContext((ex.per_device(s, 3), ex.per_device(3, 2 * s)), {"device_var": "d"}, (matmul,)),
+        TypeContext((ex.per_device(2 * s, devices=(1, 2, 3)),), {"device_var": "d"}, (two,)),
+    ]
+
+
 def _plain_map(m):
     if m is None:
         return None
@@ -70,7 +88,7 @@ register_op(
         variadic=True,
         kind=OpKind.CONTROL,
         doc="Map the body over devices; operands and results are per-device tuples.",
-        extra={"variadic_results": True},
+        extra={"variadic_results": True, "examples": _pmap_examples},
     )
 )
 
@@ -94,6 +112,12 @@ register_op(
         attributes=(Attr("index", doc="element index"),),
         kind=OpKind.CONTROL,
         doc="Element i of a tuple; the text format also writes it xs[i].",
+        extra={
+            "examples": lambda s: [
+                ex.ctx(ex.per_device(s, 3), index=1),
+                ex.ctx(ex.per_device(s), index=0),
+            ]
+        },
     )
 )
 
@@ -108,6 +132,12 @@ register_op(
         variadic=True,
         kind=OpKind.CONTROL,
         doc="A tuple of its operands (one per device, usually).",
+        extra={
+            "examples": lambda s: [
+                ex.ctx(ex.t(s, 3, device=1), ex.t(s, 3, device=2)),
+                ex.ctx(ex.t(2 * s)),
+            ]
+        },
     )
 )
 
@@ -138,5 +168,11 @@ register_op(
             Attr("device", None, "device the constant lives on"),
         ),
         doc="A tensor filled with one value.",
+        extra={
+            "examples": lambda s: [
+                ex.ctx(value=1.5, shape=(s, 3), device=0),
+                ex.ctx(value=2, shape=(2 * s,), dtype="int64", device=1),
+            ]
+        },
     )
 )

@@ -9,6 +9,22 @@ import numpy as np
 from ..errors import TypeRuleError
 from ..registry import OpDef, TypeContext, register_op
 from ._common import broadcast_shapes, per_output_element, same_dtype, tensor
+from ._examples import ctx, per_device, t
+
+# -- examples for the registry walk (see ``_examples``) -------------------------
+
+
+def _binary_examples(s: int):
+    return [ctx(t(2 * s, 3), t(2 * s, 3)), ctx(t(2, s, 4), t(4))]
+
+
+def _unary_examples(s: int):
+    return [ctx(t(2 * s, 3)), ctx(t(s))]
+
+
+def _grad_examples(s: int):
+    return [ctx(t(2 * s, 3), t(2 * s, 3)), ctx(t(s), t(s))]
+
 
 # -- binary arithmetic ---------------------------------------------------------
 
@@ -30,6 +46,7 @@ def _binary(name: str, fn, doc: str, aliases: tuple[str, ...] = ()) -> OpDef:
             cost_rule=per_output_element(1),
             aliases=aliases,
             doc=doc,
+            extra={"examples": _binary_examples},
         )
     )
 
@@ -83,6 +100,7 @@ def _unary(name: str, fn, flops: float, doc: str) -> OpDef:
             kernel=lambda xs, attrs: [fn(xs[0])],
             cost_rule=per_output_element(flops),
             doc=doc,
+            extra={"examples": _unary_examples},
         )
     )
 
@@ -97,6 +115,7 @@ def _unary_grad(name: str, fn, flops: float, doc: str, operands=("x", "dy")) -> 
             kernel=lambda xs, attrs: [fn(xs[0], xs[1])],
             cost_rule=per_output_element(flops),
             doc=doc,
+            extra={"examples": _grad_examples},
         )
     )
 
@@ -114,6 +133,7 @@ register_op(
         kernel=lambda xs, attrs: [xs[0]],
         cost_rule=per_output_element(0),
         doc="Returns its operand (a tensor or a tuple) unchanged.",
+        extra={"examples": lambda s: [ctx(t(2 * s, 3)), ctx(per_device(s, 2))]},
     )
 )
 

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import TypeRuleError
 from ..registry import Cost, CostContext, OpDef, TypeContext, register_op
 from ._common import same_dtype, tensor
+from ._examples import ctx, t
 
 
 def _matmul_shape(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
@@ -49,6 +50,13 @@ register_op(
         kernel=lambda xs, attrs: [np.matmul(xs[0], xs[1])],
         cost_rule=_matmul_cost,
         doc="c = a @ b over the last two axes; b may be a shared (K, N) matrix.",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, 3 * s), t(3 * s, s)),
+                ctx(t(2, s, 3), t(3, 2 * s)),
+                ctx(t(2, s, 3), t(2, 3, s)),
+            ]
+        },
     )
 )
 
@@ -87,5 +95,12 @@ register_op(
         kernel=_matmul_grad_kernel,
         cost_rule=_matmul_grad_cost,
         doc="Gradients of c = a @ b given dc: returns (db, da), the seeds' order.",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, 3 * s), t(3 * s, s), t(2 * s, s)),
+                ctx(t(2, s, 3), t(3, 2 * s), t(2, s, 2 * s)),
+                ctx(t(2, s, 3), t(2, 3, s), t(2, s, s)),
+            ]
+        },
     )
 )
