@@ -91,7 +91,9 @@ class FunctionBuilder:
                         f"rule gives {inferred}"
                     )
         if names is None:
-            names = opdef.results if len(types) > 1 else (opdef.results[0],)
+            names = opdef.results  # pmap's results follow its body, so they may differ
+            if len(types) != len(names):
+                names = tuple(f"{opdef.results[0]}_{i}" for i in range(len(types)))
         if len(names) != len(types):
             raise VerifyError(f"{opdef.name} has {len(types)} result(s), got {len(names)} names")
         outputs = tuple(Value(n, t) for n, t in zip(names, types))

@@ -58,7 +58,7 @@ def infer_types(
         )
     except TypeRuleError as e:
         raise VerifyError(f"{opdef.name}: {e}") from None
-    if len(results) != len(opdef.results):
+    if len(results) != len(opdef.results) and not opdef.extra.get("variadic_results"):
         raise VerifyError(
             f"{opdef.name}'s type rule gave {len(results)} results, its signature has "
             f"{len(opdef.results)} ({', '.join(opdef.results)})"
