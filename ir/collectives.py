@@ -2,7 +2,7 @@
 
 Shared by the simulator and by sharding propagation (which picks the cheapest
 redistribution), so both agree on what communication costs. Collectives use
-ring algorithms over the slowest link of the ring, in group order:
+ring algorithms over the slowest link of the ring:
 
 * all-reduce: ``2 (n-1)/n * S / B + 2 (n-1) * alpha``
 * all-gather, reduce-scatter: ``(n-1)/n * S / B + (n-1) * alpha``
@@ -11,13 +11,18 @@ ring algorithms over the slowest link of the ring, in group order:
 * broadcast, scatter, gather, reduce: the root sends (or receives) each other
   device's part in turn over its own links.
 
-A hierarchical all-reduce (reduce-scatter inside nodes, all-reduce across
-nodes, all-gather inside nodes) is offered by :func:`hierarchical_allreduce_time_s`.
+The ring visits the devices in the given order or in a greedy fastest-link
+order, whichever has the faster slowest link (NCCL likewise builds its rings
+along NVLink). On a hierarchical topology (groups of devices joined by links
+faster than the slowest one: the nodes), all-reduce takes the better of the
+flat ring and the hierarchical algorithm of :func:`hierarchical_allreduce_time_s`
+(reduce-scatter inside nodes, all-reduce across nodes, all-gather inside nodes).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from .device import Topology, TopologyError
 
@@ -32,6 +37,37 @@ COLLECTIVES = (
     "reducescatter",
     "alltoall",
 )
+
+
+@dataclass(frozen=True)
+class Collective:
+    """What one communication op moves: the ``comm_rule`` of every communication op returns one.
+
+    ``size_bytes`` follows :func:`collective_time_s`: the full tensor for
+    broadcast, scatter, gather, all-gather and reduce-scatter; one device's
+    tensor for reduce, all-reduce, all-to-all and send. ``root`` is the source
+    of send, broadcast and scatter and the destination of gather and reduce;
+    for ``send``, ``devices`` is ``(source, destination)``.
+    """
+
+    kind: str
+    size_bytes: float
+    devices: tuple[int, ...]
+    root: int | None = None
+
+    @property
+    def participants(self) -> tuple[int, ...]:
+        """Every device whose communication stream the op occupies, in first-mention order."""
+        seen = dict.fromkeys(self.devices)
+        if self.root is not None:
+            seen[self.root] = None
+        return tuple(seen)
+
+    def time_s(self, topology: Topology) -> float:
+        """Predicted time of this transfer on ``topology``."""
+        if self.kind == "send":
+            return send_time_s(self.size_bytes, self.devices[0], self.devices[-1], topology)
+        return collective_time_s(self.kind, self.size_bytes, self.devices, topology, self.root)
 
 
 def send_time_s(size_bytes: float, src: int, dst: int, topology: Topology) -> float:
@@ -52,6 +88,55 @@ def ring_links(devices: Sequence[int], topology: Topology) -> tuple[float, float
         bandwidth = min(bandwidth, topology.bandwidth(src, dst))
         latency = max(latency, topology.latency(src, dst))
     return bandwidth, latency
+
+
+def ring_order(devices: Sequence[int], topology: Topology) -> tuple[int, ...]:
+    """The ring order to use: ``devices`` as given, or a greedy fastest-next-link order.
+
+    The greedy ring starts at ``devices[0]`` and always moves on to the unvisited
+    device with the fastest link from the current one (ties: the earlier in
+    ``devices``). Whichever ring has the faster slowest link wins; ties keep the
+    given order, so uniform topologies are unaffected.
+    """
+    given = tuple(devices)
+    if len(given) <= 2:
+        return given
+    left = list(given[1:])
+    greedy = [given[0]]
+    while left:
+        here = greedy[-1]
+        best = max(left, key=lambda d: (topology.bandwidth(here, d), -left.index(d)))
+        left.remove(best)
+        greedy.append(best)
+    if ring_links(greedy, topology)[0] > ring_links(given, topology)[0]:
+        return tuple(greedy)
+    return given
+
+
+def node_groups(devices: Sequence[int], topology: Topology) -> tuple[tuple[int, ...], ...]:
+    """``devices`` split into nodes: groups joined by links faster than the slowest link.
+
+    One group when every link among ``devices`` is equally fast.
+    """
+    devices = tuple(dict.fromkeys(devices))
+    pairs = [(a, b) for a in devices for b in devices if a != b]
+    if not pairs:
+        return (devices,)
+    slowest = min(topology.bandwidth(a, b) for a, b in pairs)
+    group_of = {d: d for d in devices}
+
+    def find(d: int) -> int:
+        while group_of[d] != d:
+            d = group_of[d]
+        return d
+
+    for a, b in pairs:
+        if topology.bandwidth(a, b) > slowest and topology.bandwidth(b, a) > slowest:
+            group_of[find(a)] = find(b)
+    groups: dict[int, list[int]] = {}
+    for d in devices:
+        groups.setdefault(find(d), []).append(d)
+    return tuple(tuple(g) for g in groups.values())
 
 
 def collective_time_s(
@@ -82,7 +167,20 @@ def collective_time_s(
         return sum(send_time_s(part, root, d, topology) for d in devices if d != root)
     if n <= 1:
         return 0.0
-    bandwidth, latency = ring_links(devices, topology)
+    flat = ring_time_s(kind, size_bytes, ring_order(devices, topology), topology)
+    if kind == "allreduce":
+        groups = node_groups(devices, topology)
+        if len(groups) > 1 and len({len(g) for g in groups}) == 1 and len(groups[0]) > 1:
+            return min(flat, hierarchical_allreduce_time_s(size_bytes, groups, topology))
+    return flat
+
+
+def ring_time_s(kind: str, size_bytes: float, ring: Sequence[int], topology: Topology) -> float:
+    """Ring all-reduce, all-gather, reduce-scatter or all-to-all over ``ring`` in that order."""
+    n = len(ring)
+    if n <= 1:
+        return 0.0
+    bandwidth, latency = ring_links(ring, topology)
     steps = n - 1
     if kind == "allreduce":
         return 2 * steps / n * size_bytes / bandwidth + 2 * steps * latency
@@ -100,10 +198,11 @@ def hierarchical_allreduce_time_s(
     g = len(groups[0])
     if any(len(grp) != g for grp in groups):
         raise TopologyError("hierarchical all-reduce needs groups of equal size")
-    intra = max(collective_time_s("reducescatter", size_bytes, grp, topology) for grp in groups)
-    across = max(
-        collective_time_s("allreduce", size_bytes / g, [grp[i] for grp in groups], topology)
-        for i in range(g)
-    )
-    gather = max(collective_time_s("allgather", size_bytes, grp, topology) for grp in groups)
+
+    def ring(kind: str, size: float, group: Sequence[int]) -> float:
+        return ring_time_s(kind, size, ring_order(group, topology), topology)
+
+    intra = max(ring("reducescatter", size_bytes, grp) for grp in groups)
+    across = max(ring("allreduce", size_bytes / g, [grp[i] for grp in groups]) for i in range(g))
+    gather = max(ring("allgather", size_bytes, grp) for grp in groups)
     return intra + across + gather

@@ -11,8 +11,17 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..collectives import Collective
 from ..errors import TypeRuleError
-from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
+from ..registry import (
+    Attr,
+    CostContext,
+    OpDef,
+    OpKind,
+    TypeContext,
+    attach_rule,
+    register_op,
+)
 from ..types import TensorType, TupleType
 from ._common import memory_cost, normalize_axis, same_dtype, tensor, tuple_operand
 from ._examples import ctx, per_device, t
@@ -315,3 +324,54 @@ _comm(
         ctx(per_device(3, 3 * s, devices=(1, 2, 3)), split_dim=1, concat_dim=0),
     ],
 )
+
+# -- communication cost rules (simulator) ------------------------------------------
+# Each comm_rule maps an op's (device-bound) types to the Collective it performs, so
+# that ir.sim and ir.collectives cost every communication op without naming it.
+
+
+def _tensor_devices(t) -> tuple:
+    return tuple(e.device for e in t.elements)
+
+
+def _send_comm(c: CostContext) -> Collective:
+    (x,), (y,) = c.input_types, c.output_types
+    return Collective("send", x.size_bytes, (x.device, y.device), y.device)
+
+
+def _one_to_many_comm(kind: str):
+    def rule(c: CostContext) -> Collective:
+        (x,), (ys,) = c.input_types, c.output_types
+        return Collective(kind, x.size_bytes, _tensor_devices(ys), x.device)
+
+    return rule
+
+
+def _gather_comm(c: CostContext) -> Collective:
+    (xs,), (y,) = c.input_types, c.output_types
+    return Collective("gather", y.size_bytes, _tensor_devices(xs), y.device)
+
+
+def _reduce_comm(c: CostContext) -> Collective:
+    (xs,), (y,) = c.input_types, c.output_types
+    return Collective("reduce", y.size_bytes, _tensor_devices(xs), y.device)
+
+
+def _ring_comm(kind: str, full_size_from_output: bool):
+    def rule(c: CostContext) -> Collective:
+        (xs,), (ys,) = c.input_types, c.output_types
+        full = ys.elements[0] if full_size_from_output else xs.elements[0]
+        return Collective(kind, full.size_bytes, _tensor_devices(xs))
+
+    return rule
+
+
+attach_rule("Send", "comm_rule", _send_comm)
+attach_rule("Scatter", "comm_rule", _one_to_many_comm("scatter"))
+attach_rule("Broadcast", "comm_rule", _one_to_many_comm("broadcast"))
+attach_rule("Gather", "comm_rule", _gather_comm)
+attach_rule("Reduce", "comm_rule", _reduce_comm)
+attach_rule("AllReduce", "comm_rule", _ring_comm("allreduce", False))
+attach_rule("AllGather", "comm_rule", _ring_comm("allgather", True))  # S: the gathered tensor
+attach_rule("ReduceScatter", "comm_rule", _ring_comm("reducescatter", False))
+attach_rule("AllToAll", "comm_rule", _ring_comm("alltoall", False))
