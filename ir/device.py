@@ -2,7 +2,7 @@
 
 A Topology says, per device, its peak flops, memory bandwidth and capacity, and
 per ordered device pair, the link bandwidth and latency. Hardware presets and
-CPU calibration live in ``ir.sim.hardware``.
+CPU calibration live in ``ir.hardware``.
 """
 
 from __future__ import annotations
@@ -98,6 +98,24 @@ class Topology:
 
     def latency(self, src: int, dst: int) -> float:
         return self.latency_s[self.index(src)][self.index(dst)]
+
+    @staticmethod
+    def preset(name: str, num_devices: int) -> Topology:
+        """A hardware preset (see ``Topology.presets()``) with ``num_devices`` devices.
+
+        GPU presets add InfiniBand-linked nodes when ``num_devices`` exceeds one node;
+        sources for every figure are cited in ``ir/hardware.py``.
+        """
+        from .hardware import preset
+
+        return preset(name, num_devices)
+
+    @staticmethod
+    def presets() -> tuple[str, ...]:
+        """The names ``Topology.preset`` accepts."""
+        from .hardware import preset_names
+
+        return preset_names()
 
     @staticmethod
     def uniform(

@@ -1,0 +1,300 @@
+"""Hardware presets (with their sources) and a CPU calibration helper.
+
+``Topology.preset(name, num_devices)`` builds these; ``Topology.presets()`` lists
+the names. GPU presets hold one node's GPUs per node; asking for more devices
+than one node holds adds nodes joined by InfiniBand, which makes the topology
+hierarchical (fast links inside a node, slower ones across nodes), as in a
+multi-node cluster.
+
+Figures are per GPU and per direction. Peak flops are the dense tensor-core
+half-precision (FP16/BF16) figures, the precision mixed-precision training runs
+its matmuls in; the IR's float32 programs are costed as if run that way.
+Link latencies (alpha) are per transfer step: a few microseconds inside a node
+and more across InfiniBand, the magnitudes NCCL's small-message benchmarks show.
+A kernel launch costs a few microseconds on CUDA GPUs.
+
+Sources:
+
+* V100: "NVIDIA Tesla V100 GPU Architecture" whitepaper (WP-08608-001), and the
+  V100 datasheet: 125 TFLOPS tensor, 900 GB/s HBM2, 16/32 GB, six NVLink 2.0
+  links of 25 GB/s per direction each.
+* DGX-1: "NVIDIA DGX-1 With Tesla V100 System Architecture" (WP-08437-002):
+  eight V100 16 GB in a hybrid cube-mesh (each quad fully linked by NVLink, GPU i
+  linked to GPU i+4; other pairs go over PCIe), four 100 Gb/s EDR InfiniBand
+  ports per node.
+* DGX-2: "NVIDIA DGX-2 System Architecture" whitepaper: sixteen V100 32 GB on
+  NVSwitch (150 GB/s per direction between any pair), eight 100 Gb/s EDR ports.
+* A100: "NVIDIA A100 Tensor Core GPU" datasheet and architecture whitepaper:
+  312 TFLOPS BF16 dense, 2,039 GB/s HBM2e, 80 GB, NVLink 3 600 GB/s total
+  (300 per direction) through NVSwitch on the HGX A100 8-GPU board; DGX A100 has
+  one 200 Gb/s HDR InfiniBand port per GPU.
+* H100: "NVIDIA H100 Tensor Core GPU" datasheet (SXM5): 989 TFLOPS BF16 dense,
+  3.35 TB/s HBM3, 80 GB, NVLink 4 900 GB/s total (450 per direction) on HGX H100;
+  DGX H100 has one 400 Gb/s NDR InfiniBand port per GPU.
+* cpu: this machine (2-vCPU Intel Xeon Cascade Lake @ 2.5 GHz with AVX-512, 23 GB,
+  numpy on OpenBLAS), figures measured with :func:`calibrate_cpu` on 2026-11-21;
+  rerun it for fresh ones.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .device import Device, Topology, TopologyError
+
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One kind of node: its GPUs and the links inside it and across nodes."""
+
+    device_type: str
+    devices_per_node: int
+    peak_flops: float
+    mem_bandwidth_bytes_per_s: float
+    memory_bytes: float
+    launch_overhead_s: float
+    intra_bandwidth_bytes_per_s: Callable[[int, int], float]  # local indices -> bandwidth
+    intra_latency_s: float
+    inter_bandwidth_bytes_per_s: float  # per GPU, across nodes
+    inter_latency_s: float
+
+
+def _all_to_all(bandwidth: float) -> Callable[[int, int], float]:
+    return lambda i, j: bandwidth
+
+
+def _dgx1_cube_mesh(i: int, j: int) -> float:
+    # NVLink inside each quad (0-3, 4-7) and between GPU i and i+4; PCIe/QPI otherwise.
+    # Simplified: every NVLink pair gets one link's 25 GB/s (some pairs have two).
+    linked = (i // 4 == j // 4) or abs(i - j) == 4
+    return 25 * GB if linked else 10 * GB
+
+
+_V100 = dict(peak_flops=125e12, mem_bandwidth_bytes_per_s=900 * GB, launch_overhead_s=4e-6)
+
+NODES: dict[str, NodeSpec] = {
+    "v100-dgx1": NodeSpec(
+        "V100-SXM2-16GB",
+        8,
+        memory_bytes=16 * GB,
+        intra_bandwidth_bytes_per_s=_dgx1_cube_mesh,
+        intra_latency_s=2e-6,
+        inter_bandwidth_bytes_per_s=4 * 12.5 * GB / 8,  # 4 x 100 Gb/s EDR per 8 GPUs
+        inter_latency_s=5e-6,
+        **_V100,
+    ),
+    "v100-dgx2": NodeSpec(
+        "V100-SXM3-32GB",
+        16,
+        memory_bytes=32 * GB,
+        intra_bandwidth_bytes_per_s=_all_to_all(150 * GB),
+        intra_latency_s=2e-6,
+        inter_bandwidth_bytes_per_s=8 * 12.5 * GB / 16,  # 8 x 100 Gb/s EDR per 16 GPUs
+        inter_latency_s=5e-6,
+        **_V100,
+    ),
+    "a100-hgx": NodeSpec(
+        "A100-SXM4-80GB",
+        8,
+        peak_flops=312e12,
+        mem_bandwidth_bytes_per_s=2039 * GB,
+        memory_bytes=80 * GB,
+        launch_overhead_s=4e-6,
+        intra_bandwidth_bytes_per_s=_all_to_all(300 * GB),
+        intra_latency_s=2e-6,
+        inter_bandwidth_bytes_per_s=25 * GB,  # 200 Gb/s HDR per GPU
+        inter_latency_s=5e-6,
+    ),
+    "h100-hgx": NodeSpec(
+        "H100-SXM5-80GB",
+        8,
+        peak_flops=989e12,
+        mem_bandwidth_bytes_per_s=3350 * GB,
+        memory_bytes=80 * GB,
+        launch_overhead_s=4e-6,
+        intra_bandwidth_bytes_per_s=_all_to_all(450 * GB),
+        intra_latency_s=2e-6,
+        inter_bandwidth_bytes_per_s=50 * GB,  # 400 Gb/s NDR per GPU
+        inter_latency_s=5e-6,
+    ),
+}
+
+# This machine, as measured by calibrate_cpu() (best of several runs on a shared machine).
+CPU_MEASURED = dict(
+    peak_flops=1.4e11,
+    mem_bandwidth_bytes_per_s=9.5 * GB,
+    link_bandwidth_bytes_per_s=10 * GB,
+    launch_overhead_s=1e-6,
+    memory_bytes=23 * GB,
+)
+
+
+def preset_names() -> tuple[str, ...]:
+    """Every name :func:`preset` accepts."""
+    return (*NODES, "cpu")
+
+
+def preset(name: str, num_devices: int) -> Topology:
+    """The topology ``name`` with ``num_devices`` devices (ids 0..num_devices-1).
+
+    >>> t = preset("a100-hgx", 16)
+    >>> t.bandwidth(0, 1) > t.bandwidth(0, 8)  # NVSwitch inside a node, InfiniBand across
+    True
+    """
+    if num_devices < 1:
+        raise TopologyError(f"a topology needs at least one device, got {num_devices}")
+    key = name.lower()
+    if key == "cpu":
+        return cpu_topology(num_devices, **CPU_MEASURED, name="cpu")
+    if key not in NODES:
+        raise TopologyError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
+    return node_topology(NODES[key], num_devices, name=f"{key}-{num_devices}")
+
+
+def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Topology:
+    """``num_devices`` GPUs of ``spec``, filling nodes of ``spec.devices_per_node`` in id order."""
+    per = spec.devices_per_node
+    devices = tuple(
+        Device(
+            i,
+            spec.device_type,
+            spec.peak_flops,
+            spec.mem_bandwidth_bytes_per_s,
+            spec.memory_bytes,
+            spec.launch_overhead_s,
+        )
+        for i in range(num_devices)
+    )
+    bandwidth, latency = [], []
+    for i in range(num_devices):
+        bw_row, lat_row = [], []
+        for j in range(num_devices):
+            if i == j:
+                bw_row.append(0.0)
+                lat_row.append(0.0)
+            elif i // per == j // per:
+                bw_row.append(spec.intra_bandwidth_bytes_per_s(i % per, j % per))
+                lat_row.append(spec.intra_latency_s)
+            else:
+                bw_row.append(spec.inter_bandwidth_bytes_per_s)
+                lat_row.append(spec.inter_latency_s)
+        bandwidth.append(tuple(bw_row))
+        latency.append(tuple(lat_row))
+    return Topology(devices, tuple(bandwidth), tuple(latency), name=name)
+
+
+def hierarchical(
+    num_nodes: int,
+    devices_per_node: int,
+    *,
+    peak_flops: float,
+    mem_bandwidth_bytes_per_s: float,
+    memory_bytes: float,
+    intra_bandwidth_bytes_per_s: float,
+    inter_bandwidth_bytes_per_s: float,
+    intra_latency_s: float = 2e-6,
+    inter_latency_s: float = 5e-6,
+    launch_overhead_s: float = 0.0,
+    device_type: str = "gpu",
+) -> Topology:
+    """A custom cluster: ``num_nodes`` nodes of identical devices, fast links inside nodes."""
+    spec = NodeSpec(
+        device_type,
+        devices_per_node,
+        peak_flops,
+        mem_bandwidth_bytes_per_s,
+        memory_bytes,
+        launch_overhead_s,
+        _all_to_all(intra_bandwidth_bytes_per_s),
+        intra_latency_s,
+        inter_bandwidth_bytes_per_s,
+        inter_latency_s,
+    )
+    name = f"hierarchical-{num_nodes}x{devices_per_node}"
+    return node_topology(spec, num_nodes * devices_per_node, name=name)
+
+
+def cpu_topology(
+    num_devices: int,
+    *,
+    peak_flops: float,
+    mem_bandwidth_bytes_per_s: float,
+    link_bandwidth_bytes_per_s: float,
+    launch_overhead_s: float,
+    memory_bytes: float,
+    name: str = "cpu",
+) -> Topology:
+    """``num_devices`` CPU processes on one machine: links are memory copies."""
+    uniform = Topology.uniform(
+        num_devices,
+        peak_flops=peak_flops,
+        mem_bandwidth_bytes_per_s=mem_bandwidth_bytes_per_s,
+        link_bandwidth_bytes_per_s=link_bandwidth_bytes_per_s,
+        link_latency_s=launch_overhead_s,
+        memory_bytes=memory_bytes,
+        launch_overhead_s=launch_overhead_s,
+        device_type="cpu",
+    )
+    return replace(uniform, name=name)
+
+
+def _best_time_s(fn: Callable[[], object], budget_s: float, min_repeats: int = 3) -> float:
+    """Fastest of repeated runs of ``fn`` (the least disturbed on a shared machine)."""
+    best = math.inf
+    start = time.perf_counter()
+    runs = 0
+    while runs < min_repeats or time.perf_counter() - start < budget_s:
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        runs += 1
+        if runs >= 200:
+            break
+    return best
+
+
+def calibrate_cpu(
+    num_devices: int = 1, *, matmul_size: int = 384, copy_bytes: int = 32 * 2**20
+) -> Topology:
+    """Time numpy kernels on this machine and return a matching CPU topology (about 1 s).
+
+    * peak flops: a float32 ``matmul_size`` cube matmul (``2 n^3`` flops), best run;
+    * memory bandwidth: ``np.add`` over arrays of ``copy_bytes`` (reads two, writes one);
+    * link bandwidth: ``np.copyto`` of ``copy_bytes`` (what a local send does);
+    * launch overhead: a tiny ``np.add``, i.e. numpy's per-call cost.
+
+    The result lets simulated CPU runs be compared with executed ones (``ir.execute``).
+    """
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((matmul_size, matmul_size), dtype=np.float32)
+    b = rng.standard_normal((matmul_size, matmul_size), dtype=np.float32)
+    a @ b  # warm up the BLAS threads
+    matmul_s = _best_time_s(lambda: a @ b, 0.4)
+    n = copy_bytes // 4
+    x, y, z = (np.ones(n, dtype=np.float32) for _ in range(3))
+    add_s = _best_time_s(lambda: np.add(x, y, out=z), 0.3)
+    copy_s = _best_time_s(lambda: np.copyto(z, x), 0.2)
+    tiny = np.ones(4, dtype=np.float32)
+    launch_s = _best_time_s(lambda: [np.add(tiny, tiny) for _ in range(100)], 0.05) / 100
+    try:
+        import os
+
+        memory_bytes = float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        memory_bytes = 16 * GB
+    return cpu_topology(
+        num_devices,
+        peak_flops=2.0 * matmul_size**3 / matmul_s,
+        mem_bandwidth_bytes_per_s=3 * copy_bytes / add_s,
+        link_bandwidth_bytes_per_s=2 * copy_bytes / copy_s,
+        launch_overhead_s=launch_s,
+        memory_bytes=memory_bytes,
+        name="cpu-calibrated",
+    )
