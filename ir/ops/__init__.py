@@ -5,11 +5,13 @@ from __future__ import annotations
 from . import (  # noqa: F401
     communication,
     control,
+    conv,
     elementwise,
     embedding,
     linalg,
     loss,
     nn,
     optim,
+    p2p,
     shape,
 )
