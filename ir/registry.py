@@ -222,3 +222,35 @@ def _ensure_loaded() -> None:
     # The op families register themselves on import; importing here keeps
     # `get_op` usable from modules that were imported before `ir.ops`.
     from . import ops  # noqa: F401
+
+
+def op_table_markdown() -> str:
+    """``docs/ops.md``: a Markdown table of every op (name, signature, attributes, doc).
+
+    A test keeps the file equal to this function's output.
+    """
+    rows = [
+        "# Ops",
+        "",
+        "One record per op in `ir.registry` (written in `ir/ops/<family>.py`); `name...` is",
+        "variadic, attributes without `=` are required. Generated; regenerate with",
+        "",
+        "    python -c \"import ir.registry as r; print(r.op_table_markdown(), end='')\" \\",
+        "        > docs/ops.md",
+        "",
+        "| op | operands -> results | attributes | kind | what it does |",
+        "|---|---|---|---|---|",
+    ]
+    for op in all_ops():
+        name = f"`{op.name}`" + (f" ({', '.join(op.aliases)})" if op.aliases else "")
+        operands = list(op.operands)
+        if op.variadic:
+            operands[-1] += "..."
+        results = ", ".join(op.results) + ("..." if op.extra.get("variadic_results") else "")
+        signature = f"({', '.join(operands)}) -> ({results})"
+        attrs = ", ".join(
+            a.name if a.default is REQUIRED else f"{a.name}={a.default!r}" for a in op.attributes
+        )
+        doc = " ".join(op.doc.split()).replace("|", "\\|")
+        rows.append(f"| {name} | {signature} | {attrs} | {op.kind.value} | {doc} |")
+    return "\n".join(rows) + "\n"

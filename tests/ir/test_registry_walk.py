@@ -9,6 +9,8 @@ an equivalent Function. New ops cannot skip it: an op without examples fails.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -189,3 +191,10 @@ def test_loss_grad_takes_the_seeds_positional_scale_first():
     z = b.input("z", TensorType((4,), ir.DType.float32, 0))
     dl = b.call("LossGrad", y, z, scale=1)
     assert dl.type == y.type
+
+
+def test_docs_ops_md_is_the_generated_table():
+    path = Path(__file__).resolve().parents[2] / "docs" / "ops.md"
+    assert path.read_text() == ir.registry.op_table_markdown(), (
+        "docs/ops.md is out of date with the registry; regenerate it with the command at its top"
+    )
