@@ -93,3 +93,10 @@ def same_axes(c: TypeContext, whole=(), linear=((0,),), partial_ops=ALL_REDUCTIO
 
 def is_tensor(t) -> bool:
     return isinstance(t, TensorType)
+
+
+def attach(name: str, fn) -> None:
+    """Attach ``fn`` as op ``name``'s sharding rule."""
+    from ..registry import attach_rule
+
+    attach_rule(name, "sharding_rule", fn)

@@ -15,6 +15,7 @@ from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
 from ..types import DeviceVar, DType, TensorType, TupleType, bind_type
 from . import _examples as ex
+from . import _factors as fx
 from ._common import memory_cost, no_cost, tuple_operand
 
 
@@ -176,3 +177,14 @@ register_op(
         },
     )
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+
+
+def _constant_sharding(c: TypeContext) -> dict:
+    return fx.rule([], [(None,) * len(tuple(c.attributes["shape"]))])
+
+
+fx.attach("TupleGet", lambda c: fx.same_axes(c, partial_ops=fx.ALL_REDUCTIONS))
+fx.attach("Constant", _constant_sharding)

@@ -29,7 +29,9 @@ def conv_pads(padding, kh: int, kw: int) -> tuple[int, int, int, int]:
         if min(pads) < 0:
             raise TypeRuleError(f"padding {list(padding)} has a negative entry")
         return pads  # type: ignore[return-value]
-    raise TypeRuleError(f'padding must be "valid", "same" or [top, bottom, left, right], got {padding!r}')
+    raise TypeRuleError(
+        f'padding must be "valid", "same" or [top, bottom, left, right], got {padding!r}'
+    )
 
 
 def _conv_types(c: TypeContext):

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import TypeRuleError
 from ..registry import OpDef, TypeContext, register_op
+from . import _factors as fx
 from ._common import broadcast_shapes, per_output_element, same_dtype, tensor
 from ._examples import ctx, per_device, t
 
@@ -142,3 +143,20 @@ _unary_grad("GeluGrad", _gelu_grad, 16, "Gradient of Gelu at x times dy.")
 _unary_grad(
     "TanhGrad", lambda y, dy: dy * (1.0 - y * y), 3, "dy * (1 - y^2), y = tanh(x).", ("y", "dy")
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+# Factor notation (see ir/ops/_factors.py): the result's axes are shared by every
+# operand (broadcast size-1 axes stay whole). Add/Sub pass Partial sums through when
+# both operands are partial; Mul/Div when one operand is and the other replicated.
+
+fx.attach("Add", lambda c: fx.elementwise(c, linear=[(0, 1)]))
+fx.attach("Sub", lambda c: fx.elementwise(c, linear=[(0, 1)]))
+fx.attach("Mul", lambda c: fx.elementwise(c, linear=[(0,), (1,)]))
+fx.attach("Div", lambda c: fx.elementwise(c, linear=[(0,)]))
+for _name in ("Relu", "Gelu", "Tanh"):
+    fx.attach(_name, lambda c: fx.same_axes(c, linear=()))
+fx.attach("Neg", lambda c: fx.same_axes(c, partial_ops=fx.LINEAR))
+fx.attach("Identity", lambda c: fx.same_axes(c))
+for _name in ("ReluGrad", "GeluGrad", "TanhGrad"):
+    fx.attach(_name, lambda c: fx.elementwise(c, linear=[(1,)]))

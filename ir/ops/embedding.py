@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType, TensorType
+from . import _factors as fx
 from ._common import tensor
 from ._examples import ctx, t
 
@@ -98,3 +99,24 @@ register_op(
         },
     )
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+# The table may be sharded along its hidden axis and the ids anywhere; the vocabulary
+# axis stays whole (a sharded vocabulary needs a masked lookup, not provided).
+
+
+def _embedding_sharding(c: TypeContext) -> dict:
+    lead = fx.axes(c.input_types[1].rank)
+    return fx.rule([(None, "h"), lead], [(*lead, "h")], linear=[(0,)])
+
+
+def _embedding_grad_sharding(c: TypeContext) -> dict:
+    lead = fx.axes(c.input_types[0].rank)
+    return fx.rule(
+        [lead, (*lead, "h")], [(None, "h")], reduce=dict.fromkeys(lead, "sum"), linear=[(1,)]
+    )
+
+
+fx.attach("Embedding", _embedding_sharding)
+fx.attach("EmbeddingGrad", _embedding_grad_sharding)

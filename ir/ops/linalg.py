@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import TypeRuleError
 from ..registry import Cost, CostContext, OpDef, TypeContext, register_op
+from . import _factors as fx
 from ._common import same_dtype, tensor
 from ._examples import ctx, t
 
@@ -104,3 +105,33 @@ register_op(
         },
     )
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+# MatMul (..., M, K) @ (K, N): batch and M follow a, N follows b; sharding the
+# contraction K gives a Partial sum (the RFC's I_SUM).
+
+
+def _matmul_factors(a_rank: int, b_rank: int):
+    batch = fx.axes(a_rank - 2, "b")
+    a = (*batch, "m", "k")
+    b = ("k", "n") if b_rank == 2 else (*batch, "k", "n")
+    return batch, a, b
+
+
+def _matmul_sharding(c: TypeContext) -> dict:
+    batch, a, b = _matmul_factors(c.input_types[0].rank, c.input_types[1].rank)
+    return fx.rule([a, b], [(*batch, "m", "n")], reduce={"k": "sum"}, linear=[(0,), (1,)])
+
+
+def _matmul_grad_sharding(c: TypeContext) -> dict:
+    a_rank, b_rank = c.input_types[0].rank, c.input_types[1].rank
+    batch, a, b = _matmul_factors(a_rank, b_rank)
+    reduce = {"m": "sum", "n": "sum", "k": "sum"}
+    if b_rank == 2:
+        reduce.update(dict.fromkeys(batch, "sum"))
+    return fx.rule([a, b, (*batch, "m", "n")], [b, a], reduce=reduce, linear=[(2,)])
+
+
+fx.attach("MatMul", _matmul_sharding)
+fx.attach("MatMulGrad", _matmul_grad_sharding)

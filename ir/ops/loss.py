@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType
+from . import _factors as fx
 from ._common import same_dtype, tensor
 from ._examples import ctx, t
 
@@ -156,3 +157,48 @@ register_op(
         extra={"examples": _examples(grad=True)},
     )
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+# Sharding the rows makes each device's loss a Partial sum: the local op divides
+# by the global number of rows (the denominator attribute), never the local one.
+
+
+def _loss_factors(c: TypeContext):
+    y = c.input_types[0]
+    if c.attributes["kind"] == "cross_entropy":
+        lead = fx.axes(y.rank - 1)
+        return lead, (*lead, None), lead
+    names = fx.axes(y.rank)
+    return names, names, names
+
+
+def _global_denominator(c: TypeContext):
+    y = c.input_types[0]
+    d = c.attributes["denominator"] or (
+        math.prod(y.shape[:-1]) if c.attributes["kind"] == "cross_entropy" else _rows(y.shape)
+    )
+
+    def local(attrs, ins, outs):
+        return {**dict(attrs), "denominator": max(d, 1)}
+
+    return local
+
+
+def _loss_sharding(c: TypeContext) -> dict:
+    names, y, z = _loss_factors(c)
+    return fx.rule(
+        [y, z],
+        [()],
+        reduce=dict.fromkeys(names, "sum"),
+        local_attributes=_global_denominator(c),
+    )
+
+
+def _loss_grad_sharding(c: TypeContext) -> dict:
+    _, y, z = _loss_factors(c)
+    return fx.rule([y, z], [y], local_attributes=_global_denominator(c))
+
+
+fx.attach("Loss", _loss_sharding)
+fx.attach("LossGrad", _loss_grad_sharding)

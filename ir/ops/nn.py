@@ -11,6 +11,7 @@ import numpy as np
 
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
+from . import _factors as fx
 from ._common import normalize_axis, per_output_element, same_dtype, tensor
 from ._examples import ctx, t
 
@@ -243,3 +244,42 @@ register_op(
         extra={"examples": lambda s: [ctx(t(2 * s, 2 * s)), ctx(t(2, 3 * s, 3 * s), fill=0.0)]},
     )
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+# Softmax and LayerNorm need their normalised axis whole; any other axis may be
+# sharded. LayerNormGrad's dgamma and dbeta sum over the leading axes (Partial).
+
+
+def _layer_norm_sharding(c: TypeContext) -> dict:
+    r = c.input_types[0].rank
+    x = (*fx.axes(r - 1), None)
+    return fx.rule([x, (None,), (None,)], [x])
+
+
+def _layer_norm_grad_sharding(c: TypeContext) -> dict:
+    r = c.input_types[0].rank
+    lead = fx.axes(r - 1)
+    x = (*lead, None)
+    return fx.rule(
+        [x, (None,), x],
+        [x, (None,), (None,)],
+        reduce=dict.fromkeys(lead, "sum"),
+        linear=[(2,)],
+    )
+
+
+def _causal_mask_sharding(c: TypeContext) -> dict:
+    linear = [(0,)] if c.attributes["fill"] == 0 else []
+    return fx.same_axes(c, whole=(-2, -1), linear=linear, partial_ops=fx.LINEAR)
+
+
+fx.attach("Softmax", lambda c: fx.same_axes(c, whole=(c.attributes["axis"],), linear=()))
+fx.attach(
+    "SoftmaxGrad",
+    lambda c: fx.same_axes(c, whole=(c.attributes["axis"],), linear=[(1,)], partial_ops=fx.LINEAR),
+)
+fx.attach("LayerNorm", _layer_norm_sharding)
+fx.attach("LayerNormGrad", _layer_norm_grad_sharding)
+fx.attach("Scale", lambda c: fx.same_axes(c, partial_ops=fx.LINEAR))
+fx.attach("CausalMask", _causal_mask_sharding)

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
+from . import _factors as fx
 from ._common import per_output_element, same_dtype, tensor
 from ._examples import ctx, t
 
@@ -96,3 +97,18 @@ register_op(
         },
     )
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+# Optimizers update elementwise: parameters, gradients and state share every axis.
+
+fx.attach("SGDOptimizer", lambda c: fx.same_axes(c, linear=()))
+
+
+def _adam_sharding(c: TypeContext) -> dict:
+    r = fx.same_axes(c, linear=())
+    r["results"] = [r["operands"][0]] * 3
+    return r
+
+
+fx.attach("Adam", _adam_sharding)

@@ -32,8 +32,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import TypeRuleError
 from ..collectives import Collective
+from ..errors import TypeRuleError
 from ..registry import Attr, CostContext, OpDef, OpKind, TypeContext, attach_rule, register_op
 from ..types import DType, TensorType, TupleType
 from ._common import memory_cost, tensor
@@ -86,7 +86,9 @@ def local_shape(
     return tuple(b - a for a, b in local_bounds(shape, mesh_shape, placements, coord))
 
 
-def check_layout(shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[str]) -> None:
+def check_layout(
+    shape: Sequence[int], mesh_shape: Sequence[int], placements: Sequence[str]
+) -> None:
     """Raise a TypeRuleError naming the rule an impossible layout breaks."""
     if len(placements) != len(mesh_shape):
         raise TypeRuleError(
@@ -238,7 +240,9 @@ _LAYOUT_EXAMPLES = [
 
 
 def _scaled(s: int):
-    return [(x.with_shape(tuple(n * s for n in x.shape)), m, d, p) for x, m, d, p in _LAYOUT_EXAMPLES]
+    return [
+        (x.with_shape(tuple(n * s for n in x.shape)), m, d, p) for x, m, d, p in _LAYOUT_EXAMPLES
+    ]
 
 
 register_op(

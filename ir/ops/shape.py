@@ -16,6 +16,7 @@ import numpy as np
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType, TensorType, TupleType
+from . import _factors as fx
 from ._common import memory_cost, normalize_axis, same_dtype, tensor
 from ._examples import ctx, t
 from .communication import split_array, split_sizes
@@ -426,3 +427,117 @@ register_op(
         },
     )
 )
+
+
+# -- sharding rules ------------------------------------------------------------------
+# Pure data movement commutes with every reduction, so Partial values pass through.
+
+
+def _transpose_sharding(c: TypeContext) -> dict:
+    x = c.input_types[0]
+    names = fx.axes(x.rank)
+    perm = _perm(x, c.attributes["perm"])
+    return fx.rule(
+        [names], [tuple(names[p] for p in perm)], linear=[(0,)], partial_ops=fx.ALL_REDUCTIONS
+    )
+
+
+def _reshape_groups(a: tuple[int, ...], b: tuple[int, ...]):
+    """Pairs of index lists (of a, of b) whose sizes multiply to the same number."""
+    i = j = 0
+    groups = []
+    while i < len(a) or j < len(b):
+        gi, gj = [], []
+        pa = pb = 1
+        while True:
+            if pa <= pb and i < len(a):
+                pa *= a[i]
+                gi.append(i)
+                i += 1
+            elif j < len(b):
+                pb *= b[j]
+                gj.append(j)
+                j += 1
+            else:
+                break
+            if pa == pb and (i == len(a) or a[i] != 1) and (j == len(b) or b[j] != 1):
+                break
+        groups.append((gi, gj))
+    return groups
+
+
+def _reshape_sharding(c: TypeContext) -> dict:
+    x = c.input_types[0]
+    y = _reshape_target(x, c.attributes["shape"])
+    xf: list = [None] * x.rank
+    yf: list = [None] * len(y)
+    for k, (gi, gj) in enumerate(_reshape_groups(x.shape, y)):
+        # The major-most non-1 axis on each side carries the group's factor.
+        ma = next((i for i in gi if x.shape[i] != 1), None)
+        mb = next((j for j in gj if y[j] != 1), None)
+        if ma is not None and mb is not None:
+            xf[ma] = yf[mb] = f"g{k}"
+
+    def local(attrs, ins, outs):
+        return {**dict(attrs), "shape": list(outs[0].shape)}
+
+    return fx.rule(
+        [xf],
+        [yf],
+        linear=[(0,)],
+        partial_ops=fx.ALL_REDUCTIONS,
+        local_attributes=local,
+    )
+
+
+def _concat_sharding(c: TypeContext) -> dict:
+    xs = _flat_operands(c)
+    dim = normalize_axis(c.attributes["dim"], xs[0].rank, "dim")
+    r = fx.same_axes(c, whole=(dim,), partial_ops=fx.ALL_REDUCTIONS)
+    r["linear"] = [tuple(range(len(c.input_types)))]
+    return r
+
+
+def _split_sharding(c: TypeContext) -> dict:
+    return fx.same_axes(c, whole=(c.attributes["dim"],))
+
+
+def _sum_sharding(c: TypeContext) -> dict:
+    r = fx.same_axes(c, partial_ops=fx.LINEAR)
+    r["linear"] = [tuple(range(len(c.input_types)))]
+    return r
+
+
+def _reduce_sum_sharding(c: TypeContext) -> dict:
+    x = c.input_types[0]
+    summed = _axes(x, c.attributes["axes"])
+    names = fx.axes(x.rank)
+    if c.attributes["keepdims"]:
+        out = tuple(None if i in summed else n for i, n in enumerate(names))
+    else:
+        out = tuple(n for i, n in enumerate(names) if i not in summed)
+    reduce = {names[i]: "sum" for i in summed}
+    return fx.rule([names], [out], reduce=reduce, linear=[(0,)])
+
+
+def _broadcast_to_sharding(c: TypeContext) -> dict:
+    x = c.input_types[0]
+    shape = tuple(int(d) for d in c.attributes["shape"])
+    lead = len(shape) - x.rank
+    names = fx.axes(len(shape))
+    xf = tuple(
+        None if n == 1 and shape[lead + i] != 1 else names[lead + i] for i, n in enumerate(x.shape)
+    )
+    yf = tuple(n if i >= lead and n in xf else None for i, n in enumerate(names))
+    return fx.rule([xf], [yf], linear=[(0,)], partial_ops=fx.ALL_REDUCTIONS)
+
+
+fx.attach("Transpose", _transpose_sharding)
+fx.attach("Reshape", _reshape_sharding)
+fx.attach("Slice", lambda c: fx.same_axes(c, whole=(c.attributes["axis"],)))
+fx.attach("Concat", _concat_sharding)
+fx.attach("Split", _split_sharding)
+fx.attach("Sum", _sum_sharding)
+fx.attach("ReduceSum", _reduce_sum_sharding)
+fx.attach("BroadcastTo", _broadcast_to_sharding)
+fx.attach("Cast", lambda c: fx.same_axes(c, linear=()))
