@@ -2,7 +2,10 @@
 
 One generic form serves every op (``outs: types = OpType(operands, attr=value)``);
 only ``Pmap`` has the seeds' ``pmap(device_var=d, fn=lambda ...: {...}, (data))``
-layout. Names are hints: the printer makes them unique and valid identifiers.
+layout. Names are hints: the printer makes them unique and valid identifiers
+(a pmap body has its own namespace, as it has its own scope). Attributes equal
+to their registered default are left out, and a tuple of four or more equal
+tensors on consecutive devices is written ``Tuple[T@1, ..., T@N]``.
 """
 
 from __future__ import annotations
@@ -13,11 +16,16 @@ from typing import Any
 
 from ..function import Function
 from ..op import Op
-from ..types import DeviceVar, DType, TupleType, format_type
+from ..registry import REQUIRED, get_op
+from ..types import DeviceVar, DType, TensorType, TupleType, Type
+from ..types import format_type as _format_type
 from ..value import Value
 
 _INDENT = "    "
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RESERVED = {"def", "return", "lambda", "_"}
+_MAX_LINE = 100
+_ELLIPSIS_MIN = 4  # tuples at least this long are written with "..." when they can be
 
 
 class _Names:
@@ -31,6 +39,8 @@ class _Names:
         name = self._of.get(v)
         if name is None:
             base = v.name if _IDENT.match(v.name or "") else _sanitize(v.name)
+            if base in _RESERVED:
+                base = f"{base.strip('_') or 'v'}_"
             name, k = base, 0
             while name in self._taken:
                 k += 1
@@ -49,7 +59,7 @@ def format_function(function: Function) -> str:
     """The whole Function as text."""
     lines: list[str] = []
     _function_lines(function, _Names(), lines, "")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines)
 
 
 def format_op(op: Op) -> str:
@@ -81,6 +91,32 @@ def format_attribute(value: Any) -> str:
     raise TypeError(f"attribute value {value!r} has no text form")
 
 
+def format_type(t: Type) -> str:
+    """A type as the printer writes it: ``ir.types.format_type``, with long uniform tuples
+    shortened to ``Tuple[T@first, ..., T@last]`` (the parser expands them back)."""
+    if isinstance(t, TupleType):
+        elements = t.elements
+        if _is_device_run(elements):
+            shown = [format_type(elements[0]), "...", format_type(elements[-1])]
+        else:
+            shown = [format_type(e) for e in elements]
+        return "Tuple[" + ", ".join(shown) + "]"
+    return _format_type(t)
+
+
+def _is_device_run(elements: tuple[Type, ...]) -> bool:
+    """Equal tensors on devices k, k+1, ..., k+n-1 (n >= _ELLIPSIS_MIN)."""
+    if len(elements) < _ELLIPSIS_MIN or not all(isinstance(e, TensorType) for e in elements):
+        return False
+    first = elements[0]
+    if not isinstance(first.device, int) or isinstance(first.device, bool):
+        return False
+    return all(
+        e.with_device(None) == first.with_device(None) and e.device == first.device + i
+        for i, e in enumerate(elements)
+    )
+
+
 def _function_lines(function: Function, names: _Names, lines: list[str], indent: str) -> None:
     params = ", ".join(f"{names(v)}: {format_type(v.type)}" for v in function.inputs)
     lines.append(f"{indent}def {function.name}({params}):")
@@ -93,7 +129,8 @@ def _body_lines(function: Function, names: _Names, lines: list[str], indent: str
             _pmap_lines(op, names, lines, indent)
         else:
             lines.append(indent + _op_line(op, names))
-    lines.append(indent + "return " + ", ".join(names(v) for v in function.outputs))
+    outputs = ", ".join(names(v) for v in function.outputs)
+    lines.append(indent + ("return " + outputs if outputs else "return"))
 
 
 def _lhs(op: Op, names: _Names) -> str:
@@ -106,8 +143,37 @@ def _lhs(op: Op, names: _Names) -> str:
 
 def _op_line(op: Op, names: _Names) -> str:
     args = [names(v) for v in op.inputs]
-    args += [f"{k}={format_attribute(v)}" for k, v in op.attributes.items()]
+    args += [f"{k}={format_attribute(v)}" for k, v in _shown_attributes(op).items()]
     return f"{_lhs(op, names)} = {op.op_type}({', '.join(args)})"
+
+
+def _shown_attributes(op: Op) -> dict[str, Any]:
+    """The attributes that differ from their registered defaults (all of them if unknown)."""
+    try:
+        defaults = {a.name: a.default for a in get_op(op.op_type).attributes}
+    except Exception:  # an unregistered op still prints, with every attribute
+        defaults = {}
+    return {
+        k: v
+        for k, v in op.attributes.items()
+        if k not in defaults or defaults[k] is REQUIRED or not _same(v, defaults[k])
+    }
+
+
+def _same(value: Any, default: Any) -> bool:
+    if isinstance(value, bool) or isinstance(default, bool):
+        return type(value) is type(default) and value == default
+    if isinstance(value, (DeviceVar, DType, str)) or isinstance(default, (DeviceVar, DType, str)):
+        return type(value) is type(default) and value == default
+    return _plain(value) == _plain(default)
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (tuple, list)):
+        return tuple(_plain(x) for x in v)
+    return v
 
 
 def _pmap_lines(op: Op, names: _Names, lines: list[str], indent: str) -> None:
@@ -120,9 +186,17 @@ def _pmap_lines(op: Op, names: _Names, lines: list[str], indent: str) -> None:
     lines.append(f"{inner}device_var={op.attributes['device_var']},")
     if op.attributes.get("device_map") is not None:
         lines.append(f"{inner}device_map={format_attribute(op.attributes['device_map'])},")
-    params = ", ".join(f"({names(v)}: {format_type(v.type)})" for v in body.inputs)
-    lines.append(f"{inner}fn=lambda {params}: {{")
-    _body_lines(body, names, lines, inner + _INDENT)
+    body_names = _Names()  # a body is its own scope
+    params = [f"({body_names(v)}: {format_type(v.type)})" for v in body.inputs]
+    head = f"{inner}fn=lambda "
+    if len(head) + sum(len(p) + 2 for p in params) + 3 <= _MAX_LINE or len(params) == 1:
+        lines.append(head + ", ".join(params) + ": {")
+    else:
+        pad = " " * len(head)
+        for i, p in enumerate(params):
+            last = i == len(params) - 1
+            lines.append((head if i == 0 else pad) + p + (": {" if last else ","))
+    _body_lines(body, body_names, lines, inner + _INDENT)
     lines.append(inner + "},")
     data = ", ".join(names(v) for v in op.inputs) + ("," if len(op.inputs) == 1 else "")
     lines.append(inner + "(" + data + ")")

@@ -1,0 +1,189 @@
+"""The lexer of the text format, and the token cursor the parser reads through.
+
+Newlines are not tokens: statements end where their op call's ``)`` closes, so
+a statement may span lines freely (the seeds break long ``pmap`` calls and
+parameter lists anywhere). ``#`` starts a comment that runs to the end of the
+line. Every token keeps its line and column, so every error can point at it.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from ..errors import ParseError
+
+# Longest punctuation first: "..." (tuple ellipsis) before ".." (device range) before ".".
+_PUNCT = ("...", "..", "(", ")", "[", "]", "{", "}", ",", ":", "=", ".", "?", "+", "-", "*")
+_PUNCT += ("/", "@", "%", "&", "|", "!", "<", ">", ";")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# A float needs digits on both sides of its point, so "1..N" lexes as 1, .., N.
+_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
+_INTEGER = re.compile(r"\d+")
+_STRING_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
+
+OPENERS = {"(": ")", "[": "]", "{": "}"}
+CLOSERS = {v: k for k, v in OPENERS.items()}
+
+
+@dataclass(frozen=True)
+class Token:
+    """One token. ``kind`` is NAME, INT, FLOAT, STRING, PUNCT or EOF; ``text`` is as written."""
+
+    kind: str
+    text: str
+    line: int
+    column: int
+    value: object = None
+
+    def is_punct(self, *texts: str) -> bool:
+        return self.kind == "PUNCT" and self.text in texts
+
+    def is_name(self, *texts: str) -> bool:
+        return self.kind == "NAME" and (not texts or self.text in texts)
+
+
+def tokenize(source: str) -> list[Token]:
+    """The tokens of ``source``, ending with EOF; a stray character is a ParseError."""
+    lines = source.split("\n")
+    tokens: list[Token] = []
+    for line_no, text in enumerate(lines, start=1):
+        col = 0
+        while col < len(text):
+            ch = text[col]
+            if ch in " \t\r\f":
+                col += 1
+                continue
+            if ch == "#":
+                break
+            start = col + 1
+            if ch.isalpha() or ch == "_":
+                m = _NAME.match(text, col)
+                tokens.append(Token("NAME", m.group(), line_no, start))
+                col = m.end()
+            elif ch.isdigit():
+                # After a "." (sub-device d.1.2) only an integer can follow.
+                after_dot = bool(tokens) and tokens[-1].is_punct(".")
+                m = (_INTEGER if after_dot else _NUMBER).match(text, col)
+                word = m.group()
+                if _INTEGER.fullmatch(word):
+                    tokens.append(Token("INT", word, line_no, start, int(word)))
+                else:
+                    tokens.append(Token("FLOAT", word, line_no, start, float(word)))
+                col = m.end()
+            elif ch in "\"'":
+                value, end = _string(text, col, line_no, source)
+                tokens.append(Token("STRING", text[col:end], line_no, start, value))
+                col = end
+            else:
+                punct = next((p for p in _PUNCT if text.startswith(p, col)), None)
+                if punct is None:
+                    raise ParseError(
+                        f"unexpected character {ch!r}: expected a name, a number, a string "
+                        "or punctuation",
+                        line_no,
+                        start,
+                        text,
+                    )
+                tokens.append(Token("PUNCT", punct, line_no, start))
+                col += len(punct)
+    # The end of the text is reported just after the last token, not on a trailing blank line.
+    if tokens:
+        end = tokens[-1]
+        tokens.append(Token("EOF", "", end.line, end.column + len(end.text)))
+    else:
+        tokens.append(Token("EOF", "", 1, 1))
+    return tokens
+
+
+def _string(text: str, col: int, line_no: int, source: str) -> tuple[str, int]:
+    quote = text[col]
+    out: list[str] = []
+    i = col + 1
+    while i < len(text):
+        ch = text[i]
+        if ch == quote:
+            return "".join(out), i + 1
+        if ch == "\\" and i + 1 < len(text):
+            out.append(_STRING_ESCAPES.get(text[i + 1], "\\" + text[i + 1]))
+            i += 2
+            continue
+        out.append(ch)
+        i += 1
+    raise ParseError(
+        f"unterminated string: expected a closing {quote} before the end of the line",
+        line_no,
+        col + 1,
+        text,
+    )
+
+
+def describe(token: Token) -> str:
+    """How an error message names a token it found."""
+    if token.kind == "EOF":
+        return "the end of the text"
+    if token.kind == "PUNCT" and token.text in CLOSERS:
+        return f"{token.text!r} (an unmatched closing bracket?)"
+    return repr(token.text)
+
+
+class Cursor:
+    """A position in the token list, with the checks and errors the parser needs."""
+
+    def __init__(self, source: str) -> None:
+        self.lines = source.split("\n")
+        self.tokens = tokenize(source)
+        self.pos = 0
+
+    @property
+    def tok(self) -> Token:
+        return self.tokens[self.pos]
+
+    def peek(self, k: int = 1) -> Token:
+        return self.tokens[min(self.pos + k, len(self.tokens) - 1)]
+
+    def advance(self) -> Token:
+        token = self.tokens[self.pos]
+        if token.kind != "EOF":
+            self.pos += 1
+        return token
+
+    def accept(self, text: str) -> Token | None:
+        """Consume the punctuation ``text`` if it is next."""
+        if self.tok.is_punct(text):
+            return self.advance()
+        return None
+
+    def expect(self, text: str, context: str) -> Token:
+        """Consume the punctuation ``text`` or fail with 'expected ... found ...'."""
+        if self.tok.is_punct(text):
+            return self.advance()
+        raise self.error(f"expected {text!r} {context}, found {describe(self.tok)}")
+
+    def expect_name(self, context: str) -> Token:
+        if self.tok.kind == "NAME":
+            return self.advance()
+        raise self.error(f"expected a name {context}, found {describe(self.tok)}")
+
+    def expect_keyword(self, word: str, context: str) -> Token:
+        if self.tok.is_name(word):
+            return self.advance()
+        raise self.error(f"expected {word!r} {context}, found {describe(self.tok)}")
+
+    def close(self, opener: Token, context: str) -> Token:
+        """Consume the bracket that closes ``opener``; say where ``opener`` was if it is missing."""
+        want = OPENERS[opener.text]
+        if self.tok.is_punct(want):
+            return self.advance()
+        raise self.error(
+            f"expected {want!r} {context} to close the {opener.text!r} at line {opener.line}, "
+            f"column {opener.column}, found {describe(self.tok)}"
+        )
+
+    def error(self, message: str, token: Token | None = None) -> ParseError:
+        """A ParseError at ``token`` (the current one by default)."""
+        token = token or self.tok
+        return ParseError(message, token.line, token.column, self.source_line(token.line))
+
+    def source_line(self, line: int) -> str:
+        return self.lines[line - 1] if 0 < line <= len(self.lines) else ""

@@ -1,0 +1,177 @@
+"""Parsing ``pmap``: its device variable, optional device map, body (a lambda) and data.
+
+Two spellings from the seeds are accepted, and may be mixed with keywords::
+
+    pmap(device_var=d, fn=lambda (xi: T), (wi: T): { ...; return yi }, (xs, ws))
+    pmap(lambda d: lambda (xi: T, wi: T): { ...; return yi }, device_map={...}, (xs, ws))
+
+``body=`` is a synonym of ``fn=``. The body sees only its parameters; its types
+may use the device variable (``Tensor[(B/N, F), d]``) and, with a device map,
+sub-devices (``d.1``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..builder import FunctionBuilder
+from ..function import Function
+from ..registry import get_op
+from ..value import Value
+from .lexer import Token, describe
+
+if TYPE_CHECKING:
+    from .parser import _Parser, _Result, _Scope
+
+_BODY_KEYWORDS = ("fn", "body")
+
+
+def parse_pmap(
+    p: _Parser, scope: _Scope, results: list[_Result], start: Token
+) -> tuple[Value, ...]:
+    """Parse ``pmap(...)`` at the cursor, add the Pmap op to ``scope`` and return its results."""
+    cur = p.cur
+    op_tok = cur.advance()
+    opener = cur.expect("(", "after 'pmap'")
+    device_var: str | None = None
+    device_map: Any = None
+    body: Function | None = None
+    data: list[Value] | None = None
+    while not cur.tok.is_punct(")"):
+        tok = cur.tok
+        if tok.kind == "NAME" and cur.peek().is_punct("="):
+            cur.advance()
+            cur.advance()
+            if tok.text == "device_var":
+                name = cur.expect_name("for the pmap's device variable").text
+                _same_var(p, tok, device_var, name)
+                device_var = name
+            elif tok.text == "device_map":
+                map_tok = cur.tok
+                device_map = p.terms.literal(scope.device_vars)
+                if not isinstance(device_map, dict):
+                    raise cur.error(
+                        f"device_map must be a dict such as {{1: [1, 3], 2: [2, 4]}}, "
+                        f"found {map_tok.text!r}",
+                        map_tok,
+                    )
+            elif tok.text in _BODY_KEYWORDS:
+                _no_second_body(p, body, tok)
+                body, device_var = _lambda(p, scope, device_var)
+            else:
+                raise cur.error(
+                    f"pmap has no argument {tok.text!r}: it takes device_var=, device_map=, "
+                    "fn= (or body=) and a tuple of operands such as (xs, ys)",
+                    tok,
+                )
+        elif tok.is_name("lambda"):
+            _no_second_body(p, body, tok)
+            body, device_var = _lambda(p, scope, device_var)
+        elif tok.is_punct("(") or tok.kind == "NAME":
+            if data is not None:
+                raise cur.error("pmap is given its operands twice", tok)
+            data = _data(p, scope)
+        else:
+            raise cur.error(
+                f"expected a pmap argument (device_var=, device_map=, fn=lambda ..., or the "
+                f"operands (xs, ...)), found {describe(tok)}"
+            )
+        if not cur.accept(","):
+            break
+    cur.close(opener, "after the arguments of pmap")
+    if body is None:
+        raise cur.error("pmap needs a body: fn=lambda (x: T), ...: { ... return y }", op_tok)
+    if data is None:
+        raise cur.error("pmap needs the per-device tuples it maps over, e.g. (xs, ws)", op_tok)
+    p.check_result_count("pmap", tuple(v.name for v in body.outputs), results, start)
+    opdef = get_op("Pmap")
+    names = [p._value_name(r, opdef, i) for i, r in enumerate(results)]
+    attrs: dict[str, Any] = {"device_var": device_var}
+    if device_map is not None:
+        attrs["device_map"] = device_map
+    op = p._add_op(scope, op_tok, "Pmap", data, attrs, names, (body,))
+    return op.outputs
+
+
+def _same_var(p: _Parser, tok: Token, old: str | None, new: str) -> None:
+    if old is not None and old != new:
+        raise p.cur.error(f"the pmap binds two device variables, {old!r} and {new!r}", tok)
+
+
+def _no_second_body(p: _Parser, body: Function | None, tok: Token) -> None:
+    if body is not None:
+        raise p.cur.error("pmap is given two bodies", tok)
+
+
+def _data(p: _Parser, scope: _Scope) -> list[Value]:
+    cur = p.cur
+    if not cur.tok.is_punct("("):
+        return [p._operand(scope, None)]
+    opener = cur.advance()
+    values: list[Value] = []
+    while not cur.tok.is_punct(")"):
+        values.append(p._operand(scope, None))
+        if not cur.accept(","):
+            break
+    cur.close(opener, "after the pmap's operands")
+    return values
+
+
+def _lambda(p: _Parser, scope: _Scope, device_var: str | None) -> tuple[Function, str]:
+    """``lambda [d: lambda] params: { statements return ... }`` -> (body, device variable)."""
+    from .parser import _Scope
+
+    cur = p.cur
+    lambda_tok = cur.expect_keyword("lambda", "for the pmap body")
+    if cur.tok.kind == "NAME" and cur.peek().is_punct(":"):
+        binder = cur.advance()
+        cur.advance()
+        _same_var(p, binder, device_var, binder.text)
+        device_var = binder.text
+        cur.expect_keyword("lambda", f"after 'lambda {binder.text}:' (the body's lambda)")
+    if device_var is None:
+        raise cur.error(
+            "the pmap body's device variable is not bound yet: write device_var=d before fn=, "
+            "or lambda d: lambda (...): {...}",
+            lambda_tok,
+        )
+    p.bodies += 1
+    body_scope = _Scope(
+        FunctionBuilder(f"{scope.builder.name}_body{p.bodies}"),
+        (*scope.device_vars, device_var),
+        parent=scope,
+    )
+    _parameters(p, body_scope)
+    brace = cur.expect("{", "to open the pmap body")
+    outputs = p._statements(body_scope, end="'}'", closer="}")
+    if outputs is None:
+        if cur.tok.kind == "EOF":
+            cur.close(brace, "after the pmap body")
+        raise cur.error(
+            "the pmap body ends without 'return': a body must return its results (return y, ...)"
+        )
+    if not outputs:
+        raise cur.error("the pmap body returns nothing: return at least one value")
+    cur.close(brace, "after the body's return")
+    return p._finish(body_scope, outputs, lambda_tok), device_var
+
+
+def _parameters(p: _Parser, scope: _Scope) -> None:
+    """``(x: T), (y: T)`` or ``(x: T, y: T)`` (or unparenthesised ``x: T``), then ':'."""
+    cur = p.cur
+    while True:
+        if cur.tok.is_punct("("):
+            opener = cur.advance()
+            while not cur.tok.is_punct(")"):
+                p._parameter(scope, "body parameter")
+                if not cur.accept(","):
+                    break
+            cur.close(opener, "after the body's parameters")
+        else:
+            p._parameter(scope, "body parameter")
+        if cur.accept(":"):
+            return
+        if not cur.accept(","):
+            raise cur.error(
+                f"expected ',' or ':' after a parameter of the pmap body, found {describe(cur.tok)}"
+            )
