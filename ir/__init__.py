@@ -22,7 +22,9 @@ from .execute import execute, random_inputs
 from .function import Function
 from .op import Op
 from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
+from .sim import SimResult, simulate
 from .text import format_function as format
+from .text import parse
 from .types import DeviceVar, DType, TensorType, TupleType, Type
 from .value import Value
 from .verify import verify
@@ -42,6 +44,7 @@ __all__ = [
     "OpKind",
     "ParseError",
     "RegistryError",
+    "SimResult",
     "TensorType",
     "Topology",
     "TopologyError",
@@ -55,7 +58,9 @@ __all__ = [
     "execute",
     "format",
     "get_op",
+    "parse",
     "random_inputs",
     "register_op",
+    "simulate",
     "verify",
 ]
