@@ -1,0 +1,34 @@
+"""The simulator: per-device timelines, memory curves and step time of a program on a topology.
+
+>>> import ir
+>>> b = ir.FunctionBuilder("f")
+>>> x = b.input("x", ir.TensorType((256, 256), device=0))
+>>> y = b.call("MatMul", x, x, name="y")
+>>> result = ir.simulate(b.finish([y]), ir.Topology.uniform(1, peak_flops=1e12))
+>>> round(result.step_time_s * 1e6, 1)  # 2 * 256^3 flops at 1 TFLOPS, in microseconds
+33.6
+"""
+
+from __future__ import annotations
+
+from ..device import Topology
+from ..function import Function
+from .engine import COMBINE_MODES, Engine, SimulationError
+from .result import Event, SimResult
+
+__all__ = ["COMBINE_MODES", "Event", "SimResult", "SimulationError", "simulate"]
+
+
+def simulate(function: Function, topology: Topology, *, combine: str = "roofline") -> SimResult:
+    """Simulate one run of ``function`` on ``topology``.
+
+    Compute ops take ``launch_overhead_s + max(flops / peak_flops, bytes /
+    mem_bandwidth_bytes_per_s)`` on their device (``combine="roofline"``, the
+    default: one kernel is bound by whichever of arithmetic and memory traffic
+    is slower), or the sum of the two (``combine="additive"``, for small,
+    latency-bound CPU kernels that overlap neither). Communication ops take the
+    alpha-beta time of :mod:`ir.collectives`. See ``docs/simulator.md``.
+    """
+    engine = Engine(topology, combine)
+    engine.run(function)
+    return SimResult(engine)

@@ -1,0 +1,373 @@
+"""The event engine: one deterministic pass over the program's ops.
+
+Each device has two FIFO streams, compute and communication. An op waits until
+its inputs are ready and its stream is free (a collective waits for the
+communication streams of all its participants, a send for those of its source
+and destination), runs for the time the cost model gives, then frees its
+stream(s) and makes its outputs ready. Streams take ops in program order, as
+CUDA streams and NCCL communicators do, so the program order is the schedule:
+a pipeline transform chooses GPipe or 1F1B by the order it writes ops in.
+
+Because program order is a topological order of both the data edges and the
+stream-order edges, the event calendar of a discrete-event simulator (a heap of
+``(time, priority, sequence)``) always pops events in the order the ops are
+listed; the engine therefore walks the ops once and computes
+``start = max(inputs ready, stream free)``. The trace is a pure function of the
+program and topology (no wall clock, no randomness, no ties to break), and
+start times are max-plus expressions of durations, so making any op or link
+faster never delays anything (no scheduling anomalies).
+
+Ops inside a Pmap body run once per device of the pmap, with the device
+variable bound (sub-devices resolved through ``device_map``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..collectives import collective_time_s
+from ..device import Topology
+from ..errors import DistIRError, UnknownOpError
+from ..function import Function
+from ..op import Op
+from ..registry import CostContext, OpKind, get_op
+from ..types import DeviceVar, TensorType, TupleType, Type, bind_device, bind_type
+from ..value import Value
+from ..verify import describe_op
+
+COMBINE_MODES = ("roofline", "additive")
+
+COMPUTE, COMMUNICATION = 0, 1  # stream numbers in the trace
+
+
+class SimulationError(DistIRError):
+    """A program the simulator cannot cost: unknown device, op without a cost rule, ..."""
+
+
+class _UnknownDeviceError(Exception):
+    def __init__(self, ref: Any) -> None:
+        self.ref = ref
+
+
+class _Scope(dict):
+    """Device reference -> topology index, for one pmap iteration (or the top level)."""
+
+    def __init__(self, index_of: dict[int, int], bindings: tuple = ()) -> None:
+        super().__init__()
+        self.index_of = index_of
+        self.bindings = bindings  # ((var, concrete id, device_map), ...), innermost first
+
+    def __missing__(self, ref: Any) -> int:
+        bound = ref
+        for var, concrete, device_map in self.bindings:
+            bound = bind_device(bound, var, concrete, device_map)
+        if isinstance(bound, bool) or not isinstance(bound, int) or bound not in self.index_of:
+            raise _UnknownDeviceError(bound)
+        self[ref] = index = self.index_of[bound]
+        return index
+
+    def bind(self, t: Type) -> Type:
+        for var, concrete, device_map in self.bindings:
+            t = bind_type(t, var, concrete, device_map)
+        return t
+
+
+class Engine:
+    """One simulation run; :func:`ir.simulate` builds one and wraps its lists in a SimResult."""
+
+    def __init__(self, topology: Topology, combine: str = "roofline") -> None:
+        if combine not in COMBINE_MODES:
+            raise SimulationError(
+                f"combine must be one of {', '.join(COMBINE_MODES)}, got {combine!r}"
+            )
+        self.topology = topology
+        self.additive = combine == "additive"
+        self.index_of = {d.device_id: i for i, d in enumerate(topology.devices)}
+        self.peak_flops = [d.peak_flops for d in topology.devices]
+        self.mem_bandwidth = [d.mem_bandwidth_bytes_per_s for d in topology.devices]
+        self.launch_s = [d.launch_overhead_s for d in topology.devices]
+        n = len(topology.devices)
+        self.compute_free = [0.0] * n
+        self.comm_free = [0.0] * n
+        # values: one slot per tensor (tuple values are nested tuples of slots)
+        self.slot_bytes: list[int] = []
+        self.slot_device: list[int] = []
+        self.slot_ready: list[float] = []
+        self.slot_alloc: list[float] = []
+        self.slot_last_use: list[float] = []
+        self.slot_producer: list[int] = []
+        # op instances (an op in a pmap body once per device)
+        self.inst_op: list[Op] = []
+        self.inst_device: list[int] = []  # compute device, or -1 for communication
+        self.inst_participants: list[tuple[int, ...] | None] = []
+        self.inst_start: list[float] = []
+        self.inst_dur: list[float] = []
+        self.inst_flops: list[float] = []
+        self.inst_bytes: list[float] = []
+        self.pinned: list[int] = []  # function inputs and outputs: live all step
+        self._prepared: dict[Op, tuple] = {}
+        self._cost_by_types: dict[tuple, tuple[float, float]] = {}
+        self._comm_cache: dict[tuple, tuple[tuple[int, ...], float, float]] = {}
+
+    # -- entry ----------------------------------------------------------------
+
+    def run(self, function: Function) -> None:
+        scope = _Scope(self.index_of)
+        env: dict[Value, Any] = {}
+        for v in function.inputs:
+            try:
+                slots = self._new_slots(_template(v.type), scope, 0.0, 0.0, -1)
+            except _UnknownDeviceError as e:
+                raise SimulationError(
+                    f"input {v.name!r} of {function.name!r} lives on device {_shown(e.ref)}, "
+                    f"which topology {self.topology.name!r} lacks (devices: "
+                    f"{list(self.topology.device_ids)})"
+                ) from None
+            env[v] = slots
+            self.pinned.extend(_leaves(slots))
+        self._run_ops(function.ops, env, scope)
+        for v in function.outputs:
+            self.pinned.extend(_leaves(env[v]))
+
+    @property
+    def step_time_s(self) -> float:
+        return max([0.0, *self.compute_free, *self.comm_free])
+
+    # -- the walk -------------------------------------------------------------
+
+    def _run_ops(self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope) -> None:
+        prepared = self._prepared
+        slot_ready, slot_last_use = self.slot_ready, self.slot_last_use
+        compute_free = self.compute_free
+        for op in ops:
+            prep = prepared.get(op)
+            if prep is None:
+                prep = prepared[op] = self._prepare(op)
+            kind = prep[0]
+            try:
+                if kind is OpKind.COMPUTE:
+                    ready = 0.0
+                    ins = []
+                    for v in op.inputs:
+                        s = env[v]
+                        if s.__class__ is int:
+                            ins.append(s)
+                            if slot_ready[s] > ready:
+                                ready = slot_ready[s]
+                        else:
+                            for leaf in _leaves(s):
+                                ins.append(leaf)
+                                if slot_ready[leaf] > ready:
+                                    ready = slot_ready[leaf]
+                    _, flops, nbytes, dev_ref, templates = prep
+                    dev = scope[dev_ref]
+                    t_flops = flops / self.peak_flops[dev]
+                    t_bytes = nbytes / self.mem_bandwidth[dev]
+                    if self.additive:
+                        dur = self.launch_s[dev] + t_flops + t_bytes
+                    else:
+                        dur = self.launch_s[dev] + (t_flops if t_flops > t_bytes else t_bytes)
+                    start = compute_free[dev]
+                    if ready > start:
+                        start = ready
+                    end = start + dur
+                    compute_free[dev] = end
+                    self._record(op, dev, None, start, dur, flops, nbytes)
+                elif kind is OpKind.COMMUNICATION:
+                    ins = [s for v in op.inputs for s in _leaves(env[v])]
+                    ready = max([0.0, *(slot_ready[s] for s in ins)])
+                    participants, dur, nbytes = self._collective(op, scope, prep)
+                    start = max([ready, *(self.comm_free[d] for d in participants)])
+                    end = start + dur
+                    for d in participants:
+                        self.comm_free[d] = end
+                    self._record(op, -1, participants, start, dur, 0.0, nbytes)
+                    templates = prep[1]
+                else:
+                    prep[1](self, op, env, scope)
+                    continue
+                for s in ins:
+                    if slot_last_use[s] < end:
+                        slot_last_use[s] = end
+                producer = len(self.inst_op) - 1
+                for v, template in zip(op.outputs, templates):
+                    if template.__class__ is tuple:
+                        env[v] = self._new_slot(template, scope, end, start, producer)
+                    else:
+                        env[v] = self._new_slots(template, scope, end, start, producer)
+            except _UnknownDeviceError as e:
+                raise self._device_error(op, e.ref) from None
+
+    def _record(self, op, dev, participants, start, dur, flops, nbytes) -> None:
+        self.inst_op.append(op)
+        self.inst_device.append(dev)
+        self.inst_participants.append(participants)
+        self.inst_start.append(start)
+        self.inst_dur.append(dur)
+        self.inst_flops.append(flops)
+        self.inst_bytes.append(nbytes)
+
+    def _new_slot(self, template: tuple, scope: _Scope, ready, alloc, producer) -> int:
+        size, ref = template
+        self.slot_bytes.append(size)
+        self.slot_device.append(scope[ref])
+        self.slot_ready.append(ready)
+        self.slot_alloc.append(alloc)
+        self.slot_last_use.append(-1.0)
+        self.slot_producer.append(producer)
+        return len(self.slot_bytes) - 1
+
+    def _new_slots(self, template: Any, scope: _Scope, ready, alloc, producer) -> Any:
+        if template.__class__ is tuple:
+            return self._new_slot(template, scope, ready, alloc, producer)
+        return tuple(self._new_slots(t, scope, ready, alloc, producer) for t in template)
+
+    # -- per-op data, computed once per op ------------------------------------
+
+    def _prepare(self, op: Op) -> tuple:
+        try:
+            opdef = get_op(op.op_type)
+        except UnknownOpError as e:
+            raise SimulationError(f"{e}\n  in: {describe_op(op)}") from None
+        templates = [_template(v.type) for v in op.outputs]
+        if opdef.kind is OpKind.CONTROL:
+            structural = _STRUCTURAL.get(opdef.name)
+            if structural is None:
+                raise SimulationError(
+                    f"the simulator has no rule for the structural op {opdef.name}\n"
+                    f"  in: {describe_op(op)}"
+                )
+            return (OpKind.CONTROL, structural)
+        if opdef.kind is OpKind.COMMUNICATION:
+            if opdef.comm_rule is None:
+                raise SimulationError(
+                    f"communication op {opdef.name} has no comm_rule, so the simulator cannot "
+                    "cost it; attach one with ir.registry.attach_rule(name, 'comm_rule', fn)\n"
+                    f"  in: {describe_op(op)}"
+                )
+            return (OpKind.COMMUNICATION, templates, opdef)
+        if opdef.cost_rule is None:
+            raise SimulationError(
+                f"op {opdef.name} has no cost rule, so the simulator cannot time it; give its "
+                f"OpDef a cost_rule\n  in: {describe_op(op)}"
+            )
+        in_types = tuple(v.type for v in op.inputs)
+        out_types = tuple(v.type for v in op.outputs)
+        key = (opdef.name, in_types, out_types, _attributes_key(op))
+        cost = self._cost_by_types.get(key)
+        if cost is None:
+            c = opdef.cost_rule(CostContext(in_types, out_types, op.attributes))
+            cost = self._cost_by_types[key] = (c.flops, c.bytes_read + c.bytes_written)
+        dev_ref = op.device
+        if dev_ref is None:
+            refs = [r for t in (*out_types, *in_types) for r in _refs(t)]
+            dev_ref = refs[0] if refs else None
+        return (OpKind.COMPUTE, cost[0], cost[1], dev_ref, templates)
+
+    def _collective(
+        self, op: Op, scope: _Scope, prep: tuple
+    ) -> tuple[tuple[int, ...], float, float]:
+        opdef = prep[2]
+        key = (op, scope.bindings)
+        hit = self._comm_cache.get(key)
+        if hit is not None:
+            return hit
+        in_types = tuple(scope.bind(v.type) for v in op.inputs)
+        out_types = tuple(scope.bind(v.type) for v in op.outputs)
+        for t in (*in_types, *out_types):
+            for ref in _refs(t):
+                scope[ref]  # raises _UnknownDeviceError for a device the topology lacks
+        c = opdef.comm_rule(CostContext(in_types, out_types, op.attributes))
+        ckey = (c.kind, c.size_bytes, c.devices, c.root)
+        timing = self._comm_cache.get(ckey)
+        if timing is None:
+            try:
+                participants = tuple(self.index_of[d] for d in c.participants)
+            except KeyError as e:
+                raise _UnknownDeviceError(e.args[0]) from None
+            dur = collective_time_s(c.kind, c.size_bytes, c.devices, self.topology, c.root)
+            timing = self._comm_cache[ckey] = (participants, dur, float(c.size_bytes))
+        self._comm_cache[key] = timing
+        return timing
+
+    def _device_error(self, op: Op, ref: Any) -> SimulationError:
+        if ref is None or isinstance(ref, DeviceVar):
+            what = "has no device assigned" if ref is None else f"uses unresolved device {ref}"
+            return SimulationError(
+                f"{op.op_type} {what}; place every value on a device before simulating\n"
+                f"  in: {describe_op(op)}"
+            )
+        return SimulationError(
+            f"device {ref} used by {op.op_type} is not in topology {self.topology.name!r} "
+            f"(devices: {list(self.topology.device_ids)})\n  in: {describe_op(op)}"
+        )
+
+
+# -- structural ops: zero time, they only re-wire slots ---------------------------
+
+
+def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
+    (body,) = op.subfunctions
+    var = op.attributes["device_var"]
+    device_map = op.attributes.get("device_map")
+    first = op.inputs[0].type
+    assert isinstance(first, TupleType)
+    ids = engine.topology.device_ids
+    per_device = []
+    for k, ref in enumerate(first.devices):
+        concrete = ids[scope[ref]]
+        inner = _Scope(engine.index_of, ((var, concrete, device_map), *scope.bindings))
+        body_env = {p: env[v][k] for p, v in zip(body.inputs, op.inputs)}
+        engine._run_ops(body.ops, body_env, inner)
+        per_device.append([body_env[o] for o in body.outputs])
+    for j, v in enumerate(op.outputs):
+        env[v] = tuple(outs[j] for outs in per_device)
+
+
+def _tuple_get(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
+    env[op.outputs[0]] = env[op.inputs[0]][op.attributes["index"]]
+
+
+def _make_tuple(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
+    env[op.outputs[0]] = tuple(env[v] for v in op.inputs)
+
+
+# Dispatch per structural node kind, as the executor's interpreter does.
+_STRUCTURAL = {"Pmap": _pmap, "TupleGet": _tuple_get, "MakeTuple": _make_tuple}
+
+
+# -- helpers ----------------------------------------------------------------------
+
+
+def _template(t: Type) -> Any:
+    """(size_bytes, device ref) for a tensor; a list of templates for a tuple."""
+    if isinstance(t, TensorType):
+        return (t.size_bytes, t.device)
+    return [_template(e) for e in t.elements]
+
+
+def _refs(t: Type) -> list[Any]:
+    if isinstance(t, TensorType):
+        return [t.device]
+    return [r for e in t.elements for r in _refs(e)]
+
+
+def _leaves(slots: Any) -> list[int]:
+    if slots.__class__ is int:
+        return [slots]
+    return [s for x in slots for s in _leaves(x)]
+
+
+def _attributes_key(op: Op) -> Any:
+    if not op.attributes:
+        return ()
+    try:
+        key = tuple(sorted(op.attributes.items()))
+        hash(key)
+        return key
+    except TypeError:
+        return op  # unhashable attributes: cost this op on its own
+
+
+def _shown(ref: Any) -> str:
+    return "?" if ref is None else str(ref)

@@ -1,0 +1,86 @@
+"""Memory by liveness: per-device live bytes over time, peaks, and where capacity is exceeded.
+
+No explicit ``free``: a value is allocated when the op that produces it starts
+and freed when its last consumer finishes (or when its producer finishes, if
+nothing reads it). Function inputs (weights, optimizer state, data) are live
+from time 0 and function outputs until the end of the step. A tuple value
+counts each element on its own device. At equal times frees come before
+allocations, as a caching allocator reuses memory freed by a finished kernel.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class MemoryCurves:
+    """Per device index: times and live bytes (a step function), peak, first op over capacity."""
+
+    times: dict[int, np.ndarray]
+    live_bytes: dict[int, np.ndarray]
+    peak_bytes: dict[int, float]
+    oom_instance: dict[int, int | None]  # instance index of the op whose allocation overflowed
+
+
+def memory_curves(
+    slot_bytes: list[int],
+    slot_device: list[int],
+    slot_alloc: list[float],
+    slot_last_use: list[float],
+    slot_producer: list[int],
+    pinned: list[int],
+    inst_end: np.ndarray,
+    capacity_bytes: list[float],
+    devices: list[int],
+    step_time_s: float,
+) -> MemoryCurves:
+    """Sweep allocation and free events per device (vectorised with numpy)."""
+    size = np.asarray(slot_bytes, dtype=np.float64)
+    dev = np.asarray(slot_device, dtype=np.int64)
+    alloc = np.asarray(slot_alloc, dtype=np.float64)
+    last = np.asarray(slot_last_use, dtype=np.float64)
+    producer = np.asarray(slot_producer, dtype=np.int64)
+    keep = np.zeros(len(size), dtype=bool)
+    if pinned:
+        keep[np.asarray(pinned, dtype=np.int64)] = True
+    produced_end = np.where(producer >= 0, inst_end[np.maximum(producer, 0)], 0.0)
+    free = np.where(last >= 0, last, produced_end)
+    freed = ~keep
+    # events: allocations (kind 1) for every slot, frees (kind 0) for the unpinned ones
+    ev_dev = np.concatenate([dev, dev[freed]])
+    ev_t = np.concatenate([alloc, free[freed]])
+    ev_delta = np.concatenate([size, -size[freed]])
+    ev_kind = np.concatenate([np.ones(len(size), np.int8), np.zeros(int(freed.sum()), np.int8)])
+    ev_inst = np.concatenate([producer, np.full(int(freed.sum()), -1, np.int64)])
+    order = np.lexsort((ev_kind, ev_t, ev_dev))
+    ev_dev, ev_t, ev_delta, ev_inst = ev_dev[order], ev_t[order], ev_delta[order], ev_inst[order]
+    times: dict[int, np.ndarray] = {}
+    live: dict[int, np.ndarray] = {}
+    peaks: dict[int, float] = {}
+    ooms: dict[int, int | None] = {}
+    bounds = np.searchsorted(ev_dev, np.asarray(devices, dtype=np.int64), side="left")
+    ends = np.searchsorted(ev_dev, np.asarray(devices, dtype=np.int64), side="right")
+    for d, lo, hi in zip(devices, bounds, ends):
+        t, level, inst = ev_t[lo:hi], np.cumsum(ev_delta[lo:hi]), ev_inst[lo:hi]
+        # one point per distinct time: the level after every event at that time
+        last_at_time = np.append(t[1:] != t[:-1], True) if len(t) else np.zeros(0, bool)
+        t_points, level_points = t[last_at_time], level[last_at_time]
+        if not len(t_points) or t_points[0] > 0:
+            t_points = np.insert(t_points, 0, 0.0)
+            level_points = np.insert(level_points, 0, 0.0)
+        if t_points[-1] < step_time_s:
+            t_points = np.append(t_points, step_time_s)
+            level_points = np.append(level_points, level_points[-1])
+        times[d], live[d] = t_points, np.maximum(level_points, 0.0)
+        peaks[d] = float(live[d].max())
+        over = np.flatnonzero(level > capacity_bytes[d])
+        ooms[d] = None
+        if len(over):
+            # the first op allocation at or after the crossing (inputs alone may overflow)
+            ops_after = inst[over[0] :]
+            ops_after = ops_after[ops_after >= 0]
+            ooms[d] = int(ops_after[0]) if len(ops_after) else -1
+    return MemoryCurves(times, live, peaks, ooms)

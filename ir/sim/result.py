@@ -1,0 +1,244 @@
+"""What a simulation returns: step time, per-device times, events, memory curves, trace export."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from ..device import Topology
+from ..op import Op
+from ..verify import describe_op
+from .engine import COMMUNICATION, COMPUTE, Engine, SimulationError
+from .memory import MemoryCurves, memory_curves
+
+STREAMS = ("compute", "communication")
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """One op occupying one device's stream.
+
+    ``op`` is the Op (for a pmap body op, the same Op on every device); ``label``
+    its text. A collective gives one event per participating device, a send
+    one on its source and one on its destination.
+    """
+
+    op: Op
+    device: int
+    stream: str  # "compute" or "communication"
+    start_s: float
+    dur_s: float
+    flops: float
+    bytes: float
+    kind: str  # the op's kind: "compute" or "communication"
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.dur_s
+
+    @property
+    def label(self) -> str:
+        """The op as one line of the text format."""
+        return describe_op(self.op)
+
+
+class SimResult:
+    """The simulated step of one program on one topology.
+
+    ``devices`` are the ids of the devices the program uses, in topology order;
+    the per-device dictionaries are keyed by them. Times are in seconds.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self.topology: Topology = engine.topology
+        self.step_time_s: float = engine.step_time_s
+        self._e = engine
+        self._start = np.asarray(engine.inst_start, dtype=np.float64)
+        self._dur = np.asarray(engine.inst_dur, dtype=np.float64)
+        used = set(engine.slot_device)
+        used.update(d for d in engine.inst_device if d >= 0)
+        for p in engine.inst_participants:
+            if p is not None:
+                used.update(p)
+        self._used = sorted(used)
+        ids = self.topology.device_ids
+        self.devices: tuple[int, ...] = tuple(ids[i] for i in self._used)
+
+    def __repr__(self) -> str:
+        return (
+            f"<SimResult step_time_s={self.step_time_s:.6g} on {self.topology.name!r}: "
+            f"{self.num_ops} op runs on devices {list(self.devices)}>"
+        )
+
+    @property
+    def num_ops(self) -> int:
+        """Number of simulated op runs (pmap body ops count once per device)."""
+        return len(self._e.inst_op)
+
+    # -- events -----------------------------------------------------------------
+
+    @cached_property
+    def events(self) -> list[Event]:
+        """Every event, in program order (a collective's events one per participant)."""
+        e, ids = self._e, self.topology.device_ids
+        out: list[Event] = []
+        for i, op in enumerate(e.inst_op):
+            start, dur, flops, nbytes = (
+                e.inst_start[i],
+                e.inst_dur[i],
+                e.inst_flops[i],
+                e.inst_bytes[i],
+            )
+            participants = e.inst_participants[i]
+            if participants is None:
+                out.append(
+                    Event(
+                        op, ids[e.inst_device[i]], "compute", start, dur, flops, nbytes, "compute"
+                    )
+                )
+            else:
+                for d in participants:
+                    out.append(
+                        Event(op, ids[d], "communication", start, dur, 0.0, nbytes, "communication")
+                    )
+        return out
+
+    def events_on(self, device: int, stream: str | None = None) -> list[Event]:
+        """The events of one device (optionally one stream), by start time."""
+        found = [
+            ev
+            for ev in self.events
+            if ev.device == device and (stream is None or ev.stream == stream)
+        ]
+        return sorted(found, key=lambda ev: (ev.start_s, ev.stream))
+
+    # -- per-device times -------------------------------------------------------
+
+    @cached_property
+    def _stream_busy(self) -> dict[tuple[int, int], float]:
+        busy: dict[tuple[int, int], float] = {}
+        e = self._e
+        for i, dev in enumerate(e.inst_device):
+            if dev >= 0:
+                busy[(dev, COMPUTE)] = busy.get((dev, COMPUTE), 0.0) + e.inst_dur[i]
+            else:
+                for d in e.inst_participants[i]:
+                    busy[(d, COMMUNICATION)] = busy.get((d, COMMUNICATION), 0.0) + e.inst_dur[i]
+        return busy
+
+    @cached_property
+    def busy_s(self) -> dict[int, float]:
+        """Time each device's compute stream is busy."""
+        ids = self.topology.device_ids
+        return {ids[d]: self._stream_busy.get((d, COMPUTE), 0.0) for d in self._used}
+
+    @cached_property
+    def communication_s(self) -> dict[int, float]:
+        """Time each device's communication stream is busy."""
+        ids = self.topology.device_ids
+        return {ids[d]: self._stream_busy.get((d, COMMUNICATION), 0.0) for d in self._used}
+
+    @cached_property
+    def idle_s(self) -> dict[int, float]:
+        """Time in the step when a device has neither compute nor communication running."""
+        e, ids = self._e, self.topology.device_ids
+        intervals: dict[int, list[tuple[float, float]]] = {d: [] for d in self._used}
+        for i, dev in enumerate(e.inst_device):
+            span = (e.inst_start[i], e.inst_start[i] + e.inst_dur[i])
+            for d in (dev,) if dev >= 0 else e.inst_participants[i]:
+                intervals[d].append(span)
+        idle = {}
+        for d, spans in intervals.items():
+            covered, reach = 0.0, 0.0
+            for lo, hi in sorted(spans):
+                lo = max(lo, reach)
+                if hi > lo:
+                    covered += hi - lo
+                    reach = hi
+            idle[ids[d]] = self.step_time_s - covered
+        return idle
+
+    def idle_fraction(self, device: int) -> float:
+        """``idle_s[device] / step_time_s`` (0 for an empty program)."""
+        return self.idle_s[device] / self.step_time_s if self.step_time_s > 0 else 0.0
+
+    # -- memory -----------------------------------------------------------------
+
+    @cached_property
+    def _memory(self) -> MemoryCurves:
+        e = self._e
+        return memory_curves(
+            e.slot_bytes,
+            e.slot_device,
+            e.slot_alloc,
+            e.slot_last_use,
+            e.slot_producer,
+            e.pinned,
+            self._start + self._dur,
+            [d.memory_bytes for d in self.topology.devices],
+            self._used,
+            self.step_time_s,
+        )
+
+    def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """(times_s, live_bytes): live bytes on ``device`` from each time to the next."""
+        i = self._device_index(device)
+        return self._memory.times[i].copy(), self._memory.live_bytes[i].copy()
+
+    @cached_property
+    def peak_memory_bytes(self) -> dict[int, float]:
+        """Device -> highest live bytes during the step."""
+        ids = self.topology.device_ids
+        return {ids[d]: self._memory.peak_bytes[d] for d in self._used}
+
+    @cached_property
+    def oom(self) -> dict[int, Op | None]:
+        """Device -> the op whose allocation first exceeds its capacity, or None if none does.
+
+        If the function inputs alone exceed the capacity, the device's first op is named.
+        """
+        ids, e = self.topology.device_ids, self._e
+        out: dict[int, Op | None] = {}
+        for d in self._used:
+            inst = self._memory.oom_instance[d]
+            if inst is None:
+                out[ids[d]] = None
+            elif inst >= 0:
+                out[ids[d]] = e.inst_op[inst]
+            else:
+                first = [i for i, dev in enumerate(e.inst_device) if dev == d]
+                out[ids[d]] = e.inst_op[first[0]] if first else None
+        return out
+
+    @property
+    def over_capacity(self) -> tuple[int, ...]:
+        """Devices whose peak live bytes exceed their memory."""
+        return tuple(
+            d
+            for d in self.devices
+            if self.peak_memory_bytes[d] > self.topology.device(d).memory_bytes
+        )
+
+    def _device_index(self, device: int) -> int:
+        try:
+            i = self.topology.index(device)
+        except Exception:
+            raise SimulationError(
+                f"device {device} is not in topology {self.topology.name!r}"
+            ) from None
+        if i not in self._memory.times:
+            raise SimulationError(
+                f"the program does not use device {device} (it uses {list(self.devices)})"
+            )
+        return i
+
+    # -- export -----------------------------------------------------------------
+
+    def to_chrome_trace(self) -> dict[str, Any]:
+        """The trace as Chrome-trace JSON: ``json.dump`` it, open it in ui.perfetto.dev."""
+        from .trace import chrome_trace
+
+        return chrome_trace(self)

@@ -1,0 +1,72 @@
+"""Chrome-trace (Trace Event Format) export, read by chrome://tracing and ui.perfetto.dev.
+
+One process per device (``pid`` = device id), one thread per stream (``tid`` 0
+compute, 1 communication), complete events (``ph: "X"``) with microsecond
+timestamps, and a counter track (``ph: "C"``) of live memory per device.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..verify import describe_op
+
+if TYPE_CHECKING:
+    from .result import SimResult
+
+_TID = {"compute": 0, "communication": 1}
+_US = 1e6
+
+
+def chrome_trace(result: SimResult) -> dict[str, Any]:
+    """``{"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}``."""
+    events: list[dict[str, Any]] = []
+    for device in result.devices:
+        kind = result.topology.device(device).device_type
+        events.append(_meta("process_name", device, 0, {"name": f"device {device} ({kind})"}))
+        events.append(_meta("process_sort_index", device, 0, {"sort_index": device}))
+        for stream, tid in _TID.items():
+            events.append(_meta("thread_name", device, tid, {"name": stream}))
+    labels: dict[int, str] = {}
+    for ev in result.events:
+        label = labels.get(id(ev.op))
+        if label is None:
+            label = labels[id(ev.op)] = describe_op(ev.op)
+        events.append(
+            {
+                "name": ev.op.op_type,
+                "cat": ev.kind,
+                "ph": "X",
+                "pid": ev.device,
+                "tid": _TID[ev.stream],
+                "ts": ev.start_s * _US,
+                "dur": ev.dur_s * _US,
+                "args": {"op": label, "flops": ev.flops, "bytes": ev.bytes},
+            }
+        )
+    for device in result.devices:
+        times, live = result.memory_timeline(device)
+        for t, b in zip(times.tolist(), live.tolist()):
+            events.append(
+                {
+                    "name": "memory",
+                    "ph": "C",
+                    "pid": device,
+                    "tid": 0,
+                    "ts": t * _US,
+                    "args": {"live_bytes": b},
+                }
+            )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "topology": result.topology.name,
+            "step_time_s": result.step_time_s,
+            "peak_memory_bytes": {str(d): b for d, b in result.peak_memory_bytes.items()},
+        },
+    }
+
+
+def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "ph": "M", "pid": pid, "tid": tid, "args": args}
