@@ -23,7 +23,6 @@ from .function import Function
 from .op import Op
 from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
 from .sim import SimResult, simulate
-from .sim import SimResult, simulate
 from .text import format_function as format
 from .text import parse
 from .types import DeviceVar, DType, TensorType, TupleType, Type
@@ -46,7 +45,6 @@ __all__ = [
     "ParseError",
     "RegistryError",
     "SimResult",
-    "SimResult",
     "TensorType",
     "Topology",
     "TopologyError",
@@ -63,7 +61,6 @@ __all__ = [
     "parse",
     "random_inputs",
     "register_op",
-    "simulate",
     "simulate",
     "verify",
 ]
