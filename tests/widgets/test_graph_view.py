@@ -1,0 +1,174 @@
+"""The graph view's SVG and id map, checked without a browser."""
+
+from __future__ import annotations
+
+import re
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from ir import FunctionBuilder, TensorType
+from widgets.graph import GraphOptions, render_graph
+from widgets.graph_widget import GraphView
+from widgets.ids import op_paths, value_names
+from widgets.palette import device_color
+from widgets.svg import GraphvizError, dot_to_svg
+
+sys.path.insert(0, str(Path(__file__).parent))
+from programs import data_parallel_matmul, deep_mlp  # noqa: E402
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def _groups(svg: str) -> dict[str, ET.Element]:
+    root = ET.fromstring(svg)
+    return {g.get("id"): g for g in root.iter(f"{SVG}g") if g.get("id")}
+
+
+def _fills(g: ET.Element) -> set[str]:
+    return {
+        el.get("fill")
+        for el in g.iter()
+        if el.get("fill") not in (None, "none", "transparent", "black")
+    }
+
+
+def test_svg_contains_every_op_id_and_id_map_round_trips():
+    f = data_parallel_matmul()
+    g = render_graph(f)
+    drawn = _groups(g.svg)
+    paths = op_paths(f)
+    assert len(paths) == f.num_ops() == 6
+    for op, path in paths.items():
+        assert f"op-{path}" in drawn, path
+        assert g.id_map[f"op-{path}"] == ("op", path)
+        assert g.ops[path] is op
+    for svg_id, (kind, name) in g.id_map.items():
+        assert svg_id in drawn, svg_id
+        if kind == "value":
+            assert value_names(f)[g.values[name]] == name
+    # every value that is read somewhere has a clickable edge
+    edge_values = {name for i, (k, name) in g.id_map.items() if k == "value" and i.startswith("v-")}
+    assert edge_values == {"x", "wA", "xs", "wAs", "xi", "wAi", "ai", "rs", "r"}
+
+
+def test_value_names_match_the_printer_with_duplicate_names():
+    b = FunctionBuilder("dup")
+    x = b.input("x", TensorType((2,), device=0))
+    y = b.call("Relu", x, name="x")
+    z = b.call("Neg", y, name="x")
+    f = b.finish([z])
+    names = value_names(f)
+    assert [names[v] for v in (x, y, z)] == ["x", "x_1", "x_2"]
+    assert "x_2: Tensor[(2,), 0] = Neg(x_1)" in str(f)
+
+
+def test_op_colours_match_the_legend():
+    f = deep_mlp(6, device_of_layer=lambda i: i // 2)
+    g = render_graph(f)
+    legend = {e.device: e.color for e in g.legend if e.kind == "device"}
+    assert sorted(legend) == [0, 1, 2]
+    assert all(legend[d] == device_color(d) for d in legend)
+    drawn = _groups(g.svg)
+    for op, path in op_paths(f).items():
+        fills = _fills(drawn[f"op-{path}"])
+        if op.op_type == "Send":  # communication: striped with both devices, double border
+            assert fills == {legend[op.inputs[0].type.device], legend[op.device]}
+            assert len(drawn[f"op-{path}"].findall(f"{SVG}polygon")) >= 2
+        else:
+            assert fills == {legend[op.device]}, (path, fills)
+
+
+def test_pmap_body_is_a_cluster_and_comm_ops_are_distinct():
+    g = render_graph(data_parallel_matmul())
+    drawn = _groups(g.svg)
+    assert drawn["op-2"].get("class") == "cluster"
+    assert {"op-2.0", "op-2.1"} <= set(drawn)
+    body_fills = _fills(drawn["op-2.0"])
+    assert body_fills == {device_color(1), device_color(2)}  # the body runs on both devices
+    assert 'peripheries="2"' in g.dot.split('"op-0" [', 1)[1].split("\n", 1)[0]
+    assert "communication" in [e.label for e in g.legend]
+
+
+def test_edges_have_wide_invisible_hit_areas_and_placement_labels():
+    f = data_parallel_matmul()
+    g = render_graph(f, placements={f.value("xs"): "S(0)", "r": "R"})
+    drawn = _groups(g.svg)
+    edges = [el for el in drawn.values() if el.get("class") == "edge"]
+    assert edges
+    for edge in edges:
+        hit = [p for p in edge.iter(f"{SVG}path") if p.get("class") == "hit"]
+        assert len(hit) == 1 and float(hit[0].get("stroke-width")) >= 10
+        assert hit[0].get("stroke") == "transparent"
+    labels = {"".join(t.itertext()) for e in edges for t in e.iter(f"{SVG}text")}
+    assert {"S(0)", "R", "2 × [4×4]"} <= labels
+
+
+def test_24_layer_program_folds_repeated_layers():
+    f = deep_mlp(24)  # 72 ops on one device
+    full = render_graph(f, options=GraphOptions(max_ops=None))
+    assert sum(k == "op" for k, _ in full.id_map.values()) == 72
+    g = render_graph(f, options=GraphOptions(max_ops=40))
+    ops_drawn = [p for k, p in g.id_map.values() if k == "op"]
+    assert len(ops_drawn) < 15
+    assert {"0", "1", "2"} <= set(ops_drawn)  # the first layer stays visible
+    (group,) = g.groups
+    assert g.id_map[group] == ("group", group)
+    hidden = set(g.groups[group])
+    assert len(hidden) >= 60
+    assert hidden | {f"op-{p}" for p in ops_drawn} == {f"op-{i}" for i in range(72)}
+    assert group in _groups(g.svg)
+    # weights read only inside the fold are folded too
+    assert len([i for i in g.id_map if i.startswith("in-")]) < 10
+
+
+def test_large_pmap_body_folds_into_one_node():
+    f = data_parallel_matmul()
+    g = render_graph(f, options=GraphOptions(max_ops=3, max_body_ops=1))
+    assert g.id_map["op-2"] == ("op", "2")
+    assert g.groups["op-2"] == ("op-2.0", "op-2.1")
+    assert "op-2.0" not in g.id_map
+    assert _groups(g.svg)["op-2"].get("class") == "node"
+
+
+def test_graph_view_selection_from_clicks():
+    f = data_parallel_matmul()
+    view = GraphView(f)
+    assert view.svg.startswith("<svg") and "device 1" in view.legend_html
+    view.clicked = {"id": "op-2.0", "n": 1}
+    sel = view.selection
+    assert sel.kind == "op" and sel.op.op_type == "MatMul" and sel.svg_id == "op-2.0"
+    edge = next(i for i, t in view.rendered.id_map.items() if t == ("value", "xs"))
+    view.clicked = {"id": edge, "n": 2}
+    assert view.selection.value is f.value("xs")
+    view.clicked = {"id": "return", "n": 3}  # not selectable: selection unchanged
+    assert view.selection.value is f.value("xs")
+    with pytest.raises(KeyError, match="not an op or value id"):
+        view.select("op-99")
+
+
+def test_graph_view_opens_a_fold_to_select_a_hidden_op():
+    f = deep_mlp(24)
+    view = GraphView(f, options=GraphOptions(max_ops=40))
+    hidden = next(iter(view.rendered.groups.values()))[5]
+    view.select(hidden)
+    assert view.selection.svg_id == hidden
+    assert hidden in _groups(view.svg)
+    seen = []
+    view.on_select(seen.append)
+    view.select_value(f.value("a3"))
+    assert seen[-1].value is f.value("a3") and len(view.selected["ids"]) == 1
+
+
+def test_missing_dot_binary_says_what_to_install():
+    with pytest.raises(GraphvizError, match="install graphviz"):
+        dot_to_svg("digraph {}", dot_binary="no-such-dot-binary")
+
+
+def test_es_module_is_small_and_offline():
+    js = (Path(__file__).parents[2] / "widgets" / "static" / "graph.js").read_text()
+    assert len(js.splitlines()) < 150
+    assert "export default" in js
+    assert not re.search(r"\bimport\b.*\bfrom\b|https?://", js)

@@ -1,0 +1,444 @@
+"""The graph view's pure half: Function -> graphviz dot -> SVG plus an id map.
+
+Every op gets a stable id from its index path (``op-3``, ``op-3.1`` for op 1 of
+the body of pmap op 3); values are named as the printer names them. The SVG
+keeps these ids on its ``<g>`` elements and :attr:`RenderedGraph.id_map` says
+what each one is, so a click in the browser reports an id and Python looks up
+the op or value. Nothing here needs a browser or a kernel.
+
+>>> from ir import FunctionBuilder, TensorType
+>>> b = FunctionBuilder("f")
+>>> x = b.input("x", TensorType((8, 4), device=0))
+>>> g = render_graph(b.finish(b.call("Relu", x, name="y")))
+>>> g.id_map["op-0"], sorted(set(g.id_map.values()))[-1]
+(('op', '0'), ('value', 'y'))
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from ir.function import Function
+from ir.op import Op
+from ir.registry import OpKind, get_op
+from ir.text import format_op
+from ir.types import DeviceRef, DeviceVar, TupleType, bind_device, devices_of
+from ir.value import Value
+
+from .collapse import find_repeats
+from .ids import op_id, op_paths, shape_label, value_names
+from .palette import COMMUNICATION_BORDER, device_color, device_label
+from .svg import dot_to_svg, postprocess_svg
+
+_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_FONT = "Helvetica,Arial,sans-serif"
+GROUP_FILL = "#fff7d6"
+
+
+@dataclass(frozen=True)
+class GraphOptions:
+    """How to draw a Function.
+
+    ``max_ops``: above this many ops (pmap bodies counted), repeated layers fold
+    into summary nodes and pmap bodies with more than ``max_body_ops`` visible
+    ops fold into one node; ``None`` never folds. ``expanded`` lists summary
+    node ids (``group-...`` or a pmap's ``op-...``) the user opened.
+    """
+
+    max_ops: int | None = 80
+    max_body_ops: int = 40
+    min_repeats: int = 3
+    expanded: frozenset[str] = frozenset()
+    rankdir: str = "TB"
+
+
+@dataclass(frozen=True)
+class LegendEntry:
+    """One legend line: a device colour, or a drawing style (``kind='style'``)."""
+
+    label: str
+    color: str
+    kind: str = "device"
+    device: DeviceRef = None
+
+
+@dataclass(frozen=True)
+class RenderedGraph:
+    """The dot source, the SVG, and what each clickable SVG id stands for.
+
+    ``id_map[svg_id]`` is ``("op", path)``, ``("value", name)`` or
+    ``("group", group_id)``. ``groups[group_id]`` lists the op ids a summary
+    node hides. ``ops[path]`` and ``values[name]`` give the IR objects back.
+    """
+
+    dot: str
+    svg: str
+    id_map: Mapping[str, tuple[str, str]]
+    legend: tuple[LegendEntry, ...]
+    groups: Mapping[str, tuple[str, ...]]
+    ops: Mapping[str, Op] = field(repr=False)
+    values: Mapping[str, Value] = field(repr=False)
+
+    def hidden_in(self, svg_id: str) -> str | None:
+        """The summary node that hides op ``svg_id``, or None if it is visible."""
+        for group, members in self.groups.items():
+            if svg_id in members:
+                return group
+        return None
+
+    def _repr_html_(self) -> str:
+        return legend_html(self.legend) + self.svg
+
+
+def render_graph(
+    function: Function,
+    placements: Mapping[Value | str, str] | None = None,
+    options: GraphOptions | None = None,
+    *,
+    dot_binary: str = "dot",
+) -> RenderedGraph:
+    """Draw ``function``: dot source, SVG (via the ``dot`` binary) and the id map.
+
+    ``placements`` maps values (or their names) to a placement label such as
+    ``S(0) R``, shown under the shape on the value's edges.
+    """
+    drawing = _Drawing(function, placements or {}, options or GraphOptions())
+    dot = drawing.dot()
+    svg = postprocess_svg(dot_to_svg(dot, dot_binary=dot_binary), drawing.tooltips)
+    return RenderedGraph(
+        dot=dot,
+        svg=svg,
+        id_map=MappingProxyType(drawing.id_map),
+        legend=drawing.legend(),
+        groups=MappingProxyType(drawing.groups),
+        ops=MappingProxyType({p: op for op, p in drawing.paths.items()}),
+        values=MappingProxyType({n: v for v, n in drawing.names.items()}),
+    )
+
+
+def legend_html(legend: tuple[LegendEntry, ...]) -> str:
+    """The legend as a small HTML block (the widget and static exports share it)."""
+    items = []
+    for e in legend:
+        border = f"3px double {COMMUNICATION_BORDER}" if e.kind == "comm" else "1px solid #666"
+        if e.kind == "cluster":
+            border = "1px dashed #888"
+        swatch = (
+            f'<span style="display:inline-block;width:12px;height:12px;margin-right:4px;'
+            f'vertical-align:middle;background:{e.color};border:{border}"></span>'
+        )
+        items.append(
+            f'<span class="distir-legend-item" data-color="{e.color}" style="margin-right:12px">'
+            f"{swatch}{html.escape(e.label)}</span>"
+        )
+    return (
+        '<div class="distir-legend" style="font:12px sans-serif;margin:4px 0">'
+        + "".join(items)
+        + "</div>"
+    )
+
+
+def _q(text: str) -> str:
+    """A dot string literal."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def _attrs(**attrs: object) -> str:
+    return "[" + ", ".join(f"{k}={_q(str(v))}" for k, v in attrs.items()) + "]"
+
+
+def _short(text: str, limit: int = 28) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_Env = tuple[tuple[str, tuple[DeviceRef, ...], dict | None], ...]
+
+
+def _resolve(ref: DeviceRef, env: _Env) -> tuple[DeviceRef, ...]:
+    """The concrete devices a (possibly symbolic) device reference ranges over."""
+    if not isinstance(ref, DeviceVar):
+        return (ref,)
+    for var, devices, device_map in reversed(env):
+        if ref.name == var:
+            return tuple(bind_device(ref, var, d, device_map) for d in devices)
+    return (ref,)
+
+
+class _Drawing:
+    """Collects the dot statements, the id map and the device legend of one Function."""
+
+    def __init__(
+        self, function: Function, placements: Mapping[Value | str, str], options: GraphOptions
+    ) -> None:
+        self.function = function
+        self.options = options
+        self.names = value_names(function)
+        self.paths = op_paths(function)
+        self.placements = {
+            (k if isinstance(k, str) else self.names.get(k, k.name)): v
+            for k, v in placements.items()
+        }
+        self.fold = options.max_ops is not None and function.num_ops() > options.max_ops
+        self.lines: list[str] = []
+        self.id_map: dict[str, tuple[str, str]] = {}
+        self.tooltips: dict[str, str] = {}
+        self.groups: dict[str, tuple[str, ...]] = {}
+        self.devices: dict[DeviceRef, None] = {}
+        self.source: dict[Value, str] = {}
+        self.uses: list[tuple[Value, str]] = []
+        self.has_comm = self.has_cluster = False
+
+    # -- top level -----------------------------------------------------------
+
+    def dot(self) -> str:
+        o = self.options
+        self.lines += [
+            "digraph distir {",
+            f"  graph {_attrs(rankdir=o.rankdir, fontname=_FONT, nodesep=0.25, ranksep=0.35)};",
+            f"  node {_attrs(fontname=_FONT, fontsize=11, shape='box', height=0.3)};",
+            f"  edge {_attrs(fontname=_FONT, fontsize=9, color='#555555', arrowsize=0.6)};",
+        ]
+        header, self.lines = self.lines, []
+        self._level(self.function, "", (), "  ", o.max_ops)
+        self.lines.append(f'  "return" {_attrs(id="return", label="return", style="rounded")};')
+        self.uses += [(v, "return") for v in self.function.outputs]
+        body, self.lines = self.lines, header
+        targets: dict[Value, set[str]] = {}
+        for v, target in self.uses:
+            targets.setdefault(v, set()).add(target)
+        for k, v in enumerate(self.function.inputs):
+            only = targets.get(v, set())
+            if len(only) == 1 and next(iter(only)) in self.groups:
+                self.source[v] = next(iter(only))  # read only inside a folded group: fold it too
+            else:
+                self._value_node(f"in-{k}", v, (), "ellipse", "  ")
+        self.lines += body
+        self._edges()
+        self.lines.append("}")
+        return "\n".join(self.lines) + "\n"
+
+    def legend(self) -> tuple[LegendEntry, ...]:
+        ints = sorted(d for d in self.devices if isinstance(d, int))
+        rest = [d for d in self.devices if not isinstance(d, int)]
+        entries = [LegendEntry(device_label(d), device_color(d), "device", d) for d in ints + rest]
+        if self.has_comm:
+            entries.append(LegendEntry("communication", "#ffffff", "comm"))
+        if self.has_cluster:
+            entries.append(LegendEntry("pmap body", "#ffffff", "cluster"))
+        if self.groups:
+            entries.append(LegendEntry("folded ops (click to open)", GROUP_FILL, "group"))
+        return tuple(entries)
+
+    # -- nodes ---------------------------------------------------------------
+
+    def _level(self, fn: Function, prefix: str, env: _Env, indent: str, budget: int | None) -> None:
+        folded: dict[int, str] = {}
+        if self.fold and budget is not None:
+            sigs = [_signature(op) for op in fn.ops]
+            for r in find_repeats(sigs, budget=budget, min_count=self.options.min_repeats):
+                hidden = [f"{prefix}{i}" for i in r.folded]
+                gid = f"group-{hidden[0]}-{hidden[-1]}"
+                if gid in self.options.expanded:
+                    continue
+                self.groups[gid] = tuple(op_id(p) for p in hidden)
+                folded.update(dict.fromkeys(r.folded, gid))
+                block = [op.op_type for op in fn.ops[r.start : r.start + r.period]]
+                self._group_node(
+                    gid, [fn.ops[i] for i in r.folded], block, r.count - 1, env, indent
+                )
+        for i, op in enumerate(fn.ops):
+            path = f"{prefix}{i}"
+            if i in folded:
+                self._hide(op, folded[i])
+            elif op.op_type == "Pmap":
+                self._pmap(op, path, env, indent)
+            else:
+                self._op_node(op, path, env, indent)
+
+    def _op_node(self, op: Op, path: str, env: _Env, indent: str) -> None:
+        nid = op_id(path)
+        devices = self._devices(op, env)
+        outs = ", ".join(self.names[v] for v in op.outputs)
+        kind = get_op(op.op_type).kind
+        attrs: dict[str, object] = {"id": nid, "label": _short(f"{outs} = {op.op_type}", 34)}
+        colors = ":".join(device_color(d) for d in devices)
+        if kind is OpKind.COMMUNICATION:
+            self.has_comm = True
+            attrs.update(
+                label="⇄ " + _short(f"{op.op_type} → {outs}", 32),
+                style="striped,bold",
+                fillcolor=colors,
+                color=COMMUNICATION_BORDER,
+                peripheries=2,
+                penwidth=2,
+                fontname="Helvetica-Bold",
+            )
+        else:
+            many = len(devices) > 1
+            attrs.update(style="striped" if many else "filled,rounded", fillcolor=colors)
+            if kind is OpKind.CONTROL:
+                attrs.update(fontsize=9, height=0.2, color="#888888")
+        where = ", ".join(device_label(d) for d in devices)
+        self.tooltips[nid] = f"{format_op(op)}\n{nid} on {where}"
+        self.id_map[nid] = ("op", path)
+        self.lines.append(f"{indent}{_q(nid)} {_attrs(**attrs)};")
+        for v in op.outputs:
+            self.source[v] = nid
+        self.uses += [(v, nid) for v in op.inputs]
+
+    def _group_node(
+        self, gid: str, ops: list[Op], block: list[str], copies: int, env: _Env, indent: str
+    ) -> None:
+        devices: dict[DeviceRef, None] = {}
+        for op in ops:
+            devices.update(dict.fromkeys(self._devices(op, env)))
+        where = ", ".join(device_label(d).removeprefix("device ") for d in devices)
+        label = (
+            f"▸ {copies} more × [{_short(', '.join(block), 48)}]\n"
+            f"{len(ops)} ops on devices {_short(where, 30)}: click to open"
+        )
+        attrs = {
+            "id": gid,
+            "label": label,
+            "style": "filled,dashed",
+            "fillcolor": GROUP_FILL,
+            "penwidth": 2,
+            "color": device_color(next(iter(devices))) if len(devices) == 1 else "#666666",
+        }
+        self.id_map[gid] = ("group", gid)
+        self.tooltips[gid] = (
+            f"{len(ops)} ops folded ({self.groups[gid][0]} … {self.groups[gid][-1]})"
+        )
+        self.lines.append(f"{indent}{_q(gid)} {_attrs(**attrs)};")
+
+    def _hide(self, op: Op, gid: str) -> None:
+        for v in op.outputs:
+            self.source[v] = gid
+        self.uses += [(v, gid) for v in op.inputs]
+
+    def _pmap(self, op: Op, path: str, env: _Env, indent: str) -> None:
+        (body,) = op.subfunctions
+        nid = op_id(path)
+        var = str(op.attributes["device_var"])
+        first = op.inputs[0].type
+        bound: list[DeviceRef] = []
+        for d in first.devices if isinstance(first, TupleType) else ():
+            bound += _resolve(d, env)
+        inner = (*env, (var, tuple(bound), _plain_map(op.attributes.get("device_map"))))
+        where = ", ".join("?" if d is None else str(d) for d in bound)
+        title = f"pmap {var} over [{where}]"
+        self.id_map[nid] = ("op", path)
+        self.tooltips[nid] = f"{format_op(op)}\n{nid}: body of {body.num_ops()} ops"
+        budget = self.options.max_body_ops if self.fold else None
+        if (
+            self.fold
+            and body.num_ops() > self.options.max_body_ops
+            and nid not in self.options.expanded
+        ):
+            hidden = [op_id(p) for o, p in self.paths.items() if p.startswith(f"{path}.")]
+            self.groups[nid] = tuple(hidden)
+            colors = ":".join(device_color(d) for d in dict.fromkeys(bound)) or device_color(None)
+            label = f"▸ {title}\n{body.num_ops()} ops folded: click to open"
+            attrs = _attrs(id=nid, label=label, shape="box3d", style="striped", fillcolor=colors)
+            self.lines.append(f"{indent}{_q(nid)} {attrs};")
+            self.devices.update(dict.fromkeys(bound))
+            for v in op.outputs:
+                self.source[v] = nid
+            self.uses += [(v, nid) for v in op.inputs]
+            return
+        self.has_cluster = True
+        self.lines.append(f"{indent}subgraph {_q('cluster_' + nid)} {{")
+        sub = indent + "  "
+        cluster = _attrs(id=nid, label=title, style="rounded,dashed", color="#888888")
+        self.lines.append(f"{sub}graph {cluster};")
+        for k, (outer, param) in enumerate(zip(op.inputs, body.inputs)):
+            pid = f"{nid}.in{k}"
+            self._value_node(pid, param, inner, "ellipse", sub)
+            self.uses.append((outer, pid))
+        self._level(body, f"{path}.", inner, sub, budget)
+        self.lines.append(f"{indent}}}")
+        for v, inner_out in zip(op.outputs, body.outputs):
+            self.source[v] = self.source[inner_out]
+
+    def _value_node(self, nid: str, v: Value, env: _Env, shape: str, indent: str) -> None:
+        name = self.names[v]
+        devices = tuple(dict.fromkeys(d for ref in devices_of(v.type) for d in _resolve(ref, env)))
+        self.devices.update(dict.fromkeys(devices))
+        many = len(devices) > 1
+        attrs = _attrs(
+            id=nid,
+            label=f"{_short(name, 20)}\n{shape_label(v.type)}",
+            shape=shape,
+            style="wedged" if many else "filled",
+            fillcolor=":".join(device_color(d) for d in devices)
+            if many
+            else device_color(devices[0]),
+            fontsize=9,
+        )
+        self.id_map[nid] = ("value", name)
+        self.tooltips[nid] = f"{name}: {v.type}"
+        self.source[v] = nid
+        self.lines.append(f"{indent}{_q(nid)} {attrs};")
+
+    def _devices(self, op: Op, env: _Env) -> tuple[DeviceRef, ...]:
+        refs: tuple[DeviceRef, ...]
+        if op.device is not None and get_op(op.op_type).kind is not OpKind.COMMUNICATION:
+            refs = (op.device,)
+        else:
+            refs = tuple(
+                dict.fromkeys(d for v in (*op.outputs, *op.inputs) for d in devices_of(v.type))
+            ) or (None,)
+        resolved = tuple(dict.fromkeys(d for ref in refs for d in _resolve(ref, env)))
+        self.devices.update(dict.fromkeys(resolved))
+        return resolved
+
+    # -- edges ---------------------------------------------------------------
+
+    def _edges(self) -> None:
+        index = {v: k for k, v in enumerate(self.names)}
+        seen: set[tuple[str, str, Value]] = set()
+        count: dict[Value, int] = {}
+        for v, target in self.uses:
+            src = self.source[v]
+            if src == target or (src, target, v) in seen:
+                continue
+            seen.add((src, target, v))
+            j = count[v] = count.get(v, -1) + 1
+            eid = f"v-{index[v]}-{j}"
+            name = self.names[v]
+            label = shape_label(v.type)
+            if name in self.placements:
+                label += "\n" + self.placements[name]
+            self.id_map[eid] = ("value", name)
+            self.tooltips[eid] = f"{name}: {v.type}"
+            attrs = _attrs(id=eid, label=label)
+            self.lines.append(f"  {_q(src)} -> {_q(target)} {attrs};")
+
+
+def _signature(op: Op) -> tuple:
+    """What must match for two ops to count as the same step of a repeated layer."""
+    body = tuple(_signature(o) for sub in op.subfunctions for o in sub.ops)
+    return (op.op_type, len(op.inputs), len(op.outputs), body)
+
+
+def _plain_map(m: object) -> dict | None:
+    if m is None:
+        return None
+    return {k: (_plain_map(v) if hasattr(v, "items") else list(v)) for k, v in m.items()}  # type: ignore[attr-defined]
+
+
+__all__ = [
+    "GraphOptions",
+    "LegendEntry",
+    "RenderedGraph",
+    "legend_html",
+    "op_id",
+    "op_paths",
+    "render_graph",
+    "shape_label",
+    "value_names",
+]
