@@ -17,7 +17,7 @@ from widgets.palette import device_color
 from widgets.svg import GraphvizError, dot_to_svg
 
 sys.path.insert(0, str(Path(__file__).parent))
-from programs import data_parallel_matmul, deep_mlp  # noqa: E402
+from widget_programs import data_parallel_matmul, deep_mlp
 
 SVG = "{http://www.w3.org/2000/svg}"
 
