@@ -1,0 +1,92 @@
+"""Data parallelism: split the batch over devices, replicate the weights (seed 000).
+
+The batch inputs are scattered along dim 0, every other input is broadcast, the
+per-device part of the program runs in a ``Pmap``, weight gradients (operand 1
+of the optimizer ops) are all-reduced, and the optimizer steps run in a second
+``Pmap``. Each device's ``Loss``/``LossGrad`` divides by the *global* batch
+(``denominator``), so the per-device gradients and losses sum to the
+sequential ones; uneven splits work (one pmap per shard shape).
+
+Outputs: batch-shaped ones (``y``) are gathered onto the original output's
+device, losses are reduced (sum) there, and values every device holds whole
+(the updated weights) are returned as per-device tuples, one copy per device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ..function import Function
+from ..op import Op
+from ..types import DeviceRef, TensorType
+from ..verify import verify
+from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
+from ._spmd import P, R, RuleResult, S, Shard, emit
+from ._spmd import Plan as _Plan
+
+# Ops that map a sum of partial values to the sum of their results.
+LINEAR_IN_PARTIAL = frozenset(
+    {"Add", "Sub", "Sum", "Neg", "Identity", "Scale", "Reshape", "Transpose"}
+)
+
+
+def data_rule(op: Op, states: list[Shard | None]) -> RuleResult:
+    """Batch rows are independent: results take their state from their local shapes.
+
+    Partial values stay partial through linear ops; anything else all-reduces them first.
+    """
+    partial = [i for i, s in enumerate(states) if s == P]
+    if partial and not (op.op_type in LINEAR_IN_PARTIAL and len(partial) == len(states)):
+        return RuleResult(None, convert={i: R for i in partial})
+    return RuleResult(None)
+
+
+def data_plan(
+    f: Function, degree: int, batch: Sequence[str] | None = None, var: str = "d"
+) -> _Plan:
+    """The SPMD plan of data parallelism over ``degree`` devices (see ``data_parallel``)."""
+    inputs = batch_inputs(f, batch)
+    if not inputs:
+        raise TransformError(
+            f"{f.name} has no batch input to split (pass batch_inputs=[names of inputs])"
+        )
+    for v in inputs:
+        if not isinstance(v.type, TensorType) or v.type.rank < 1:
+            raise TransformError(f"batch input {v.name!r} must be a tensor of rank >= 1")
+    check_degree("data-parallel degree", degree, batch_size(f, inputs), "batch size")
+    return _Plan(f, degree, {v: S(0) for v in inputs}, data_rule, var)
+
+
+def data_parallel(
+    f: Function,
+    degree: int,
+    devices: Sequence[DeviceRef] | None = None,
+    *,
+    batch_inputs: Sequence[str] | None = None,
+    topology: Any = None,
+    replicated: str = "tuple",
+    output_device: DeviceRef | str = "same",
+) -> Function:
+    """``f`` run data-parallel on ``degree`` devices (``devices``, default 0..degree-1).
+
+    >>> import ir
+    >>> from ir.transforms import data_parallel
+    >>> b = ir.FunctionBuilder("mlp")
+    >>> w = b.input("w", ir.TensorType((4, 3), ir.DType.float64, 0))
+    >>> x = b.input("x", ir.TensorType((6, 4), ir.DType.float64, 0))
+    >>> f = b.finish(b.call("MatMul", x, w, name="y"))
+    >>> g = data_parallel(f, 2)
+    >>> [op.op_type for op in g.ops]
+    ['Broadcast', 'Scatter', 'Pmap', 'Gather']
+
+    ``batch_inputs`` names the inputs to split (default: the inputs that are not
+    weights and share the batch size). ``topology``: check the devices exist.
+    """
+    devices = check_devices(devices, degree, topology)
+    plan = data_plan(f, degree, batch_inputs)
+    out = emit(plan, devices, replicated=replicated, output_device=output_device)
+    return verify(out)
+
+
+__all__ = ["data_parallel", "data_plan", "data_rule"]

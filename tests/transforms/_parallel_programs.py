@@ -1,0 +1,120 @@
+"""Programs and checks the parallelism tests share (hand-built until ir.models lands)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ir
+from ir import DType, FunctionBuilder, TensorType
+
+F64 = DType.float64
+
+
+def mlp(
+    batch: int,
+    features: int,
+    hidden: int,
+    classes: int,
+    layers: int = 2,
+    training: bool = False,
+    optimizer: str = "sgd",
+    activation: str = "Relu",
+) -> ir.Function:
+    """The seeds' MLP: weights first, then x (and z when training); Relu between layers."""
+    b = FunctionBuilder("mlp")
+    sizes = [features] + [hidden] * (layers - 1) + [classes]
+    ws = [b.input(f"w{i}", TensorType((sizes[i], sizes[i + 1]), F64, 0)) for i in range(layers)]
+    states = []
+    if training and optimizer == "adam":
+        for i, w in enumerate(ws):
+            states.append((b.input(f"m{i}", w.type), b.input(f"v{i}", w.type)))
+    x = b.input("x", TensorType((batch, features), F64, 0))
+    z = b.input("z", TensorType((batch,), DType.int64, 0)) if training else None
+    acts = [x]
+    pre = []
+    h = x
+    for i, w in enumerate(ws):
+        a = b.call("MatMul", h, w, name=f"a{i}")
+        pre.append(a)
+        h = b.call(activation, a, name=f"h{i}") if i < layers - 1 else a
+        acts.append(h)
+    y = h
+    if not training:
+        return b.finish([y])
+    loss = b.call("Loss", y, z, name="l")
+    dy = b.call("LossGrad", y, z, name="dy")
+    grads = [None] * layers
+    for i in reversed(range(layers)):
+        grads[i], da = b.call("MatMulGrad", acts[i], ws[i], dy, name=[f"dw{i}", f"da{i}"])
+        if i > 0:
+            dy = b.call(activation + "Grad", pre[i - 1], da, name=f"dh{i - 1}")
+    new = []
+    for i, w in enumerate(ws):
+        if optimizer == "adam":
+            m, v = states[i]
+            w1, m1, v1 = b.call("Adam", w, grads[i], m, v, name=[f"w{i}_1", f"m{i}_1", f"v{i}_1"])
+            new += [w1, m1, v1]
+        else:
+            new.append(b.call("SGDOptimizer", w, grads[i], lr=0.1, name=f"w{i}_1"))
+    return b.finish([*new, y, loss])
+
+
+def flatten(outputs) -> list[np.ndarray]:
+    return [np.asarray(o) for o in outputs]
+
+
+def inputs_for(f: ir.Function, seed: int = 0) -> list:
+    """Random inputs; Adam's second moments (inputs named v...) made positive."""
+    args = ir.random_inputs(f, seed)
+    return [np.abs(a) if v.name.startswith("v") else a for v, a in zip(f.inputs, args)]
+
+
+def assert_same(f: ir.Function, g: ir.Function, seed: int = 0, rtol: float = 1e-5) -> None:
+    """``g`` computes ``f``'s outputs on the same inputs; tuple outputs hold one copy per device."""
+    args = inputs_for(f, seed)
+    want = ir.execute(f, args)
+    got = ir.execute(g, args)
+    assert len(want) == len(got)
+    for i, (w, o) in enumerate(zip(want, got)):
+        copies = o if isinstance(o, tuple) else (o,)
+        for c in copies:
+            np.testing.assert_allclose(c, w, rtol=rtol, atol=1e-10, err_msg=f"output {i}")
+
+
+def transformer_block(batch: int, seq: int, hidden: int, heads: int) -> ir.Function:
+    """One pre-LayerNorm GPT block (causal attention + Gelu MLP, residuals), forward."""
+    b = FunctionBuilder("block")
+    hd = hidden // heads
+    w = {
+        n: b.input(n, TensorType(s, F64, 0))
+        for n, s in [
+            ("g1", (hidden,)),
+            ("b1", (hidden,)),
+            ("wq", (hidden, hidden)),
+            ("wk", (hidden, hidden)),
+            ("wv", (hidden, hidden)),
+            ("wo", (hidden, hidden)),
+            ("g2", (hidden,)),
+            ("b2", (hidden,)),
+            ("wfc", (hidden, 4 * hidden)),
+            ("wproj", (4 * hidden, hidden)),
+        ]
+    }
+    x = b.input("x", TensorType((batch, seq, hidden), F64, 0))
+    n1 = b.call("LayerNorm", x, w["g1"], w["b1"], name="n1")
+
+    def heads_of(name: str, perm: tuple[int, ...]) -> ir.Value:
+        t = b.call("MatMul", n1, w["w" + name], name=name)
+        t = b.call("Reshape", t, shape=(batch, seq, heads, hd), name=f"{name}_h")
+        return b.call("Transpose", t, perm=perm, name=f"{name}_t")
+
+    q, kt, v = heads_of("q", (0, 2, 1, 3)), heads_of("k", (0, 2, 3, 1)), heads_of("v", (0, 2, 1, 3))
+    s = b.call("Scale", b.call("MatMul", q, kt, name="s"), factor=hd**-0.5, name="s_scaled")
+    p = b.call("Softmax", b.call("CausalMask", s, name="masked"), name="p")
+    o = b.call("Transpose", b.call("MatMul", p, v, name="o"), perm=(0, 2, 1, 3), name="o_t")
+    o = b.call("Reshape", o, shape=(batch, seq, hidden), name="o_flat")
+    x1 = b.call("Add", x, b.call("MatMul", o, w["wo"], name="attn"), name="x1")
+    n2 = b.call("LayerNorm", x1, w["g2"], w["b2"], name="n2")
+    h = b.call("Gelu", b.call("MatMul", n2, w["wfc"], name="fc"), name="h")
+    y = b.call("Add", x1, b.call("MatMul", h, w["wproj"], name="proj"), name="y")
+    return b.finish([y])

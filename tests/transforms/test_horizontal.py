@@ -1,0 +1,82 @@
+"""Horizontal (Megatron) parallelism is proven by execution on MLPs and a transformer block."""
+
+from __future__ import annotations
+
+import pytest
+from _parallel_programs import assert_same, mlp, transformer_block
+
+from ir.transforms._rewrite import TransformError
+from ir.transforms.horizontal import horizontal_parallel
+
+
+def _kinds(g) -> list[str]:
+    return [op.op_type for op in g.ops]
+
+
+@pytest.mark.parametrize("degree", [1, 2, 3, 4, 6])
+@pytest.mark.parametrize("layers", [2, 3, 4])
+def test_training_mlp_matches_sequential(degree: int, layers: int) -> None:
+    f = mlp(8, 4, 6, 5, layers=layers, training=True)
+    assert_same(f, horizontal_parallel(f, degree))
+
+
+@pytest.mark.parametrize("degree", [2, 4])
+def test_adam_gelu_mlp(degree: int) -> None:
+    f = mlp(5, 4, 8, 4, layers=2, training=True, optimizer="adam", activation="Gelu")
+    assert_same(f, horizontal_parallel(f, degree))
+
+
+def test_forward_pair_is_column_then_row_with_one_allreduce_at_the_end() -> None:
+    g = horizontal_parallel(mlp(8, 4, 6, 5), 2)
+    assert _kinds(g) == ["Scatter", "Scatter", "Broadcast", "Pmap", "Reduce"]
+    assert g.ops[0].attributes["dim"] == 1 and g.ops[1].attributes["dim"] == 0
+
+
+def test_training_pair_has_one_allreduce_forward_none_needed_backward() -> None:
+    """The first layer's dx is never used, so backward needs no all-reduce (Megatron's f/g)."""
+    f = mlp(8, 4, 6, 5, training=True)
+    g = horizontal_parallel(f, 2)
+    assert _kinds(g).count("AllReduce") == 1
+    assert _kinds(g)[-2:] == ["Gather", "Gather"]  # the updated weight shards
+
+
+def test_four_layers_make_two_pairs() -> None:
+    f = mlp(8, 4, 6, 5, layers=4, training=True)
+    g = horizontal_parallel(f, 2)
+    scatters = [op.inputs[0].name for op in g.ops if op.op_type == "Scatter"]
+    assert scatters == ["w0", "w1", "w2", "w3"]
+    # forward: one per pair; backward: the second pair's dx feeds the first pair
+    assert _kinds(g).count("AllReduce") == 3
+
+
+def test_odd_layer_count_keeps_the_last_layer_whole() -> None:
+    g = horizontal_parallel(mlp(8, 4, 6, 5, layers=3, training=True), 3)
+    assert [op.inputs[0].name for op in g.ops if op.op_type == "Broadcast"][:1] == ["w2"]
+
+
+@pytest.mark.parametrize("degree", [2, 4])
+def test_attention_splits_by_heads(degree: int) -> None:
+    f = transformer_block(2, 4, 8, 4)
+    g = horizontal_parallel(f, degree)
+    split = {op.inputs[0].name for op in g.ops if op.op_type == "Scatter"}
+    assert split == {"wq", "wk", "wv", "wo", "wfc", "wproj"}
+    assert _kinds(g).count("AllReduce") == 2  # one after attention, one after the MLP
+    assert_same(f, g)
+
+
+def test_heads_that_do_not_divide_keep_attention_whole() -> None:
+    f = transformer_block(2, 4, 8, 4)
+    g = horizontal_parallel(f, 3)
+    split = {op.inputs[0].name for op in g.ops if op.op_type == "Scatter"}
+    assert split == {"wfc", "wproj"}
+    assert_same(f, g)
+
+
+def test_degree_larger_than_hidden_is_an_error() -> None:
+    with pytest.raises(TransformError, match="larger than dim 1 of 'w0'"):
+        horizontal_parallel(mlp(4, 3, 2, 4), 3)
+
+
+def test_program_without_pairs_is_an_error() -> None:
+    with pytest.raises(TransformError, match="no weight to split"):
+        horizontal_parallel(mlp(4, 3, 6, 4, layers=1), 2)
