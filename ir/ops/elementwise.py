@@ -160,3 +160,73 @@ fx.attach("Neg", lambda c: fx.same_axes(c, partial_ops=fx.LINEAR))
 fx.attach("Identity", lambda c: fx.same_axes(c))
 for _name in ("ReluGrad", "GeluGrad", "TanhGrad"):
     fx.attach(_name, lambda c: fx.elementwise(c, linear=[(1,)]))
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# Signature in ir/ops/_grad.py. Binary ops undo broadcasting by summing.
+
+
+def _grad_rules() -> None:
+    from ..registry import attach_rule
+    from ._grad import gname, unbroadcast
+
+    def binary(fa, fb):
+        def rule(b, op, ins, outs, dys):
+            (dy,) = dys
+            if dy is None:
+                return [None, None]
+            a, c = ins
+            ga = fa(b, dy, ins, outs, gname(a))
+            gb = fb(b, dy, ins, outs, gname(c))
+            return [
+                None if ga is None else unbroadcast(b, ga, a.type, gname(a)),
+                None if gb is None else unbroadcast(b, gb, c.type, gname(c)),
+            ]
+
+        return rule
+
+    def same(b, dy, ins, outs, name):
+        return dy
+
+    def neg(b, dy, ins, outs, name):
+        return b.call("Neg", dy, name=f"{name}_neg")
+
+    def mul_by(i):
+        return lambda b, dy, ins, outs, name: b.call("Mul", dy, ins[i], name=f"{name}_mul")
+
+    def div_a(b, dy, ins, outs, name):
+        return b.call("Div", dy, ins[1], name=f"{name}_div")
+
+    def div_b(b, dy, ins, outs, name):
+        q = b.call("Div", b.call("Mul", dy, outs[0], name=f"{name}_mul"), ins[1], name=f"{name}_q")
+        return b.call("Neg", q, name=f"{name}_neg")
+
+    attach_rule("Add", "gradient_rule", binary(same, same))
+    attach_rule("Sub", "gradient_rule", binary(same, neg))
+    attach_rule("Mul", "gradient_rule", binary(mul_by(1), mul_by(0)))
+    attach_rule("Div", "gradient_rule", binary(div_a, div_b))
+
+    def via(grad_op: str, use_output: bool = False):
+        def rule(b, op, ins, outs, dys):
+            (dy,) = dys
+            if dy is None:
+                return [None]
+            x = outs[0] if use_output else ins[0]
+            return [b.call(grad_op, x, dy, name=gname(ins[0]))]
+
+        return rule
+
+    attach_rule("Relu", "gradient_rule", via("ReluGrad"))
+    attach_rule("Gelu", "gradient_rule", via("GeluGrad"))
+    attach_rule("Tanh", "gradient_rule", via("TanhGrad", use_output=True))
+    attach_rule(
+        "Neg",
+        "gradient_rule",
+        lambda b, op, ins, outs, dys: [
+            None if dys[0] is None else b.call("Neg", dys[0], name=gname(ins[0]))
+        ],
+    )
+    attach_rule("Identity", "gradient_rule", lambda b, op, ins, outs, dys: [dys[0]])
+
+
+_grad_rules()

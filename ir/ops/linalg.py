@@ -135,3 +135,27 @@ def _matmul_grad_sharding(c: TypeContext) -> dict:
 
 fx.attach("MatMul", _matmul_sharding)
 fx.attach("MatMulGrad", _matmul_grad_sharding)
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# MatMulGrad returns (db, da), the seeds' order; a rule returns per operand (da, db).
+
+
+def _matmul_gradient(b, op, ins, outs, dys):
+    from ._grad import gname
+
+    (dy,) = dys
+    if dy is None:
+        return [None, None]
+    a, w = ins
+    db, da = b.call("MatMulGrad", a, w, dy, name=[gname(w), gname(a)])
+    return [da, db]
+
+
+def _attach_gradient_rules() -> None:
+    from ..registry import attach_rule
+
+    attach_rule("MatMul", "gradient_rule", _matmul_gradient)
+
+
+_attach_gradient_rules()

@@ -202,3 +202,38 @@ def _loss_grad_sharding(c: TypeContext) -> dict:
 
 fx.attach("Loss", _loss_sharding)
 fx.attach("LossGrad", _loss_grad_sharding)
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# The labels z get no gradient. ir.transforms.autodiff seeds a loss output made by
+# Loss with LossGrad(y, z, scale=1) directly (the seed's `dl`); elsewhere the upstream
+# scalar gradient multiplies LossGrad's result.
+
+
+def _loss_gradient(b, op, ins, outs, dys):
+    from ._grad import gname
+
+    (dl,) = dys
+    if dl is None:
+        return [None, None]
+    y, z = ins
+    a = op.attributes
+    dy = b.call(
+        "LossGrad",
+        y,
+        z,
+        scale=1.0,
+        kind=a["kind"],
+        denominator=a["denominator"],
+        name=f"{gname(y)}_unit",
+    )
+    return [b.call("Mul", dy, dl, name=gname(y)), None]
+
+
+def _attach_gradient_rules() -> None:
+    from ..registry import attach_rule
+
+    attach_rule("Loss", "gradient_rule", _loss_gradient)
+
+
+_attach_gradient_rules()

@@ -1,0 +1,213 @@
+"""Ready-made models: the seeds' MLP and a GPT-style transformer, on device 0.
+
+Both are forward programs whose last output is the scalar loss; ``training=True``
+returns ``ir.transforms.training(forward)`` (SGD) instead.
+
+>>> import ir
+>>> f = ir.models.mlp(8, 4, 6, 3, activation=None)
+>>> for v in f.inputs:
+...     print(v.name, v.type)
+wA Tensor[(4, 6), 0]
+wB Tensor[(6, 3), 0]
+x Tensor[(8, 4), 0]
+z Tensor[(8,), int64, 0]
+>>> print(*str(f).splitlines()[1:], sep=chr(10))
+    a: Tensor[(8, 6), 0] = MatMul(x, wA)
+    y: Tensor[(8, 3), 0] = MatMul(a, wB)
+    l: Float[0] = Loss(y, z)
+    return y, l
+"""
+
+from __future__ import annotations
+
+import math
+import string
+
+from .builder import FunctionBuilder
+from .errors import DistIRError
+from .function import Function
+from .types import DType, TensorType
+from .value import Value
+
+__all__ = ["ModelError", "gpt", "gpt_weight_shapes", "mlp", "mlp_weight_names"]
+
+ACTIVATIONS = ("relu", "gelu", "tanh")
+
+
+class ModelError(DistIRError):
+    """Bad model sizes or options."""
+
+
+def _positive(**sizes: int) -> None:
+    for name, n in sizes.items():
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ModelError(f"{name} must be a positive integer, got {n!r}")
+
+
+def _dtype(dtype: DType | str) -> DType:
+    d = dtype if isinstance(dtype, DType) else DType(dtype)
+    if not d.is_float:
+        raise ModelError(f"dtype must be floating-point, got {d.value}")
+    return d
+
+
+def mlp_weight_names(layers: int) -> list[str]:
+    """``wA, wB, ...`` (the seeds' names) up to 26 layers, else ``w0, w1, ...``."""
+    if layers <= 26:
+        return [f"w{string.ascii_uppercase[i]}" for i in range(layers)]
+    return [f"w{i}" for i in range(layers)]
+
+
+def mlp(
+    batch: int,
+    features: int,
+    hidden: int,
+    classes: int,
+    layers: int = 2,
+    training: bool = False,
+    activation: str | None = "relu",
+    dtype: DType | str = DType.float32,
+) -> Function:
+    """The seeds' MLP: ``layers`` MatMuls with ``activation`` between them, cross-entropy loss.
+
+    Inputs ``wA (F, H), wB (H, H), ..., (H, C)``, then ``x (B, F)`` and integer
+    labels ``z (B,)``; returns ``y, l`` (logits and the mean loss). With
+    ``activation=None`` and two layers it is exactly the seed's program.
+    """
+    _positive(batch=batch, features=features, hidden=hidden, classes=classes, layers=layers)
+    if activation is not None and activation not in ACTIVATIONS:
+        raise ModelError(f"activation must be one of {ACTIVATIONS} or None, got {activation!r}")
+    dt = _dtype(dtype)
+    dims = [features] + [hidden] * (layers - 1) + [classes]
+    b = FunctionBuilder("mlp")
+    ws = [
+        b.input(name, TensorType((dims[i], dims[i + 1]), dt, 0))
+        for i, name in enumerate(mlp_weight_names(layers))
+    ]
+    x = b.input("x", TensorType((batch, features), dt, 0))
+    z = b.input("z", TensorType((batch,), DType.int64, 0))
+    h = x
+    for i, w in enumerate(ws):
+        last = i == layers - 1
+        suffix = "" if layers == 2 else str(i)
+        h = b.call("MatMul", h, w, name="y" if last else f"a{suffix}")
+        if not last and activation is not None:
+            h = b.call(activation.capitalize(), h, name=f"h{suffix}")
+    loss = b.call("Loss", h, z, name="l")
+    forward = b.finish([h, loss])
+    return _maybe_training(forward, training)
+
+
+def _maybe_training(forward: Function, training: bool) -> Function:
+    if not training:
+        return forward
+    from .transforms import training as make_training
+
+    return make_training(forward)
+
+
+# -- GPT -----------------------------------------------------------------------------
+
+
+def gpt_weight_shapes(seq: int, hidden: int, vocab: int, layers: int) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every GPT weight, in input order."""
+    H = hidden
+    shapes: dict[str, tuple[int, ...]] = {"wte": (vocab, H), "wpe": (seq, H)}
+    for i in range(layers):
+        p = f"h{i}"
+        shapes.update({f"{p}_ln1_g": (H,), f"{p}_ln1_b": (H,)})
+        shapes.update({f"{p}_attn_w{c}": (H, H) for c in "qkvo"})
+        shapes.update({f"{p}_ln2_g": (H,), f"{p}_ln2_b": (H,)})
+        shapes.update({f"{p}_mlp_w1": (H, 4 * H), f"{p}_mlp_w2": (4 * H, H)})
+    shapes.update({"lnf_g": (H,), "lnf_b": (H,), "w_head": (H, vocab)})
+    return shapes
+
+
+class _Gpt:
+    """Builds the GPT's ops; ``w`` holds the weight inputs by name."""
+
+    def __init__(
+        self, b: FunctionBuilder, w: dict[str, Value], batch: int, seq: int, heads: int
+    ) -> None:
+        self.b, self.w, self.B, self.S, self.nh = b, w, batch, seq, heads
+        self.H = w["wte"].type.shape[1]
+        self.dh = self.H // heads
+
+    def layer_norm(self, x: Value, prefix: str) -> Value:
+        g, beta = self.w[f"{prefix}_g"], self.w[f"{prefix}_b"]
+        return self.b.call("LayerNorm", x, g, beta, name=f"{prefix}_y")
+
+    def heads(self, x: Value, name: str, perm: tuple[int, ...]) -> Value:
+        """(B, S, H) -> (B, nh, S, dh) with perm (0, 2, 1, 3), or K^T with (0, 2, 3, 1)."""
+        r = self.b.call("Reshape", x, shape=(self.B, self.S, self.nh, self.dh), name=f"{name}_r")
+        return self.b.call("Transpose", r, perm=perm, name=f"{name}_h")
+
+    def attention(self, x: Value, p: str) -> Value:
+        b, w = self.b, self.w
+        xn = self.layer_norm(x, f"{p}_ln1")
+        q = self.heads(
+            b.call("MatMul", xn, w[f"{p}_attn_wq"], name=f"{p}_q"), f"{p}_q", (0, 2, 1, 3)
+        )
+        kt = self.heads(
+            b.call("MatMul", xn, w[f"{p}_attn_wk"], name=f"{p}_k"), f"{p}_k", (0, 2, 3, 1)
+        )
+        v = self.heads(
+            b.call("MatMul", xn, w[f"{p}_attn_wv"], name=f"{p}_v"), f"{p}_v", (0, 2, 1, 3)
+        )
+        s = b.call("MatMul", q, kt, name=f"{p}_scores")
+        s = b.call("Scale", s, factor=1.0 / math.sqrt(self.dh), name=f"{p}_scaled")
+        s = b.call("CausalMask", s, name=f"{p}_masked")
+        probs = b.call("Softmax", s, axis=-1, name=f"{p}_probs")
+        o = b.call("MatMul", probs, v, name=f"{p}_ctx")
+        o = b.call("Transpose", o, perm=(0, 2, 1, 3), name=f"{p}_ctx_t")
+        o = b.call("Reshape", o, shape=(self.B, self.S, self.H), name=f"{p}_merged")
+        o = b.call("MatMul", o, w[f"{p}_attn_wo"], name=f"{p}_attn_out")
+        return b.call("Add", x, o, name=f"{p}_res1")
+
+    def mlp(self, x: Value, p: str) -> Value:
+        b, w = self.b, self.w
+        xn = self.layer_norm(x, f"{p}_ln2")
+        h = b.call("Gelu", b.call("MatMul", xn, w[f"{p}_mlp_w1"], name=f"{p}_fc"), name=f"{p}_gelu")
+        h = b.call("MatMul", h, w[f"{p}_mlp_w2"], name=f"{p}_proj")
+        return b.call("Add", x, h, name=f"{p}_res2")
+
+
+def gpt(
+    batch: int,
+    seq: int,
+    hidden: int,
+    heads: int,
+    vocab: int,
+    layers: int,
+    training: bool = False,
+    dtype: DType | str = DType.float32,
+) -> Function:
+    """A GPT-style decoder: token + learned position embedding, ``layers`` pre-LN blocks, head.
+
+    Inputs (in order, see ``gpt_weight_shapes``): ``wte (V, H)``, ``wpe (S, H)``,
+    per block ``h<i>_ln1_g/_b``, ``h<i>_attn_wq/wk/wv/wo (H, H)``,
+    ``h<i>_ln2_g/_b``, ``h<i>_mlp_w1 (H, 4H)``, ``h<i>_mlp_w2 (4H, H)``; then
+    ``lnf_g/_b``, ``w_head (H, V)``, ``tokens (B, S)`` and ``labels (B, S)`` (the
+    next tokens; both int64). Head ``j`` is the column block ``j*dh:(j+1)*dh`` of
+    ``wq``, ``wk`` and ``wv`` (dh = H / heads). Returns ``logits (B, S, V), l``.
+    """
+    _positive(batch=batch, seq=seq, hidden=hidden, heads=heads, vocab=vocab, layers=layers)
+    if hidden % heads:
+        raise ModelError(f"hidden {hidden} is not divisible by heads {heads}")
+    dt = _dtype(dtype)
+    b = FunctionBuilder("gpt")
+    w = {
+        name: b.input(name, TensorType(shape, dt, 0))
+        for name, shape in gpt_weight_shapes(seq, hidden, vocab, layers).items()
+    }
+    tokens = b.input("tokens", TensorType((batch, seq), DType.int64, 0))
+    labels = b.input("labels", TensorType((batch, seq), DType.int64, 0))
+    m = _Gpt(b, w, batch, seq, heads)
+    h = b.call("Embedding", w["wte"], tokens, name="tok_emb")
+    h = b.call("Add", h, w["wpe"], name="emb")
+    for i in range(layers):
+        h = m.mlp(m.attention(h, f"h{i}"), f"h{i}")
+    h = m.layer_norm(h, "lnf")
+    logits = b.call("MatMul", h, w["w_head"], name="logits")
+    loss = b.call("Loss", logits, labels, name="l")
+    return _maybe_training(b.finish([logits, loss]), training)
