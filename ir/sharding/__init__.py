@@ -1,0 +1,53 @@
+"""Sharding: annotations, propagation, redistribution and ranked per-device lowering.
+
+* :class:`ShardingSpec` (ONNX, seed 001) and :class:`Mesh` + placements
+  :data:`S`, :data:`R`, :data:`P` (DTensor, seed 004), with :class:`Layout`
+  joining a mesh and its placements; both split and merge numpy arrays.
+* :func:`propagate` derives a layout for every value from a few annotations
+  and returns an explicit distributed Function plus a report of the
+  redistributions it inserted.
+* :func:`lower_to_ranks` splits a distributed Function into one program per
+  rank (deduplicated), :func:`run_ranked` executes them together exchanging
+  messages, :func:`check_deadlock` finds a cycle of waits.
+"""
+
+from __future__ import annotations
+
+from .annotations import annotate
+from .errors import (
+    AnnotationError,
+    ConflictingAnnotationError,
+    DeadlockError,
+    LoweringError,
+    MeshError,
+    PropagationError,
+    ShardingError,
+)
+from .mesh import Layout, Mesh, P, Partial, Placement, R, Replicate, S, Shard, placement
+from .propagate import InsertedCollective, PropagationReport, propagate
+from .spec import ShardingSpec
+
+__all__ = [
+    "AnnotationError",
+    "ConflictingAnnotationError",
+    "DeadlockError",
+    "InsertedCollective",
+    "Layout",
+    "LoweringError",
+    "Mesh",
+    "MeshError",
+    "P",
+    "Partial",
+    "Placement",
+    "PropagationError",
+    "PropagationReport",
+    "R",
+    "Replicate",
+    "S",
+    "Shard",
+    "ShardingError",
+    "ShardingSpec",
+    "annotate",
+    "placement",
+    "propagate",
+]

@@ -1,0 +1,220 @@
+"""Device meshes, placements (``S(i)``, ``R``, ``P(sum)``) and layouts (DTensor specs).
+
+A :class:`Layout` is a mesh plus one placement per mesh axis (seed 004's
+DTensor): ``S(i)`` shards tensor axis ``i`` over that mesh axis, ``R``
+replicates, ``P(op)`` holds partial values still to be reduced with ``op`` (the
+RFC's ``I_SUM``). Devices are listed row-major over the mesh. Uneven shards
+follow ``ir.ops.communication.split_sizes``: the first ``n % k`` shards get one
+element more.
+
+>>> import numpy as np
+>>> layout = Layout(Mesh((2,), (0, 1)), (S(0),))
+>>> [p.tolist() for p in layout.split(np.array([[1, 2], [3, 4], [5, 6]]))]
+[[[1, 2], [3, 4]], [[5, 6]]]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import TypeRuleError
+from ..ops import p2p
+from .errors import AnnotationError, MeshError
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """An n-dimensional grid of devices; ``devices`` lists them row-major.
+
+    >>> Mesh((2, 2), (0, 1, 2, 3)).group(1, axis=0)
+    (1, 3)
+    """
+
+    shape: tuple[int, ...]
+    devices: tuple[int, ...] = ()
+
+    def __init__(self, shape: Sequence[int], devices: Sequence[int] | None = None) -> None:
+        shape = (int(shape),) if isinstance(shape, int) else tuple(int(n) for n in shape)
+        devices = tuple(range(math.prod(shape))) if devices is None else tuple(devices)
+        if not shape or any(n < 1 for n in shape):
+            raise MeshError(f"mesh shape {list(shape)} must list positive sizes")
+        if len(devices) != math.prod(shape):
+            raise MeshError(
+                f"a mesh of shape {list(shape)} holds {math.prod(shape)} devices, "
+                f"but {len(devices)} are listed: {list(devices)}"
+            )
+        if len(set(devices)) != len(devices):
+            raise MeshError(f"mesh devices list a device twice: {list(devices)}")
+        object.__setattr__(self, "shape", shape)
+        object.__setattr__(self, "devices", devices)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return len(self.devices)
+
+    def coords(self) -> list[tuple[int, ...]]:
+        """Mesh coordinates in device order."""
+        return p2p.mesh_coords(self.shape)
+
+    def coord_of(self, device: int) -> tuple[int, ...]:
+        if device not in self.devices:
+            raise MeshError(f"device {device} is not in the mesh {list(self.devices)}")
+        return self.coords()[self.devices.index(device)]
+
+    def device_at(self, coord: Sequence[int]) -> int:
+        return self.devices[int(np.ravel_multi_index(tuple(coord), self.shape))]
+
+    def group(self, device: int, axis: int) -> tuple[int, ...]:
+        """The devices along mesh ``axis`` through ``device`` (its communication group)."""
+        coord = list(self.coord_of(device))
+        out = []
+        for i in range(self.shape[axis]):
+            coord[axis] = i
+            out.append(self.device_at(coord))
+        return tuple(out)
+
+    def groups(self, axis: int) -> list[tuple[int, ...]]:
+        """Every group along mesh ``axis``, in device order of their first members."""
+        seen: dict[tuple[int, ...], None] = {}
+        for d in self.devices:
+            seen[self.group(d, axis)] = None
+        return list(seen)
+
+    def __str__(self) -> str:
+        return f"Mesh({list(self.shape)}, devices={list(self.devices)})"
+
+
+@dataclass(frozen=True)
+class Shard:
+    """``S(dim)``: the tensor axis ``dim`` is split over the mesh axis."""
+
+    dim: int
+
+    def __str__(self) -> str:
+        return f"S({self.dim})"
+
+
+@dataclass(frozen=True)
+class Replicate:
+    """``R``: every device on the mesh axis holds the whole (block of the) tensor."""
+
+    def __str__(self) -> str:
+        return "R"
+
+
+@dataclass(frozen=True)
+class Partial:
+    """``P(op)``: the devices on the mesh axis hold parts to be reduced with ``op``."""
+
+    op: str = "sum"
+
+    def __post_init__(self) -> None:
+        if self.op not in ("sum", "max", "min", "mean"):
+            raise AnnotationError(f"P({self.op}): the reduction must be sum, max, min or mean")
+
+    def __str__(self) -> str:
+        return f"P({self.op})"
+
+
+Placement = Shard | Replicate | Partial
+S = Shard
+R = Replicate()
+P = Partial
+
+
+def placement(p: Placement | str) -> Placement:
+    """A placement from its text (``"S(0)"``, ``"R"``, ``"P(sum)"``) or itself."""
+    if isinstance(p, (Shard, Replicate, Partial)):
+        return p
+    try:
+        kind, arg = p2p.parse_placement(p)
+    except TypeRuleError as e:
+        raise AnnotationError(str(e)) from None
+    if kind == "S":
+        return Shard(int(arg))  # type: ignore[arg-type]
+    return R if kind == "R" else Partial(str(arg))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A mesh and one placement per mesh axis: where every block of a tensor lives."""
+
+    mesh: Mesh
+    placements: tuple[Placement, ...]
+
+    def __init__(self, mesh: Mesh, placements: Sequence[Placement | str]) -> None:
+        placements = tuple(placement(p) for p in placements)
+        if len(placements) != mesh.ndim:
+            raise AnnotationError(
+                f"{len(placements)} placement(s) {[str(p) for p in placements]} for the "
+                f"{mesh.ndim}-D mesh {list(mesh.shape)}: give one placement per mesh axis"
+            )
+        object.__setattr__(self, "mesh", mesh)
+        object.__setattr__(self, "placements", placements)
+
+    @staticmethod
+    def replicated(mesh: Mesh) -> Layout:
+        return Layout(mesh, (R,) * mesh.ndim)
+
+    @property
+    def texts(self) -> list[str]:
+        return [str(p) for p in self.placements]
+
+    @property
+    def is_replicated(self) -> bool:
+        return all(isinstance(p, Replicate) for p in self.placements)
+
+    def normalized(self, rank: int) -> Layout:
+        """Negative shard axes made positive for a rank-``rank`` tensor."""
+        ps = [S(p.dim % rank) if isinstance(p, Shard) and rank else p for p in self.placements]
+        return Layout(self.mesh, ps)
+
+    def check(self, shape: Sequence[int], value: str = "tensor") -> None:
+        """Raise an AnnotationError naming ``value`` when the layout cannot hold ``shape``."""
+        try:
+            p2p.check_layout(tuple(shape), self.mesh.shape, self.texts)
+        except TypeRuleError as e:
+            raise AnnotationError(f"value {value!r} of shape {tuple(shape)}: {e}") from None
+
+    def local_shape(self, shape: Sequence[int], device: int) -> tuple[int, ...]:
+        coord = self.mesh.coord_of(device)
+        return p2p.local_shape(shape, self.mesh.shape, self.normalized(len(shape)).texts, coord)
+
+    def local_bounds(self, shape: Sequence[int], device: int) -> list[tuple[int, int]]:
+        coord = self.mesh.coord_of(device)
+        return p2p.local_bounds(shape, self.mesh.shape, self.normalized(len(shape)).texts, coord)
+
+    def split(self, array: np.ndarray) -> list[np.ndarray]:
+        """The block each device holds, in mesh device order."""
+        array = np.asarray(array)
+        self.check(array.shape)
+        return p2p.shard_array(array, self.mesh.shape, self.texts)
+
+    def merge(self, parts: Sequence[np.ndarray]) -> np.ndarray:
+        """The whole tensor from its blocks (mesh device order): concatenate, reduce, pick."""
+        if len(parts) != self.mesh.size:
+            raise AnnotationError(f"merge needs {self.mesh.size} blocks, got {len(parts)}")
+        return p2p.unshard_arrays(parts, self.mesh.shape, self.texts)
+
+    def attributes(self) -> dict:
+        """The attributes of ``Shard``/``Unshard``/``ShardAnnotate`` ops for this layout."""
+        return {
+            "mesh": list(self.mesh.shape),
+            "devices": list(self.mesh.devices),
+            "placements": self.texts,
+        }
+
+    @staticmethod
+    def from_attributes(attrs) -> Layout:
+        return Layout(Mesh(tuple(attrs["mesh"]), tuple(attrs["devices"])), attrs["placements"])
+
+    def __str__(self) -> str:
+        return f"[{', '.join(self.texts)}] on mesh {list(self.mesh.shape)}"

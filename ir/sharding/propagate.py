@@ -1,0 +1,398 @@
+"""Sharding propagation: from a few annotations to an explicit distributed Function.
+
+1. *Desired layouts*: user annotations are fixed; forward and backward sweeps
+   through the ops' sharding rules give every other value a layout (values no
+   rule reaches are replicated).
+2. *Materialisation*: inputs are scattered / broadcast onto the mesh; each op
+   picks the strategy (per mesh axis: split a factor, replicate, pass a
+   Partial through, or a halo exchange) with the smallest predicted time:
+   redistributing its operands (``ir.collectives`` on the topology) plus its
+   compute divided over the shards; then runs per device. A value that a user
+   annotated is redistributed to that layout right away: annotations win.
+   Outputs are gathered back to whole tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..builder import FunctionBuilder
+from ..device import Topology
+from ..errors import VerifyError
+from ..function import Function
+from ..registry import CostContext, get_op
+from ..types import Type
+from ..value import Value
+from ..verify import describe_op, infer_types
+from . import annotations as ann
+from . import halo
+from .errors import AnnotationError, PropagationError
+from .mesh import Layout, Mesh, Partial, Placement, R, Shard
+from .redistribute import DistValue, emit, local_types, plan, plan_time_s, step_bytes, step_time_s
+from .rules import Rule, describe, placements_for, rule_for, strategies
+
+
+@dataclass(frozen=True)
+class InsertedCollective:
+    """One redistribution step propagation inserted, and why."""
+
+    value: str
+    src: tuple[str, ...]
+    dst: tuple[str, ...]
+    kind: str
+    mesh_axis: int
+    size_bytes: int
+    time_s: float
+    reason: str
+
+    def __str__(self) -> str:
+        return (
+            f"{self.kind:13s} {self.value}: [{', '.join(self.src)}] -> [{', '.join(self.dst)}] "
+            f"on mesh axis {self.mesh_axis}, {self.size_bytes} B, {self.time_s * 1e6:.2f} us; "
+            f"{self.reason}"
+        )
+
+
+@dataclass
+class PropagationReport:
+    """What propagation decided: layouts, per-op strategies and inserted collectives."""
+
+    mesh: Mesh
+    layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    strategies: list[tuple[str, str]] = field(default_factory=list)
+    collectives: list[InsertedCollective] = field(default_factory=list)
+
+    @property
+    def communication_time_s(self) -> float:
+        return sum(c.time_s for c in self.collectives)
+
+    def __str__(self) -> str:
+        lines = [f"mesh {list(self.mesh.shape)} on devices {list(self.mesh.devices)}"]
+        lines += [f"  {c}" for c in self.collectives] or ["  no collectives inserted"]
+        return "\n".join(lines)
+
+
+def propagate(
+    function: Function,
+    annotations: Mapping[str, ann.AnnotationLike] | None = None,
+    topology: Topology | None = None,
+    *,
+    mesh: Mesh | None = None,
+) -> tuple[Function, PropagationReport]:
+    """Distribute ``function`` by ``annotations`` (value name -> layout); see the module doc."""
+    fixed, mesh = ann.collect(function, annotations, mesh)
+    if topology is None:
+        topology = Topology.uniform(max(mesh.devices) + 1)
+    ann.devices_in(topology.device_ids, mesh)
+    desired = _desired_layouts(function, fixed, mesh)
+    return _Materialiser(function, mesh, topology, fixed, desired).run()
+
+
+# -- phase 1: desired layouts ---------------------------------------------------------
+
+
+def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
+    def from_operands():
+        for i, ps in known_in:
+            p = ps[k]
+            if isinstance(p, Shard) and rule.operands[i][p.dim] is not None:
+                return ("shard", rule.operands[i][p.dim])
+            if isinstance(p, Partial) and p.op in rule.partial_ops:
+                for members in rule.linear:
+                    if i in members:
+                        return ("partial", members, p.op)
+        return None
+
+    def from_results():
+        for j, ps in known_out:
+            p = ps[k]
+            if isinstance(p, Shard) and rule.results[j][p.dim] is not None:
+                return ("shard", rule.results[j][p.dim])
+            if isinstance(p, Partial):
+                for f, op in rule.reduce.items():
+                    if op == p.op and f not in rule.results[j]:
+                        return ("shard", f)
+        return None
+
+    order = (from_results, from_operands) if results_first else (from_operands, from_results)
+    for source in order:
+        choice = source()
+        if choice is not None:
+            return choice
+    return ("replicate",)
+
+
+def _desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):
+    desired: dict[Value, tuple[Placement, ...]] = {v: lay.placements for v, lay in fixed.items()}
+    ops = [op for op in function.ops if op.op_type != "ShardAnnotate"]
+    rules = {op: rule_for(op) for op in ops}
+    for _ in range(2 * len(ops) + 2):
+        changed = False
+        for backward in (False, True):
+            for op in reversed(ops) if backward else ops:
+                rule = rules[op]
+                known_in = [(i, desired[v]) for i, v in enumerate(op.inputs) if v in desired]
+                known_out = [(j, desired[v]) for j, v in enumerate(op.outputs) if v in desired]
+                unknown = [v for v in (*op.inputs, *op.outputs) if v not in desired]
+                if not unknown or not (known_in or known_out):
+                    continue
+                strategy = [
+                    _axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)
+                ]
+                pl = placements_for(rule, strategy)
+                if pl is None:
+                    continue
+                ins, outs = pl
+                for v, ps, is_input in [
+                    *((v, ins[i], True) for i, v in enumerate(op.inputs)),
+                    *((v, outs[j], False) for j, v in enumerate(op.outputs)),
+                ]:
+                    if v in desired:
+                        continue
+                    if is_input:
+                        ps = tuple(R if isinstance(p, Partial) else p for p in ps)
+                    desired[v] = _valid_or_replicated(v, ps, mesh)
+                    changed = True
+        if not changed:
+            break
+    return desired
+
+
+def _valid_or_replicated(v: Value, ps, mesh: Mesh) -> tuple[Placement, ...]:
+    out = list(ps)
+    for k in range(len(out)):
+        try:
+            Layout(mesh, out).check(ann._shape(v), v.name)
+            break
+        except AnnotationError:
+            if isinstance(out[k], Shard):
+                out[k] = R
+    try:
+        Layout(mesh, out).check(ann._shape(v), v.name)
+    except AnnotationError:
+        out = [R] * mesh.ndim
+    return tuple(out)
+
+
+# -- phase 2: materialisation -----------------------------------------------------------
+
+
+class _Materialiser:
+    def __init__(self, function, mesh, topology, fixed, desired) -> None:
+        self.f = function
+        self.mesh = mesh
+        self.topology = topology
+        self.fixed = fixed
+        self.desired = desired
+        self.b = FunctionBuilder(f"{function.name}_sharded")
+        self.dist: dict[Value, DistValue] = {}
+        self.report = PropagationReport(mesh)
+        peak = topology.device(mesh.devices[0])
+        self.peak_flops = peak.peak_flops
+        self.mem_bw = peak.mem_bandwidth_bytes_per_s
+
+    def layout(self, v: Value) -> Layout:
+        return Layout(self.mesh, self.desired.get(v, (R,) * self.mesh.ndim))
+
+    def run(self) -> tuple[Function, PropagationReport]:
+        for x in self.f.inputs:
+            self.dist[x] = self._distribute(x)
+        for op in self.f.ops:
+            if op.op_type == "ShardAnnotate":
+                self.dist[op.outputs[0]] = self.redistribute(
+                    self.dist[op.inputs[0]], self.fixed[op.outputs[0]], "user annotation"
+                )
+                continue
+            self._op(op)
+        outs = [self._collect(v) for v in self.f.outputs]
+        for v, d in self.dist.items():
+            self.report.layouts.setdefault(v.name, tuple(d.layout.texts))
+        return self.b.finish(outs), self.report
+
+    # -- inputs and outputs --------------------------------------------------------------
+
+    def _distribute(self, x: Value) -> DistValue:
+        nx = self.b.input(x.name, x.type)
+        layout = self.layout(x)
+        devices = list(self.mesh.devices)
+        ps = layout.placements
+        if self.mesh.ndim == 1 and isinstance(ps[0], Shard):
+            xs = self.b.call("Scatter", nx, dim=ps[0].dim, devices=devices, name=f"{x.name}_s")
+        elif layout.is_replicated:
+            xs = self.b.call("Broadcast", nx, devices=devices, name=f"{x.name}_s")
+        else:
+            xs = self.b.call("Shard", nx, **layout.attributes(), name=f"{x.name}_s")
+        locs = tuple(
+            self.b.call("TupleGet", xs, index=i, name=f"{x.name}_{d}")
+            for i, d in enumerate(devices)
+        )
+        return DistValue(locs, layout, x.type)
+
+    def _collect(self, v: Value) -> Value:
+        d = self.dist[v]
+        xs = self.b.call("MakeTuple", *d.locals, name=f"{v.name}_parts")
+        p = d.layout.placements
+        device = getattr(v.type, "device", None)
+        if self.mesh.ndim == 1 and isinstance(p[0], Shard):
+            return self.b.call("Gather", xs, dim=p[0].dim, to_device=device, name=v.name)
+        if self.mesh.ndim == 1 and isinstance(p[0], Partial):
+            return self.b.call("Reduce", xs, op=p[0].op, to_device=device, name=v.name)
+        return self.b.call(
+            "Unshard",
+            xs,
+            **d.layout.attributes(),
+            shape=list(d.shape),
+            to_device=device,
+            name=v.name,
+        )
+
+    # -- redistribution --------------------------------------------------------------------
+
+    def redistribute(self, value: DistValue, target: Layout, reason: str) -> DistValue:
+        name = value.locals[0].name.rsplit("_", 1)[0]
+        for step in plan(value.shape, value.layout, target):
+            time_s = step_time_s(value.type, value.layout, step, self.topology)
+            size = step_bytes(value.type, value.layout, step)
+            new = emit(self.b, value, step)
+            if step.kind != "slice":
+                self.report.collectives.append(
+                    InsertedCollective(
+                        name,
+                        tuple(value.layout.texts),
+                        tuple(new.layout.texts),
+                        step.kind,
+                        step.axis,
+                        size,
+                        time_s,
+                        reason,
+                    )
+                )
+            value = new
+        return value
+
+    # -- ops -------------------------------------------------------------------------------
+
+    def _compute_time_s(self, op, shards: int) -> float:
+        opdef = get_op(op.op_type)
+        cost = opdef.cost_rule(
+            CostContext(
+                tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs), op.attributes
+            )
+        )
+        t = max(cost.flops / self.peak_flops, (cost.bytes_read + cost.bytes_written) / self.mem_bw)
+        return t / shards
+
+    def _cost(self, op, rule, strategy, ins, outs) -> float:
+        total = 0.0
+        for v, ps in zip(op.inputs, ins):
+            total += plan_time_s(v.type, self.dist[v].layout, Layout(self.mesh, ps), self.topology)
+        for v, ps in zip(op.outputs, outs):
+            want = Layout(self.mesh, self.desired.get(v, ps))
+            with contextlib.suppress(PropagationError):
+                total += plan_time_s(v.type, Layout(self.mesh, ps), want, self.topology)
+        shards = 1
+        for k, c in enumerate(strategy):
+            if c[0] in ("shard", "halo"):
+                shards *= self.mesh.shape[k]
+        if any(c[0] == "halo" for c in strategy):
+            total += halo.exchange_time_s(op, rule, self.mesh, strategy, self.topology)
+        return total + self._compute_time_s(op, shards)
+
+    def _op(self, op) -> None:
+        rule = rule_for(op)
+        current = [self.dist[v].layout.placements for v in op.inputs]
+        candidates = []
+        for n, strategy in enumerate(strategies(rule, self.mesh, current)):
+            pl = placements_for(rule, strategy)
+            if pl is None or not self._fits(op, pl):
+                continue
+            try:
+                cost = self._cost(op, rule, strategy, *pl)
+            except PropagationError:
+                continue
+            candidates.append((cost, n, strategy, pl))
+        for _, _, strategy, (ins, outs) in sorted(candidates, key=lambda c: (c[0], c[1])):
+            if self._locally_valid(op, rule, strategy, ins, outs):
+                self._emit(op, rule, strategy, ins, outs)
+                return
+        raise PropagationError(
+            f"no sharding strategy places {describe_op(op)} on mesh {list(self.mesh.shape)} "
+            f"(operands are {[str(Layout(self.mesh, c)) for c in current]})"
+        )
+
+    def _fits(self, op, pl) -> bool:
+        ins, outs = pl
+        for v, ps in [*zip(op.inputs, ins), *zip(op.outputs, outs)]:
+            try:
+                Layout(self.mesh, ps).check(ann._shape(v), v.name)
+            except AnnotationError:
+                return False
+        return True
+
+    def _local_inputs(self, op, ins) -> list[list[Type]]:
+        per_operand = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.inputs, ins)]
+        return [[t[i] for t in per_operand] for i in range(self.mesh.size)]
+
+    def _locally_valid(self, op, rule, strategy, ins, outs) -> bool:
+        if any(c[0] == "halo" for c in strategy):
+            return halo.valid(op, rule, self.mesh, strategy, ins, outs)
+        expected = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.outputs, outs)]
+        opdef = get_op(op.op_type)
+        for i, local_in in enumerate(self._local_inputs(op, ins)):
+            want = [e[i] for e in expected]
+            attrs = self._local_attrs(op, rule, local_in, want, self.mesh.devices[i])
+            try:
+                got, _ = infer_types(opdef, local_in, attrs, op.subfunctions)
+            except VerifyError:
+                return False
+            if [_shapes(t) for t in got] != [_shapes(t) for t in want]:
+                return False
+        return True
+
+    def _local_attrs(self, op, rule, local_in, local_out, device) -> dict:
+        attrs = dict(op.attributes)
+        if rule.local_attributes is not None:
+            attrs = dict(rule.local_attributes(attrs, local_in, local_out))
+        if not op.inputs and "device" in attrs:
+            attrs["device"] = device
+        return attrs
+
+    def _emit(self, op, rule, strategy, ins, outs) -> None:
+        why = f"{describe_op(op)} runs as ({describe(strategy, rule)})"
+        self.report.strategies.append((describe_op(op), describe(strategy, rule)))
+        operands = [
+            self.redistribute(
+                self.dist[v],
+                Layout(self.mesh, ps),
+                f"{why}, needing it as [{', '.join(map(str, ps))}]",
+            )
+            for v, ps in zip(op.inputs, ins)
+        ]
+        expected = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.outputs, outs)]
+        if any(c[0] == "halo" for c in strategy):
+            results = halo.emit(self, op, rule, strategy, operands, expected)
+        else:
+            results = []
+            for i, d in enumerate(self.mesh.devices):
+                local_in = [x.locals[i] for x in operands]
+                want = [e[i] for e in expected]
+                attrs = self._local_attrs(op, rule, [x.type for x in local_in], want, d)
+                new = self.b.add_op(
+                    op.op_type,
+                    local_in,
+                    attrs,
+                    names=[f"{v.name}_{d}" for v in op.outputs],
+                    subfunctions=op.subfunctions,
+                )
+                results.append(new.outputs)
+        for j, v in enumerate(op.outputs):
+            value = DistValue(tuple(r[j] for r in results), Layout(self.mesh, outs[j]), v.type)
+            if v in self.fixed and value.layout != self.fixed[v]:
+                value = self.redistribute(value, self.fixed[v], f"user annotation on {v.name!r}")
+            self.dist[v] = value
+
+
+def _shapes(t: Type):
+    return tuple(_shapes(e) for e in t.elements) if hasattr(t, "elements") else t.shape

@@ -1,0 +1,222 @@
+"""Redistribution: turning one layout into another with collectives, and what that costs.
+
+Per mesh axis (``P`` and ``S`` axes folded from the last mesh axis to the
+first, so that nested shards come apart inner-first):
+
+========================  ================================================
+``P(op) -> R``            all-reduce over the mesh axis's groups
+``P(op) -> S(j)``         reduce-scatter
+``S(i) -> R``             all-gather
+``S(i) -> S(j)``          all-to-all (equal blocks only; else gather + slice)
+``R -> S(j)``             local slice (no communication)
+========================  ================================================
+
+Times come from ``ir.collectives.collective_time_s`` on the given topology
+(groups along one mesh axis run in parallel: the step takes the slowest).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..builder import FunctionBuilder
+from ..collectives import collective_time_s
+from ..device import Topology
+from ..ops.communication import split_sizes
+from ..types import TensorType, TupleType, Type
+from ..value import Value
+from .errors import PropagationError
+from .mesh import Layout, Partial, Placement, R, Replicate, Shard
+
+
+@dataclass(frozen=True)
+class Step:
+    """One collective (or local slice) along one mesh axis."""
+
+    kind: str  # allgather | allreduce | reducescatter | alltoall | slice
+    axis: int
+    src: Placement
+    dst: Placement
+
+
+@dataclass(frozen=True)
+class DistValue:
+    """A logical value in the distributed program: one local Value per mesh device."""
+
+    locals: tuple[Value, ...]
+    layout: Layout
+    type: Type  # the logical (whole) type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return _elem(self.type).shape
+
+
+def _elem(t: Type) -> TensorType:
+    return _elem(t.elements[0]) if isinstance(t, TupleType) else t  # type: ignore[return-value]
+
+
+def local_types(t: Type, layout: Layout) -> list[Type]:
+    """The type each mesh device holds of a logical value of type ``t``."""
+
+    def one(x: Type, d: int) -> Type:
+        if isinstance(x, TupleType):
+            return TupleType(tuple(one(e, d) for e in x.elements))
+        return TensorType(layout.local_shape(x.shape, d), x.dtype, d)
+
+    return [one(t, d) for d in layout.mesh.devices]
+
+
+def plan(shape: Sequence[int], src: Layout, dst: Layout) -> list[Step]:
+    """The steps that turn ``src`` into ``dst`` (same mesh)."""
+    if src.mesh != dst.mesh:
+        raise PropagationError(f"cannot redistribute between meshes {src.mesh} and {dst.mesh}")
+    rank = len(shape)
+    cur = list(src.normalized(rank).placements)
+    want = list(dst.normalized(rank).placements)
+    mesh = src.mesh
+    steps: list[Step] = []
+
+    def sharded_elsewhere(dim: int, k: int) -> bool:
+        return any(isinstance(p, Shard) and p.dim == dim for m, p in enumerate(cur) if m != k)
+
+    # Axes whose shard must be undone because an outer axis needs to re-slice that dim.
+    for k in reversed(range(mesh.ndim)):
+        c, w = cur[k], want[k]
+        inner_block = isinstance(c, Shard) and any(
+            isinstance(want[m], Shard) and want[m].dim == c.dim and cur[m] != want[m]
+            for m in range(k)
+        )
+        if c == w and not inner_block:
+            continue
+        if isinstance(c, Partial):
+            if isinstance(w, Shard) and not sharded_elsewhere(w.dim, k):
+                steps.append(Step("reducescatter", k, c, w))
+                cur[k] = w
+            else:
+                steps.append(Step("allreduce", k, c, R))
+                cur[k] = R
+        elif isinstance(c, Shard):
+            if (
+                isinstance(w, Shard)
+                and not inner_block
+                and not sharded_elsewhere(c.dim, k)
+                and not sharded_elsewhere(w.dim, k)
+                and _even_alltoall(shape, mesh, cur, k, w.dim)
+            ):
+                steps.append(Step("alltoall", k, c, w))
+                cur[k] = w
+            else:
+                # Gather inner axes sharding the same dim first.
+                for m in reversed(range(k + 1, mesh.ndim)):
+                    if isinstance(cur[m], Shard) and cur[m].dim == c.dim:  # type: ignore[union-attr]
+                        steps.append(Step("allgather", m, cur[m], R))
+                        cur[m] = R
+                steps.append(Step("allgather", k, c, R))
+                cur[k] = R
+        elif isinstance(w, Partial):
+            raise PropagationError(f"cannot make a Partial ({w}) value out of {c}")
+    for k in range(mesh.ndim):
+        if isinstance(cur[k], Replicate) and isinstance(want[k], Shard):
+            steps.append(Step("slice", k, R, want[k]))
+            cur[k] = want[k]
+    if cur != want:
+        raise PropagationError(f"no redistribution from {src} to {dst} (stuck at {cur})")
+    return steps
+
+
+def _even_alltoall(shape, mesh, cur, k: int, dim: int) -> bool:
+    layout = Layout(mesh, cur)
+    blocks = {layout.local_shape(shape, d) for d in mesh.devices}
+    return len(blocks) == 1 and next(iter(blocks))[dim] % mesh.shape[k] == 0
+
+
+def _after(layout: Layout, step: Step) -> Layout:
+    ps = list(layout.placements)
+    ps[step.axis] = step.dst
+    return Layout(layout.mesh, ps)
+
+
+_COLLECTIVE = {
+    "allgather": "allgather",
+    "allreduce": "allreduce",
+    "reducescatter": "reducescatter",
+    "alltoall": "alltoall",
+}
+
+
+def step_bytes(t: Type, layout: Layout, step: Step) -> int:
+    """Bytes the collective of ``step`` moves per group (``collective_time_s``'s size)."""
+    if step.kind == "slice":
+        return 0
+    before = local_types(t, layout)
+    after = local_types(t, _after(layout, step))
+    if step.kind == "allgather":
+        return max(x.size_bytes for x in after)
+    return max(x.size_bytes for x in before)
+
+
+def step_time_s(t: Type, layout: Layout, step: Step, topology: Topology) -> float:
+    if step.kind == "slice":
+        return 0.0
+    size = step_bytes(t, layout, step)
+    return max(
+        collective_time_s(_COLLECTIVE[step.kind], size, group, topology)
+        for group in layout.mesh.groups(step.axis)
+    )
+
+
+def plan_time_s(t: Type, src: Layout, dst: Layout, topology: Topology) -> float:
+    """Predicted time of redistributing a value of type ``t`` from ``src`` to ``dst``."""
+    total, layout = 0.0, src
+    for step in plan(_elem(t).shape, src, dst):
+        total += step_time_s(t, layout, step, topology)
+        layout = _after(layout, step)
+    return total
+
+
+def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
+    """Append the ops of one step to ``b``; return the redistributed value."""
+    layout = value.layout
+    mesh = layout.mesh
+    new = list(value.locals)
+    name = value.locals[0].name.rsplit("_", 1)[0]
+    if step.kind == "slice":
+        dim = step.dst.dim  # type: ignore[union-attr]
+        for i, d in enumerate(mesh.devices):
+            x = value.locals[i]
+            n = _elem(x.type).shape[dim]
+            sizes = split_sizes(n, mesh.shape[step.axis])
+            c = mesh.coord_of(d)[step.axis]
+            start = sum(sizes[:c])
+            new[i] = b.call(
+                "Slice", x, axis=dim, start=start, end=start + sizes[c], name=f"{name}_{d}"
+            )
+    else:
+        for group in mesh.groups(step.axis):
+            idx = [mesh.devices.index(d) for d in group]
+            xs = b.call("MakeTuple", *(value.locals[i] for i in idx), name=f"{name}_parts")
+            if step.kind == "allgather":
+                ys = b.call("AllGather", xs, dim=step.src.dim, name=f"{name}_gathered")  # type: ignore[union-attr]
+            elif step.kind == "allreduce":
+                ys = b.call("AllReduce", xs, op=step.src.op, name=f"{name}_reduced")  # type: ignore[union-attr]
+            elif step.kind == "reducescatter":
+                ys = b.call(
+                    "ReduceScatter",
+                    xs,
+                    dim=step.dst.dim,  # type: ignore[union-attr]
+                    op=step.src.op,  # type: ignore[union-attr]
+                    name=f"{name}_scattered",
+                )
+            else:
+                ys = b.call(
+                    "AllToAll",
+                    xs,
+                    split_dim=step.dst.dim,  # type: ignore[union-attr]
+                    concat_dim=step.src.dim,  # type: ignore[union-attr]
+                    name=f"{name}_exchanged",
+                )
+            for j, i in enumerate(idx):
+                new[i] = b.call("TupleGet", ys, index=j, name=f"{name}_{mesh.devices[i]}")
+    return DistValue(tuple(new), _after(layout, step), value.type)
