@@ -172,6 +172,9 @@ class _Parser:
             )
         results = self._results(scope)
         cur.expect("=", "after the results of a statement (name: Type = Op(...))")
+        for result in results:
+            if result.token.text != "_":
+                self._define(scope, result.token, None)
         op_tok = cur.tok
         if op_tok.kind != "NAME":
             raise cur.error(
@@ -237,10 +240,8 @@ class _Parser:
         tok = cur.expect_name("for a result")
         if tok.text in _RESERVED:
             raise cur.error(f"{tok.text!r} is a keyword and cannot name a value", tok)
-        if tok.text != "_":
-            if any(r.token.text == tok.text for r in earlier):
-                raise cur.error(f"the statement names {tok.text!r} twice", tok)
-            self._define(scope, tok, None)
+        if tok.text != "_" and any(r.token.text == tok.text for r in earlier):
+            raise cur.error(f"the statement names {tok.text!r} twice", tok)
         return tok
 
     def _define(self, scope: _Scope, tok: Token, _: Any) -> None:

@@ -172,6 +172,8 @@ def _parameters(p: _Parser, scope: _Scope) -> None:
         if cur.accept(":"):
             return
         if not cur.accept(","):
+            hint = " (a missing ',' between parameters?)" if cur.tok.is_punct("(") else ""
             raise cur.error(
-                f"expected ',' or ':' after a parameter of the pmap body, found {describe(cur.tok)}"
+                "expected ',' or ':' after a parameter of the pmap body, "
+                f"found {describe(cur.tok)}{hint}"
             )

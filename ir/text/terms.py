@@ -52,6 +52,8 @@ class Terms:
         if tok.is_name("Tensor"):
             cur.advance()
             opener = cur.expect("[", "after 'Tensor' (write Tensor[shape, device])")
+            if cur.tok.is_punct("]"):
+                raise cur.error("expected a shape and a device in Tensor[shape, device], found ']'")
             shape = self.shape()
             cur.expect(",", "and a device after the tensor's shape (an integer, d, or ?)")
             dtype = DType.float32
@@ -110,7 +112,13 @@ class Terms:
                     "must be on known integer devices, so that the tuple's length is known",
                     item,
                 )
-            if hi <= lo:
+            if hi == lo:
+                raise self.cur.error(
+                    f"cannot tell how many tensors '...' stands for: both of its neighbours are "
+                    f"on device {lo} (write the tuple's elements out)",
+                    item,
+                )
+            if hi < lo:
                 raise self.cur.error(
                     f"cannot expand '...' between devices {lo} and {hi}: the device ids must "
                     "increase from left to right",
