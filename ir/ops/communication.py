@@ -375,3 +375,117 @@ attach_rule("AllReduce", "comm_rule", _ring_comm("allreduce", False))
 attach_rule("AllGather", "comm_rule", _ring_comm("allgather", True))  # S: the gathered tensor
 attach_rule("ReduceScatter", "comm_rule", _ring_comm("reducescatter", False))
 attach_rule("AllToAll", "comm_rule", _ring_comm("alltoall", False))
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# Each movement's gradient moves dy back: Send returns it, Scatter's is a Gather,
+# Broadcast's a Reduce(sum), AllReduce(sum)'s an AllReduce(sum), AllGather's a
+# ReduceScatter(sum), AllToAll's the AllToAll with the dims swapped. max/min
+# reductions have no gradient rule here.
+
+
+def _attach_gradient_rules() -> None:
+    from ..errors import DistIRError
+    from ._grad import gname
+
+    def linear_only(op):
+        if op.attributes.get("op", "sum") not in ("sum", "mean"):
+            raise DistIRError(
+                f"{op.op_type}(op={op.attributes['op']!r}) has no gradient rule; only sum "
+                "and mean reductions are differentiable"
+            )
+        return op.attributes.get("op", "sum")
+
+    def send(b, op, ins, outs, dys):
+        (dy,), (x,) = dys, ins
+        return [None if dy is None else b.call("Send", dy, to_device=x.type.device, name=gname(x))]
+
+    def scatter(b, op, ins, outs, dys):
+        (dys_,), (x,) = dys, ins
+        if dys_ is None:
+            return [None]
+        dim = op.attributes["dim"]
+        return [b.call("Gather", dys_, dim=dim, to_device=x.type.device, name=gname(x))]
+
+    def broadcast(b, op, ins, outs, dys):
+        (dys_,), (x,) = dys, ins
+        if dys_ is None:
+            return [None]
+        return [b.call("Reduce", dys_, to_device=x.type.device, op="sum", name=gname(x))]
+
+    def gather(b, op, ins, outs, dys):
+        (dy,), (xs,) = dys, ins
+        if dy is None:
+            return [None]
+        dim = normalize_axis(op.attributes["dim"], dy.type.rank, "dim")
+        sizes = [e.shape[dim] for e in xs.type.elements]
+        if sizes == split_sizes(dy.type.shape[dim], len(sizes)):
+            return [b.call("Scatter", dy, dim=dim, devices=xs.type.devices, name=gname(xs))]
+        parts, start = [], 0
+        for k, (e, n) in enumerate(zip(xs.type.elements, sizes)):
+            piece = b.call(
+                "Slice", dy, axis=dim, start=start, end=start + n, name=f"{gname(xs)}_{k}_rows"
+            )
+            parts.append(b.call("Send", piece, to_device=e.device, name=f"{gname(xs)}_{k}"))
+            start += n
+        return [b.call("MakeTuple", *parts, name=gname(xs))]
+
+    def reduce(b, op, ins, outs, dys):
+        (dy,), (xs,) = dys, ins
+        if dy is None:
+            return [None]
+        if linear_only(op) == "mean":
+            dy = b.call("Scale", dy, factor=1.0 / len(xs.type), name=f"{gname(xs)}_mean")
+        return [b.call("Broadcast", dy, devices=xs.type.devices, name=gname(xs))]
+
+    def allreduce(b, op, ins, outs, dys):
+        (dys_,), (xs,) = dys, ins
+        if dys_ is None:
+            return [None]
+        return [b.call("AllReduce", dys_, op=linear_only(op), name=gname(xs))]
+
+    def allgather(b, op, ins, outs, dys):
+        (dys_,), (xs,) = dys, ins
+        if dys_ is None:
+            return [None]
+        dim = op.attributes["dim"]
+        return [b.call("ReduceScatter", dys_, dim=dim, op="sum", name=gname(xs))]
+
+    def reducescatter(b, op, ins, outs, dys):
+        (dys_,), (xs,) = dys, ins
+        if dys_ is None:
+            return [None]
+        if linear_only(op) != "sum":
+            raise DistIRError("ReduceScatter(op='mean') has no gradient rule; use sum")
+        return [b.call("AllGather", dys_, dim=op.attributes["dim"], name=gname(xs))]
+
+    def alltoall(b, op, ins, outs, dys):
+        (dys_,), (xs,) = dys, ins
+        if dys_ is None:
+            return [None]
+        a = op.attributes
+        return [
+            b.call(
+                "AllToAll",
+                dys_,
+                split_dim=a["concat_dim"],
+                concat_dim=a["split_dim"],
+                name=gname(xs),
+            )
+        ]
+
+    for name, rule in [
+        ("Send", send),
+        ("Scatter", scatter),
+        ("Broadcast", broadcast),
+        ("Gather", gather),
+        ("Reduce", reduce),
+        ("AllReduce", allreduce),
+        ("AllGather", allgather),
+        ("ReduceScatter", reducescatter),
+        ("AllToAll", alltoall),
+    ]:
+        attach_rule(name, "gradient_rule", rule)
+
+
+_attach_gradient_rules()

@@ -188,3 +188,39 @@ def _constant_sharding(c: TypeContext) -> dict:
 
 fx.attach("TupleGet", lambda c: fx.same_axes(c, partial_ops=fx.ALL_REDUCTIONS))
 fx.attach("Constant", _constant_sharding)
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# A tuple's gradient is a tuple: TupleGet sends dy back into its slot (zeros elsewhere),
+# MakeTuple hands each element its slot. Pmap is differentiated by ir.transforms.autodiff,
+# which differentiates its body. Constant has no operands.
+
+
+def _attach_gradient_rules() -> None:
+    from ..registry import attach_rule
+    from ._grad import gname, zeros
+
+    def tuple_get(b, op, ins, outs, dys):
+        (dy,) = dys
+        if dy is None:
+            return [None]
+        (xs,) = ins
+        i = op.attributes["index"] % len(xs.type)
+        items = [
+            dy if k == i else zeros(b, e, f"{gname(xs)}_{k}")
+            for k, e in enumerate(xs.type.elements)
+        ]
+        return [b.call("MakeTuple", *items, name=gname(xs))]
+
+    def make_tuple(b, op, ins, outs, dys):
+        (dxs,) = dys
+        if dxs is None:
+            return [None] * len(ins)
+        return [b.call("TupleGet", dxs, index=i, name=gname(x)) for i, x in enumerate(ins)]
+
+    attach_rule("TupleGet", "gradient_rule", tuple_get)
+    attach_rule("MakeTuple", "gradient_rule", make_tuple)
+    attach_rule("Constant", "gradient_rule", lambda b, op, ins, outs, dys: [])
+
+
+_attach_gradient_rules()

@@ -120,3 +120,27 @@ def _embedding_grad_sharding(c: TypeContext) -> dict:
 
 fx.attach("Embedding", _embedding_sharding)
 fx.attach("EmbeddingGrad", _embedding_grad_sharding)
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# The integer ids get no gradient.
+
+
+def _embedding_gradient(b, op, ins, outs, dys):
+    from ._grad import gname
+
+    (dy,) = dys
+    if dy is None:
+        return [None, None]
+    table, ids = ins
+    n = table.type.shape[0]
+    return [b.call("EmbeddingGrad", ids, dy, num_embeddings=n, name=gname(table)), None]
+
+
+def _attach_gradient_rules() -> None:
+    from ..registry import attach_rule
+
+    attach_rule("Embedding", "gradient_rule", _embedding_gradient)
+
+
+_attach_gradient_rules()

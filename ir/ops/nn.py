@@ -283,3 +283,48 @@ fx.attach("LayerNorm", _layer_norm_sharding)
 fx.attach("LayerNormGrad", _layer_norm_grad_sharding)
 fx.attach("Scale", lambda c: fx.same_axes(c, partial_ops=fx.LINEAR))
 fx.attach("CausalMask", _causal_mask_sharding)
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# Softmax's gradient reads its output; LayerNormGrad recomputes the statistics from x.
+
+
+def _attach_gradient_rules() -> None:
+    from ..registry import attach_rule
+    from ._grad import gname
+
+    def softmax(b, op, ins, outs, dys):
+        (dy,) = dys
+        if dy is None:
+            return [None]
+        axis = op.attributes["axis"]
+        return [b.call("SoftmaxGrad", outs[0], dy, axis=axis, name=gname(ins[0]))]
+
+    def layer_norm(b, op, ins, outs, dys):
+        (dy,) = dys
+        if dy is None:
+            return [None, None, None]
+        x, gamma, beta = ins
+        names = [gname(x), gname(gamma), gname(beta)]
+        eps = op.attributes["epsilon"]
+        return list(b.call("LayerNormGrad", x, gamma, dy, epsilon=eps, name=names))
+
+    def scale(b, op, ins, outs, dys):
+        (dy,) = dys
+        if dy is None:
+            return [None]
+        return [b.call("Scale", dy, factor=op.attributes["factor"], name=gname(ins[0]))]
+
+    def causal_mask(b, op, ins, outs, dys):
+        (dy,) = dys
+        if dy is None:
+            return [None]
+        return [b.call("CausalMask", dy, fill=0.0, name=gname(ins[0]))]
+
+    attach_rule("Softmax", "gradient_rule", softmax)
+    attach_rule("LayerNorm", "gradient_rule", layer_norm)
+    attach_rule("Scale", "gradient_rule", scale)
+    attach_rule("CausalMask", "gradient_rule", causal_mask)
+
+
+_attach_gradient_rules()

@@ -541,3 +541,104 @@ fx.attach("Sum", _sum_sharding)
 fx.attach("ReduceSum", _reduce_sum_sharding)
 fx.attach("BroadcastTo", _broadcast_to_sharding)
 fx.attach("Cast", lambda c: fx.same_axes(c, linear=()))
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+# Data movement: the gradient moves dy back (inverse permutation, old shape, zero
+# padding around a slice, slices of a concatenation); sums broadcast dy back.
+
+
+def _attach_gradient_rules() -> None:
+    from ..registry import attach_rule
+    from ._grad import gname, unbroadcast, zeros
+
+    def unary(fn):
+        def rule(b, op, ins, outs, dys):
+            return [None if dys[0] is None else fn(b, op, ins[0], dys[0], gname(ins[0]))]
+
+        return rule
+
+    def transpose(b, op, x, dy, name):
+        perm = _perm(x.type, op.attributes["perm"])
+        inverse = tuple(sorted(range(len(perm)), key=lambda i: perm[i]))
+        return b.call("Transpose", dy, perm=inverse, name=name)
+
+    def reshape(b, op, x, dy, name):
+        return b.call("Reshape", dy, shape=x.type.shape, name=name)
+
+    def slice_(b, op, x, dy, name):
+        axis, start, end = _slice_bounds(x.type, op.attributes)
+        n = x.type.shape[axis]
+        parts = []
+        for k, (lo, hi) in enumerate(((0, start), (end, n))):
+            if hi > lo:
+                shape = (*x.type.shape[:axis], hi - lo, *x.type.shape[axis + 1 :])
+                parts.append(zeros(b, x.type.with_shape(shape), f"{name}_pad{k}"))
+        if not parts:
+            return dy
+        parts.insert(0 if start == 0 else 1, dy)
+        return b.call("Concat", *parts, dim=axis, name=name)
+
+    def reduce_sum(b, op, x, dy, name):
+        axes = _axes(x.type, op.attributes["axes"])
+        kept = tuple(1 if i in axes else d for i, d in enumerate(x.type.shape))
+        if dy.type.shape != kept:
+            dy = b.call("Reshape", dy, shape=kept, name=f"{name}_keep")
+        return b.call("BroadcastTo", dy, shape=x.type.shape, name=name)
+
+    def broadcast_to(b, op, x, dy, name):
+        return unbroadcast(b, dy, x.type, name)
+
+    def cast(b, op, x, dy, name):
+        return b.call("Cast", dy, dtype=x.type.dtype.value, name=name)
+
+    def pieces(b, op, ins, dy, name):
+        """Slices of dy along dim, one per concatenated tensor (a tuple for a tuple operand)."""
+        tensors = ins[0].type.elements if isinstance(ins[0].type, TupleType) else ins
+        tensors = [getattr(t, "type", t) for t in tensors]
+        axis = normalize_axis(op.attributes["dim"], tensors[0].rank, "dim")
+        out, start = [], 0
+        for k, part in enumerate(tensors):
+            end = start + part.shape[axis]
+            out.append(b.call("Slice", dy, axis=axis, start=start, end=end, name=f"{name}_{k}"))
+            start = end
+        return out
+
+    def concat(b, op, ins, outs, dys):
+        if dys[0] is None:
+            return [None] * len(ins)
+        parts = pieces(b, op, ins, dys[0], gname(outs[0]))
+        if len(ins) == 1 and isinstance(ins[0].type, TupleType):
+            return [b.call("MakeTuple", *parts, name=gname(ins[0]))]
+        return parts
+
+    def split(b, op, ins, outs, dys):
+        (dxs,) = dys
+        if dxs is None:
+            return [None]
+        (x,) = ins
+        n = len(outs[0].type)
+        parts = [b.call("TupleGet", dxs, index=i, name=f"{gname(x)}_{i}") for i in range(n)]
+        return [b.call("Concat", *parts, dim=op.attributes["dim"], name=gname(x))]
+
+    def sum_(b, op, ins, outs, dys):
+        (dy,) = dys
+        if dy is None:
+            return [None] * len(ins)
+        if len(ins) == 1 and isinstance(ins[0].type, TupleType):
+            n = len(ins[0].type)
+            return [b.call("MakeTuple", *([dy] * n), name=gname(ins[0]))]
+        return [dy] * len(ins)
+
+    attach_rule("Transpose", "gradient_rule", unary(transpose))
+    attach_rule("Reshape", "gradient_rule", unary(reshape))
+    attach_rule("Slice", "gradient_rule", unary(slice_))
+    attach_rule("ReduceSum", "gradient_rule", unary(reduce_sum))
+    attach_rule("BroadcastTo", "gradient_rule", unary(broadcast_to))
+    attach_rule("Cast", "gradient_rule", unary(cast))
+    attach_rule("Concat", "gradient_rule", concat)
+    attach_rule("Split", "gradient_rule", split)
+    attach_rule("Sum", "gradient_rule", sum_)
+
+
+_attach_gradient_rules()
