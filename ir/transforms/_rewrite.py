@@ -193,7 +193,11 @@ def local_attributes(op: Op, inputs: Sequence[Value], device: DeviceRef) -> dict
 
 
 def localize_op(
-    builder: FunctionBuilder, op: Op, inputs: Sequence[Value], device: DeviceRef = None
+    builder: FunctionBuilder,
+    op: Op,
+    inputs: Sequence[Value],
+    device: DeviceRef = None,
+    suffix: str = "",
 ) -> tuple[Value, ...]:
     """Re-add ``op`` with ``inputs`` (shards, copies on other devices); return its results."""
     attrs = local_attributes(op, inputs, device)
@@ -202,7 +206,7 @@ def localize_op(
             op.op_type,
             inputs,
             attrs,
-            names=[v.name for v in op.outputs],
+            names=[v.name + suffix for v in op.outputs],
             subfunctions=op.subfunctions,
             op_name=op.name,
         )
@@ -237,3 +241,21 @@ def sub_tuple(b: FunctionBuilder, xs: Value, indices: Sequence[int], name: str =
 
 def device_of(t: Type) -> DeviceRef:
     return t.device if isinstance(t, TensorType) else None
+
+
+class Mover:
+    """Sends values between devices once each: ``at(v, device)`` is ``v`` on ``device``."""
+
+    def __init__(self, builder: FunctionBuilder) -> None:
+        self.b = builder
+        self._copies: dict[tuple[Value, DeviceRef], Value] = {}
+
+    def at(self, v: Value, device: DeviceRef) -> Value:
+        if isinstance(v.type, TupleType) or device_of(v.type) == device or device is None:
+            return v
+        key = (v, device)
+        if key not in self._copies:
+            self._copies[key] = self.b.call(
+                "Send", v, to_device=device, name=f"{v.name}_at{device}"
+            )
+        return self._copies[key]

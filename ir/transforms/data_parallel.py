@@ -43,7 +43,11 @@ def data_rule(op: Op, states: list[Shard | None]) -> RuleResult:
 
 
 def data_plan(
-    f: Function, degree: int, batch: Sequence[str] | None = None, var: str = "d"
+    f: Function,
+    degree: int,
+    batch: Sequence[str] | None = None,
+    var: str = "d",
+    what: str = "data-parallel degree",
 ) -> _Plan:
     """The SPMD plan of data parallelism over ``degree`` devices (see ``data_parallel``)."""
     inputs = batch_inputs(f, batch)
@@ -54,7 +58,7 @@ def data_plan(
     for v in inputs:
         if not isinstance(v.type, TensorType) or v.type.rank < 1:
             raise TransformError(f"batch input {v.name!r} must be a tensor of rank >= 1")
-    check_degree("data-parallel degree", degree, batch_size(f, inputs), "batch size")
+    check_degree(what, degree, batch_size(f, inputs), "batch size")
     return _Plan(f, degree, {v: S(0) for v in inputs}, data_rule, var)
 
 

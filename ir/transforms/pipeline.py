@@ -1,0 +1,348 @@
+"""Pipeline parallelism: stages on devices, K microbatches, an unrolled schedule (seed 000).
+
+The weights are cut into ``stages`` consecutive groups (in order of first use);
+each op runs on the stage of the weights it reads, forward ops never before the
+stage of their operands, backward ops never after the stage their gradient
+comes from. The batch inputs are ``Split`` into K microbatches; every op that
+touches the batch is copied once per microbatch, with ``Send`` between stages
+right after the producer. The op order *is* the schedule (the simulator
+follows it): GPipe runs all forwards then all backwards on each stage; 1F1B
+runs ``p - s - 1`` warm-up forwards on stage ``s``, then alternates one
+forward and one backward. Gradients (and the loss) are accumulated into a
+running sum (``Add``) as each microbatch finishes, so live memory does not grow
+with K, and the optimizer steps once at the end on each weight's stage.
+
+Outputs: batch-shaped ones are concatenated on the last stage, the loss is the
+accumulated sum, updated weights stay on their stage's device.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ..builder import FunctionBuilder
+from ..function import Function
+from ..op import Op
+from ..ops.communication import split_sizes
+from ..registry import OpKind, get_op
+from ..types import DeviceRef, TensorType
+from ..value import Value
+from ..verify import verify
+from ._rewrite import (
+    Mover,
+    TransformError,
+    batch_inputs,
+    batch_size,
+    check_degree,
+    check_devices,
+    is_optimizer,
+    localize_op,
+    parameter_inputs,
+)
+from ._spmd import P, R
+from .data_parallel import data_plan
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+def _weights(f: Function) -> list[Value]:
+    optimizers = [op for op in f.ops if is_optimizer(op)]
+    if optimizers:
+        chosen = {op.inputs[0] for op in optimizers}
+    else:
+        chosen = set(parameter_inputs(f))
+    order: list[Value] = []
+    for op in f.ops:
+        for v in op.inputs:
+            if v in chosen and v not in order:
+                order.append(v)
+    return order
+
+
+def backward_ops(f: Function) -> set[Op]:
+    """The ops that depend on a ``LossGrad`` result (the backward pass)."""
+    tainted: set[Value] = set()
+    found: set[Op] = set()
+    for op in f.ops:
+        if op.op_type == "LossGrad" or any(v in tainted for v in op.inputs):
+            found.add(op)
+            tainted.update(op.outputs)
+    return found
+
+
+def stage_assignment(f: Function, stages: int) -> dict[Op, int]:
+    """The stage of every op of ``f`` (see the module docstring)."""
+    weights = _weights(f)
+    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
+        raise TransformError(f"stages must be a positive integer, got {stages!r}")
+    if stages > len(weights):
+        raise TransformError(
+            f"{stages} stages but {f.name} has only {len(weights)} weight(s) to spread over "
+            f"them (stages more than layers); use at most {len(weights)} stages"
+        )
+    weight_stage: dict[Value, int] = {}
+    start = 0
+    for s, n in enumerate(split_sizes(len(weights), stages)):
+        for w in weights[start : start + n]:
+            weight_stage[w] = s
+        start += n
+    backward = backward_ops(f)
+    producer = f.producers
+    stage: dict[Op, int] = {}
+    for op in f.ops:
+        wstages = [weight_stage[v] for v in op.inputs if v in weight_stage]
+        made = [stage[producer[v]] for v in op.inputs if v in producer]
+        if is_optimizer(op):
+            stage[op] = weight_stage.get(op.inputs[0], max(made, default=0))
+        elif op not in backward:
+            stage[op] = max(wstages + made, default=0)
+        else:
+            s = max(wstages) if wstages else min(made, default=0)
+            grads = [stage[producer[v]] for v in op.inputs if producer.get(v) in backward]
+            stage[op] = min([s, *grads])
+    return stage
+
+
+def _device_sequence(schedule: str, s: int, p: int, k: int, has_backward: bool) -> list:
+    fwd = [(m, "F") for m in range(k)]
+    if not has_backward:
+        return fwd
+    if schedule == "gpipe":
+        return fwd + [(m, "B") for m in range(k)]
+    warm = min(p - s - 1, k)
+    seq = [(m, "F") for m in range(warm)]
+    for i in range(k - warm):
+        seq += [(warm + i, "F"), (i, "B")]
+    return seq + [(m, "B") for m in range(k - warm, k)]
+
+
+class _Pipeline:
+    def __init__(self, f, stages, k, schedule, devices, batch) -> None:
+        self.f, self.p, self.k, self.devices = f, stages, k, devices
+        rows = batch_size(f, batch_inputs(f, batch)) if batch_inputs(f, batch) else 1
+        check_degree("number of microbatches", k, rows, "batch size")
+        # States come from a split in two at least: with one part, whole and partial look alike.
+        self.plan = data_plan(f, max(k, min(2, rows)), batch, what="number of microbatches")
+        self.stage = stage_assignment(f, stages)
+        self.backward = backward_ops(f)
+        self.b = FunctionBuilder(f.name)
+        self.move = Mover(self.b)
+        self.glob: dict[Value, Value] = {}
+        self.pieces: dict[tuple[Value, int], Value] = {}
+        self.acc: dict[Value, Value] = {}
+        self.split: dict[Value, Value] = {}
+        self._index(schedule)
+
+    def _index(self, schedule: str) -> None:
+        plan = self.plan
+        self.keys = {st.op: st.keys for st in plan.steps if st.op is not None}
+        conv = [st for st in plan.steps if st.op is None]
+        self.conv_src = {st.keys[1]: st for st in conv}
+        self.per_mb = {op for op, ks in self.keys.items() if any(plan.state[k] != R for k in ks)}
+        late: set[Value] = set(self.conv_src)
+        self.post: list[Op] = []
+        self.pre: list[Op] = []
+        for op in self.f.ops:
+            if op in self.per_mb:
+                if any(k in late for k in self.keys[op]):
+                    raise TransformError(
+                        f"{op.op_type} needs a value summed over the whole batch before the "
+                        f"batch is done; it cannot be pipelined over microbatches"
+                    )
+            elif any(k in late for k in self.keys[op]):
+                late.update(op.outputs)
+                self.post.append(op)
+            else:
+                self.pre.append(op)
+        outs = {plan.current[v] for v in self.f.outputs}
+        self.summed = {k for k in outs if plan.state[k] == P}
+        self.summed |= {st.keys[0] for st in conv if st.src == P}
+        self.consumer_devices: dict[Value, set[DeviceRef]] = {}
+        for op in self.per_mb:
+            for k in self.keys[op]:
+                self.consumer_devices.setdefault(k, set()).add(self.devices[self.stage[op]])
+        tasks: dict[tuple[int, str], list[Op]] = {}
+        for op in self.f.ops:
+            if op in self.per_mb:
+                tasks.setdefault((self.stage[op], "B" if op in self.backward else "F"), [])
+                tasks[(self.stage[op], "B" if op in self.backward else "F")].append(op)
+        self.tasks = tasks
+        has_backward = bool(self.backward & self.per_mb)
+        self.sequences = [
+            [
+                (m, ph)
+                for m, ph in _device_sequence(schedule, s, self.p, self.k, has_backward)
+                if (s, ph) in tasks
+            ]
+            for s in range(self.p)
+        ]
+
+    # -- emission -------------------------------------------------------------------
+
+    def piece(self, key: Value, m: int) -> Value:
+        if (key, m) not in self.pieces:
+            if key not in self.split:
+                raise TransformError(f"microbatch {m} of {key.name!r} is used before it is made")
+            self.pieces[(key, m)] = self.b.call(
+                "TupleGet", self.split[key], index=m, name=f"{key.name}_mb{m}"
+            )
+        return self.pieces[(key, m)]
+
+    def emit_global(self, op: Op) -> None:
+        dev = self.devices[self.stage[op]]
+        ins = [self.move.at(self.glob[k], dev) for k in self.keys[op]]
+        for v, out in zip(op.outputs, localize_op(self.b, op, ins, dev)):
+            self.glob[v] = out
+
+    def emit_task(self, s: int, m: int, phase: str) -> None:
+        dev = self.devices[s]
+        for op in self.tasks[(s, phase)]:
+            ins = [
+                self.move.at(self.glob[k] if self.plan.state[k] == R else self.piece(k, m), dev)
+                for k in self.keys[op]
+            ]
+            outs = localize_op(self.b, op, ins, dev, suffix=f"_mb{m}")
+            for v, out in zip(op.outputs, outs):
+                self.pieces[(v, m)] = out
+                if v in self.summed:
+                    prev = self.acc.get(v)
+                    name = f"{v.name}_acc{m}"
+                    self.acc[v] = out if prev is None else self.b.call("Add", prev, out, name=name)
+                for d in sorted(self.consumer_devices.get(v, ()), key=str):
+                    self.move.at(out, d)
+
+    def run(self) -> Function:
+        b, plan = self.b, self.plan
+        for v in self.f.inputs:
+            self.glob[v] = b.input(v.name, v.type)
+        for v in self.f.inputs:
+            s = plan.state[v]
+            if s is not None and s.kind == "S":
+                self.split[v] = b.call(
+                    "Split", self.glob[v], partitions=self.k, dim=s.dim, name=f"{v.name}s"
+                )
+        for op in self.pre:
+            self.emit_global(op)
+        self._merge()
+        for dst, st in self.conv_src.items():
+            src = st.keys[0]
+            self.glob[dst] = self.acc[src] if st.src == P else self._concat(src, st.src.dim)
+        for op in self.post:
+            self.emit_global(op)
+        outs = []
+        for v in self.f.outputs:
+            key = plan.current[v]
+            s = plan.state[key]
+            if s == R:
+                outs.append(self.glob[key])
+            elif s == P:
+                outs.append(self.acc[key])
+            else:
+                outs.append(self._concat(key, s.dim, v.name))
+        return verify(b.finish(outs))
+
+    def _concat(self, key: Value, dim: int, name: str = "") -> Value:
+        parts = [self.piece(key, m) for m in range(self.k)]
+        dev = parts[-1].type.device
+        parts = [self.move.at(x, dev) for x in parts]
+        return self.b.call("Concat", *parts, dim=dim, name=name or f"{key.name}_all")
+
+    def _merge(self) -> None:
+        """Emit the tasks in an order that respects each device's sequence and the data flow."""
+        done: set[tuple[int, int, str]] = set()
+        pos = [0] * self.p
+        producer_task: dict[Value, tuple[int, str]] = {}
+        for (s, ph), ops in self.tasks.items():
+            for op in ops:
+                for v in op.outputs:
+                    producer_task[v] = (s, ph)
+        deps: dict[tuple[int, str], set[tuple[int, str]]] = {}
+        for key, ops in self.tasks.items():
+            deps[key] = {
+                producer_task[k] for op in ops for k in self.keys[op] if k in producer_task
+            } - {key}
+        while any(pos[s] < len(self.sequences[s]) for s in range(self.p)):
+            progress = False
+            for s in range(self.p):
+                if pos[s] >= len(self.sequences[s]):
+                    continue
+                m, ph = self.sequences[s][pos[s]]
+                if all((m, *d) in done for d in deps[(s, ph)]):
+                    self.emit_task(s, m, ph)
+                    done.add((m, s, ph))
+                    pos[s] += 1
+                    progress = True
+            if not progress:
+                raise TransformError("the pipeline schedule deadlocks (a stage waits on itself)")
+
+
+def pipeline_parallel(
+    f: Function,
+    stages: int,
+    microbatches: int,
+    schedule: str = "gpipe",
+    devices: Sequence[DeviceRef] | None = None,
+    *,
+    batch_inputs: Sequence[str] | None = None,
+    topology: Any = None,
+) -> Function:
+    """``f`` pipelined over ``stages`` devices with ``microbatches`` microbatches.
+
+    >>> import ir
+    >>> from ir.transforms import pipeline_parallel
+    >>> b = ir.FunctionBuilder("mlp")
+    >>> w1 = b.input("w1", ir.TensorType((4, 8), ir.DType.float64, 0))
+    >>> w2 = b.input("w2", ir.TensorType((8, 3), ir.DType.float64, 0))
+    >>> x = b.input("x", ir.TensorType((6, 4), ir.DType.float64, 0))
+    >>> a = b.call("MatMul", x, w1, name="a")
+    >>> g = pipeline_parallel(b.finish(b.call("MatMul", a, w2, name="y")), 2, 2)
+    >>> [op.op_type for op in g.ops][:4]
+    ['Split', 'TupleGet', 'MatMul', 'Send']
+    """
+    if schedule not in SCHEDULES:
+        raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise TransformError(f"microbatches must be a positive integer, got {microbatches!r}")
+    devices = check_devices(devices, stages, topology, what="number of stages")
+    return _Pipeline(f, stages, microbatches, schedule, devices, batch_inputs).run()
+
+
+def live_microbatches(g: Function, device: DeviceRef) -> int:
+    """The most microbatches whose activations are alive at once on ``device``.
+
+    A value named ``*_mb{m}`` made by a compute or communication op on ``device`` is
+    alive from its op to its last reader (program order). Outputs' pieces (read by the
+    final ``Concat``) and gradient contributions (read by the running sum ``*_acc{m}``)
+    are not activations.
+    """
+    index = {op: i for i, op in enumerate(g.ops)}
+    outputs = set(g.outputs)
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for op in g.ops:
+        if get_op(op.op_type).kind is OpKind.CONTROL:
+            continue
+        for v in op.outputs:
+            match = re.search(r"_mb(\d+)(_at\w+)?$", v.name)
+            if not match or not isinstance(v.type, TensorType) or v.type.device != device:
+                continue
+            users = g.consumers.get(v, [])
+            if any(_is_sink(u, outputs) for u in users) or v in outputs:
+                continue
+            end = max((index[u] for u in users), default=index[op])
+            spans.setdefault(int(match.group(1)), []).append((index[op], end))
+    best = 0
+    for t in range(len(g.ops)):
+        alive = sum(any(a <= t <= e for a, e in sp) for sp in spans.values())
+        best = max(best, alive)
+    return best
+
+
+def _is_sink(op: Op, outputs: set[Value]) -> bool:
+    if op.op_type == "Concat" and op.outputs[0] in outputs:
+        return True
+    return any(re.search(r"_acc\d+$", v.name) for v in op.outputs)
+
+
+__all__ = ["backward_ops", "live_microbatches", "pipeline_parallel", "stage_assignment"]

@@ -1,0 +1,73 @@
+"""Pipeline parallelism: same results as the sequential program for every schedule, stage count
+and microbatch count (uneven too); activation memory on stage 0 is K (GPipe) or min(p, K) (1F1B)."""
+
+from __future__ import annotations
+
+import pytest
+from _parallel_programs import assert_same, mlp, transformer_block
+
+import ir
+from ir.transforms._rewrite import TransformError
+from ir.transforms.pipeline import live_microbatches, pipeline_parallel, stage_assignment
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(
+    ("stages", "microbatches"), [(1, 1), (1, 3), (2, 2), (2, 3), (3, 5), (4, 8)]
+)
+def test_training_mlp_matches_sequential(schedule: str, stages: int, microbatches: int) -> None:
+    f = mlp(8, 4, 6, 5, layers=4, training=True)
+    assert_same(f, pipeline_parallel(f, stages, microbatches, schedule))
+
+
+def test_adam_forward_and_transformer_block() -> None:
+    f = mlp(6, 3, 5, 4, layers=3, training=True, optimizer="adam", activation="Gelu")
+    assert_same(f, pipeline_parallel(f, 3, 4, "1f1b"))
+    assert_same(mlp(6, 3, 5, 4, layers=2), pipeline_parallel(mlp(6, 3, 5, 4, layers=2), 2, 3))
+    block = transformer_block(4, 3, 8, 2)
+    assert_same(block, pipeline_parallel(block, 2, 2))
+
+
+@pytest.mark.parametrize(("stages", "microbatches"), [(2, 2), (2, 6), (3, 2), (3, 6), (4, 8)])
+def test_live_activations_on_stage_zero(stages: int, microbatches: int) -> None:
+    f = mlp(8, 4, 6, 5, layers=4, training=True)
+    gpipe = pipeline_parallel(f, stages, microbatches, "gpipe")
+    one_f_one_b = pipeline_parallel(f, stages, microbatches, "1f1b")
+    assert live_microbatches(gpipe, 0) == microbatches
+    assert live_microbatches(one_f_one_b, 0) == min(stages, microbatches)
+
+
+def test_program_has_the_seed_shape() -> None:
+    """Seed 000: split, per-microbatch forward with sends, backward, sum, one optimizer step."""
+    g = pipeline_parallel(mlp(8, 4, 6, 5, training=True), 2, 2)
+    kinds = [op.op_type for op in g.ops]
+    assert kinds[:2] == ["Split", "Split"]
+    assert kinds.count("SGDOptimizer") == 2 and kinds.count("Loss") == 2
+    assert kinds.count("Send") == 2 + 2 + 2 + 1  # activations, gradients, labels, w1
+    opt = [op for op in g.ops if op.op_type == "SGDOptimizer"]
+    assert [op.device for op in opt] == [0, 1]
+    adds = [op for op in g.ops if op.op_type == "Add"]
+    assert len(adds) == 3  # the loss and two weight gradients, summed over 2 microbatches
+    assert all(op.attributes["denominator"] == 8 for op in g.ops if op.op_type == "Loss")
+
+
+def test_stages_follow_the_weights() -> None:
+    f = mlp(8, 4, 6, 5, layers=2, training=True)
+    stage = stage_assignment(f, 2)
+    by_name = {op.outputs[0].name: s for op, s in stage.items()}
+    assert by_name["a0"] == 0 and by_name["a1"] == 1 and by_name["l"] == 1
+    assert by_name["dh0"] == 0 and by_name["w0_1"] == 0 and by_name["w1_1"] == 1
+
+
+def test_errors() -> None:
+    f = mlp(4, 3, 5, 4, layers=2, training=True)
+    with pytest.raises(TransformError, match="stages more than layers"):
+        pipeline_parallel(f, 3, 2)
+    with pytest.raises(TransformError, match="microbatches must be a positive integer"):
+        pipeline_parallel(f, 2, 0)
+    with pytest.raises(TransformError, match="larger than the batch size"):
+        pipeline_parallel(f, 2, 5)
+    with pytest.raises(TransformError, match="schedule"):
+        pipeline_parallel(f, 2, 2, "zigzag")
+    with pytest.raises(TransformError, match="not in the topology"):
+        pipeline_parallel(f, 2, 2, devices=[0, 9], topology=ir.Topology.uniform(2))
