@@ -49,10 +49,7 @@ SCHEDULES = ("gpipe", "1f1b")
 
 def _weights(f: Function) -> list[Value]:
     optimizers = [op for op in f.ops if is_optimizer(op)]
-    if optimizers:
-        chosen = {op.inputs[0] for op in optimizers}
-    else:
-        chosen = set(parameter_inputs(f))
+    chosen = {op.inputs[0] for op in optimizers} if optimizers else set(parameter_inputs(f))
     order: list[Value] = []
     for op in f.ops:
         for v in op.inputs:
