@@ -375,7 +375,7 @@ def _collective_types(c: TypeContext):
     x = tensor(c, 0, "x")
     if c.attributes["kind"] not in COLLECTIVE_KINDS:
         raise TypeRuleError(f"kind must be one of {COLLECTIVE_KINDS}, got {c.attributes['kind']!r}")
-    if x.device not in tuple(c.attributes["group"]):
+    if x.device is not None and x.device not in tuple(c.attributes["group"]):
         raise TypeRuleError(f"rank {x.device} is not in the group {list(c.attributes['group'])}")
     return [x.with_shape(tuple(int(n) for n in c.attributes["result_shape"]))]
 

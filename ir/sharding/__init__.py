@@ -23,17 +23,21 @@ from .errors import (
     PropagationError,
     ShardingError,
 )
+from .lower import Binding, RankedProgram, lower_to_ranks
 from .mesh import Layout, Mesh, P, Partial, Placement, R, Replicate, S, Shard, placement
 from .propagate import InsertedCollective, PropagationReport, propagate
+from .ranked import Matching, check_deadlock, run_ranked, schedule
 from .spec import ShardingSpec
 
 __all__ = [
     "AnnotationError",
+    "Binding",
     "ConflictingAnnotationError",
     "DeadlockError",
     "InsertedCollective",
     "Layout",
     "LoweringError",
+    "Matching",
     "Mesh",
     "MeshError",
     "P",
@@ -42,12 +46,17 @@ __all__ = [
     "PropagationError",
     "PropagationReport",
     "R",
+    "RankedProgram",
     "Replicate",
     "S",
     "Shard",
     "ShardingError",
     "ShardingSpec",
     "annotate",
+    "check_deadlock",
+    "lower_to_ranks",
     "placement",
     "propagate",
+    "run_ranked",
+    "schedule",
 ]

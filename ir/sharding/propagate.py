@@ -188,6 +188,7 @@ class _Materialiser:
         self.desired = desired
         self.b = FunctionBuilder(f"{function.name}_sharded")
         self.dist: dict[Value, DistValue] = {}
+        self.views: dict[Value, dict[Layout, DistValue]] = {}
         self.report = PropagationReport(mesh)
         peak = topology.device(mesh.devices[0])
         self.peak_flops = peak.peak_flops
@@ -362,14 +363,14 @@ class _Materialiser:
     def _emit(self, op, rule, strategy, ins, outs) -> None:
         why = f"{describe_op(op)} runs as ({describe(strategy, rule)})"
         self.report.strategies.append((describe_op(op), describe(strategy, rule)))
-        operands = [
-            self.redistribute(
-                self.dist[v],
-                Layout(self.mesh, ps),
-                f"{why}, needing it as [{', '.join(map(str, ps))}]",
-            )
-            for v, ps in zip(op.inputs, ins)
-        ]
+        operands = []
+        for v, ps in zip(op.inputs, ins):
+            target = Layout(self.mesh, ps)
+            views = self.views.setdefault(v, {})
+            if target not in views:  # redistribute a value once per layout, then reuse it
+                need = f"{why}, needing it as [{', '.join(map(str, ps))}]"
+                views[target] = self.redistribute(self.dist[v], target, need)
+            operands.append(views[target])
         expected = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.outputs, outs)]
         if any(c[0] == "halo" for c in strategy):
             results = halo.emit(self, op, rule, strategy, operands, expected)
