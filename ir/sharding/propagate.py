@@ -97,6 +97,8 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
     def from_operands():
         for i, ps in known_in:
             p = ps[k]
+            if _is_halo(rule, p, i, "operand", "axis"):
+                return ("halo",)
             if isinstance(p, Shard) and rule.operands[i][p.dim] is not None:
                 return ("shard", rule.operands[i][p.dim])
             if isinstance(p, Partial) and p.op in rule.partial_ops:
@@ -108,6 +110,8 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
     def from_results():
         for j, ps in known_out:
             p = ps[k]
+            if _is_halo(rule, p, j, "result", "result_axis") and j == 0:
+                return ("halo",)
             if isinstance(p, Shard) and rule.results[j][p.dim] is not None:
                 return ("shard", rule.results[j][p.dim])
             if isinstance(p, Partial):
@@ -122,6 +126,13 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
         if choice is not None:
             return choice
     return ("replicate",)
+
+
+def _is_halo(rule: Rule, p: Placement, index: int, which: str, axis_key: str) -> bool:
+    h = rule.halo
+    if h is None or not isinstance(p, Shard) or p.dim != h[axis_key]:
+        return False
+    return which == "result" or index == h["operand"]
 
 
 def _desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):
