@@ -7,10 +7,23 @@ tested without a browser; the widgets only display them and report clicks.
 
 from __future__ import annotations
 
+from .compare import compare_figure
+from .gantt import connect_clicks, gantt_figure, gantt_widget, op_id_at
 from .graph import GraphOptions, LegendEntry, RenderedGraph, legend_html, render_graph
 from .graph_widget import GraphView, Selection
 from .ids import op_id, op_paths, shape_label, value_names
+from .memory import memory_figure
 from .palette import device_color
+from .static_html import (
+    compare_page,
+    figure_html,
+    gantt_page,
+    graph_html,
+    graph_page,
+    memory_page,
+    page_html,
+    report_page,
+)
 from .svg import GraphvizError
 
 __all__ = [
@@ -20,11 +33,25 @@ __all__ = [
     "LegendEntry",
     "RenderedGraph",
     "Selection",
+    "compare_figure",
+    "compare_page",
+    "connect_clicks",
     "device_color",
+    "figure_html",
+    "gantt_figure",
+    "gantt_page",
+    "gantt_widget",
+    "graph_html",
+    "graph_page",
     "legend_html",
+    "memory_figure",
+    "memory_page",
     "op_id",
+    "op_id_at",
     "op_paths",
+    "page_html",
     "render_graph",
+    "report_page",
     "shape_label",
     "value_names",
 ]

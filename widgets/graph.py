@@ -392,9 +392,11 @@ class _Drawing:
             refs = tuple(
                 dict.fromkeys(d for v in (*op.outputs, *op.inputs) for d in devices_of(v.type))
             ) or (None,)
-        resolved = tuple(dict.fromkeys(d for ref in refs for d in _resolve(ref, env)))
-        self.devices.update(dict.fromkeys(resolved))
-        return resolved
+        resolved = dict.fromkeys(d for ref in refs for d in _resolve(ref, env))
+        ordered = sorted(d for d in resolved if isinstance(d, int))
+        ordered += [d for d in resolved if not isinstance(d, int)]
+        self.devices.update(dict.fromkeys(ordered))
+        return tuple(ordered)
 
     # -- edges ---------------------------------------------------------------
 

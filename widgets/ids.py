@@ -11,6 +11,7 @@ from ir.types import TupleType, Type
 from ir.value import Value
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_RESERVED = {"def", "return", "lambda", "_"}  # as the printer spells them
 
 
 def op_id(path: str) -> str:
@@ -41,6 +42,8 @@ def value_names(function: Function) -> dict[Value, str]:
         if v in names:
             return
         base = v.name if _IDENT.match(v.name or "") else _sanitize(v.name)
+        if base in _RESERVED:
+            base = f"{base.strip('_') or 'v'}_"
         unique, k = base, 0
         while unique in taken:
             k += 1

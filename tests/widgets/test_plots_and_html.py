@@ -1,0 +1,183 @@
+"""Gantt, memory, comparison and static HTML views of real simulations (no browser)."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import pytest
+
+import ir
+from widgets.compare import compare_figure
+from widgets.gantt import DURATION, OP_ID, START, gantt_figure, gantt_widget, op_id_at
+from widgets.graph import render_graph
+from widgets.ids import op_paths
+from widgets.memory import memory_figure
+from widgets.palette import device_color
+from widgets.static_html import compare_page, gantt_page, graph_page, memory_page, report_page
+
+sys.path.insert(0, str(Path(__file__).parent))
+from widget_programs import data_parallel_matmul, deep_mlp
+
+REMOTE_SCRIPT = re.compile(r"<script[^>]*\bsrc\s*=\s*[\"']?\s*(https?:)?//", re.IGNORECASE)
+REMOTE_LINK = re.compile(r"<link[^>]*\bhref\s*=\s*[\"']?\s*(https?:)?//", re.IGNORECASE)
+
+
+@pytest.fixture(scope="module")
+def dp():
+    f = data_parallel_matmul((1, 2, 3), batch=48)
+    return f, ir.simulate(f, ir.Topology.uniform(4))
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    f = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
+    return f, ir.simulate(f, ir.Topology.uniform(3))
+
+
+def _bars(fig: go.Figure, kind: str) -> list[go.Bar]:
+    return [t for t in fig.data if t.meta and t.meta["kind"] == kind]
+
+
+def test_gantt_has_a_row_per_device_and_stream(dp):
+    f, result = dp
+    fig = gantt_figure(result, f)
+    rows = list(fig.layout.yaxis.categoryarray)[::-1]
+    assert rows == [f"dev {d} · {s}" for d in result.devices for s in ("compute", "comm")]
+    for t in fig.data:
+        assert len(set(t.y)) == 1  # one trace per device and stream (idle: per device)
+    compute = _bars(fig, "compute")
+    assert {t.y[0] for t in compute} == {"dev 1 · compute", "dev 2 · compute", "dev 3 · compute"}
+    events = [ev for ev in result.events if ev.stream == "compute"]
+    assert sum(len(t.x) for t in compute) == len(events) == 6  # MatMul, Relu on 3 devices
+    comm = _bars(fig, "communication")
+    assert sum(len(t.x) for t in comm) == sum(ev.stream == "communication" for ev in result.events)
+    colors = {
+        kind: {t.marker.color for t in _bars(fig, kind)}
+        for kind in ("compute", "communication", "idle")
+    }
+    assert all(len(c) == 1 for c in colors.values())
+    assert len(set.union(*colors.values())) == 3  # compute, communication and idle differ
+
+
+def test_gantt_bars_match_events_and_report_op_ids(dp):
+    f, result = dp
+    fig = gantt_figure(result, f)
+    paths = op_paths(f)
+    (dev1,) = [
+        i
+        for i, t in enumerate(fig.data)
+        if t.meta["row"] == "dev 1 · compute" and t.meta["kind"] == "compute"
+    ]
+    bar = fig.data[dev1]
+    evs = result.events_on(1, "compute")
+    scale = 1e-6  # µs: the step is microseconds long
+    assert fig.layout.xaxis.title.text == "time (µs)"
+    np.testing.assert_allclose(np.array(bar.base) * scale, [e.start_s for e in evs])
+    np.testing.assert_allclose(np.array(bar.x) * scale, [e.dur_s for e in evs])
+    assert [op_id_at(fig, dev1, i) for i in range(len(evs))] == [f"op-{paths[e.op]}" for e in evs]
+    assert [c[OP_ID] for c in bar.customdata] == ["op-2.0", "op-2.1"]
+    hover = bar.hovertemplate
+    assert all(f"customdata[{k}]" in hover for k in range(1, 7))
+    matmul = bar.customdata[0]
+    assert "MatMul" in matmul[1] and "16×4, 4×3 → 16×3" in matmul[2]
+    assert matmul[START].endswith("s") and matmul[DURATION].endswith("s")
+    assert "FLOP" in matmul[5] and "B" in matmul[6]
+    idle = _bars(fig, "idle")
+    assert idle and all(op_id_at(fig, list(fig.data).index(t), 0) is None for t in idle)
+
+
+def test_gantt_idle_fills_the_gaps(pipeline):
+    f, result = pipeline
+    fig = gantt_figure(result, f)
+    for d in result.devices:
+        idle = [t for t in _bars(fig, "idle") if t.y[0] == f"dev {d} · compute"]
+        total = sum(sum(t.x) for t in idle) * 1e-6
+        assert total == pytest.approx(result.idle_s[d], rel=1e-6, abs=1e-15)
+
+
+def test_gantt_click_selects_the_op_in_the_graph(dp):
+    from widgets.graph_widget import GraphView
+
+    f, result = dp
+    view = GraphView(f)
+    widget = gantt_widget(result, f, on_select=view.select)
+    trace = next(i for i, t in enumerate(widget.data) if t.meta["kind"] == "compute")
+    found = op_id_at(widget, trace, 1)
+    view.select(found)
+    assert view.selection.op.op_type == "Relu"
+
+
+def test_memory_peak_marker_equals_the_simulated_peak(pipeline):
+    _, result = pipeline
+    fig = memory_figure(result)
+    scale = 1e3 if fig.layout.yaxis.title.text.endswith("(kB)") else 1e6
+    assert fig.layout.yaxis.title.text in ("live memory (kB)", "live memory (MB)")
+    peaks = {t.meta["device"]: t for t in fig.data if t.meta["kind"] == "peak"}
+    assert sorted(peaks) == list(result.devices)
+    for d, t in peaks.items():
+        assert t.y[0] * scale == pytest.approx(result.peak_memory_bytes[d])
+        assert t.marker.color == device_color(d)
+        times, live = result.memory_timeline(d)
+        curve = next(c for c in fig.data if c.meta == {"kind": "live", "device": d})
+        np.testing.assert_allclose(np.array(curve.y) * scale, live)
+        np.testing.assert_allclose(t.x[0] * 1e-6, times[np.argmax(live)])  # x axis in µs
+        assert curve.line.shape == "hv"
+    (cap,) = [t for t in fig.data if t.meta["kind"] == "capacity"]
+    assert cap.y[0] * scale == pytest.approx(16e9)
+    assert not [t for t in fig.data if t.meta["kind"] == "oom"]
+
+
+def test_out_of_memory_is_highlighted(dp):
+    f, _ = dp
+    result = ir.simulate(f, ir.Topology.uniform(4, memory_bytes=600))
+    ooms = {d: op for d, op in result.oom.items() if op is not None}
+    assert ooms
+    fig = memory_figure(result)
+    marked = {t.meta["device"]: t for t in fig.data if t.meta["kind"] == "oom"}
+    assert set(marked) == set(ooms)
+    for d, t in marked.items():
+        over = [y for y in t.y if y is not None and not np.isnan(y)]
+        unit_bytes = {"(kB)": 1e3, "(B)": 1.0}[fig.layout.yaxis.title.text.split()[-1]]
+        assert over and min(over) * unit_bytes > 600  # every drawn point is over capacity
+        assert ooms[d].op_type in t.meta["op"]
+    assert "out of memory" in fig.layout.title.text
+
+
+def test_compare_shares_one_time_axis(dp, pipeline):
+    (fa, a), (fb, b) = dp, pipeline
+    fig = compare_figure(a, b, function_a=fa, function_b=fb, labels=("dp", "pp"))
+    assert fig.layout.xaxis.matches == fig.layout.xaxis2.matches == "x3"  # one time axis
+    rows_a = {t.y[0] for t in fig.data if t.type == "bar" and t.yaxis == "y"}
+    rows_b = {t.y[0] for t in fig.data if t.type == "bar" and t.yaxis == "y2"}
+    assert rows_a and all(r.startswith("dp: dev") for r in rows_a)
+    assert rows_b and all(r.startswith("pp: dev") for r in rows_b)
+    curves = [t for t in fig.data if t.type == "scatter" and t.meta["kind"] == "live"]
+    assert {t.name.split(":")[0] for t in curves} == {"dp", "pp"}
+    assert {t.line.dash for t in curves if t.name.startswith("pp")} == {"dash"}
+    assert all(t.yaxis == "y3" for t in curves)
+
+
+def test_static_pages_are_self_contained(dp):
+    f, result = dp
+    pages = {
+        "graph": graph_page(f),
+        "gantt": gantt_page(result, f),
+        "memory": memory_page(result),
+        "compare": compare_page(result, result),
+        "report": report_page(f, result),
+    }
+    for name, page in pages.items():
+        assert not REMOTE_SCRIPT.search(page), name
+        assert not REMOTE_LINK.search(page), name
+        assert page.startswith("<!DOCTYPE html>"), name
+    for name in ("gantt", "memory", "compare", "report"):
+        assert pages[name].count("Plotly.newPlot") >= 1, name
+        assert len(re.findall(r"plotly\.js v\d", pages[name])) == 1, name  # inlined once
+    report = pages["report"]
+    assert "<svg" in report and 'id="op-2.0"' in report
+    assert render_graph(f).svg in report
+    assert "<svg" in pages["graph"] and "Plotly" not in pages["graph"]

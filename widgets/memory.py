@@ -1,0 +1,141 @@
+"""The memory view: live bytes per device over a simulated step (plotly).
+
+One step curve per device (device colours as in the graph view), its peak
+marked, the device capacity as a dashed line, and the part of a curve above
+capacity drawn thick and red with the op that ran out of memory named.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import plotly.graph_objects as go
+
+from ir.verify import describe_op
+
+from .palette import OOM_COLOR, device_color
+from .units import byte_unit, format_bytes, format_time, time_unit
+
+if TYPE_CHECKING:
+    from ir.sim import SimResult
+
+CAPACITY_OFF_SCALE = 4.0  # capacity above this many times the highest peak is not drawn to scale
+
+
+def memory_traces(
+    result: SimResult,
+    *,
+    time_unit_: tuple[str, float] | None = None,
+    bytes_unit: tuple[str, float] | None = None,
+    prefix: str = "",
+    dash: str = "solid",
+    end_s: float | None = None,
+) -> list[go.Scatter]:
+    """Curve, peak marker and (if any) out-of-memory segment per device, and capacity lines.
+
+    Only the highest peak is labelled in text (the others on hover); capacity
+    lines run to ``end_s`` (default: the step time). Every trace's ``meta`` says
+    what it is: ``{"kind": "live"|"peak"|"oom"|"capacity", "device": id}``, with
+    y in ``bytes_unit`` and x in ``time_unit_``.
+    """
+    t_name, t_size = time_unit_ or time_unit(result.step_time_s)
+    b_name, b_size = bytes_unit or byte_unit(max(result.peak_memory_bytes.values(), default=1))
+    traces: list[go.Scatter] = []
+    highest = max(result.devices, key=lambda d: result.peak_memory_bytes[d], default=None)
+    capacities: dict[float, list[int]] = {}
+    for device in result.devices:
+        color = device_color(device)
+        times, live = result.memory_timeline(device)
+        capacity = result.topology.device(device).memory_bytes
+        capacities.setdefault(capacity, []).append(device)
+        traces.append(
+            go.Scatter(
+                x=times / t_size,
+                y=live / b_size,
+                mode="lines",
+                line={"shape": "hv", "color": color, "dash": dash},
+                name=f"{prefix}device {device}",
+                legendgroup=f"{prefix}device {device}",
+                hovertemplate=f"%{{y:.4g}} {b_name} at %{{x:.4g}} {t_name}<extra>{prefix}"
+                f"device {device}</extra>",
+                meta={"kind": "live", "device": device},
+            )
+        )
+        peak = result.peak_memory_bytes[device]
+        at = float(times[int(np.argmax(live))]) if len(live) else 0.0
+        traces.append(
+            go.Scatter(
+                x=[at / t_size],
+                y=[peak / b_size],
+                mode="markers+text",
+                marker={"symbol": "triangle-down", "size": 11, "color": color},
+                text=[f"peak {format_bytes(peak)}" if device == highest else ""],
+                textposition="top center",
+                name=f"{prefix}peak, device {device}",
+                legendgroup=f"{prefix}device {device}",
+                showlegend=False,
+                hovertemplate=f"peak {format_bytes(peak)} at {format_time(at)}<extra></extra>",
+                meta={"kind": "peak", "device": device},
+            )
+        )
+        op = result.oom.get(device)
+        if op is not None:
+            over = np.where(live > capacity, live, np.nan)
+            traces.append(
+                go.Scatter(
+                    x=times / t_size,
+                    y=over / b_size,
+                    mode="lines",
+                    line={"shape": "hv", "color": OOM_COLOR, "width": 5},
+                    name=f"{prefix}out of memory: device {device}",
+                    hovertemplate=f"device {device} out of memory at {describe_op(op)}"
+                    "<extra></extra>",
+                    meta={"kind": "oom", "device": device, "op": describe_op(op)},
+                )
+            )
+    for capacity, devices in capacities.items():
+        who = "" if len(capacities) == 1 else f" (devices {', '.join(map(str, devices))})"
+        traces.append(
+            go.Scatter(
+                x=[0, (end_s if end_s is not None else result.step_time_s) / t_size],
+                y=[capacity / b_size] * 2,
+                mode="lines",
+                line={"color": "#444444", "dash": "dash", "width": 1},
+                name=f"{prefix}capacity {format_bytes(capacity)}{who}",
+                hoverinfo="name",
+                meta={"kind": "capacity", "devices": devices},
+            )
+        )
+    return traces
+
+
+def y_top_bytes(peak_bytes: float, capacity_bytes: float) -> float:
+    """Top of the memory axis: the capacity if it is near the peak, else the peak
+    (a 80 GB line would flatten a 10 MB curve)."""
+    if capacity_bytes <= CAPACITY_OFF_SCALE * peak_bytes:
+        return max(peak_bytes, capacity_bytes)
+    return peak_bytes
+
+
+def memory_figure(result: SimResult, *, title: str | None = None) -> go.Figure:
+    """Live bytes per device over the step, with peaks, capacity and out-of-memory marked."""
+    t_unit = time_unit(result.step_time_s)
+    peak = max(result.peak_memory_bytes.values(), default=0.0)
+    b_unit = byte_unit(peak or 1)
+    fig = go.Figure(memory_traces(result, time_unit_=t_unit, bytes_unit=b_unit))
+    capacity = min(result.topology.device(d).memory_bytes for d in result.devices)
+    top = y_top_bytes(peak, capacity)
+    ooms = [d for d, op in result.oom.items() if op is not None]
+    default = f"peak {format_bytes(peak)}" + (f"; out of memory on devices {ooms}" if ooms else "")
+    if capacity > CAPACITY_OFF_SCALE * peak:
+        default += f" (capacity {format_bytes(capacity)} is above the plot)"
+    fig.update_layout(
+        title=title or default,
+        xaxis={"title": f"time ({t_unit[0]})"},
+        yaxis={"title": f"live memory ({b_unit[0]})", "range": [0, 1.15 * top / b_unit[1]]},
+        height=360,
+        margin={"l": 10, "r": 10, "t": 40, "b": 40},
+        template="plotly_white",
+    )
+    return fig
