@@ -89,25 +89,24 @@ class Engine:
         n = len(topology.devices)
         self.compute_free = [0.0] * n
         self.comm_free = [0.0] * n
-        # values: one slot per tensor (tuple values are nested tuples of slots)
+        # values: one slot per tensor (tuple values are nested tuples of slots); a slot is
+        # allocated when its producer starts, ready when it ends
         self.slot_bytes: list[int] = []
         self.slot_device: list[int] = []
         self.slot_ready: list[float] = []
-        self.slot_alloc: list[float] = []
-        self.slot_last_use: list[float] = []
-        self.slot_producer: list[int] = []
+        self.slot_last_use: list[float] = []  # end of the last consumer, -1 if none
+        self.slot_producer: list[int] = []  # op instance, -1 for a function input
         # op instances (an op in a pmap body once per device)
         self.inst_op: list[Op] = []
-        self.inst_device: list[int] = []  # compute device, or -1 for communication
-        self.inst_participants: list[tuple[int, ...] | None] = []
+        self.inst_where: list[int | tuple[int, ...]] = []  # compute device or participants
         self.inst_start: list[float] = []
         self.inst_dur: list[float] = []
-        self.inst_flops: list[float] = []
-        self.inst_bytes: list[float] = []
+        self.inst_cost: list[tuple] = []  # (flops, bytes, ...), shared between equal ops
         self.pinned: list[int] = []  # function inputs and outputs: live all step
         self._prepared: dict[Op, tuple] = {}
+        self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
-        self._comm_cache: dict[tuple, tuple[tuple[int, ...], float, float]] = {}
+        self._comm_cache: dict[tuple, tuple] = {}
 
     # -- entry ----------------------------------------------------------------
 
@@ -116,7 +115,7 @@ class Engine:
         env: dict[Value, Any] = {}
         for v in function.inputs:
             try:
-                slots = self._new_slots(_template(v.type), scope, 0.0, 0.0, -1)
+                slots = self._new_slots(_template(v.type), scope, 0.0, -1)
             except _UnknownDeviceError as e:
                 raise SimulationError(
                     f"input {v.name!r} of {function.name!r} lives on device {_shown(e.ref)}, "
@@ -136,16 +135,29 @@ class Engine:
     # -- the walk -------------------------------------------------------------
 
     def _run_ops(self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope) -> None:
+        # The hot loop: locals for every list and method it touches (see the benchmark).
         prepared = self._prepared
         slot_ready, slot_last_use = self.slot_ready, self.slot_last_use
-        compute_free = self.compute_free
+        new_ready = slot_ready.append
+        new_bytes, new_device = self.slot_bytes.append, self.slot_device.append
+        new_last_use, new_producer = slot_last_use.append, self.slot_producer.append
+        compute_free, comm_free = self.compute_free, self.comm_free
+        rec_op, rec_where, rec_cost = (
+            self.inst_op.append,
+            self.inst_where.append,
+            self.inst_cost.append,
+        )
+        rec_start, rec_dur = self.inst_start.append, self.inst_dur.append
+        peak_flops, mem_bandwidth, launch_s = self.peak_flops, self.mem_bandwidth, self.launch_s
+        additive = self.additive
+        compute_kind, comm_kind = OpKind.COMPUTE, OpKind.COMMUNICATION
         for op in ops:
             prep = prepared.get(op)
             if prep is None:
                 prep = prepared[op] = self._prepare(op)
             kind = prep[0]
             try:
-                if kind is OpKind.COMPUTE:
+                if kind is compute_kind:
                     ready = 0.0
                     ins = []
                     for v in op.inputs:
@@ -159,78 +171,77 @@ class Engine:
                                 ins.append(leaf)
                                 if slot_ready[leaf] > ready:
                                     ready = slot_ready[leaf]
-                    _, flops, nbytes, dev_ref, templates = prep
+                    _, cost, dev_ref, templates = prep
                     dev = scope[dev_ref]
-                    t_flops = flops / self.peak_flops[dev]
-                    t_bytes = nbytes / self.mem_bandwidth[dev]
-                    if self.additive:
-                        dur = self.launch_s[dev] + t_flops + t_bytes
+                    t_flops = cost[0] / peak_flops[dev]
+                    t_bytes = cost[1] / mem_bandwidth[dev]
+                    if additive:
+                        dur = launch_s[dev] + t_flops + t_bytes
                     else:
-                        dur = self.launch_s[dev] + (t_flops if t_flops > t_bytes else t_bytes)
+                        dur = launch_s[dev] + (t_flops if t_flops > t_bytes else t_bytes)
                     start = compute_free[dev]
                     if ready > start:
                         start = ready
                     end = start + dur
                     compute_free[dev] = end
-                    self._record(op, dev, None, start, dur, flops, nbytes)
-                elif kind is OpKind.COMMUNICATION:
+                    rec_where(dev)
+                elif kind is comm_kind:
                     ins = [s for v in op.inputs for s in _leaves(env[v])]
                     ready = max([0.0, *(slot_ready[s] for s in ins)])
-                    participants, dur, nbytes = self._collective(op, scope, prep)
-                    start = max([ready, *(self.comm_free[d] for d in participants)])
+                    participants, dur, cost = self._collective(op, scope, prep)
+                    start = max([ready, *(comm_free[d] for d in participants)])
                     end = start + dur
                     for d in participants:
-                        self.comm_free[d] = end
-                    self._record(op, -1, participants, start, dur, 0.0, nbytes)
+                        comm_free[d] = end
+                    rec_where(participants)
                     templates = prep[1]
                 else:
                     prep[1](self, op, env, scope)
                     continue
+                producer = len(self.inst_op)
+                rec_op(op)
+                rec_start(start)
+                rec_dur(dur)
+                rec_cost(cost)
                 for s in ins:
                     if slot_last_use[s] < end:
                         slot_last_use[s] = end
-                producer = len(self.inst_op) - 1
                 for v, template in zip(op.outputs, templates):
-                    if template.__class__ is tuple:
-                        env[v] = self._new_slot(template, scope, end, start, producer)
+                    if template.__class__ is tuple:  # a tensor: (size_bytes, device ref)
+                        env[v] = len(slot_ready)
+                        new_bytes(template[0])
+                        new_device(scope[template[1]])
+                        new_ready(end)
+                        new_last_use(-1.0)
+                        new_producer(producer)
                     else:
-                        env[v] = self._new_slots(template, scope, end, start, producer)
+                        env[v] = self._new_slots(template, scope, end, producer)
             except _UnknownDeviceError as e:
                 raise self._device_error(op, e.ref) from None
 
-    def _record(self, op, dev, participants, start, dur, flops, nbytes) -> None:
-        self.inst_op.append(op)
-        self.inst_device.append(dev)
-        self.inst_participants.append(participants)
-        self.inst_start.append(start)
-        self.inst_dur.append(dur)
-        self.inst_flops.append(flops)
-        self.inst_bytes.append(nbytes)
-
-    def _new_slot(self, template: tuple, scope: _Scope, ready, alloc, producer) -> int:
+    def _new_slots(self, template: Any, scope: _Scope, ready: float, producer: int) -> Any:
+        """Slots for a value of ``template``'s structure (an int, or nested tuples of ints)."""
+        if template.__class__ is not tuple:
+            return tuple(self._new_slots(t, scope, ready, producer) for t in template)
         size, ref = template
         self.slot_bytes.append(size)
         self.slot_device.append(scope[ref])
         self.slot_ready.append(ready)
-        self.slot_alloc.append(alloc)
         self.slot_last_use.append(-1.0)
         self.slot_producer.append(producer)
         return len(self.slot_bytes) - 1
 
-    def _new_slots(self, template: Any, scope: _Scope, ready, alloc, producer) -> Any:
-        if template.__class__ is tuple:
-            return self._new_slot(template, scope, ready, alloc, producer)
-        return tuple(self._new_slots(t, scope, ready, alloc, producer) for t in template)
-
     # -- per-op data, computed once per op ------------------------------------
 
     def _prepare(self, op: Op) -> tuple:
-        try:
-            opdef = get_op(op.op_type)
-        except UnknownOpError as e:
-            raise SimulationError(f"{e}\n  in: {describe_op(op)}") from None
-        templates = [_template(v.type) for v in op.outputs]
-        if opdef.kind is OpKind.CONTROL:
+        opdef = self._opdefs.get(op.op_type)
+        if opdef is None:
+            try:
+                opdef = self._opdefs[op.op_type] = get_op(op.op_type)
+            except UnknownOpError as e:
+                raise SimulationError(f"{e}\n  in: {describe_op(op)}") from None
+        kind = opdef.kind
+        if kind is OpKind.CONTROL:
             structural = _STRUCTURAL.get(opdef.name)
             if structural is None:
                 raise SimulationError(
@@ -238,35 +249,50 @@ class Engine:
                     f"  in: {describe_op(op)}"
                 )
             return (OpKind.CONTROL, structural)
-        if opdef.kind is OpKind.COMMUNICATION:
+        if kind is OpKind.COMMUNICATION:
             if opdef.comm_rule is None:
                 raise SimulationError(
                     f"communication op {opdef.name} has no comm_rule, so the simulator cannot "
                     "cost it; attach one with ir.registry.attach_rule(name, 'comm_rule', fn)\n"
                     f"  in: {describe_op(op)}"
                 )
-            return (OpKind.COMMUNICATION, templates, opdef)
+            return (OpKind.COMMUNICATION, [_template(v.type) for v in op.outputs], opdef)
         if opdef.cost_rule is None:
             raise SimulationError(
                 f"op {opdef.name} has no cost rule, so the simulator cannot time it; give its "
                 f"OpDef a cost_rule\n  in: {describe_op(op)}"
             )
-        in_types = tuple(v.type for v in op.inputs)
-        out_types = tuple(v.type for v in op.outputs)
-        key = (opdef.name, in_types, out_types, _attributes_key(op))
+        # Ops of one type on equal shapes cost the same: key the cost rule's answer (and the
+        # output sizes) by type and shapes, so a long program evaluates each rule a few times.
+        key = [opdef.name, _attributes_key(op)]
+        for v in op.inputs:
+            t = v.type
+            key.append((t.shape, id(t.dtype)) if t.__class__ is TensorType else t)
+        for v in op.outputs:
+            t = v.type
+            key.append((t.shape, id(t.dtype)) if t.__class__ is TensorType else t)
+        key = tuple(key)
         cost = self._cost_by_types.get(key)
         if cost is None:
+            in_types = tuple(v.type for v in op.inputs)
+            out_types = tuple(v.type for v in op.outputs)
             c = opdef.cost_rule(CostContext(in_types, out_types, op.attributes))
-            cost = self._cost_by_types[key] = (c.flops, c.bytes_read + c.bytes_written)
+            sizes = [_template(t) for t in out_types]  # device refs replaced below
+            cost = self._cost_by_types[key] = (c.flops, c.bytes_read + c.bytes_written, sizes)
+        sizes = cost[2]
+        templates = [
+            (size[0], v.type.device) if size.__class__ is tuple else _template(v.type)
+            for size, v in zip(sizes, op.outputs)
+        ]
         dev_ref = op.device
         if dev_ref is None:
-            refs = [r for t in (*out_types, *in_types) for r in _refs(t)]
+            refs = [r for v in (*op.outputs, *op.inputs) for r in _refs(v.type)]
             dev_ref = refs[0] if refs else None
-        return (OpKind.COMPUTE, cost[0], cost[1], dev_ref, templates)
+        return (OpKind.COMPUTE, cost, dev_ref, templates)
 
     def _collective(
         self, op: Op, scope: _Scope, prep: tuple
-    ) -> tuple[tuple[int, ...], float, float]:
+    ) -> tuple[tuple[int, ...], float, tuple[float, float]]:
         opdef = prep[2]
         key = (op, scope.bindings)
         hit = self._comm_cache.get(key)
@@ -286,7 +312,7 @@ class Engine:
             except KeyError as e:
                 raise _UnknownDeviceError(e.args[0]) from None
             dur = collective_time_s(c.kind, c.size_bytes, c.devices, self.topology, c.root)
-            timing = self._comm_cache[ckey] = (participants, dur, float(c.size_bytes))
+            timing = self._comm_cache[ckey] = (participants, dur, (0.0, float(c.size_bytes)))
         self._comm_cache[key] = timing
         return timing
 

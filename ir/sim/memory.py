@@ -28,10 +28,10 @@ class MemoryCurves:
 def memory_curves(
     slot_bytes: list[int],
     slot_device: list[int],
-    slot_alloc: list[float],
     slot_last_use: list[float],
     slot_producer: list[int],
     pinned: list[int],
+    inst_start: np.ndarray,
     inst_end: np.ndarray,
     capacity_bytes: list[float],
     devices: list[int],
@@ -40,13 +40,15 @@ def memory_curves(
     """Sweep allocation and free events per device (vectorised with numpy)."""
     size = np.asarray(slot_bytes, dtype=np.float64)
     dev = np.asarray(slot_device, dtype=np.int64)
-    alloc = np.asarray(slot_alloc, dtype=np.float64)
     last = np.asarray(slot_last_use, dtype=np.float64)
     producer = np.asarray(slot_producer, dtype=np.int64)
     keep = np.zeros(len(size), dtype=bool)
     if pinned:
         keep[np.asarray(pinned, dtype=np.int64)] = True
-    produced_end = np.where(producer >= 0, inst_end[np.maximum(producer, 0)], 0.0)
+    made = producer >= 0
+    safe = np.maximum(producer, 0)
+    alloc = np.where(made, inst_start[safe] if len(inst_start) else 0.0, 0.0)
+    produced_end = np.where(made, inst_end[safe] if len(inst_end) else 0.0, 0.0)
     free = np.where(last >= 0, last, produced_end)
     freed = ~keep
     # events: allocations (kind 1) for every slot, frees (kind 0) for the unpinned ones

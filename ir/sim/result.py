@@ -59,10 +59,11 @@ class SimResult:
         self._start = np.asarray(engine.inst_start, dtype=np.float64)
         self._dur = np.asarray(engine.inst_dur, dtype=np.float64)
         used = set(engine.slot_device)
-        used.update(d for d in engine.inst_device if d >= 0)
-        for p in engine.inst_participants:
-            if p is not None:
-                used.update(p)
+        for where in engine.inst_where:
+            if where.__class__ is int:
+                used.add(where)
+            else:
+                used.update(where)
         self._used = sorted(used)
         ids = self.topology.device_ids
         self.devices: tuple[int, ...] = tuple(ids[i] for i in self._used)
@@ -85,24 +86,19 @@ class SimResult:
         """Every event, in program order (a collective's events one per participant)."""
         e, ids = self._e, self.topology.device_ids
         out: list[Event] = []
-        for i, op in enumerate(e.inst_op):
-            start, dur, flops, nbytes = (
-                e.inst_start[i],
-                e.inst_dur[i],
-                e.inst_flops[i],
-                e.inst_bytes[i],
-            )
-            participants = e.inst_participants[i]
-            if participants is None:
+        for op, where, start, dur, cost in zip(
+            e.inst_op, e.inst_where, e.inst_start, e.inst_dur, e.inst_cost
+        ):
+            if where.__class__ is int:
                 out.append(
-                    Event(
-                        op, ids[e.inst_device[i]], "compute", start, dur, flops, nbytes, "compute"
-                    )
+                    Event(op, ids[where], "compute", start, dur, cost[0], cost[1], "compute")
                 )
             else:
-                for d in participants:
+                for d in where:
                     out.append(
-                        Event(op, ids[d], "communication", start, dur, 0.0, nbytes, "communication")
+                        Event(
+                            op, ids[d], "communication", start, dur, 0.0, cost[1], "communication"
+                        )
                     )
         return out
 
@@ -121,12 +117,12 @@ class SimResult:
     def _stream_busy(self) -> dict[tuple[int, int], float]:
         busy: dict[tuple[int, int], float] = {}
         e = self._e
-        for i, dev in enumerate(e.inst_device):
-            if dev >= 0:
-                busy[(dev, COMPUTE)] = busy.get((dev, COMPUTE), 0.0) + e.inst_dur[i]
+        for where, dur in zip(e.inst_where, e.inst_dur):
+            if where.__class__ is int:
+                busy[(where, COMPUTE)] = busy.get((where, COMPUTE), 0.0) + dur
             else:
-                for d in e.inst_participants[i]:
-                    busy[(d, COMMUNICATION)] = busy.get((d, COMMUNICATION), 0.0) + e.inst_dur[i]
+                for d in where:
+                    busy[(d, COMMUNICATION)] = busy.get((d, COMMUNICATION), 0.0) + dur
         return busy
 
     @cached_property
@@ -146,10 +142,9 @@ class SimResult:
         """Time in the step when a device has neither compute nor communication running."""
         e, ids = self._e, self.topology.device_ids
         intervals: dict[int, list[tuple[float, float]]] = {d: [] for d in self._used}
-        for i, dev in enumerate(e.inst_device):
-            span = (e.inst_start[i], e.inst_start[i] + e.inst_dur[i])
-            for d in (dev,) if dev >= 0 else e.inst_participants[i]:
-                intervals[d].append(span)
+        for where, start, dur in zip(e.inst_where, e.inst_start, e.inst_dur):
+            for d in (where,) if where.__class__ is int else where:
+                intervals[d].append((start, start + dur))
         idle = {}
         for d, spans in intervals.items():
             covered, reach = 0.0, 0.0
@@ -173,10 +168,10 @@ class SimResult:
         return memory_curves(
             e.slot_bytes,
             e.slot_device,
-            e.slot_alloc,
             e.slot_last_use,
             e.slot_producer,
             e.pinned,
+            self._start,
             self._start + self._dur,
             [d.memory_bytes for d in self.topology.devices],
             self._used,
@@ -209,7 +204,7 @@ class SimResult:
             elif inst >= 0:
                 out[ids[d]] = e.inst_op[inst]
             else:
-                first = [i for i, dev in enumerate(e.inst_device) if dev == d]
+                first = [i for i, where in enumerate(e.inst_where) if where == d]
                 out[ids[d]] = e.inst_op[first[0]] if first else None
         return out
 
