@@ -20,7 +20,17 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # A float needs digits on both sides of its point, so "1..N" lexes as 1, .., N.
 _NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
 _INTEGER = re.compile(r"\d+")
-_STRING_ESCAPES = {"n": "\n", "t": "\t", "\\": "\\", '"': '"', "'": "'"}
+_STRING_ESCAPES = {
+    "n": "\n",
+    "t": "\t",
+    "r": "\r",
+    "b": "\b",
+    "f": "\f",
+    "/": "/",
+    "\\": "\\",
+    '"': '"',
+    "'": "'",
+}
 
 OPENERS = {"(": ")", "[": "]", "{": "}"}
 CLOSERS = {v: k for k, v in OPENERS.items()}
@@ -105,6 +115,11 @@ def _string(text: str, col: int, line_no: int, source: str) -> tuple[str, int]:
         if ch == quote:
             return "".join(out), i + 1
         if ch == "\\" and i + 1 < len(text):
+            code = text[i + 2 : i + 6]
+            if text[i + 1] == "u" and re.fullmatch(r"[0-9a-fA-F]{4}", code):
+                out.append(chr(int(code, 16)))
+                i += 6
+                continue
             out.append(_STRING_ESCAPES.get(text[i + 1], "\\" + text[i + 1]))
             i += 2
             continue

@@ -10,6 +10,7 @@ tensors on consecutive devices is written ``Tuple[T@1, ..., T@N]``.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -78,7 +79,7 @@ def format_attribute(value: Any) -> str:
     if isinstance(value, (int, float)):
         return repr(value)
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return json.dumps(value, ensure_ascii=False)  # the lexer reads JSON's escapes
     if isinstance(value, DeviceVar):
         return str(value)
     if isinstance(value, DType):
