@@ -1,7 +1,8 @@
 """Reverse-mode differentiation and the optimizer step: ``gradients`` and ``training``.
 
-``training(f)`` turns a forward program whose output ``loss`` is a scalar into
-the seed's training program (seed 000)::
+``training(f)`` turns a forward program whose output ``loss`` is a scalar (or a
+per-device tuple of replicas of one scalar, as horizontal parallelism returns it)
+into the seed's training program (seed 000)::
 
     a = MatMul(x, wA); y = MatMul(a, wB); l = Loss(y, z)        # forward, as in f
     dl = LossGrad(y, z, 1)                                       # seed of the backward
@@ -38,7 +39,7 @@ from ..builder import FunctionBuilder, rebuild_op
 from ..errors import DistIRError
 from ..function import Function
 from ..op import Op
-from ..ops._grad import add_grads, gname
+from ..ops._grad import add_grads, gname, zeros
 from ..registry import get_op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
@@ -102,12 +103,23 @@ def _loss_value(f: Function, loss: int) -> Value:
             f"loss={loss!r} is not an output index of {f.name} ({len(f.outputs)} outputs)"
         )
     v = f.outputs[loss]
-    if not (isinstance(v.type, TensorType) and v.type.rank == 0 and v.type.dtype.is_float):
+    if not _is_scalar_loss(v.type):
         raise AutodiffError(
             f"{f.name}: output {loss} ({v.name!r}: {v.type}) is not a floating-point scalar "
             "loss; pass loss=<index of the scalar loss output>"
         )
     return v
+
+
+def _is_scalar(t: Type) -> bool:
+    return isinstance(t, TensorType) and t.rank == 0 and t.dtype.is_float
+
+
+def _is_scalar_loss(t: Type) -> bool:
+    """A float scalar, or a per-device tuple of replicas of one (horizontal parallelism)."""
+    if isinstance(t, TupleType):
+        return bool(t.elements) and all(_is_scalar(e) for e in t.elements)
+    return _is_scalar(t)
 
 
 def default_params(f: Function, loss: int = -1) -> list[Value]:
@@ -187,16 +199,7 @@ def backward(
         elif root in f.producers and f.producers[root].op_type == "Loss":
             unit_losses.add(root)
         else:
-            t = env[root].type
-            one = b.call(
-                "Constant",
-                value=1.0,
-                shape=(),
-                dtype=t.dtype.value,
-                device=t.device,
-                name=gname(root),
-            )
-            grads.add(root, one)
+            grads.add(root, _unit_seed(b, env[root].type, gname(root)))
     for op in reversed(f.ops):
         wanted = [i for i, v in enumerate(op.inputs) if v in active and _differentiable(op, i)]
         if not wanted:
@@ -231,6 +234,18 @@ def backward(
                 )
             grads.add(op.inputs[i], g)
     return {v: grads.get(v) for v in wrt}
+
+
+def _unit_seed(b: FunctionBuilder, t: Type, name: str) -> Value:
+    """Gradient 1 for a scalar loss; for a tuple of replicated losses, 1 on the first copy."""
+    if isinstance(t, TupleType):
+        items = [
+            _unit_seed(b, e, f"{name}_{k}") if k == 0 else zeros(b, e, f"{name}_{k}")
+            for k, e in enumerate(t.elements)
+        ]
+        return b.call("MakeTuple", *items, name=name)
+    assert isinstance(t, TensorType)
+    return b.call("Constant", value=1.0, shape=(), dtype=t.dtype.value, device=t.device, name=name)
 
 
 def _apply_rule(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _gradcheck import check_gradients, float64_inputs, numeric_gradient
 
 import ir
 import ir.models
@@ -77,20 +78,6 @@ def test_mlp_training_matches_numpy(activation):
     np.testing.assert_allclose(dwA, x.T @ da)
     np.testing.assert_allclose(wA1, wA - lr * dwA)
     np.testing.assert_allclose(wB1, wB - lr * dwB)
-
-
-def numeric_gradient(f: ir.Function, args: dict, name: str, eps: float = 1e-6) -> np.ndarray:
-    """Central finite differences of f's last output (the loss) with respect to input ``name``."""
-    base = args[name]
-    grad = np.zeros_like(base)
-    for idx in np.ndindex(base.shape):
-        values = []
-        for sign in (1, -1):
-            w = base.copy()
-            w[idx] += sign * eps
-            values.append(float(ir.execute(f, {**args, name: w})[-1]))
-        grad[idx] = (values[0] - values[1]) / (2 * eps)
-    return grad
 
 
 @pytest.mark.parametrize("layers, activation", [(1, None), (3, "relu"), (3, "tanh"), (2, "gelu")])
@@ -172,3 +159,175 @@ def test_bad_input_errors_name_the_problem():
         ir.transforms.training(f, loss=5)
     with pytest.raises(ir.DistIRError):
         ir.transforms.training(f, params=["z"])
+
+
+# -- every gradient rule, checked by finite differences ---------------------------------
+
+
+def _check(f: ir.Function, seed: int = 0, classes: int = 3) -> None:
+    args = float64_inputs(f, seed=seed, classes=classes)
+    assert check_gradients(f, args)
+
+
+def test_shape_and_elementwise_rules():
+    b = FunctionBuilder("zoo")
+    x = b.input("x", TensorType((4, 6), F64, 0))
+    w = b.input("w", TensorType((6,), F64, 0))
+    u = b.input("u", TensorType((1, 6), F64, 0))
+    z = b.input("z", TensorType((4,), DType.int64, 0))
+    a = b.call("Mul", x, w)  # broadcast over rows
+    a = b.call("Sub", a, b.call("Tanh", u))
+    a = b.call("Div", a, b.call("Add", b.call("Mul", u, u), b.call("Gelu", u)))
+    a = b.call("Add", a, b.call("Neg", b.call("Relu", x)))
+    t = b.call("Transpose", b.call("Reshape", a, shape=(2, 2, 6)), perm=(2, 0, 1))
+    a = b.call("Reshape", b.call("Transpose", t, perm=(1, 2, 0)), shape=(4, 6))
+    left = b.call("Slice", a, axis=1, start=0, end=2)
+    mid = b.call("Slice", a, axis=1, start=1, end=4)
+    parts = b.call("Split", a, partitions=3, dim=1)
+    p0 = b.call("TupleGet", parts, index=0)
+    p2 = b.call("TupleGet", parts, index=2)
+    s = b.call("Sum", left, p0, p2)
+    s = b.call("Sum", b.call("MakeTuple", s, s))
+    r = b.call("ReduceSum", a, axes=(1,), keepdims=True)
+    r = b.call("BroadcastTo", r, shape=(4, 2))
+    c = b.call("Concat", s, mid, r, dim=1)
+    c = b.call("Concat", b.call("MakeTuple", c, c), dim=0)
+    c = b.call("Slice", c, axis=0, start=2, end=6)
+    c = b.call("Cast", b.call("Identity", c), dtype="float64")
+    c = b.call("Softmax", b.call("Scale", c, factor=0.5), axis=0)
+    _check(b.finish([b.call("Loss", c, z)]), classes=7)
+
+
+def test_mse_loss_and_a_loss_that_is_not_the_root():
+    b = FunctionBuilder("two_losses")
+    x = b.input("x", TensorType((3, 2), F64, 0))
+    w = b.input("w", TensorType((2, 2), F64, 0))
+    t = b.input("t", TensorType((3, 2), F64, 0))
+    z = b.input("z", TensorType((3,), DType.int64, 0))
+    y = b.call("MatMul", x, w)
+    total = b.call("Add", b.call("Loss", y, t, kind="mse"), b.call("Loss", y, z))
+    f = b.finish([b.call("Mul", total, total)])
+    assert [p.name for p in ir.transforms.default_params(f)] == ["w"]
+    _check(f, classes=2)
+
+
+def _placed_mlp_pieces(b: FunctionBuilder):
+    x = b.input("u", TensorType((5, 3), F64, 0))  # not named x: a parameter too
+    w = b.input("w", TensorType((3, 4), F64, 0))
+    z = b.input("z", TensorType((5,), DType.int64, 0))
+    return x, w, z
+
+
+def test_communication_rules_on_an_unrolled_distributed_program():
+    b = FunctionBuilder("distributed")
+    x, w, z = _placed_mlp_pieces(b)
+    xs = b.call("Scatter", x, dim=0, devices=(1, 2))  # 3 and 2 rows
+    ws = b.call("Broadcast", w, devices=(1, 2))
+    ys = b.call(
+        "MakeTuple",
+        *[
+            b.call("MatMul", b.call("TupleGet", xs, index=i), b.call("TupleGet", ws, index=i))
+            for i in range(2)
+        ],
+    )
+    y = b.call("Gather", ys, dim=0, to_device=0)  # (5, 4) on device 0
+    halves = b.call(
+        "MakeTuple",
+        b.call("Send", b.call("Slice", y, axis=0, start=0, end=2), to_device=1),
+        b.call("Send", b.call("Slice", y, axis=0, start=2, end=5), to_device=2),
+    )
+    g = b.call("Gather", halves, dim=0, to_device=0)  # uneven the other way: 2 then 3 rows
+    sq = b.call("Broadcast", b.call("Slice", y, axis=0, start=0, end=4), devices=(1, 2))
+    ar = b.call("AllReduce", sq)
+    ag = b.call("AllGather", sq, dim=1)  # (4, 8) each
+    rs = b.call("ReduceScatter", ag, dim=1)  # (4, 4) each
+    a2a = b.call("AllToAll", rs, split_dim=0, concat_dim=1)  # (2, 8) each
+    mean = b.call("Reduce", ar, to_device=0, op="mean")  # (4, 4)
+    moved = b.call("Gather", a2a, dim=0, to_device=0)  # (4, 8)
+    extra = b.call("Add", mean, b.call("Slice", moved, axis=1, start=2, end=6))
+    pad = b.call("Concat", extra, b.call("Slice", y, axis=0, start=4, end=5), dim=0)
+    out = b.call("Add", b.call("Add", y, g), pad)
+    f = b.finish([b.call("Loss", out, z)])
+    _check(f, classes=4)
+    kinds = [op.op_type for op in ir.transforms.gradients(f).ops[len(f.ops) :]]
+    for op in ("Gather", "Reduce", "AllReduce", "ReduceScatter", "AllGather", "Scatter"):
+        assert op in kinds
+
+
+def test_pmap_forward_is_differentiated_through_its_body():
+    from ir.types import DeviceVar
+
+    d = DeviceVar("d")
+    body = FunctionBuilder("body")
+    xi = body.input("xi", TensorType((2, 3), F64, d))
+    wi = body.input("wi", TensorType((3, 4), F64, d))
+    hi = body.call("Relu", body.call("MatMul", xi, wi))
+    body_f = body.finish([hi, body.call("Tanh", hi)])
+    b = FunctionBuilder("dp")
+    x = b.input("u", TensorType((4, 3), F64, 0))
+    w = b.input("w", TensorType((3, 4), F64, 0))
+    z = b.input("z", TensorType((4,), DType.int64, 0))
+    xs = b.call("Scatter", x, dim=0, devices=(1, 2))
+    ws = b.call("Broadcast", w, devices=(1, 2))
+    hs, ts = b.call("Pmap", xs, ws, device_var="d", subfunctions=[body_f])
+    del ts  # the second body output gets no gradient
+    y = b.call("Gather", hs, dim=0, to_device=0)
+    f = b.finish([b.call("Loss", y, z)])
+    g = ir.transforms.gradients(f)
+    assert [op.op_type for op in g.ops].count("Pmap") == 2
+    _check(f, classes=4)
+
+
+def test_max_reduction_has_no_gradient():
+    b = FunctionBuilder("maxed")
+    x, w, z = _placed_mlp_pieces(b)
+    y = b.call("MatMul", x, w)
+    m = b.call("Reduce", b.call("Broadcast", y, devices=(1, 2)), to_device=0, op="max")
+    f = b.finish([b.call("Loss", m, z)])
+    with pytest.raises(ir.DistIRError, match="only sum and mean"):
+        ir.transforms.gradients(f)
+
+
+def test_op_without_rule_is_named():
+    b = FunctionBuilder("second_order")
+    x, w, z = _placed_mlp_pieces(b)
+    y = b.call("MatMul", x, w)
+    y = b.call("ReluGrad", y, y)
+    f = b.finish([b.call("Loss", y, z)])
+    with pytest.raises(AutodiffError, match="ReluGrad has no gradient rule"):
+        ir.transforms.gradients(f)
+
+
+# -- differentiating programs another transform already distributed ---------------------
+
+
+def _first(x):
+    return x[0] if isinstance(x, tuple) else x
+
+
+@pytest.mark.parametrize(
+    "model, transform",
+    [
+        ("mlp", "data_parallel"),
+        ("mlp", "horizontal"),
+        ("gpt", "horizontal"),
+    ],
+)
+def test_training_of_a_distributed_forward_equals_sequential_training(model, transform):
+    from ir.transforms.data_parallel import data_parallel
+    from ir.transforms.horizontal import horizontal_parallel
+
+    f = (
+        ir.models.mlp(6, 4, 5, 3, dtype=F64)
+        if model == "mlp"
+        else ir.models.gpt(4, 3, 8, 2, 7, 1, dtype=F64)
+    )
+    apply = {"data_parallel": data_parallel, "horizontal": horizontal_parallel}[transform]
+    params = [p.name for p in ir.transforms.default_params(f)]
+    t = ir.transforms.training(apply(f, 2), params=params, return_gradients=True)
+    args = float64_inputs(f, seed=1)
+    got = ir.execute(t, args)
+    want = ir.execute(ir.transforms.training(f, return_gradients=True), args)
+    assert len(got) == len(want)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(_first(a), b, rtol=1e-10, atol=1e-12)
