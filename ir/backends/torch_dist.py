@@ -1,0 +1,383 @@
+"""Run a distributed DistIR program on real processes with torch.distributed (gloo, CPU).
+
+One process per device of the program. Every process walks the same program in
+the same order; it computes the ops placed on its own device (with the op's
+numpy kernel) and takes part in each communication op that involves it, through
+torch.distributed: ``all_reduce`` and ``all_gather`` on process groups made for
+the device sets the program uses, and point-to-point ``isend``/``irecv`` for
+sends, scatters, gathers, all-to-all and uneven all-gathers.
+
+Because every process follows the global program order and each transfer joins
+exactly the two processes it names, the smallest unfinished communication op
+always has all its participants waiting on it: a program that the reference
+executor runs cannot deadlock here.
+
+The lowering table ``_LOWERINGS`` is this backend's own record per communication
+op type; a test checks that it covers every communication op in the registry
+that a global program can contain.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import queue as queue_module
+import socket
+import traceback
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import DistIRError, ExecutionError
+from ..execute import _bind_inputs
+from ..function import Function
+from ..op import Op
+from ..ops.communication import split_array
+from ..registry import OpKind, get_op
+from ..types import TensorType, TupleType, devices_of
+from ..value import Value
+from ..verify import describe_op
+
+__all__ = ["BackendError", "run"]
+
+
+class BackendError(DistIRError):
+    """The program cannot run on torch.distributed (or a worker process failed)."""
+
+
+# -- what one process holds -------------------------------------------------------
+
+
+@dataclass
+class _Rank:
+    """The state of one worker: its device, the rank of every device, its local values."""
+
+    device: int
+    rank_of: Mapping[int, int]
+    groups: Mapping[tuple[int, ...], Any]
+    env: dict[Value, Any]
+    tag: int = 0
+
+    def has(self, device: Any) -> bool:
+        return device == self.device
+
+
+def _local_parts(t: Any, x: Any, device: int) -> Any:
+    """The part of a value that lives on ``device``: an array, a {index: array} dict, or None."""
+    if isinstance(t, TensorType):
+        return x if t.device == device else None
+    return {k: xk for k, (e, xk) in enumerate(zip(t.elements, x)) if e.device == device}
+
+
+# -- the lowering of each communication op ---------------------------------------------
+
+
+def _torch():
+    import torch
+    import torch.distributed as dist
+
+    return torch, dist
+
+
+def _exchange(rank: _Rank, transfers: Sequence[tuple[int, int, Any, Any]]) -> dict[int, Any]:
+    """Run point-to-point transfers (src device, dst device, array at src, type at dst).
+
+    Returns {transfer index: received array} for the transfers this rank receives;
+    a transfer within one device is a copy.
+    """
+    torch, dist = _torch()
+    received: dict[int, Any] = {}
+    pending, buffers = [], {}
+    for i, (src, dst, array, t) in enumerate(transfers):
+        if src == dst == rank.device:
+            received[i] = np.array(array, copy=True)
+        elif src == rank.device:
+            tensor = torch.from_numpy(np.ascontiguousarray(array))
+            pending.append(dist.isend(tensor, rank.rank_of[dst], tag=rank.tag))
+        elif dst == rank.device:
+            buffers[i] = torch.empty(t.shape, dtype=_torch_dtype(t))
+            pending.append(dist.irecv(buffers[i], rank.rank_of[src], tag=rank.tag))
+    for request in pending:
+        request.wait()
+    for i, buf in buffers.items():
+        received[i] = buf.numpy()
+    return received
+
+
+def _torch_dtype(t: TensorType):
+    torch, _ = _torch()
+    return torch.from_numpy(np.zeros((), dtype=t.dtype.numpy)).dtype
+
+
+def _send(rank: _Rank, op: Op, xs: list) -> list:
+    t = op.outputs[0].type
+    got = _exchange(rank, [(op.inputs[0].type.device, t.device, xs[0], t)])
+    return [got.get(0)]
+
+
+def _one_to_many(split: bool) -> Callable[[_Rank, Op, list], list]:
+    def lower(rank: _Rank, op: Op, xs: list) -> list:
+        src, out = op.inputs[0].type.device, op.outputs[0].type
+        parts: list[Any] = [None] * len(out)
+        if rank.has(src):
+            n = len(out)
+            parts = split_array(xs[0], n, op.attributes["dim"]) if split else [xs[0]] * n
+        got = _exchange(rank, [(src, e.device, p, e) for p, e in zip(parts, out.elements)])
+        return [got]
+
+    return lower
+
+
+def _many_to_one(combine: Callable[[list, Mapping[str, Any]], Any]) -> Callable:
+    def lower(rank: _Rank, op: Op, xs: list) -> list:
+        src, out = op.inputs[0].type, op.outputs[0].type
+        transfers = [(e.device, out.device, xs[0].get(k), e) for k, e in enumerate(src.elements)]
+        got = _exchange(rank, transfers)
+        if not rank.has(out.device):
+            return [None]
+        return [combine([got[k] for k in range(len(transfers))], op.attributes)]
+
+    return lower
+
+
+def _reduce_parts(parts: list, attrs: Mapping[str, Any]) -> Any:
+    from ..ops.communication import _reduce
+
+    return _reduce(parts, attrs["op"])
+
+
+def _group(rank: _Rank, t: TupleType):
+    return rank.groups[tuple(sorted(t.devices))]
+
+
+def _allreduce(rank: _Rank, op: Op, xs: list) -> list:
+    torch, dist = _torch()
+    t = op.inputs[0].type
+    ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
+    ops["min"] = dist.ReduceOp.MIN
+    mine = {}
+    for k, e in enumerate(t.elements):
+        if rank.has(e.device):
+            tensor = torch.from_numpy(np.array(xs[0][k], copy=True))
+            dist.all_reduce(tensor, ops[op.attributes["op"]], group=_group(rank, t))
+            value = tensor.numpy()
+            mine[k] = value / len(t) if op.attributes["op"] == "mean" else value
+    return [mine]
+
+
+def _allgather_parts(rank: _Rank, t: TupleType, local: Mapping[int, Any]) -> list | None:
+    """Every element of ``t`` on this rank (all_gather, or p2p when shapes differ)."""
+    torch, dist = _torch()
+    k_mine = next((k for k, e in enumerate(t.elements) if rank.has(e.device)), None)
+    if len({e.shape for e in t.elements}) == 1:
+        if k_mine is None:
+            return None
+        bufs = [torch.empty(e.shape, dtype=_torch_dtype(e)) for e in t.elements]
+        mine = torch.from_numpy(np.ascontiguousarray(local[k_mine]))
+        dist.all_gather(bufs, mine, group=_group(rank, t))
+        order = sorted(range(len(t)), key=lambda k: rank.rank_of[t.elements[k].device])
+        by_element = dict(zip(order, bufs))
+        return [by_element[k].numpy() for k in range(len(t))]
+    transfers = [
+        (src.device, dst.device, local.get(i), src)
+        for i, src in enumerate(t.elements)
+        for dst in t.elements
+    ]
+    got = _exchange(rank, transfers)
+    if k_mine is None:
+        return None
+    n = len(t)
+    return [got[i * n + k_mine] for i in range(n)]
+
+
+def _allgather(rank: _Rank, op: Op, xs: list) -> list:
+    parts = _allgather_parts(rank, op.inputs[0].type, xs[0])
+    if parts is None:
+        return [{}]
+    full = np.concatenate(parts, axis=op.attributes["dim"])
+    return [{k: full for k, e in enumerate(op.outputs[0].type.elements) if rank.has(e.device)}]
+
+
+def _reducescatter(rank: _Rank, op: Op, xs: list) -> list:
+    summed = _allreduce(rank, op, xs)[0]
+    n = len(op.inputs[0].type)
+    out = {}
+    for k, value in summed.items():
+        out[k] = split_array(value, n, op.attributes["dim"])[k]
+    return [out]
+
+
+def _alltoall(rank: _Rank, op: Op, xs: list) -> list:
+    t, out = op.inputs[0].type, op.outputs[0].type
+    n = len(t)
+    chunks = {
+        k: split_array(xs[0][k], n, op.attributes["split_dim"])
+        for k, e in enumerate(t.elements)
+        if rank.has(e.device)
+    }
+    transfers = []
+    for src, e_src in enumerate(t.elements):
+        for dst, e_dst in enumerate(out.elements):
+            chunk = chunks[src][dst] if src in chunks else None
+            shape = list(e_src.shape)
+            shape[op.attributes["split_dim"]] //= n
+            transfers.append((e_src.device, e_dst.device, chunk, e_src.with_shape(tuple(shape))))
+    got = _exchange(rank, transfers)
+    axis = op.attributes["concat_dim"]
+    return [
+        {
+            dst: np.concatenate([got[src * n + dst] for src in range(n)], axis)
+            for dst, e in enumerate(out.elements)
+            if rank.has(e.device)
+        }
+    ]
+
+
+_LOWERINGS: dict[str, Callable[[_Rank, Op, list], list]] = {
+    "Send": _send,
+    "Scatter": _one_to_many(split=True),
+    "Broadcast": _one_to_many(split=False),
+    "Gather": _many_to_one(lambda parts, a: np.concatenate(parts, axis=a["dim"])),
+    "Reduce": _many_to_one(_reduce_parts),
+    "AllReduce": _allreduce,
+    "AllGather": _allgather,
+    "ReduceScatter": _reducescatter,
+    "AllToAll": _alltoall,
+}
+
+# -- control ops on one rank ------------------------------------------------------------
+
+
+def _control(rank: _Rank, op: Op, xs: list) -> list:
+    if op.op_type == "TupleGet":
+        (parts,) = xs
+        i = op.attributes["index"] % len(op.inputs[0].type)
+        return [parts.get(i)]
+    if op.op_type == "MakeTuple":
+        return [{k: x for k, (v, x) in enumerate(zip(op.inputs, xs)) if rank.has(v.type.device)}]
+    raise BackendError(f"the torch.distributed backend cannot run {op.op_type}: {describe_op(op)}")
+
+
+# -- the worker and the launcher ---------------------------------------------------------
+
+
+def _collective_groups(function: Function) -> list[tuple[int, ...]]:
+    """Device sets of the collectives that use process groups, in program order, once each."""
+    seen: dict[tuple[int, ...], None] = {}
+    for op in function.ops:
+        if op.op_type in ("AllReduce", "AllGather", "ReduceScatter"):
+            seen[tuple(sorted(op.inputs[0].type.devices))] = None
+    return list(seen)
+
+
+def _worker(
+    function: Function, args: list, devices: list[int], rank_id: int, port: int, outbox
+) -> None:
+    try:
+        torch, dist = _torch()
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{port}",
+            rank=rank_id,
+            world_size=len(devices),
+            timeout=datetime.timedelta(seconds=120),
+        )
+        rank_of = {d: r for r, d in enumerate(devices)}
+        groups = {g: dist.new_group([rank_of[d] for d in g]) for g in _collective_groups(function)}
+        me = devices[rank_id]
+        env = {v: _local_parts(v.type, x, me) for v, x in zip(function.inputs, args)}
+        rank = _Rank(me, rank_of, groups, env)
+        for index, op in enumerate(function.ops):
+            rank.tag = index
+            xs = [env[v] for v in op.inputs]
+            opdef = get_op(op.op_type)
+            if opdef.kind is OpKind.COMMUNICATION:
+                results = _LOWERINGS[op.op_type](rank, op, xs)
+            elif opdef.kind is OpKind.CONTROL:
+                results = _control(rank, op, xs)
+            elif op.device == me:
+                results = opdef.kernel(xs, op.attributes)
+            else:
+                results = [None] * len(op.outputs)
+            env.update(zip(op.outputs, results))
+        outbox.put((rank_id, [env[v] for v in function.outputs], None))
+        dist.destroy_process_group()
+    except Exception:
+        outbox.put((rank_id, None, traceback.format_exc()))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _check_runnable(function: Function) -> list[int]:
+    for op in function.ops:
+        if op.op_type == "Pmap":
+            raise BackendError("internal: pmap must be unrolled before running")
+        if get_op(op.op_type).kind is OpKind.COMMUNICATION and op.op_type not in _LOWERINGS:
+            raise BackendError(
+                f"{op.op_type} has no torch.distributed lowering (it belongs to ranked "
+                f"programs); run the global program instead: {describe_op(op)}"
+            )
+    values = [*function.inputs, *(v for op in function.ops for v in op.outputs)]
+    for v in values:
+        bad = [d for d in devices_of(v.type) if not isinstance(d, int)]
+        if bad:
+            raise BackendError(
+                f"every value needs a concrete device to run; {v.name!r} is on {bad[0]}"
+            )
+    return sorted(function.devices)
+
+
+def run(
+    function: Function, inputs: Sequence[Any] | Mapping[str, Any], timeout_s: float = 120.0
+) -> tuple[Any, ...]:
+    """Run ``function`` with one torch.distributed process per device; return its outputs.
+
+    The outputs have the same form as :func:`ir.execute`'s (arrays, tuples of arrays),
+    assembled from the processes that hold them.
+    """
+    if any(op.op_type == "Pmap" for op in function.ops):
+        from ..transforms import unroll_pmap
+
+        function = unroll_pmap(function)
+    args = _bind_inputs(function, inputs)
+    devices = _check_runnable(function)
+    ctx = mp.get_context("fork")
+    outbox = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(function, args, devices, r, port, outbox), daemon=True)
+        for r in range(len(devices))
+    ]
+    for p in procs:
+        p.start()
+    results: dict[int, list] = {}
+    try:
+        for _ in procs:
+            rank_id, outs, error = outbox.get(timeout=timeout_s)
+            if error is not None:
+                raise BackendError(f"process for device {devices[rank_id]} failed:\n{error}")
+            results[rank_id] = outs
+    except queue_module.Empty:
+        raise ExecutionError(
+            f"torch.distributed run of {function.name!r} got no result within {timeout_s} s"
+        ) from None
+    finally:
+        failed = len(results) < len(procs)
+        for p in procs:
+            if failed:
+                p.kill()  # the others would wait on a peer that is gone
+            p.join(timeout=10)
+    return tuple(_assemble(v.type, i, results, devices) for i, v in enumerate(function.outputs))
+
+
+def _assemble(t: Any, index: int, results: Mapping[int, list], devices: list[int]) -> Any:
+    if isinstance(t, TensorType):
+        return results[devices.index(t.device)][index]
+    return tuple(results[devices.index(e.device)][index][k] for k, e in enumerate(t.elements))
