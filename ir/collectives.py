@@ -11,16 +11,18 @@ ring algorithms over the slowest link of the ring:
 * broadcast, scatter, gather, reduce: the root sends (or receives) each other
   device's part in turn over its own links.
 
-The ring visits the devices in the given order or in a greedy fastest-link
-order, whichever has the faster slowest link (NCCL likewise builds its rings
-along NVLink). On a hierarchical topology (groups of devices joined by links
-faster than the slowest one: the nodes), all-reduce takes the better of the
-flat ring and the hierarchical algorithm of :func:`hierarchical_allreduce_time_s`
-(reduce-scatter inside nodes, all-reduce across nodes, all-gather inside nodes).
+On links that differ, the ring takes the order with the fastest slowest link
+(:func:`ring_order`; NCCL likewise builds its rings along NVLink). On a
+topology with ``nodes`` (a multi-node cluster), all-reduce over devices of
+several nodes takes the better of the flat ring and the hierarchical algorithm
+of :func:`hierarchical_allreduce_time_s` (reduce-scatter inside nodes,
+all-reduce across nodes, all-gather inside nodes). Every choice is among a
+fixed set of candidates, so a faster link never makes a collective slower.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -90,53 +92,65 @@ def ring_links(devices: Sequence[int], topology: Topology) -> tuple[float, float
     return bandwidth, latency
 
 
-def ring_order(devices: Sequence[int], topology: Topology) -> tuple[int, ...]:
-    """The ring order to use: ``devices`` as given, or a greedy fastest-next-link order.
+EXACT_RING_MAX_DEVICES = 8  # above this, rings follow the given order
 
-    The greedy ring starts at ``devices[0]`` and always moves on to the unvisited
-    device with the fastest link from the current one (ties: the earlier in
-    ``devices``). Whichever ring has the faster slowest link wins; ties keep the
-    given order, so uniform topologies are unaffected.
+
+def ring_order(devices: Sequence[int], topology: Topology) -> tuple[int, ...]:
+    """The ring to run a ring collective on.
+
+    When every link among ``devices`` is alike, the given order. Otherwise, for up
+    to ``EXACT_RING_MAX_DEVICES`` devices, the ring with the fastest slowest link
+    (then the smallest largest latency) over all orders, as NCCL builds its rings
+    along NVLink; for more devices, the given order. Choosing the best of a fixed
+    set of candidates keeps every collective's time monotone in every link's
+    bandwidth (a faster link never makes a collective slower).
     """
     given = tuple(devices)
-    if len(given) <= 2:
+    n = len(given)
+    if n <= 3:
+        return given  # every ring of 3 devices uses the same links, up to direction
+    idx = [topology.index(d) for d in given]
+    bw = [[topology.bandwidth_bytes_per_s[i][j] for j in idx] for i in idx]
+    lat = [[topology.latency_s[i][j] for j in idx] for i in idx]
+    off = [(bw[i][j], lat[i][j]) for i in range(n) for j in range(n) if i != j]
+    if len(set(off)) == 1 or n > EXACT_RING_MAX_DEVICES:
         return given
-    left = list(given[1:])
-    greedy = [given[0]]
-    while left:
-        here = greedy[-1]
-        best = max(left, key=lambda d: (topology.bandwidth(here, d), -left.index(d)))
-        left.remove(best)
-        greedy.append(best)
-    if ring_links(greedy, topology)[0] > ring_links(given, topology)[0]:
-        return tuple(greedy)
-    return given
+
+    def score(order: tuple[int, ...]) -> tuple[float, float]:
+        slowest, worst = float("inf"), 0.0
+        for k in range(n):
+            i, j = order[k], order[(k + 1) % n]
+            slowest = min(slowest, bw[i][j])
+            worst = max(worst, lat[i][j])
+        return (-slowest, worst)
+
+    best = tuple(range(n))
+    best_score = score(best)
+    for rest in itertools.permutations(range(1, n)):
+        if rest[0] > rest[-1]:
+            continue  # the same ring walked the other way
+        order = (0, *rest)
+        sc = score(order)
+        if sc < best_score:
+            best, best_score = order, sc
+    return tuple(given[k] for k in best)
 
 
 def node_groups(devices: Sequence[int], topology: Topology) -> tuple[tuple[int, ...], ...]:
-    """``devices`` split into nodes: groups joined by links faster than the slowest link.
-
-    One group when every link among ``devices`` is equally fast.
-    """
+    """``devices`` grouped by ``topology.nodes`` (one group when the topology has no nodes)."""
     devices = tuple(dict.fromkeys(devices))
-    pairs = [(a, b) for a in devices for b in devices if a != b]
-    if not pairs:
+    if not topology.nodes:
         return (devices,)
-    slowest = min(topology.bandwidth(a, b) for a, b in pairs)
-    group_of = {d: d for d in devices}
-
-    def find(d: int) -> int:
-        while group_of[d] != d:
-            d = group_of[d]
-        return d
-
-    for a, b in pairs:
-        if topology.bandwidth(a, b) > slowest and topology.bandwidth(b, a) > slowest:
-            group_of[find(a)] = find(b)
-    groups: dict[int, list[int]] = {}
-    for d in devices:
-        groups.setdefault(find(d), []).append(d)
-    return tuple(tuple(g) for g in groups.values())
+    wanted = set(devices)
+    groups = []
+    for node in topology.nodes:
+        group = tuple(d for d in devices if d in node)
+        if group:
+            groups.append(group)
+    missing = wanted - {d for g in groups for d in g}
+    if missing:
+        topology.index(min(missing))  # raises a TopologyError naming the device
+    return tuple(groups)
 
 
 def collective_time_s(

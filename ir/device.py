@@ -44,12 +44,15 @@ class Topology:
 
     ``bandwidth_bytes_per_s[i][j]`` and ``latency_s[i][j]`` describe the link
     from ``devices[i]`` to ``devices[j]`` (index into ``devices``, not ids).
+    ``nodes`` optionally groups device ids by machine (empty: no grouping); the
+    hierarchical all-reduce of ``ir.collectives`` runs over these groups.
     """
 
     devices: tuple[Device, ...]
     bandwidth_bytes_per_s: tuple[tuple[float, ...], ...]
     latency_s: tuple[tuple[float, ...], ...]
     name: str = "custom"
+    nodes: tuple[tuple[int, ...], ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.devices)
@@ -70,6 +73,11 @@ class Topology:
                     raise TopologyError(
                         f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has negative latency"
                     )
+        grouped = [d for node in self.nodes for d in node]
+        if self.nodes and sorted(grouped) != sorted(ids):
+            raise TopologyError(
+                f"topology {self.name!r}: nodes {self.nodes} must list every device id once"
+            )
 
     @property
     def device_ids(self) -> tuple[int, ...]:

@@ -187,7 +187,11 @@ def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Top
                 lat_row.append(spec.inter_latency_s)
         bandwidth.append(tuple(bw_row))
         latency.append(tuple(lat_row))
-    return Topology(devices, tuple(bandwidth), tuple(latency), name=name)
+    ids = range(num_devices)
+    nodes = tuple(
+        tuple(i for i in ids if i // per == k) for k in range((num_devices + per - 1) // per)
+    )
+    return Topology(devices, tuple(bandwidth), tuple(latency), name=name, nodes=nodes)
 
 
 def hierarchical(
