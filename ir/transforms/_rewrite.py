@@ -31,7 +31,17 @@ class TransformError(DistIRError):
 # -- parameters and batch inputs -------------------------------------------------------
 
 # (op type, operand index) pairs that read a weight in a forward program.
-_WEIGHT_OPERANDS = {("MatMul", 1), ("Embedding", 0), ("LayerNorm", 1), ("LayerNorm", 2)}
+_WEIGHT_OPERANDS = {
+    ("MatMul", 1),
+    ("MatMulGrad", 1),
+    ("Embedding", 0),
+    ("LayerNorm", 1),
+    ("LayerNorm", 2),
+    ("LayerNormGrad", 1),
+}
+
+
+_ELEMENTWISE = {"Add", "Sub", "Mul", "Div"}
 
 
 def is_optimizer(op: Op) -> bool:
@@ -44,7 +54,8 @@ def parameter_inputs(f: Function) -> list[Value]:
 
     A training program names them: operand 0 and the state operands of its
     optimizer ops. A forward program: the right operand of a MatMul, the table of
-    an Embedding, the scale and shift of a LayerNorm.
+    an Embedding, the scale and shift of a LayerNorm, and an input broadcast against
+    a larger operand by an elementwise op (a bias, a position embedding).
     """
     inputs = set(f.inputs)
     found: set[Value] = set()
@@ -55,9 +66,16 @@ def parameter_inputs(f: Function) -> list[Value]:
     else:
         for op in f.ops:
             for i, v in enumerate(op.inputs):
-                if (op.op_type, i) in _WEIGHT_OPERANDS and v in inputs:
+                if v in inputs and ((op.op_type, i) in _WEIGHT_OPERANDS or _broadcast(op, v)):
                     found.add(v)
     return [v for v in f.inputs if v in found]
+
+
+def _broadcast(op: Op, v: Value) -> bool:
+    """``v`` is broadcast against a larger activation by an elementwise op (a bias, a table)."""
+    if op.op_type not in _ELEMENTWISE or not isinstance(v.type, TensorType):
+        return False
+    return v.type.rank < op.outputs[0].type.rank
 
 
 def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]:

@@ -137,6 +137,16 @@ class Plan:
         result: RuleResult | None = RuleResult([R] * len(op.outputs))
         if any(s != R for s in states):
             result = self.rule(op, states)
+        if result is None:  # first make the activations whole, keeping the weights' layout
+            inputs = set(self.f.inputs)
+            whole = [
+                self.convert(k, R) if k not in inputs and s not in (R, None) else k
+                for k, s in zip(keys, states)
+            ]
+            if whole != keys:
+                retry = self.rule(op, [self.state[k] for k in whole])
+                if retry is not None:
+                    keys, result = whole, retry
         if result is None:  # the op runs on whole values only
             for i, k in enumerate(keys):
                 if states[i] is None:

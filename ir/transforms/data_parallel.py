@@ -14,7 +14,7 @@ device, losses are reduced (sum) there, and values every device holds whole
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..function import Function
@@ -71,6 +71,9 @@ def data_parallel(
     topology: Any = None,
     replicated: str = "tuple",
     output_device: DeviceRef | str = "same",
+    var: str = "d",
+    device_map: dict | None = None,
+    inner: Callable[[Function, list], Function] | None = None,
 ) -> Function:
     """``f`` run data-parallel on ``degree`` devices (``devices``, default 0..degree-1).
 
@@ -86,10 +89,20 @@ def data_parallel(
 
     ``batch_inputs`` names the inputs to split (default: the inputs that are not
     weights and share the batch size). ``topology``: check the devices exist.
+    ``replicated="send"`` sends the first copy of a replicated output to
+    ``output_device`` instead of returning the tuple; ``var``, ``device_map`` and
+    ``inner`` (a rewrite of each pmap body) serve the nested compositions.
     """
     devices = check_devices(devices, degree, topology)
-    plan = data_plan(f, degree, batch_inputs)
-    out = emit(plan, devices, replicated=replicated, output_device=output_device)
+    plan = data_plan(f, degree, batch_inputs, var=var)
+    out = emit(
+        plan,
+        devices,
+        replicated=replicated,
+        output_device=output_device,
+        device_map=device_map,
+        inner=inner,
+    )
     return verify(out)
 
 

@@ -22,7 +22,7 @@ per-device tuples, one copy per device.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..function import Function
@@ -210,14 +210,16 @@ def horizontal_plan(f: Function, degree: int, var: str = "d") -> _Plan:
     """The plan of ``horizontal_parallel``; raises if no weight can be split."""
     params = parameter_inputs(f)
     forced: frozenset[Value] = frozenset()
-    optimizer_outputs = {v for op in f.ops if is_optimizer(op) for v in op.outputs}
+    # Split outputs shaped like a weight (updated weights, gradients) are gathered; a split
+    # activation output means the split went too far.
+    weight_shapes = {v.type.shape for v in params}
     for _ in range(len(params) + 1):
         plan = _Plan(f, degree, dict.fromkeys(params), _Rules(degree, forced), var)
         bad = list(plan.gathers)
         bad += [
             plan.current[v]
             for v in f.outputs
-            if plan.state[plan.current[v]].kind == "S" and v not in optimizer_outputs
+            if plan.state[plan.current[v]].kind == "S" and v.type.shape not in weight_shapes
         ]
         culprits = frozenset().union(*(plan.prov[k] for k in bad)) - forced
         if not culprits:
@@ -249,8 +251,13 @@ def horizontal_parallel(
     topology: Any = None,
     replicated: str = "tuple",
     output_device: DeviceRef | str = "same",
+    var: str = "d",
+    device_map: dict | None = None,
+    inner: Callable[[Function, list], Function] | None = None,
 ) -> Function:
     """``f`` with its MatMul pairs and attention heads split over ``degree`` devices.
+
+    The keyword options are those of :func:`ir.transforms.data_parallel`.
 
     >>> import ir
     >>> from ir.transforms import horizontal_parallel
@@ -264,9 +271,16 @@ def horizontal_parallel(
     ['Scatter', 'Scatter', 'Broadcast', 'Pmap', 'AllReduce']
     """
     devices = check_devices(devices, degree, topology)
-    plan = horizontal_plan(f, degree)
+    plan = horizontal_plan(f, degree, var)
     _check_split(f, plan, degree)
-    out = emit(plan, devices, replicated=replicated, output_device=output_device)
+    out = emit(
+        plan,
+        devices,
+        replicated=replicated,
+        output_device=output_device,
+        device_map=device_map,
+        inner=inner,
+    )
     return verify(out)
 
 

@@ -210,7 +210,7 @@ class _Pipeline:
                 for d in sorted(self.consumer_devices.get(v, ()), key=str):
                     self.move.at(out, d)
 
-    def run(self) -> Function:
+    def run(self, output_device: DeviceRef | None = None) -> Function:
         b, plan = self.b, self.plan
         for v in self.f.inputs:
             self.glob[v] = b.input(v.name, v.type)
@@ -238,6 +238,8 @@ class _Pipeline:
                 outs.append(self.acc[key])
             else:
                 outs.append(self._concat(key, s.dim, v.name))
+        if output_device is not None:
+            outs = [self.move.at(v, output_device) for v in outs]
         return verify(b.finish(outs))
 
     def _concat(self, key: Value, dim: int, name: str = "") -> Value:
@@ -284,8 +286,12 @@ def pipeline_parallel(
     *,
     batch_inputs: Sequence[str] | None = None,
     topology: Any = None,
+    output_device: DeviceRef | None = None,
 ) -> Function:
     """``f`` pipelined over ``stages`` devices with ``microbatches`` microbatches.
+
+    ``output_device``: send every output there (nested compositions); by default
+    each output stays on the stage that made it.
 
     >>> import ir
     >>> from ir.transforms import pipeline_parallel
@@ -303,7 +309,8 @@ def pipeline_parallel(
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise TransformError(f"microbatches must be a positive integer, got {microbatches!r}")
     devices = check_devices(devices, stages, topology, what="number of stages")
-    return _Pipeline(f, stages, microbatches, schedule, devices, batch_inputs).run()
+    pipe = _Pipeline(f, stages, microbatches, schedule, devices, batch_inputs)
+    return pipe.run(output_device)
 
 
 def live_microbatches(g: Function, device: DeviceRef) -> int:

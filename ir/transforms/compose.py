@@ -1,0 +1,219 @@
+"""Compositions of data (D), horizontal (H) and pipeline (P) parallelism (seed 003).
+
+Sequential: the first weights run one style, the rest another, with a
+redistribution between them: ``data_then_horizontal`` (D then H: the
+activation is all-gathered, then the next weight is split by columns and the
+output gathered along them) and ``horizontal_then_data`` (H then D: the
+column-split activation is re-split by rows with an all-to-all, then the rest
+runs data-parallel).
+
+Recursive: one style's pmap bodies are parallelised by another over sub-devices
+``d.0, d.1, ...`` resolved by the outer pmap's ``device_map`` (seed 002):
+``nested(f, ("dp", 2), ("hp", 2))`` is D over H, and so on for H over D, D over
+P and H over P. A body the inner style cannot split (an optimizer-only update
+body under H, for instance) stays as it is. ``parallelize`` is the D x H x P
+product on a mesh of ``dp * hp * pp`` devices, device ``(i, j, s)`` being
+``(i * hp + j) * pp + s``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ..function import Function
+from ..op import Op
+from ..types import DeviceRef, DeviceVar
+from ..value import Value
+from ..verify import verify
+from ._rewrite import TransformError, batch_inputs, check_devices, parameter_inputs
+from ._spmd import Plan as _Plan
+from ._spmd import R, RuleResult, S, Shard, emit
+from .data_parallel import data_parallel
+from .horizontal import _Rules, horizontal_parallel
+from .pipeline import _weights, pipeline_parallel
+
+KINDS = ("dp", "hp", "pp")
+_VARS = ("d", "e", "g")
+
+
+# -- sequential ---------------------------------------------------------------------------
+
+
+def _split_weights(f: Function, split_at: int | None) -> tuple[list[Value], list[Value]]:
+    weights = _weights(f)
+    if len(weights) < 2:
+        raise TransformError(f"{f.name} needs at least two weights to switch styles between")
+    k = len(weights) // 2 if split_at is None else split_at
+    if not 1 <= k < len(weights):
+        raise TransformError(f"split_at must be in 1..{len(weights) - 1}, got {split_at!r}")
+    return weights[:k], weights[k:]
+
+
+def _sequential(f, degree, devices, topology, states, rule) -> Function:
+    devices = check_devices(devices, degree, topology)
+    for v, s in states.items():
+        if s.kind == "S" and v.type.shape[s.dim] < degree:
+            raise TransformError(
+                f"degree {degree} is larger than dim {s.dim} of {v.name!r} ({v.type.shape})"
+            )
+    plan = _Plan(f, degree, states, rule, "d")
+    return verify(emit(plan, devices))
+
+
+def data_then_horizontal(
+    f: Function,
+    degree: int,
+    devices: Sequence[DeviceRef] | None = None,
+    *,
+    split_at: int | None = None,
+    topology: Any = None,
+) -> Function:
+    """The first ``split_at`` weights (default half) data-parallel, the rest split by columns."""
+    first, rest = _split_weights(f, split_at)
+    states: dict[Value, Shard | None] = {v: S(0) for v in batch_inputs(f)}
+    states.update({w: R for w in first})
+    states.update({w: S(1) if w.type.rank == 2 else R for w in rest})
+    return _sequential(f, degree, devices, topology, states, _Rules(degree, frozenset()))
+
+
+def horizontal_then_data(
+    f: Function,
+    degree: int,
+    devices: Sequence[DeviceRef] | None = None,
+    *,
+    split_at: int | None = None,
+    topology: Any = None,
+) -> Function:
+    """The first ``split_at`` weights (default half) split by columns, the rest data-parallel."""
+    first, rest = _split_weights(f, split_at)
+    states: dict[Value, Shard | None] = {w: S(1) if w.type.rank == 2 else R for w in first}
+    states.update({w: R for w in rest})
+    rows = set(rest)
+    hp = _Rules(degree, frozenset())
+
+    def rule(op: Op, st: list[Shard | None]) -> RuleResult | None:
+        # A data-parallel MatMul turns its column-split operand into rows (all-to-all).
+        if op.op_type == "MatMul" and op.inputs[1] in rows and st[0] is not None:
+            a = st[0]
+            if a.kind == "S" and a.dim == op.inputs[0].type.rank - 1:
+                return RuleResult([S(0)], convert={0: S(0)})
+        return hp(op, st)
+
+    return _sequential(f, degree, devices, topology, states, rule)
+
+
+# -- recursive ----------------------------------------------------------------------------
+
+
+def _mesh_id(index: Sequence[int], sizes: Sequence[int]) -> int:
+    out = 0
+    for i, n in zip(index, sizes):
+        out = out * n + i
+    return out
+
+
+def _prefixes(sizes: Sequence[int], depth: int) -> list[tuple[int, ...]]:
+    out: list[tuple[int, ...]] = [()]
+    for n in sizes[:depth]:
+        out = [(*p, i) for p in out for i in range(n)]
+    return out
+
+
+def _rep(prefix: tuple[int, ...], sizes: Sequence[int]) -> int:
+    return _mesh_id(prefix + (0,) * (len(sizes) - len(prefix)), sizes)
+
+
+def nested(
+    f: Function,
+    *levels: tuple[str, int],
+    microbatches: int = 1,
+    schedule: str = "gpipe",
+    topology: Any = None,
+) -> Function:
+    """``f`` parallelised by ``levels`` from the outside in, e.g. ``("dp", 2), ("hp", 2)``.
+
+    ``pp`` may only be the innermost level. Devices form a mesh numbered from 0.
+    """
+    for kind, n in levels:
+        if kind not in KINDS:
+            raise TransformError(f"unknown parallelism {kind!r} (one of {KINDS})")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise TransformError(f"the {kind} degree must be a positive integer, got {n!r}")
+    if any(kind == "pp" for kind, _ in levels[:-1]):
+        raise TransformError("pipeline parallelism must be the innermost level")
+    sizes = [n for _, n in levels]
+    if topology is not None:
+        check_devices(None, _prod(sizes), topology, what="number of devices")
+    return _level(f, list(levels), sizes, 0, microbatches, schedule)
+
+
+def _prod(sizes: Sequence[int]) -> int:
+    out = 1
+    for n in sizes:
+        out *= n
+    return out
+
+
+def _level(f, levels, sizes, depth, microbatches, schedule) -> Function:
+    kind, n = levels[depth]
+    last = depth == len(levels) - 1
+    var = _VARS[depth]
+    if depth == 0:
+        devices: list[DeviceRef] = [_rep((i,), sizes) for i in range(n)]
+        where: dict[str, Any] = {}
+    else:
+        up = _VARS[depth - 1]  # sub-device 0 is the outer device itself (see the device map)
+        devices = [DeviceVar(up)] + [DeviceVar(up, (k,)) for k in range(1, n)]
+        where = {"replicated": "send", "output_device": DeviceVar(_VARS[depth - 1])}
+    if kind == "pp":
+        out = where.get("output_device")
+        return pipeline_parallel(f, n, microbatches, schedule, devices, output_device=out)
+    device_map = None
+    inner: Callable[[Function, list], Function] | None = None
+    if not last:
+        device_map = {
+            _rep(p, sizes): [_rep((*p, k), sizes) for k in range(sizes[depth + 1])]
+            for p in _prefixes(sizes, depth + 1)
+        }
+
+        def inner(body: Function, states: list) -> Function:
+            try:
+                return _level(body, levels, sizes, depth + 1, microbatches, schedule)
+            except TransformError:
+                return body
+
+    transform = data_parallel if kind == "dp" else horizontal_parallel
+    return transform(f, n, devices, var=var, device_map=device_map, inner=inner, **where)
+
+
+def parallelize(
+    f: Function,
+    dp: int = 1,
+    hp: int = 1,
+    pp: int = 1,
+    microbatches: int = 1,
+    schedule: str = "gpipe",
+    *,
+    topology: Any = None,
+) -> Function:
+    """The D x H x P product: data parallel over horizontal parallel over pipeline stages.
+
+    Degrees of 1 drop their level (with ``pp=1`` and ``microbatches > 1`` the
+    pipeline level still accumulates gradients over microbatches on one stage).
+    """
+    levels = [(k, n) for k, n in (("dp", dp), ("hp", hp)) if n != 1]
+    if pp != 1 or microbatches != 1:
+        levels.append(("pp", pp))
+    if not levels:
+        return verify(f)
+    return nested(f, *levels, microbatches=microbatches, schedule=schedule, topology=topology)
+
+
+__all__ = [
+    "data_then_horizontal",
+    "horizontal_then_data",
+    "nested",
+    "parallelize",
+    "parameter_inputs",
+]

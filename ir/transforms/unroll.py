@@ -1,0 +1,124 @@
+"""pmap unrolling: every ``Pmap`` replaced by its body once per device (seed 000, "Lowering pmap").
+
+Each device's copy reads its elements of the pmap's tuples (``TupleGet``), has
+the device variable bound to that device (``d`` -> 1, ``d.k`` -> the device
+map's k-th sub-device) in its types and in attributes such as ``to_device``
+and ``devices``, and the results are put back into tuples (``MakeTuple``).
+Nested pmaps unroll too. The result computes the same values with only
+explicit per-device ops, the form the simulator and a per-rank backend want.
+
+``device_programs`` is the inverse view for display: one op list per device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from ..builder import FunctionBuilder
+from ..function import Function
+from ..op import Op
+from ..types import DeviceRef, DeviceVar, TupleType, bind_device, format_device
+from ..value import Value
+from ..verify import verify
+from ._rewrite import TransformError
+
+Binder = Callable[[DeviceRef], DeviceRef]
+
+
+def unroll_pmap(f: Function) -> Function:
+    """``f`` with every Pmap (nested ones too) replaced by explicit per-device ops.
+
+    >>> import ir
+    >>> from ir.transforms import data_parallel, unroll_pmap
+    >>> b = ir.FunctionBuilder("f")
+    >>> w = b.input("w", ir.TensorType((4, 3), ir.DType.float64, 0))
+    >>> x = b.input("x", ir.TensorType((6, 4), ir.DType.float64, 0))
+    >>> g = unroll_pmap(data_parallel(b.finish(b.call("MatMul", x, w, name="y")), 2))
+    >>> sorted({op.op_type for op in g.ops})
+    ['Broadcast', 'Gather', 'MakeTuple', 'MatMul', 'Scatter', 'TupleGet']
+    """
+    b = FunctionBuilder(f.name)
+    env = {v: b.input(v.name, v.type) for v in f.inputs}
+    _inline(b, f.ops, env, lambda ref: ref, "")
+    return verify(b.finish([env[v] for v in f.outputs]))
+
+
+def _inline(b: FunctionBuilder, ops, env: dict[Value, Value], bind: Binder, suffix: str) -> None:
+    for op in ops:
+        ins = [env[v] for v in op.inputs]
+        if op.op_type == "Pmap":
+            results = _unroll(b, op, ins, suffix)
+        else:
+            new = b.add_op(
+                op.op_type,
+                ins,
+                {k: _bind_attr(x, bind) for k, x in op.attributes.items()},
+                names=[v.name + suffix for v in op.outputs],
+                subfunctions=op.subfunctions,
+                op_name=op.name,
+            )
+            results = new.outputs
+        env.update(zip(op.outputs, results))
+
+
+def _unroll(b: FunctionBuilder, op: Op, ins: list[Value], suffix: str) -> list[Value]:
+    (body,) = op.subfunctions
+    var = op.attributes["device_var"]
+    device_map = _plain(op.attributes.get("device_map"))
+    if not isinstance(ins[0].type, TupleType):
+        raise TransformError(f"pmap operand {ins[0].name!r} is not a per-device tuple")
+    devices = ins[0].type.devices
+    per_device: list[list[Value]] = []
+    for k, dev in enumerate(devices):
+        tag = f"{suffix}_{format_device(dev).replace('.', '_')}"
+        env: dict[Value, Value] = {}
+        for param, xs in zip(body.inputs, ins):
+            env[param] = b.call("TupleGet", xs, index=k, name=param.name + tag)
+
+        def bind(ref: DeviceRef, dev: DeviceRef = dev) -> DeviceRef:
+            return bind_device(ref, var, dev, device_map)
+
+        _inline(b, body.ops, env, bind, tag)
+        per_device.append([env[v] for v in body.outputs])
+    return [
+        b.call("MakeTuple", *(outs[j] for outs in per_device), name=out.name + suffix + "s")
+        for j, out in enumerate(body.outputs)
+    ]
+
+
+def _bind_attr(x: Any, bind: Binder) -> Any:
+    if isinstance(x, DeviceVar):
+        return bind(x)
+    if isinstance(x, tuple):
+        return tuple(_bind_attr(e, bind) for e in x)
+    if isinstance(x, Mapping):
+        return {k: _bind_attr(e, bind) for k, e in x.items()}
+    return x
+
+
+def _plain(m: Any) -> dict | None:
+    if m is None:
+        return None
+    return {k: (_plain(v) if isinstance(v, Mapping) else list(v)) for k, v in m.items()}
+
+
+def device_programs(f: Function) -> dict[str, list[str]]:
+    """The unrolled program as one list of op descriptions per device (the MPMD view).
+
+    Ops on one device go to that device's list; collectives and other ops that
+    span devices are listed under ``"*"``.
+    """
+    from ..text import format_op
+
+    g = unroll_pmap(f)
+    out: dict[str, list[str]] = {}
+    for op in g.ops:
+        if op.op_type in ("TupleGet", "MakeTuple"):
+            continue
+        key = "*" if op.device is None else format_device(op.device)
+        out.setdefault(key, []).append(format_op(op).strip())
+    return out
+
+
+__all__ = ["device_programs", "unroll_pmap"]
