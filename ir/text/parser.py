@@ -371,15 +371,12 @@ class _Parser:
         value = self._value(scope, tok)
         while cur.tok.is_punct("["):
             opener = cur.advance()
-            index_tok = cur.tok
             index = self.terms.dim_signed()
             cur.close(opener, "after the tuple index")
             key = (value, index)
             if key not in scope.tuple_gets:
                 name = f"{tok.text}_{index}" if index >= 0 else f"{tok.text}_m{-index}"
-                op = self._add_op(
-                    scope, index_tok, "TupleGet", [value], {"index": index}, [name], ()
-                )
+                op = self._add_op(scope, tok, "TupleGet", [value], {"index": index}, [name], ())
                 scope.tuple_gets[key] = op.outputs[0]
             value = scope.tuple_gets[key]
         return value
