@@ -244,6 +244,9 @@ class _Materialiser:
 
     def _collect(self, v: Value) -> Value:
         d = self.dist[v]
+        reduced = [w for w in self.views.get(v, {}).values() if not _has_partial(w.layout)]
+        if _has_partial(d.layout) and reduced:
+            d = reduced[0]  # already reduced for a consumer: gather that, do not reduce again
         xs = self.b.call("MakeTuple", *d.locals, name=f"{v.name}_parts")
         p = d.layout.placements
         device = getattr(v.type, "device", None)
@@ -286,6 +289,16 @@ class _Materialiser:
 
     # -- ops -------------------------------------------------------------------------------
 
+    def _source(self, v: Value, target: Layout) -> tuple[float, DistValue]:
+        """The cheapest layout ``v`` already has to redistribute from, and its time."""
+        best = None
+        for have in (self.dist[v], *self.views.get(v, {}).values()):
+            t = plan_time_s(v.type, have.layout, target, self.topology)
+            if best is None or t < best[0]:
+                best = (t, have)
+        assert best is not None
+        return best
+
     def _compute_time_s(self, op, shards: int) -> float:
         opdef = get_op(op.op_type)
         cost = opdef.cost_rule(
@@ -299,7 +312,7 @@ class _Materialiser:
     def _cost(self, op, rule, strategy, ins, outs) -> float:
         total = 0.0
         for v, ps in zip(op.inputs, ins):
-            total += plan_time_s(v.type, self.dist[v].layout, Layout(self.mesh, ps), self.topology)
+            total += self._source(v, Layout(self.mesh, ps))[0]
         for v, ps in zip(op.outputs, outs):
             want = Layout(self.mesh, self.desired.get(v, ps))
             with contextlib.suppress(PropagationError):
@@ -380,7 +393,7 @@ class _Materialiser:
             views = self.views.setdefault(v, {})
             if target not in views:  # redistribute a value once per layout, then reuse it
                 need = f"{why}, needing it as [{', '.join(map(str, ps))}]"
-                views[target] = self.redistribute(self.dist[v], target, need)
+                views[target] = self.redistribute(self._source(v, target)[1], target, need)
             operands.append(views[target])
         expected = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.outputs, outs)]
         if any(c[0] == "halo" for c in strategy):
@@ -404,6 +417,10 @@ class _Materialiser:
             if v in self.fixed and value.layout != self.fixed[v]:
                 value = self.redistribute(value, self.fixed[v], f"user annotation on {v.name!r}")
             self.dist[v] = value
+
+
+def _has_partial(layout: Layout) -> bool:
+    return any(isinstance(p, Partial) for p in layout.placements)
 
 
 def _shapes(t: Type):
