@@ -1,0 +1,192 @@
+"""Activation recomputation (the seed's last MLP variant) and a liveness count of memory.
+
+``recompute(f)`` takes a training program (a forward, then a backward that starts
+with ``LossGrad``) and, for chosen forward activations, re-emits the forward ops
+that produce them right before their first backward consumer; the backward then
+reads the recomputed copy, so the first copy dies after its last forward use::
+
+    a = MatMul(x, wA); y = MatMul(a, wB)           # a's first copy dies here
+    l = Loss(y, z); dl = LossGrad(y, z, 1)
+    a = MatMul(x, wA)                              # recomputed
+    (dwB, da) = MatMulGrad(a, wB, dl); ...
+
+Default choice: every forward activation read by the backward, not a program
+output, produced by a compute op whose operands are program inputs or values the
+backward keeps alive anyway (read by the backward and not recomputed) — for the
+MLP the first MatMul of each layer, for the GPT the LayerNorm outputs and the
+Gelu results.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..builder import FunctionBuilder, rebuild_op
+from ..errors import DistIRError
+from ..function import Function
+from ..op import Op
+from ..registry import OpKind, get_op
+from ..types import TensorType, TupleType, Type
+from ..value import Value
+from ..verify import verify
+
+__all__ = ["RecomputeError", "backward_start", "peak_live_bytes", "recomputable", "recompute"]
+
+
+class RecomputeError(DistIRError):
+    """Recomputation cannot apply to this program or these values."""
+
+
+def backward_start(f: Function) -> int:
+    """Index of the first backward op: the first ``LossGrad`` (the seed of the backward)."""
+    for i, op in enumerate(f.ops):
+        if op.op_type == "LossGrad":
+            return i
+    raise RecomputeError(
+        f"{f.name} has no backward pass (no LossGrad op); recompute a training program, "
+        "e.g. ir.transforms.recompute(ir.transforms.training(f))"
+    )
+
+
+def _backward_readers(f: Function, start: int) -> dict[Value, int]:
+    """Forward values read by the backward, with the index of their first backward reader."""
+    first: dict[Value, int] = {}
+    produced = set(f.inputs)
+    for op in f.ops[:start]:
+        produced.update(op.outputs)
+    for i, op in enumerate(f.ops[start:], start):
+        for v in op.inputs:
+            if v in produced and v not in first:
+                first[v] = i
+    return first
+
+
+def _replayable(op: Op) -> bool:
+    opdef = get_op(op.op_type)
+    return opdef.kind == OpKind.COMPUTE and not op.subfunctions and op.op_type != "Loss"
+
+
+def recomputable(f: Function) -> list[Value]:
+    """The default activations to recompute (see the module docstring), in program order."""
+    start = backward_start(f)
+    readers = _backward_readers(f, start)
+    inputs, outputs = set(f.inputs), set(f.outputs)
+    chosen: list[Value] = []
+    for op in f.ops[:start]:
+        if not _replayable(op) or len(op.outputs) != 1:
+            continue
+        (v,) = op.outputs
+        if v not in readers or v in outputs:
+            continue
+        if all(u in inputs or (u in readers and u not in chosen) for u in op.inputs):
+            chosen.append(v)
+    return chosen
+
+
+def _resolve(f: Function, values: Sequence[str | Value] | None, start: int) -> list[Value]:
+    if values is None:
+        return recomputable(f)
+    readers = _backward_readers(f, start)
+    forward = {v: op for op in f.ops[:start] for v in op.outputs}
+    chosen = []
+    for item in values:
+        v = item
+        if isinstance(item, str):
+            v = next((u for u in forward if u.name == item), None)
+            if v is None:
+                raise RecomputeError(f"{f.name} has no forward value named {item!r}")
+        if v not in forward:
+            raise RecomputeError(f"{getattr(v, 'name', v)!r} is not made by a forward op")
+        if v in f.outputs:
+            raise RecomputeError(f"{v.name!r} is a program output; it stays live anyway")
+        if not _replayable(forward[v]):
+            raise RecomputeError(
+                f"{v.name!r} comes from {forward[v].op_type}, which is not a compute op "
+                "that can be replayed"
+            )
+        chosen.append(v)
+    # A chosen value the backward does not read must feed the recomputation of one it does.
+    used = {v for v in chosen if v in readers}
+    frontier = list(used)
+    while frontier:
+        for u in forward[frontier.pop()].inputs:
+            if u in chosen and u not in used:
+                used.add(u)
+                frontier.append(u)
+    for v in chosen:
+        if v not in used:
+            raise RecomputeError(
+                f"the backward of {f.name} does not read {v.name!r}, nor does the "
+                "recomputation of another chosen value"
+            )
+    return chosen
+
+
+def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Function:
+    """``f`` with ``values`` (names or Values; default ``recomputable(f)``) recomputed.
+
+    Each chosen value's producer (and, recursively, producers of operands that are
+    themselves chosen) is re-emitted just before the value's first backward reader;
+    every backward reader then uses the copy. Outputs are unchanged.
+
+    >>> import ir
+    >>> t = ir.transforms.training(ir.models.mlp(4, 3, 5, 2, activation=None))
+    >>> r = ir.transforms.recompute(t)
+    >>> [op.op_type for op in r.ops][:6]
+    ['MatMul', 'MatMul', 'Loss', 'LossGrad', 'MatMul', 'MatMulGrad']
+    """
+    start = backward_start(f)
+    chosen = set(_resolve(f, values, start))
+    producer = f.producers
+    b = FunctionBuilder(f.name)
+    env = {v: b.input(v.name, v.type) for v in f.inputs}
+    again: dict[Value, Value] = {}  # chosen forward value -> recomputed copy
+
+    def recomputed(v: Value) -> Value:
+        if v not in chosen:
+            return env[v]
+        if v not in again:
+            op = producer[v]
+            outs = rebuild_op(b, op, [recomputed(u) for u in op.inputs])
+            again.update(zip(op.outputs, outs))
+        return again[v]
+
+    for i, op in enumerate(f.ops):
+        read = env.__getitem__ if i < start else recomputed
+        outs = rebuild_op(b, op, [read(v) for v in op.inputs])
+        env.update(zip(op.outputs, outs))
+    return verify(b.finish([env[v] for v in f.outputs]))
+
+
+# -- liveness --------------------------------------------------------------------------
+
+
+def _bytes(t: Type) -> int:
+    if isinstance(t, TupleType):
+        return sum(_bytes(e) for e in t.elements)
+    assert isinstance(t, TensorType)
+    return t.size_bytes
+
+
+def peak_live_bytes(f: Function) -> int:
+    """The most bytes live at once when ``f``'s ops run in order, all devices together.
+
+    A value is live from its definition (inputs: from the start) through its last
+    reader; program outputs stay live to the end. While an op runs, its operands
+    and results are live together. Pmap bodies count as the pmap's results.
+    """
+    last: dict[Value, int] = {}
+    for i, op in enumerate(f.ops):
+        for v in op.inputs:
+            last[v] = i
+    end = len(f.ops)
+    for v in f.outputs:
+        last[v] = end
+    live = sum(_bytes(v.type) for v in f.inputs if v in last)
+    peak = live
+    for i, op in enumerate(f.ops):
+        live += sum(_bytes(v.type) for v in op.outputs)
+        peak = max(peak, live)
+        dead = {v for v in (*op.inputs, *op.outputs) if last.get(v, i) <= i}
+        live -= sum(_bytes(v.type) for v in dead)
+    return peak
