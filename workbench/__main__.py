@@ -1,0 +1,185 @@
+"""The command line: ``python -m workbench lab`` and ``python -m workbench report``.
+
+``lab`` starts JupyterLab on the tutorial notebooks (``notebooks/``) with the
+workbench importable from the kernel and prints the address to open.
+``report`` simulates a model under one or more strategies and writes the
+static, self-contained HTML report; every option has a default, so
+``python -m workbench report --out report.html`` works as is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import socket
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = ROOT / "notebooks"
+
+DEFAULT_STRATEGIES = ("dp=8", "dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def lab_command(
+    *,
+    port: int,
+    token: str,
+    notebook_dir: Path = NOTEBOOKS,
+    open_browser: bool = False,
+    ip: str = "localhost",
+    as_root: bool | None = None,
+) -> list[str]:
+    """The ``jupyter lab`` command line ``python -m workbench lab`` runs.
+
+    >>> cmd = lab_command(port=8899, token="", notebook_dir=Path("nb"), as_root=True)
+    >>> cmd[1:4], "--allow-root" in cmd, "--IdentityProvider.token=" in cmd
+    (['-m', 'jupyter', 'lab'], True, True)
+    """
+    if as_root is None:
+        as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        f"--notebook-dir={notebook_dir}",
+        f"--ServerApp.ip={ip}",
+        f"--ServerApp.port={port}",
+        "--ServerApp.port_retries=0",  # the printed address must be the one served
+        f"--IdentityProvider.token={token}",
+    ]
+    if not open_browser:
+        cmd.append("--no-browser")
+    if as_root:
+        cmd.append("--allow-root")  # JupyterLab refuses to run as root without it
+    return cmd
+
+
+def run_lab(args: argparse.Namespace) -> int:
+    """Start JupyterLab on ``notebooks/`` and wait for it (Ctrl-C stops it)."""
+    notebook_dir = Path(args.notebook_dir)
+    if not notebook_dir.is_dir():
+        print(f"error: no notebook folder at {notebook_dir}; pass --notebook-dir", file=sys.stderr)
+        return 2
+    port = args.port or _free_port()
+    token = "" if args.no_token else secrets.token_hex(16)
+    cmd = lab_command(
+        port=port, token=token, notebook_dir=notebook_dir, open_browser=args.browser, ip=args.ip
+    )
+    # The kernels JupyterLab starts inherit this environment: make `import ir, workbench` work
+    # from a fresh clone even when the project is not pip-installed.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    host = "localhost" if args.ip in ("localhost", "127.0.0.1", "0.0.0.0") else args.ip
+    url = f"http://{host}:{port}/lab/tree/01_ir.ipynb" + (f"?token={token}" if token else "")
+    print(f"DistIR Workbench: JupyterLab on {notebook_dir}\n  open {url}\n  (Ctrl-C to stop)")
+    sys.stdout.flush()
+    proc = subprocess.Popen(cmd, env=env)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        try:
+            return proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def run_report(args: argparse.Namespace) -> int:
+    """Simulate the model under each strategy and write the HTML report."""
+    from ir.errors import DistIRError
+
+    from .report import ReportConfig, build_model, write_report
+
+    config = ReportConfig(
+        model=args.model,
+        batch=args.batch,
+        seq=args.seq,
+        hidden=args.hidden,
+        heads=args.heads,
+        vocab=args.vocab,
+        layers=args.layers,
+        features=args.features,
+        classes=args.classes,
+        training=args.training,
+        preset=args.preset,
+        devices=args.devices,
+        strategies=tuple(args.strategy or DEFAULT_STRATEGIES),
+    )
+    try:
+        function = build_model(config)
+        path = write_report(Path(args.out), function, config, progress=not args.quiet)
+    except DistIRError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    size_mb = path.stat().st_size / 1e6
+    print(f"wrote {path} ({size_mb:.1f} MB, self-contained: open it in any browser, offline)")
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m workbench``."""
+    top = argparse.ArgumentParser(prog="python -m workbench", description=__doc__.split("\n")[0])
+    sub = top.add_subparsers(dest="command", required=True)
+
+    lab = sub.add_parser("lab", help="start JupyterLab on the tutorial notebooks")
+    lab.add_argument("--port", type=int, default=0, help="port (default: a free one)")
+    lab.add_argument("--ip", default="localhost", help="address to listen on (default localhost)")
+    lab.add_argument("--notebook-dir", default=str(NOTEBOOKS), help="folder to serve")
+    lab.add_argument("--browser", action="store_true", help="also open a web browser")
+    lab.add_argument(
+        "--no-token",
+        action="store_true",
+        help="serve without a token (anyone who can reach the port gets a Python kernel)",
+    )
+    lab.set_defaults(run=run_lab)
+
+    rep = sub.add_parser("report", help="write the static HTML report (no browser needed)")
+    rep.add_argument("--model", choices=("gpt", "mlp"), default="gpt", help="default gpt")
+    rep.add_argument("--layers", type=int, default=4, help="layers (default 4)")
+    rep.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
+    rep.add_argument("--seq", type=int, default=128, help="GPT sequence length (default 128)")
+    rep.add_argument("--hidden", type=int, default=512, help="hidden size (default 512)")
+    rep.add_argument("--heads", type=int, default=8, help="GPT attention heads (default 8)")
+    rep.add_argument("--vocab", type=int, default=4096, help="GPT vocabulary (default 4096)")
+    rep.add_argument("--features", type=int, default=512, help="MLP input features (default 512)")
+    rep.add_argument("--classes", type=int, default=64, help="MLP classes (default 64)")
+    rep.add_argument(
+        "--training",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="simulate a training step (forward, backward, SGD); --no-training: forward only",
+    )
+    rep.add_argument("--preset", default="a100-hgx", help="hardware preset (default a100-hgx)")
+    rep.add_argument("--devices", type=int, default=8, help="devices (default 8)")
+    rep.add_argument(
+        "--strategy",
+        action="append",
+        help="a strategy such as 'dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b'; repeat to "
+        f"compare several (default: {' and '.join(DEFAULT_STRATEGIES)})",
+    )
+    rep.add_argument("--out", default="report.html", help="output file (default report.html)")
+    rep.add_argument("--quiet", action="store_true", help="no progress bar")
+    rep.set_defaults(run=run_report)
+    return top
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m workbench`` and of the ``distir-workbench`` script."""
+    args = parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

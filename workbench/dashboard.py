@@ -1,0 +1,312 @@
+"""The dashboard a notebook shows: graph, sharding editor, ready transforms, Gantt, memory.
+
+``Workbench(function, topology)`` is an ipywidgets box around a
+:class:`~workbench.session.Session`. Clicking a value in the graph selects it
+in the editor; Apply annotates it, and the session propagates, simulates and
+tells the dashboard, which redraws every view from the new state. Clicking a
+bar of the Gantt chart selects its op in the graph. All of it can be driven
+from code too (:meth:`Workbench.annotate`, :meth:`Workbench.set_strategy`,
+:meth:`Workbench.select`), which is what the tutorials and tests do.
+"""
+
+from __future__ import annotations
+
+import html
+import re
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from ir.device import Topology
+from ir.function import Function
+from widgets import GraphOptions, GraphView, RenderedGraph, Selection, gantt_figure, memory_figure
+from widgets.gantt import connect_clicks
+from widgets.graph import render_graph
+from widgets.units import format_bytes, format_time
+
+from .editor import ShardingEditor
+from .session import SCHEDULES, Annotation, Derived, Session, Strategy
+
+DEFAULT_PRESET = "a100-hgx"
+
+
+def base_name(name: str, candidates: Sequence[str]) -> str | None:
+    """The base-program value a displayed value comes from, by its printed name.
+
+    Transforms and propagation name per-device copies after the original
+    (``wA_2``, ``wA_s``, ``y_parts``): the longest candidate that is the name
+    itself or a prefix followed by ``_`` or ``@`` wins.
+
+    >>> base_name("wA_2", ["w", "wA", "x"]), base_name("x", ["x"]), base_name("q", ["x"])
+    ('wA', 'x', None)
+    """
+    if name in candidates:
+        return name
+    best = None
+    for c in candidates:
+        if re.match(re.escape(c) + r"[_@.]", name) and (best is None or len(c) > len(best)):
+            best = c
+    return best
+
+
+@dataclass(frozen=True)
+class Payloads:
+    """Everything the views show for one derived state (built in Python, no browser)."""
+
+    graph: RenderedGraph
+    gantt: go.Figure
+    memory: go.Figure
+    summary_html: str
+
+
+def placements_of(derived: Derived) -> dict[str, str]:
+    """Placement labels per base-program value: from the propagation report, else the
+    user's annotations."""
+    report = derived.report
+    layouts = getattr(report, "layouts", None) or {}
+    return {name: " ".join(ps) for name, ps in layouts.items()}
+
+
+def summary_html(session: Session) -> str:
+    """Strategy, step time, peaks (out-of-memory flagged) and inserted collectives."""
+    d = session.current
+    r = d.result
+    peaks = r.peak_memory_bytes
+    worst = max(peaks, key=peaks.get) if peaks else None
+    over = getattr(r, "over_capacity", ())
+    parts = [
+        f"<b>{html.escape(d.state.describe())}</b>",
+        f'step time <b class="distir-step-time">{format_time(r.step_time_s)}</b>',
+        f"{len(r.devices)} device(s)",
+    ]
+    if worst is not None:
+        parts.append(f"peak memory {format_bytes(peaks[worst])} (device {worst})")
+    if over:
+        parts.append(
+            f'<span style="color:#d62728">out of memory on device(s) {", ".join(map(str, over))}'
+            "</span>"
+        )
+    text = " · ".join(parts)
+    if d.collectives:
+        items = "".join(f"<li><code>{html.escape(str(c))}</code></li>" for c in d.collectives)
+        text += (
+            f"<details><summary>{len(d.collectives)} redistribution(s) inserted by propagation"
+            f"</summary><ul>{items}</ul></details>"
+        )
+    text += (
+        f"<div style='color:#888;font-size:smaller'>derive {d.derive_s * 1e3:.0f} ms, "
+        f"simulate {d.simulate_s * 1e3:.0f} ms</div>"
+    )
+    return f'<div class="distir-summary-body">{text}</div>'
+
+
+def build_payloads(
+    session: Session, options: GraphOptions | None = None, *, view: str = "distributed"
+) -> Payloads:
+    """The graph drawing, Gantt and memory figures and summary of the session's state."""
+    d = session.current
+    if view == "original":
+        graph = render_graph(session.base, placements_of(d), options)
+    else:
+        graph = render_graph(d.function, None, options)
+    return Payloads(
+        graph,
+        gantt_figure(d.result, d.function),
+        memory_figure(d.result),
+        summary_html(session),
+    )
+
+
+class Workbench(w.VBox):
+    """The workbench dashboard over ``function`` on ``topology`` (default: 8 A100s).
+
+    >>> f = ir.models.mlp(8, 16, 32, 4)  # doctest: +SKIP
+    >>> wb = Workbench(f, ir.Topology.preset("a100-hgx", 4))  # doctest: +SKIP
+    >>> wb.annotate("wA", (Mesh((4,)), [S(1)]))  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        function: Function,
+        topology: Topology | None = None,
+        *,
+        strategy: Strategy | None = None,
+        graph_options: GraphOptions | None = None,
+        graph_height_px: int = 460,
+    ) -> None:
+        topology = topology or Topology.preset(DEFAULT_PRESET, 8)
+        self.session = Session(function, topology, strategy=strategy)
+        self.graph_options = graph_options or GraphOptions()
+        self.view = w.ToggleButtons(
+            options=[("distributed program", "distributed"), ("original + placements", "original")],
+            value="distributed",
+            style={"button_width": "160px"},
+        )
+        self.graph = GraphView(
+            self.session.function, options=self.graph_options, height_px=graph_height_px
+        )
+        self.graph.add_class("distir-graph")
+        self.editor = ShardingEditor(self.session)
+        self.summary = w.HTML()
+        self.summary.add_class("distir-summary")
+        self.selection = w.HTML("<i>nothing selected</i>")
+        self.selection.add_class("distir-selection")
+        self.controls = self._strategy_controls()
+        self.gantt_box = w.Box(layout={"width": "100%"})
+        self.gantt_box.add_class("distir-gantt")
+        self.memory_box = w.Box(layout={"width": "100%"})
+        self.memory_box.add_class("distir-memory")
+        self.gantt: go.FigureWidget | None = None
+        self.memory: go.FigureWidget | None = None
+        self.last_redraw_s = 0.0
+        self._shown: Derived | None = None
+        self._shown_view = "distributed"
+        self.graph.on_select(self._on_graph_select)
+        self.view.observe(lambda _: self.refresh(), names="value")
+        self.session.on_change(lambda _s: self.refresh())
+        side = w.VBox(
+            [self.selection, self.editor, self.controls],
+            layout={"width": "36%", "min_width": "330px"},
+        )
+        main = w.VBox([self.view, self.graph], layout={"width": "63%"})
+        super().__init__(
+            [self.summary, w.HBox([main, side]), self.gantt_box, self.memory_box],
+            layout={"width": "100%"},
+        )
+        self.add_class("distir-workbench")
+        self.refresh()
+
+    # -- driving it from code ---------------------------------------------------------
+
+    def annotate(self, value_name: str, spec: Annotation) -> bool:
+        """What Apply does: place ``value_name`` as ``spec`` (see ``Session.annotate``)."""
+        self.select(value_name)
+        return self.session.annotate(value_name, spec)
+
+    def set_strategy(self, strategy: Strategy | None = None, **knobs: Any) -> bool:
+        """Switch to a ready strategy: ``wb.set_strategy(dp=2, pp=2, microbatches=4)``."""
+        return self.session.set_strategy(strategy, **knobs)
+
+    def undo(self) -> bool:
+        return self.session.undo()
+
+    def redo(self) -> bool:
+        return self.session.redo()
+
+    def select(self, value_name: str) -> None:
+        """Select base-program value ``value_name`` in the editor (and the graph, if drawn)."""
+        if value_name not in self.session.annotatable():
+            raise KeyError(f"{value_name!r} is not a value of {self.session.base.name!r}")
+        self.editor.select(value_name)
+        self._show_selection(value_name, None)
+
+    # -- updates ----------------------------------------------------------------------
+
+    def refresh(self) -> None:
+        """Redraw whatever the session's state changed (nothing if it did not)."""
+        self.editor.refresh()
+        d = self.session.current
+        if d is self._shown and self.view.value == self._shown_view:
+            return
+        start = time.perf_counter()
+        if self.view.value == "original":
+            self.graph.update(self.session.base, placements=placements_of(d))
+        else:
+            self.graph.update(d.function, placements={})
+        self.gantt = go.FigureWidget(gantt_figure(d.result, d.function))
+        connect_clicks(self.gantt, self._on_gantt_select)
+        self.memory = go.FigureWidget(memory_figure(d.result))
+        self.gantt_box.children = [self.gantt]
+        self.memory_box.children = [self.memory]
+        self.summary.value = summary_html(self.session)
+        self._shown, self._shown_view = d, self.view.value
+        self.last_redraw_s = time.perf_counter() - start
+        if self.editor.value_name is not None:
+            self._show_selection(self.editor.value_name, None)
+
+    def _on_graph_select(self, selection: Selection | None) -> None:
+        if selection is None:
+            return
+        name = selection.name
+        if selection.kind == "op" and selection.op is not None and selection.op.outputs:
+            name = selection.op.outputs[0].name
+        target = base_name(name, self.session.annotatable())
+        if target is None:
+            self.editor.select(None, f"{name} was made by the transform: choose an original value")
+        else:
+            self.editor.select(target, "" if target == name else f"clicked {name}")
+        self._show_selection(target, selection)
+
+    def _on_gantt_select(self, op_id: str) -> None:
+        if self.view.value != "distributed":
+            self.view.value = "distributed"
+        self.graph.select(op_id)
+
+    def _show_selection(self, target: str | None, selection: Selection | None) -> None:
+        r = self.session.result
+        clicked = ""
+        if selection is not None:
+            clicked = f"{selection.kind} <code>{html.escape(selection.name)}</code>"
+            if selection.op is not None:
+                clicked += f" ({html.escape(selection.op.op_type)})"
+            clicked += " · "
+        annotation = self.session.state.annotation(target) if target else None
+        placed = f" = {html.escape(_short(annotation))}" if annotation is not None else ""
+        self.selection.value = (
+            f"selected: {clicked}value <b class='distir-selected-name'>"
+            f"{html.escape(target or '-')}</b>{placed} · step time "
+            f"{format_time(r.step_time_s)}"
+        )
+
+    # -- the ready transforms ---------------------------------------------------------
+
+    def _strategy_controls(self) -> w.VBox:
+        s = self.session.strategy
+
+        def knob(label: str, value: int, top: int) -> w.BoundedIntText:
+            return w.BoundedIntText(
+                value=value, min=1, max=top, description=label, layout={"width": "150px"}
+            )
+
+        self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
+        self.microbatches = knob("microbatches", s.microbatches, 1024)
+        self.schedule = w.Dropdown(
+            options=list(SCHEDULES),
+            value=s.schedule,
+            description="schedule",
+            layout={"width": "180px"},
+        )
+        apply = w.Button(description="Apply strategy", button_style="info")
+        apply.add_class("distir-apply-strategy")
+        apply.on_click(lambda _b: self._apply_strategy())
+        reset = w.Button(description="Sequential")
+        reset.on_click(lambda _b: self.session.set_strategy(Strategy()))
+        return w.VBox(
+            [
+                w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
+                w.HBox([self.dp, self.hp, self.pp]),
+                w.HBox([self.microbatches, self.schedule]),
+                w.HBox([apply, reset]),
+            ],
+            layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
+        )
+
+    def _apply_strategy(self) -> None:
+        self.session.set_strategy(
+            dp=self.dp.value,
+            hp=self.hp.value,
+            pp=self.pp.value,
+            microbatches=self.microbatches.value,
+            schedule=self.schedule.value,
+        )
+
+
+def _short(annotation: Annotation) -> str:
+    if isinstance(annotation, tuple):
+        mesh, placements = annotation
+        return f"mesh {list(mesh.shape)} [{', '.join(map(str, placements))}]"
+    return str(annotation)

@@ -1,0 +1,380 @@
+"""The state a notebook's workbench holds, with undo and redo.
+
+A :class:`Session` owns the program the user started from (the *base*
+Function), the hardware (a Topology) and a :class:`State`: either a ready-made
+strategy (data / horizontal / pipeline degrees) or a set of sharding
+annotations on values of the base program. Every change goes through one path:
+
+    new State -> derive (transform or propagate, then simulate) -> commit
+
+If deriving fails, the error is kept in :attr:`Session.error` and the previous
+state, program and simulation stay exactly as they were, so a bad click never
+leaves the views half-updated. Derived results are cached per State, so undo
+and redo are instant.
+
+No Jupyter import here: the dashboard listens with :meth:`Session.on_change`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from ir.device import Topology
+from ir.errors import DistIRError
+from ir.function import Function
+
+Annotation = Any
+"""``(ir.sharding.Mesh, placements)`` or an ``ir.sharding.ShardingSpec``."""
+
+SCHEDULES = ("gpipe", "1f1b")
+
+
+class SessionError(DistIRError):
+    """A request the session cannot carry out (unknown value, bad degree, nothing to undo)."""
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """The ready transforms' knobs: ``dp x hp x pp`` devices, microbatches, schedule.
+
+    >>> Strategy(dp=2, pp=2, microbatches=4).describe()
+    'dp=2 x pp=2, 4 microbatches (gpipe)'
+    >>> Strategy().describe()
+    'sequential'
+    """
+
+    dp: int = 1
+    hp: int = 1
+    pp: int = 1
+    microbatches: int = 1
+    schedule: str = "gpipe"
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "hp", "pp", "microbatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise SessionError(f"strategy: {name} must be a positive integer, got {value!r}")
+        if self.schedule not in SCHEDULES:
+            raise SessionError(
+                f"strategy: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+
+    @property
+    def num_devices(self) -> int:
+        """Devices the strategy uses: ``dp * hp * pp``."""
+        return self.dp * self.hp * self.pp
+
+    @property
+    def is_sequential(self) -> bool:
+        """True when no transform applies (every degree 1)."""
+        return self.num_devices == 1
+
+    def describe(self) -> str:
+        """A short human label, e.g. ``dp=2 x hp=4``."""
+        if self.is_sequential:
+            return "sequential"
+        parts = [f"{k}={getattr(self, k)}" for k in ("dp", "hp", "pp") if getattr(self, k) > 1]
+        text = " x ".join(parts)
+        if self.pp > 1:
+            text += f", {self.microbatches} microbatches ({self.schedule})"
+        return text
+
+    @staticmethod
+    def parse(text: str) -> Strategy:
+        """``"dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b"`` (any subset; ``""`` = sequential).
+
+        >>> Strategy.parse("dp=2, pp=2, schedule=1f1b")
+        Strategy(dp=2, hp=1, pp=2, microbatches=1, schedule='1f1b')
+        """
+        fields: dict[str, Any] = {}
+        for part in text.replace(";", ",").split(","):
+            part = part.strip()
+            if not part or part == "sequential":
+                continue
+            key, sep, value = part.partition("=")
+            key = key.strip().lower()
+            if not sep or key not in ("dp", "hp", "pp", "microbatches", "schedule"):
+                raise SessionError(
+                    f"strategy {text!r}: cannot read {part!r}; write key=value with keys "
+                    "dp, hp, pp, microbatches, schedule (e.g. 'dp=2,pp=2,microbatches=4')"
+                )
+            value = value.strip()
+            if key == "schedule":
+                fields[key] = value.lower()
+            else:
+                try:
+                    fields[key] = int(value)
+                except ValueError:
+                    raise SessionError(
+                        f"strategy {text!r}: {key} must be an integer, got {value!r}"
+                    ) from None
+        return Strategy(**fields)
+
+
+@dataclass(frozen=True)
+class State:
+    """What the user chose: a strategy, or annotations (value name -> placement)."""
+
+    strategy: Strategy = Strategy()
+    annotations: tuple[tuple[str, Annotation], ...] = ()
+
+    def annotation(self, value_name: str) -> Annotation | None:
+        """The annotation on ``value_name``, if any."""
+        return dict(self.annotations).get(value_name)
+
+    def with_annotation(self, value_name: str, spec: Annotation) -> State:
+        """This state plus ``value_name: spec`` (replacing an earlier one); strategy reset."""
+        rest = tuple((n, s) for n, s in self.annotations if n != value_name)
+        return State(Strategy(), (*rest, (value_name, spec)))
+
+    def without_annotation(self, value_name: str) -> State:
+        """This state without the annotation on ``value_name``."""
+        return replace(self, annotations=tuple(a for a in self.annotations if a[0] != value_name))
+
+    def with_strategy(self, strategy: Strategy) -> State:
+        """The ready strategy ``strategy``; annotations are dropped (they are another mode)."""
+        return State(strategy, ())
+
+    def describe(self) -> str:
+        """A short label: the strategy, or the annotated values."""
+        if self.annotations:
+            return "annotated: " + ", ".join(describe_annotation(n, s) for n, s in self.annotations)
+        return self.strategy.describe()
+
+
+@dataclass(frozen=True)
+class Derived:
+    """A State worked out: the program it gives, its simulation, and timings."""
+
+    state: State
+    function: Function
+    result: Any  # ir.sim's result: step_time_s, peak_memory_bytes, events, ...
+    collectives: tuple[Any, ...] = ()  # redistributions propagation inserted
+    report: Any = None  # propagation's report (layouts per value), when annotated
+    derive_s: float = 0.0  # Python time to transform or propagate
+    simulate_s: float = 0.0  # Python time to simulate
+
+
+def describe_annotation(value_name: str, spec: Annotation) -> str:
+    """``wA: mesh (2,) [S(1)]`` for a mesh placement, ``wA: <spec>`` for an ONNX spec."""
+    if isinstance(spec, tuple) and len(spec) == 2:
+        mesh, placements = spec
+        shape = getattr(mesh, "shape", mesh)
+        return f"{value_name}: mesh {tuple(shape)} [{', '.join(str(p) for p in placements)}]"
+    return f"{value_name}: {spec}"
+
+
+def derive(base: Function, topology: Topology, state: State) -> Derived:
+    """Apply ``state`` to ``base`` (transform or propagate) and simulate the result."""
+    import ir.sim as sim
+
+    start = time.perf_counter()
+    collectives: tuple[Any, ...] = ()
+    report = None
+    if state.annotations:
+        from ir.sharding import propagate
+
+        function, report = propagate(base, dict(state.annotations), topology=topology)
+        collectives = tuple(_collectives_of(report))
+    elif state.strategy.is_sequential:
+        function = base
+    else:
+        function = _apply_strategy(base, state.strategy)
+    derived_at = time.perf_counter()
+    result = sim.simulate(function, topology)
+    done = time.perf_counter()
+    return Derived(
+        state, function, result, collectives, report, derived_at - start, done - derived_at
+    )
+
+
+def _apply_strategy(base: Function, strategy: Strategy) -> Function:
+    from ir import transforms
+
+    return transforms.parallelize(
+        base,
+        dp=strategy.dp,
+        hp=strategy.hp,
+        pp=strategy.pp,
+        microbatches=strategy.microbatches,
+        schedule=strategy.schedule,
+    )
+
+
+def _collectives_of(report: Any) -> list[Any]:
+    if report is None:
+        return []
+    for attr in ("collectives", "inserted"):
+        if hasattr(report, attr):
+            return list(getattr(report, attr))
+    return list(report) if isinstance(report, list | tuple) else [report]
+
+
+def _cache_key(state: State) -> Any:
+    # Specs with a dict device_map are not hashable; their repr identifies them.
+    try:
+        hash(state)
+    except TypeError:
+        return repr(state)
+    return state
+
+
+@dataclass
+class _History:
+    undo: list[State] = field(default_factory=list)
+    redo: list[State] = field(default_factory=list)
+
+
+class Session:
+    """A program, a topology and the user's choices, with undo and redo.
+
+    ``Session(f, topology)`` simulates ``f`` as given. :meth:`annotate`,
+    :meth:`unannotate` and :meth:`set_strategy` return True when the change
+    applied; on failure they return False, put the message in :attr:`error`
+    and keep the previous state.
+    """
+
+    def __init__(
+        self,
+        function: Function,
+        topology: Topology,
+        *,
+        strategy: Strategy | None = None,
+    ) -> None:
+        self.base = function
+        self.topology = topology
+        self.error: str | None = None
+        self._cache: dict[Any, Derived] = {}
+        self._history = _History()
+        self._listeners: list[Callable[[Session], None]] = []
+        # The first state must derive: there is no earlier one to fall back to.
+        self._current = self._derive(State(strategy or Strategy()))
+
+    # -- what the views read -----------------------------------------------------------
+
+    @property
+    def current(self) -> Derived:
+        """The derived state on display."""
+        return self._current
+
+    @property
+    def state(self) -> State:
+        return self._current.state
+
+    @property
+    def function(self) -> Function:
+        """The program on display (transformed or propagated)."""
+        return self._current.function
+
+    @property
+    def result(self) -> Any:
+        """The simulation of :attr:`function` on :attr:`topology`."""
+        return self._current.result
+
+    @property
+    def annotations(self) -> dict[str, Annotation]:
+        return dict(self._current.state.annotations)
+
+    @property
+    def strategy(self) -> Strategy:
+        return self._current.state.strategy
+
+    @property
+    def can_undo(self) -> bool:
+        return bool(self._history.undo)
+
+    @property
+    def can_redo(self) -> bool:
+        return bool(self._history.redo)
+
+    def annotatable(self) -> list[str]:
+        """Names of base-program values that accept an annotation (inputs, op results)."""
+        names = [v.name for v in self.base.inputs]
+        names += [v.name for op in self.base.ops for v in op.outputs]
+        return list(dict.fromkeys(names))
+
+    def on_change(self, callback: Callable[[Session], None]) -> None:
+        """Call ``callback(session)`` after every change, failed ones included."""
+        self._listeners.append(callback)
+
+    # -- changes -------------------------------------------------------------------------
+
+    def annotate(self, value_name: str, spec: Annotation) -> bool:
+        """Place ``value_name`` (a value of the base program) as ``spec`` and propagate."""
+        if value_name not in self.annotatable():
+            return self._fail(
+                f"cannot annotate {value_name!r}: it is not a value of the program "
+                f"{self.base.name!r}; choose one of {', '.join(self.annotatable()[:12])}"
+                + (", ..." if len(self.annotatable()) > 12 else "")
+            )
+        new = self.state.with_annotation(value_name, spec)
+        return self._commit(new, f"annotating {describe_annotation(value_name, spec)}")
+
+    def unannotate(self, value_name: str) -> bool:
+        """Drop the annotation on ``value_name``."""
+        if self.state.annotation(value_name) is None:
+            return self._fail(f"{value_name!r} has no annotation to remove")
+        return self._commit(self.state.without_annotation(value_name), f"removing {value_name}")
+
+    def set_strategy(self, strategy: Strategy | None = None, **knobs: Any) -> bool:
+        """Switch to a ready strategy: ``set_strategy(dp=2, pp=2, microbatches=4)``."""
+        try:
+            strategy = replace(strategy or Strategy(), **knobs)
+        except (DistIRError, TypeError) as e:
+            return self._fail(str(e))
+        return self._commit(self.state.with_strategy(strategy), f"strategy {strategy.describe()}")
+
+    def undo(self) -> bool:
+        """Go back one change. False (with :attr:`error` set) when there is none."""
+        if not self._history.undo:
+            return self._fail("nothing to undo")
+        self._history.redo.append(self.state)
+        self._current = self._derive(self._history.undo.pop())
+        return self._changed()
+
+    def redo(self) -> bool:
+        """Re-apply the change last undone."""
+        if not self._history.redo:
+            return self._fail("nothing to redo")
+        self._history.undo.append(self.state)
+        self._current = self._derive(self._history.redo.pop())
+        return self._changed()
+
+    # -- internals -------------------------------------------------------------------------
+
+    def _derive(self, state: State) -> Derived:
+        key = _cache_key(state)
+        if key not in self._cache:
+            self._cache[key] = derive(self.base, self.topology, state)
+        return self._cache[key]
+
+    def _commit(self, state: State, what: str) -> bool:
+        if state == self.state:
+            self.error = None
+            return self._changed()
+        try:
+            derived = self._derive(state)
+        except Exception as e:  # any failure, ours or a bug elsewhere, must keep the state
+            kind = "" if isinstance(e, DistIRError) else f"{type(e).__name__}: "
+            return self._fail(f"{what} failed: {kind}{e}")
+        self._history.undo.append(self.state)
+        self._history.redo.clear()
+        self._current = derived
+        return self._changed()
+
+    def _changed(self) -> bool:
+        self.error = None
+        self._notify()
+        return True
+
+    def _fail(self, message: str) -> bool:
+        self.error = message
+        self._notify()
+        return False
+
+    def _notify(self) -> None:
+        for callback in self._listeners:
+            callback(self)
