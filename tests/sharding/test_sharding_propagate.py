@@ -1,4 +1,4 @@
-"""Propagation: the distributed Function computes what the original does, and the report says why."""
+"""Propagation: the distributed Function computes what the original does; the report says why."""
 
 from __future__ import annotations
 

@@ -193,5 +193,5 @@ def test_mesh_device_list_must_fit_the_shape():
 
 
 def test_spec_needs_one_device_per_shard():
-    with pytest.raises(AnnotationError, match="one device .or group. per shard"):
+    with pytest.raises(AnnotationError, match=r"one device \(or group\) per shard"):
         ShardingSpec([0, 1, 2], [(0, 2)])
