@@ -118,6 +118,8 @@ class _Parser:
     def _parameter(self, scope: _Scope, what: str) -> None:
         cur = self.cur
         tok = cur.expect_name(f"(a {what})")
+        if tok.text in _RESERVED or tok.text == "_":
+            raise cur.error(f"{tok.text!r} cannot name a {what}", tok)
         cur.expect(":", f"and a type after the {what} {tok.text!r}")
         type_ = self.terms.type(scope.device_vars)
         self._define(scope, tok, None)

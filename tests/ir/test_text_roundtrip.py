@@ -318,3 +318,127 @@ def test_every_type_reads_back_as_printed(t):
     cursor = Cursor(text)
     assert Terms(cursor, {}).type(("d",)) == t
     assert cursor.tok.kind == "EOF"
+
+
+# -- the syntax the seeds use, read as meant ------------------------------------------------
+
+
+def parse(text: str, **sizes: int) -> ir.Function:
+    return ir.parse(text, sizes)
+
+
+def test_symbolic_dimensions_evaluate_with_integer_arithmetic():
+    f = parse(
+        "def f(x: Tensor[(B/N, F*2, (B+F)/4, (B/N)*2, B-F), 0], y: Tensor[(B/N)*2, 0]):\n"
+        "    return x, y",
+        B=8,
+        F=4,
+        N=2,
+    )
+    assert [v.type.shape for v in f.inputs] == [(4, 8, 3, 8, 4), (8,)]
+
+
+def test_device_ranges_expand_inclusively_among_other_devices():
+    f = parse(
+        "def f(x: Tensor[(8, 2), 0]):\n"
+        "    xs: Tuple[Tensor[(2, 2), 0], ..., Tensor[(2, 2), 3]] = scatter(x, devices=[0, 1..N])\n"
+        "    return xs",
+        N=3,
+    )
+    assert tuple(f.ops[0].attributes["devices"]) == (0, 1, 2, 3)
+
+
+def test_positional_literals_bind_to_the_next_attribute():
+    a = parse(
+        "def f(x: Tensor[(4, 3), 0], z: Tensor[(4, 3), 0]):\n"
+        "    y: Tensor[(4, 3), 1] = send(x, 1)\n"
+        "    d: Tensor[(4, 3), 0] = LossGrad(x, z, 2, 'mse')\n"
+        "    return y, d",
+    )
+    b = parse(
+        "def f(x: Tensor[(4, 3), 0], z: Tensor[(4, 3), 0]):\n"
+        "    y: Tensor[(4, 3), 1] = Send(x, to_device=1)\n"
+        '    d: Tensor[(4, 3), 0] = LossGrad(x, z, scale=2, kind="mse")\n'
+        "    return y, d",
+    )
+    assert a.is_equivalent(b)
+    assert dict(b.ops[1].attributes)["kind"] == "mse"
+
+
+def test_result_forms_discards_comments_and_aliases():
+    f = parse(
+        "# the seed's backward step\n"
+        "def f(x: Tensor[(8, 4), 0], w: Tensor[(4, 6), 0], dy: Tensor[(8, 6), 0]):\n"
+        "    (dw, _): Tuple[Tensor[(4, 6), 0], _] = MatMulGrad(x, w, dy)  # da unused\n"
+        "    (\n"
+        "        dw2: Tensor[(4, 6), 0],\n"
+        "        dx2: Tensor[(8, 4), 0],\n"
+        "    ) = matmulgrad(x, w, dy)\n"
+        "    w1 = opt(w, dw)  # untyped: the type is inferred\n"
+        "    return w1, dx2\n",
+    )
+    assert [op.op_type for op in f.ops] == ["MatMulGrad", "MatMulGrad", "SGDOptimizer"]
+    assert f.outputs[0].type == T(4, 6)
+
+
+def test_tuple_elements_are_tuple_gets_made_once():
+    f = parse(
+        "def f(xs: Tuple[Tensor[(2,), 1], Tensor[(2,), 2]]):\n"
+        "    a: Tensor[(2,), 1] = Relu(xs[0])\n"
+        "    b: Tensor[(2,), 1] = Add(xs[0], a)\n"
+        "    c: Tensor[(2,), 2] = Relu(xs[-1])\n"
+        "    return b, c",
+    )
+    assert [op.op_type for op in f.ops] == ["TupleGet", "Relu", "Add", "TupleGet", "Relu"]
+    assert f.ops[3].attributes["index"] == -1
+
+
+PMAP_FN = """\
+def f(xs: Tuple[Tensor[(2,), 1], Tensor[(2,), 2]]):
+    ys: Tuple[Tensor[(2,), 1], Tensor[(2,), 2]] = pmap(
+        device_var=d, device_map={1: [1, 3], 2: [2, 4]},
+        SPELLING (xi: Tensor[(2,), d]): {
+            yi: Tensor[(2,), d] = Relu(xi)
+            return yi
+        },
+        (xs)
+    )
+    return ys
+"""
+
+
+@pytest.mark.parametrize("spelling", ["body=lambda", "lambda d: lambda", "fn=lambda d: lambda"])
+def test_pmap_spellings_agree(spelling: str):
+    want = parse(PMAP_FN.replace("SPELLING", "fn=lambda"))
+    got = parse(PMAP_FN.replace("SPELLING", spelling))
+    assert got.is_equivalent(want)
+    assert dict(got.ops[0].attributes["device_map"]) == {1: (1, 3), 2: (2, 4)}
+
+
+def test_seed_002_pmap_with_the_device_map_after_the_body():
+    f = parse(
+        "def f(xs: Tuple[Tensor[(2,), 1], Tensor[(2,), 2]]):\n"
+        "    ys: Tuple[Tensor[(4,), 1], Tensor[(4,), 2]] = pmap(\n"
+        "        lambda d:\n"
+        "        lambda (xi: Tensor[(2,), d]): {\n"
+        "            zs: Tuple[Tensor[(2,), d], Tensor[(2,), d.1]] =\n"
+        "                broadcast(xi, devices=[d, d.1])\n"
+        "            yi: Tensor[(4,), d] = gather(zs, to_device=d)\n"
+        "            return yi\n"
+        "        },\n"
+        "        device_map={1: [1, 3], 2: [2, 4]},  # this tells simulator what d.1 is\n"
+        "        (xs)\n"
+        "    )\n"
+        "    return ys\n"
+    )
+    (body,) = f.ops[0].subfunctions
+    assert tuple(body.ops[0].attributes["devices"]) == (DeviceVar("d"), DeviceVar("d", (1,)))
+    (ys,) = ir.execute(f, {"xs": (np.ones(2, np.float32), np.zeros(2, np.float32))})
+    np.testing.assert_array_equal(ys[0], np.ones(4, np.float32))
+    np.testing.assert_array_equal(ys[1], np.zeros(4, np.float32))
+
+
+def test_the_docs_example_prints_back_identically():
+    doc = (Path(__file__).parents[2] / "docs" / "text-format.md").read_text()
+    example = doc.split("## Example")[1].split("```\n")[1]
+    assert str(ir.parse(example)) + "\n" == example
