@@ -99,3 +99,12 @@ def test_model_errors():
         ir.models.mlp(2, 3, 4, 5, layers=0)
     with pytest.raises(ModelError, match="activation"):
         ir.models.mlp(2, 3, 4, 5, activation="swish")
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_programs_print_and_parse_back(model, optimizer):
+    f = ir.models.mlp(8, 4, 6, 4, layers=3) if model == "mlp" else ir.models.gpt(2, 4, 8, 2, 7, 1)
+    t = ir.transforms.training(f, optimizer)
+    for program in (f, t, ir.transforms.recompute(t)):
+        assert ir.parse(str(program)).is_equivalent(program)
