@@ -23,7 +23,7 @@ from ..device import Topology
 from ..errors import VerifyError
 from ..function import Function
 from ..registry import CostContext, get_op
-from ..types import Type
+from ..types import TupleType, Type
 from ..value import Value
 from ..verify import describe_op, infer_types
 from . import annotations as ann
@@ -247,6 +247,20 @@ class _Materialiser:
         reduced = [w for w in self.views.get(v, {}).values() if not _has_partial(w.layout)]
         if _has_partial(d.layout) and reduced:
             d = reduced[0]  # already reduced for a consumer: gather that, do not reduce again
+        return self._collect_value(v, d)
+
+    def _collect_value(self, v: Value, d: DistValue) -> Value:
+        if isinstance(v.type, TupleType):  # a tuple-valued result (Split): element by element
+            parts = []
+            for e, t in enumerate(v.type.elements):
+                locs = tuple(
+                    self.b.call("TupleGet", x, index=e, name=f"{v.name}{e}_{dev}")
+                    for x, dev in zip(d.locals, self.mesh.devices)
+                )
+                parts.append(
+                    self._collect_value(Value(f"{v.name}{e}", t), DistValue(locs, d.layout, t))
+                )
+            return self.b.call("MakeTuple", *parts, name=v.name)
         xs = self.b.call("MakeTuple", *d.locals, name=f"{v.name}_parts")
         p = d.layout.placements
         device = getattr(v.type, "device", None)
