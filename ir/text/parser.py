@@ -26,11 +26,12 @@ from typing import Any
 from ..builder import FunctionBuilder
 from ..errors import RegistryError, TypeRuleError, UnknownOpError, VerifyError
 from ..function import Function
-from ..registry import OpDef, get_op
+from ..registry import OpDef, get_op, has_op
 from ..types import TupleType
 from ..value import Value
 from .lexer import Cursor, Token, describe
-from .terms import BLANK, Terms
+from .pmap import parse_pmap
+from .terms import BLANK, DTYPE_NAMES, Terms
 
 _RESERVED = ("def", "return", "lambda")
 _PMAP_NAMES = ("pmap",)
@@ -100,12 +101,12 @@ class _Parser:
         scope = _Scope(FunctionBuilder(name.text), ())
         opener = cur.expect("(", f"after 'def {name.text}'")
         while not cur.tok.is_punct(")"):
-            self._parameter(scope, "function parameter")
+            self.parameter(scope, "function parameter")
             if not cur.accept(","):
                 break
         cur.close(opener, "after the function's parameters")
         cur.expect(":", f"after the parameters of {name.text!r}")
-        outputs = self._statements(scope, end="the end of the text", closer=None)
+        outputs = self.statements(scope, closer=None)
         if outputs is None:
             raise cur.error(f"function {name.text!r} ends without a 'return' statement")
         if cur.tok.kind != "EOF":
@@ -113,25 +114,25 @@ class _Parser:
                 f"expected the end of the text after 'return', found {describe(cur.tok)} "
                 "(one def per program; return comes last)"
             )
-        return self._finish(scope, outputs, name)
+        return self.finish(scope, outputs, name)
 
-    def _parameter(self, scope: _Scope, what: str) -> None:
+    def parameter(self, scope: _Scope, what: str) -> None:
         cur = self.cur
         tok = cur.expect_name(f"(a {what})")
         if tok.text in _RESERVED or tok.text == "_":
             raise cur.error(f"{tok.text!r} cannot name a {what}", tok)
         cur.expect(":", f"and a type after the {what} {tok.text!r}")
         type_ = self.terms.type(scope.device_vars)
-        self._define(scope, tok, None)
+        self._define(scope, tok)
         scope.values[tok.text] = (scope.builder.input(tok.text, type_), tok)
 
-    def _finish(self, scope: _Scope, outputs: list[Value], where: Token) -> Function:
+    def finish(self, scope: _Scope, outputs: list[Value], where: Token) -> Function:
         try:
             return scope.builder.finish(outputs)
         except _BUILD_ERRORS as e:
             raise self.cur.error(str(e), where) from None
 
-    def _statements(self, scope: _Scope, end: str, closer: str | None) -> list[Value] | None:
+    def statements(self, scope: _Scope, closer: str | None) -> list[Value] | None:
         """Statements up to 'return' (its values returned) or ``closer`` (None returned)."""
         cur = self.cur
         while True:
@@ -152,9 +153,8 @@ class _Parser:
     def _return_values(self, scope: _Scope, closer: str | None) -> list[Value]:
         cur = self.cur
         values: list[Value] = []
-        stop = ("EOF",)
-        while cur.tok.kind not in stop and not (closer and cur.tok.is_punct(closer)):
-            values.append(self._operand(scope, None))
+        while cur.tok.kind != "EOF" and not (closer and cur.tok.is_punct(closer)):
+            values.append(self.operand(scope))
             if not cur.accept(","):
                 break
         return values
@@ -165,8 +165,6 @@ class _Parser:
         cur = self.cur
         start = cur.tok
         if start.kind == "NAME" and cur.peek().is_punct("("):
-            from ..registry import has_op
-
             known = "" if has_op(start.text) else f"; and {start.text!r} is not a known op"
             raise cur.error(
                 f"expected a statement that names its results (name: Type = Op(...)), found the "
@@ -176,14 +174,14 @@ class _Parser:
         cur.expect("=", "after the results of a statement (name: Type = Op(...))")
         for result in results:
             if result.token.text != "_":
-                self._define(scope, result.token, None)
+                self._define(scope, result.token)
         op_tok = cur.tok
         if op_tok.kind != "NAME":
             raise cur.error(
                 f"expected an op call such as MatMul(x, w) after '=', found {describe(op_tok)}"
             )
         if op_tok.text.lower() in _PMAP_NAMES:
-            outputs = self._pmap(scope, results, start)
+            outputs = parse_pmap(self, scope, results, start)
         else:
             outputs = self._call(scope, results, start)
         for result, value in zip(results, outputs):
@@ -246,7 +244,7 @@ class _Parser:
             raise cur.error(f"the statement names {tok.text!r} twice", tok)
         return tok
 
-    def _define(self, scope: _Scope, tok: Token, _: Any) -> None:
+    def _define(self, scope: _Scope, tok: Token) -> None:
         if tok.text in scope.values:
             first = scope.values[tok.text][1]
             raise self.cur.error(
@@ -320,7 +318,7 @@ class _Parser:
                     raise cur.error(
                         f"operand after a positional attribute value in {op_tok.text}(...)", tok
                     )
-                operands.append(self._operand(scope, op_tok))
+                operands.append(self.operand(scope))
             else:
                 free = [a for a in attr_order if a.name not in attrs]
                 if not free:
@@ -335,8 +333,8 @@ class _Parser:
                 break
         cur.close(opener, f"after the arguments of {op_tok.text}")
         self.check_result_count(opdef.name, opdef.results, results, start)
-        names = [self._value_name(r, opdef, i) for i, r in enumerate(results)]
-        op = self._add_op(scope, op_tok, opdef.name, operands, attrs, names, ())
+        names = [self.value_name(r, opdef, i) for i, r in enumerate(results)]
+        op = self.add_op(scope, op_tok, opdef.name, operands, attrs, names, ())
         return op.outputs
 
     def _is_operand(self, scope: _Scope, tok: Token) -> bool:
@@ -348,12 +346,10 @@ class _Parser:
         if tok.text in scope.values or scope.outer_definition(tok.text):
             return True
         literal_names = {"True", "False", "None", "inf", "nan", *scope.device_vars}
-        from .terms import DTYPE_NAMES
-
         known = tok.text in literal_names or tok.text in DTYPE_NAMES or tok.text in self.terms.sizes
         return not known
 
-    def _operand(self, scope: _Scope, op_tok: Token | None) -> Value:
+    def operand(self, scope: _Scope) -> Value:
         """``name``, ``name[i]`` (a TupleGet) or ``(a, b, ...)`` (a MakeTuple)."""
         cur = self.cur
         tok = cur.tok
@@ -361,11 +357,11 @@ class _Parser:
             opener = cur.advance()
             items: list[Value] = []
             while not cur.tok.is_punct(")"):
-                items.append(self._operand(scope, op_tok))
+                items.append(self.operand(scope))
                 if not cur.accept(","):
                     break
             cur.close(opener, "after the tuple's elements")
-            (op,) = [self._add_op(scope, tok, "MakeTuple", items, {}, None, ())]
+            (op,) = [self.add_op(scope, tok, "MakeTuple", items, {}, None, ())]
             return op.outputs[0]
         if tok.kind != "NAME":
             raise cur.error(f"expected a value name, found {describe(tok)}")
@@ -378,7 +374,7 @@ class _Parser:
             key = (value, index)
             if key not in scope.tuple_gets:
                 name = f"{tok.text}_{index}" if index >= 0 else f"{tok.text}_m{-index}"
-                op = self._add_op(scope, tok, "TupleGet", [value], {"index": index}, [name], ())
+                op = self.add_op(scope, tok, "TupleGet", [value], {"index": index}, [name], ())
                 scope.tuple_gets[key] = op.outputs[0]
             value = scope.tuple_gets[key]
         return value
@@ -399,13 +395,13 @@ class _Parser:
         raise self.cur.error(f"undefined value {tok.text!r}{hint}", tok)
 
     @staticmethod
-    def _value_name(result: _Result, opdef: OpDef, i: int) -> str:
+    def value_name(result: _Result, opdef: OpDef, i: int) -> str:
         if result.token.text != "_":
             return result.token.text
         results = opdef.results
         return "_" + (results[i] if i < len(results) else f"{results[-1]}{i}")
 
-    def _add_op(
+    def add_op(
         self,
         scope: _Scope,
         where: Token,
@@ -428,7 +424,8 @@ class _Parser:
 
     # -- pmap ---------------------------------------------------------------------------
 
-    def _pmap(self, scope: _Scope, results: list[_Result], start: Token) -> tuple[Value, ...]:
-        from .pmap import parse_pmap
-
-        return parse_pmap(self, scope, results, start)
+    def body_scope(self, scope: _Scope, device_var: str) -> _Scope:
+        """A fresh scope for a pmap body inside ``scope``, binding ``device_var``."""
+        self.bodies += 1
+        builder = FunctionBuilder(f"{scope.builder.name}_body{self.bodies}")
+        return _Scope(builder, (*scope.device_vars, device_var), parent=scope)

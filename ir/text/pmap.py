@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..builder import FunctionBuilder
 from ..function import Function
 from ..registry import get_op
 from ..value import Value
@@ -85,11 +84,11 @@ def parse_pmap(
         raise cur.error("pmap needs the per-device tuples it maps over, e.g. (xs, ws)", op_tok)
     p.check_result_count("pmap", tuple(v.name for v in body.outputs), results, start)
     opdef = get_op("Pmap")
-    names = [p._value_name(r, opdef, i) for i, r in enumerate(results)]
+    names = [p.value_name(r, opdef, i) for i, r in enumerate(results)]
     attrs: dict[str, Any] = {"device_var": device_var}
     if device_map is not None:
         attrs["device_map"] = device_map
-    op = p._add_op(scope, op_tok, "Pmap", data, attrs, names, (body,))
+    op = p.add_op(scope, op_tok, "Pmap", data, attrs, names, (body,))
     return op.outputs
 
 
@@ -106,11 +105,11 @@ def _no_second_body(p: _Parser, body: Function | None, tok: Token) -> None:
 def _data(p: _Parser, scope: _Scope) -> list[Value]:
     cur = p.cur
     if not cur.tok.is_punct("("):
-        return [p._operand(scope, None)]
+        return [p.operand(scope)]
     opener = cur.advance()
     values: list[Value] = []
     while not cur.tok.is_punct(")"):
-        values.append(p._operand(scope, None))
+        values.append(p.operand(scope))
         if not cur.accept(","):
             break
     cur.close(opener, "after the pmap's operands")
@@ -119,8 +118,6 @@ def _data(p: _Parser, scope: _Scope) -> list[Value]:
 
 def _lambda(p: _Parser, scope: _Scope, device_var: str | None) -> tuple[Function, str]:
     """``lambda [d: lambda] params: { statements return ... }`` -> (body, device variable)."""
-    from .parser import _Scope
-
     cur = p.cur
     lambda_tok = cur.expect_keyword("lambda", "for the pmap body")
     if cur.tok.kind == "NAME" and cur.peek().is_punct(":"):
@@ -135,15 +132,10 @@ def _lambda(p: _Parser, scope: _Scope, device_var: str | None) -> tuple[Function
             "or lambda d: lambda (...): {...}",
             lambda_tok,
         )
-    p.bodies += 1
-    body_scope = _Scope(
-        FunctionBuilder(f"{scope.builder.name}_body{p.bodies}"),
-        (*scope.device_vars, device_var),
-        parent=scope,
-    )
+    body_scope = p.body_scope(scope, device_var)
     _parameters(p, body_scope)
     brace = cur.expect("{", "to open the pmap body")
-    outputs = p._statements(body_scope, end="'}'", closer="}")
+    outputs = p.statements(body_scope, closer="}")
     if outputs is None:
         if cur.tok.kind == "EOF":
             cur.close(brace, "after the pmap body")
@@ -153,7 +145,7 @@ def _lambda(p: _Parser, scope: _Scope, device_var: str | None) -> tuple[Function
     if not outputs:
         raise cur.error("the pmap body returns nothing: return at least one value")
     cur.close(brace, "after the body's return")
-    return p._finish(body_scope, outputs, lambda_tok), device_var
+    return p.finish(body_scope, outputs, lambda_tok), device_var
 
 
 def _parameters(p: _Parser, scope: _Scope) -> None:
@@ -163,12 +155,12 @@ def _parameters(p: _Parser, scope: _Scope) -> None:
         if cur.tok.is_punct("("):
             opener = cur.advance()
             while not cur.tok.is_punct(")"):
-                p._parameter(scope, "body parameter")
+                p.parameter(scope, "body parameter")
                 if not cur.accept(","):
                     break
             cur.close(opener, "after the body's parameters")
         else:
-            p._parameter(scope, "body parameter")
+            p.parameter(scope, "body parameter")
         if cur.accept(":"):
             return
         if not cur.accept(","):
