@@ -7,6 +7,8 @@ horizontal parallelism, 0 and 1 for model and pipeline parallelism).
 
 from __future__ import annotations
 
+import itertools
+
 import ir
 from ir import DeviceVar, FunctionBuilder, TensorType
 
@@ -165,3 +167,14 @@ def uniform_pipeline(stages: int, microbatches: int, size: int = 64) -> ir.Funct
             h = b.call("MatMul", h, ws[s], name=f"a{s}_{m}")
         outs.append(h)
     return b.finish(outs)
+
+
+def assert_streams_never_overlap(result: ir.SimResult) -> None:
+    by_stream: dict[tuple[int, str], list] = {}
+    for ev in result.events:
+        assert ev.dur_s >= 0
+        by_stream.setdefault((ev.device, ev.stream), []).append(ev)
+    for events in by_stream.values():
+        events.sort(key=lambda ev: ev.start_s)
+        for a, b in itertools.pairwise(events):
+            assert a.end_s <= b.start_s + 1e-15, (a.label, b.label)

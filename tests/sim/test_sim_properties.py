@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_programs import assert_streams_never_overlap
 
 import ir
 from ir import FunctionBuilder, TensorType
@@ -61,21 +62,8 @@ def topology(bandwidths: list[float], latencies: list[float]) -> ir.Topology:
 
 
 programs = st.lists(instruction, min_size=1, max_size=25)
-link_bandwidths = st.lists(
-    st.sampled_from([1e9, 3e9, 1e10, 5e10, 3e11]), min_size=16, max_size=16
-)
+link_bandwidths = st.lists(st.sampled_from([1e9, 3e9, 1e10, 5e10, 3e11]), min_size=16, max_size=16)
 link_latencies = st.lists(st.sampled_from([0.0, 1e-6, 5e-6]), min_size=16, max_size=16)
-
-
-def assert_streams_never_overlap(result: ir.SimResult) -> None:
-    by_stream: dict[tuple[int, str], list] = {}
-    for ev in result.events:
-        assert ev.dur_s >= 0
-        by_stream.setdefault((ev.device, ev.stream), []).append(ev)
-    for events in by_stream.values():
-        events.sort(key=lambda ev: ev.start_s)
-        for a, b in zip(events, events[1:]):
-            assert a.end_s <= b.start_s + 1e-15, (a.label, b.label)
 
 
 @settings(max_examples=60, deadline=None)

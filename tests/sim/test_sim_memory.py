@@ -1,0 +1,108 @@
+"""Memory by liveness: timelines, peaks, capacity flags, per-device tuple elements."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from seed_mlp_texts import DATA_PARALLEL, HORIZONTAL, PIPELINE, SEQUENTIAL
+
+import ir
+from ir import FunctionBuilder, TensorType
+
+KB = 64 * 64 * 4  # bytes of one 64 x 64 float32 tensor
+
+
+def chain() -> ir.Function:
+    """x -> a = Relu(x) -> b = Relu(a) -> c = Relu(b); returns c."""
+    bld = FunctionBuilder("chain")
+    x = bld.input("x", TensorType((64, 64), device=0))
+    a = bld.call("Relu", x, name="a")
+    b = bld.call("Relu", a, name="b")
+    c = bld.call("Relu", b, name="c")
+    return bld.finish([c])
+
+
+def test_liveness_of_a_chain_by_hand():
+    topology = ir.Topology.uniform(1, peak_flops=1e12, mem_bandwidth_bytes_per_s=1e11)
+    result = ir.simulate(chain(), topology)
+    t = 2 * KB / 1e11  # each Relu reads and writes one tensor
+    times, live = result.memory_timeline(0)
+    # x resident from 0; a allocated at 0; b at t (a freed at 2t, after b's op);
+    # c at 2t; b freed at 3t; c (an output) stays to the end.
+    np.testing.assert_allclose(times, [0, t, 2 * t, 3 * t], rtol=1e-12)
+    np.testing.assert_array_equal(live, [2 * KB, 3 * KB, 3 * KB, 2 * KB])
+    assert result.peak_memory_bytes == {0: 3 * KB}
+    assert result.oom == {0: None}
+
+
+@pytest.mark.parametrize("text", [SEQUENTIAL, DATA_PARALLEL, HORIZONTAL, PIPELINE])
+def test_the_peak_of_each_memory_curve_is_the_reported_peak(text):
+    result = ir.simulate(ir.parse(text), ir.Topology.uniform(3))
+    for device in result.devices:
+        times, live = result.memory_timeline(device)
+        assert len(times) == len(live) and np.all(np.diff(times) > 0)
+        assert times[0] == 0 and times[-1] == pytest.approx(result.step_time_s)
+        assert live.max() == result.peak_memory_bytes[device]
+        assert live.min() >= 0
+
+
+def test_inputs_stay_resident_and_outputs_stay_live_to_the_end():
+    f = ir.parse(SEQUENTIAL)
+    result = ir.simulate(f, ir.Topology.uniform(1))
+    _, live = result.memory_timeline(0)
+    inputs = sum(v.type.size_bytes for v in f.inputs)
+    outputs = sum(v.type.size_bytes for v in f.outputs)
+    first = sum(v.type.size_bytes for v in f.ops[0].outputs)
+    assert live[0] == inputs + first  # at time 0 the first op has allocated its result
+    assert live[-1] == inputs + outputs  # every activation and gradient freed
+    assert live.min() >= inputs
+
+
+def test_an_unused_result_is_freed_when_its_op_ends():
+    # MatMulGrad's second result (the seed's `_`) is read by no one
+    f = ir.parse(SEQUENTIAL)
+    result = ir.simulate(f, ir.Topology.uniform(1))
+    last = [ev for ev in result.events if ev.op.op_type == "MatMulGrad"][-1]
+    times, live = result.memory_timeline(0)
+    during = live[np.searchsorted(times, last.start_s, side="right") - 1]
+    after = live[np.searchsorted(times, last.end_s, side="right") - 1]
+    unused = last.op.outputs[1].type.size_bytes
+    assert during - after >= unused
+
+
+def test_tuple_elements_count_on_their_own_devices():
+    bld = FunctionBuilder("scatter")
+    x = bld.input("x", TensorType((64, 64), device=0))
+    xs = bld.call("Scatter", x, dim=0, devices=[1, 2])
+    f = bld.finish([xs])
+    result = ir.simulate(f, ir.Topology.uniform(3))
+    assert result.peak_memory_bytes == {0: KB, 1: KB / 2, 2: KB / 2}
+
+
+def test_optimizer_state_is_counted():
+    bld = FunctionBuilder("adam")
+    w = bld.input("w", TensorType((64, 64), device=0))
+    dw = bld.input("dw", TensorType((64, 64), device=0))
+    m = bld.input("m", TensorType((64, 64), device=0))
+    v = bld.input("v", TensorType((64, 64), device=0))
+    f = bld.finish(list(bld.call("Adam", w, dw, m, v)))
+    result = ir.simulate(f, ir.Topology.uniform(1))
+    assert result.peak_memory_bytes[0] == 7 * KB  # w, dw, m, v and the new w, m, v
+
+
+def test_the_op_that_exceeds_capacity_is_flagged():
+    topology = ir.Topology.uniform(1, memory_bytes=2.5 * KB)
+    f = chain()
+    result = ir.simulate(f, topology)
+    # x and a fit (2 KB); b's allocation makes 3 KB
+    assert result.oom[0] is f.ops[1]
+    assert result.over_capacity == (0,)
+    roomy = ir.simulate(f, ir.Topology.uniform(1, memory_bytes=3 * KB))
+    assert roomy.oom[0] is None and roomy.over_capacity == ()
+
+
+def test_a_device_the_program_does_not_use_has_no_timeline():
+    result = ir.simulate(chain(), ir.Topology.uniform(2))
+    assert result.devices == (0,)
+    with pytest.raises(ir.DistIRError, match="does not use device 1"):
+        result.memory_timeline(1)
