@@ -71,11 +71,11 @@ def test_sharded_execution_equals_unsharded(name: str):
         f = _function(name, example)
         inputs = [_random(v.type, rng) for v in f.inputs]
         want = ir.execute(f, inputs)
-        for annotations in _annotations(f):
-            g, _ = propagate(f, annotations, mesh=Mesh((2,)))
+        for given in _annotations(f):
+            g, _ = propagate(f, given, mesh=Mesh((2,)))
             for w, got in zip(_flat(want), _flat(ir.execute(g, inputs)), strict=True):
                 np.testing.assert_allclose(
-                    got, w, rtol=1e-5, atol=1e-6, err_msg=f"{name} with {annotations}"
+                    got, w, rtol=1e-5, atol=1e-6, err_msg=f"{name} with {given}"
                 )
             checked += 1
     # TupleGet's operand is always a tuple; Split -> TupleGet is walked with Split.
