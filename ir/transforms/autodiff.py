@@ -155,25 +155,54 @@ def _resolve_params(f: Function, params: Sequence[str | Value] | None, loss: int
 
 
 class _Grads:
-    """Gradient contributions per value of the original program, summed on first read."""
+    """Gradient contributions per value of the original program, summed on first read.
+
+    Gradients that ``TupleGet`` sends into one slot of a tuple are kept per slot and
+    assembled into one ``MakeTuple`` (zeros in the slots nothing reached) when the
+    tuple's gradient is read, so N reads of an N-tuple cost N ops, not N * N.
+    """
 
     def __init__(self, b: FunctionBuilder) -> None:
         self.b = b
         self.parts: dict[Value, list[Value]] = {}
+        self.slots: dict[Value, dict[int, list[Value]]] = {}
+        self.items: dict[Value, list[Value]] = {}  # tuples built here -> their elements
 
     def add(self, v: Value, g: Value) -> None:
         self.parts.setdefault(v, []).append(g)
 
+    def add_slot(self, v: Value, index: int, g: Value) -> None:
+        self.slots.setdefault(v, {}).setdefault(index, []).append(g)
+
+    def _sum(self, parts: list[Value], name: str) -> Value:
+        total = parts[0]
+        for k, g in enumerate(parts[1:]):
+            total = add_grads(self.b, total, g, name if k == len(parts) - 2 else f"{name}_{k}")
+        return total
+
     def get(self, v: Value) -> Value | None:
+        slots = self.slots.pop(v, None)
+        if slots:
+            assert isinstance(v.type, TupleType)
+            items = [
+                self._sum(slots[k], f"{gname(v)}_{k}")
+                if k in slots
+                else zeros(self.b, e, f"{gname(v)}_{k}")
+                for k, e in enumerate(v.type.elements)
+            ]
+            built = self.b.call("MakeTuple", *items, name=gname(v))
+            self.items[built] = items
+            self.parts.setdefault(v, []).append(built)
         parts = self.parts.get(v)
         if not parts:
             return None
-        total = parts[0]
-        for k, g in enumerate(parts[1:]):
-            name = gname(v) if k == len(parts) - 2 else f"{gname(v)}_{k}"
-            total = add_grads(self.b, total, g, name)
+        total = self._sum(parts, gname(v))
         self.parts[v] = [total]
         return total
+
+    def elements(self, g: Value) -> list[Value] | None:
+        """The elements of a tuple gradient built here, without TupleGet ops."""
+        return self.items.get(g)
 
 
 def backward(
@@ -218,11 +247,17 @@ def backward(
                 name="dl",
             )
             results: list[Value | None] = [dy, None]
+        elif op.op_type == "TupleGet":
+            g = grads.get(op.outputs[0])
+            if g is not None:
+                grads.add_slot(op.inputs[0], op.attributes["index"] % len(ins[0].type), g)
+            continue
         else:
             out_grads = [grads.get(v) for v in op.outputs]
             if all(g is None for g in out_grads):
                 continue
-            results = _apply_rule(b, op, ins, outs, out_grads)
+            known = grads.elements(out_grads[0]) if op.op_type == "MakeTuple" else None
+            results = _apply_rule(b, op, ins, outs, out_grads) if known is None else known
         for i in wanted:
             g = results[i]
             if g is None:

@@ -331,3 +331,22 @@ def test_training_of_a_distributed_forward_equals_sequential_training(model, tra
     assert len(got) == len(want)
     for a, b in zip(got, want):
         np.testing.assert_allclose(_first(a), b, rtol=1e-10, atol=1e-12)
+
+
+def test_unrolled_data_parallel_program_trains_with_linear_gradient_bookkeeping():
+    from ir.transforms.data_parallel import data_parallel
+    from ir.transforms.unroll import unroll_pmap
+
+    f = ir.models.mlp(16, 4, 5, 3, dtype=F64)
+    want = ir.execute(ir.transforms.training(f, return_gradients=True), float64_inputs(f, 2))
+    sizes = []
+    for n in (2, 8):
+        g = unroll_pmap(data_parallel(f, n))
+        t = ir.transforms.training(g, params=["wA", "wB"], return_gradients=True)
+        got = ir.execute(t, float64_inputs(f, 2))
+        for a, b in zip(got, want, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+        # per-device TupleGet gradients are assembled once per tuple, never padded with zeros
+        assert [op.op_type for op in t.ops].count("Constant") <= 1
+        sizes.append(len(t.ops) - len(g.ops))
+    assert sizes[1] <= 4 * sizes[0] + 8  # backward ops grow linearly with the devices
