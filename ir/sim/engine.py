@@ -56,6 +56,7 @@ class _Scope(dict):
         super().__init__()
         self.index_of = index_of
         self.bindings = bindings  # ((var, concrete id, device_map), ...), innermost first
+        self.key = tuple((var, concrete, id(device_map)) for var, concrete, device_map in bindings)
 
     def __missing__(self, ref: Any) -> int:
         bound = ref
@@ -294,7 +295,7 @@ class Engine:
         self, op: Op, scope: _Scope, prep: tuple
     ) -> tuple[tuple[int, ...], float, tuple[float, float]]:
         opdef = prep[2]
-        key = (op, scope.bindings)
+        key = (op, scope.key)
         hit = self._comm_cache.get(key)
         if hit is not None:
             return hit

@@ -178,3 +178,37 @@ def assert_streams_never_overlap(result: ir.SimResult) -> None:
         events.sort(key=lambda ev: ev.start_s)
         for a, b in itertools.pairwise(events):
             assert a.end_s <= b.start_s + 1e-15, (a.label, b.label)
+
+
+def nested_pmap_matmul() -> ir.Function:
+    """Seed 002's nested pmap: data parallel over devices 1 and 2, each splitting its
+    matmul by columns with a sub-device (device_map {1: [1, 3], 2: [2, 4]})."""
+    b = FunctionBuilder("nested_pmap")
+    wA, x = b.input("wA", T(F, H)), b.input("x", T(B, F))
+    xs = b.call("Scatter", x, dim=0, devices=[1, 2], name="xs")
+    wAs = b.call("Broadcast", wA, devices=[1, 2], name="wAs")
+    d1 = DeviceVar("d", (1,))
+
+    inner = FunctionBuilder("column")
+    dd = DeviceVar("dd")
+    xij = inner.input("xij", T(B // 2, F, device=dd))
+    wAij = inner.input("wAij", T(F, H // 2, device=dd))
+    inner_body = inner.finish([inner.call("MatMul", xij, wAij, name="aij")])
+
+    outer = FunctionBuilder("row")
+    xi, wAi = outer.input("xi", T(B // 2, F, device=D)), outer.input("wAi", T(F, H, device=D))
+    xis = outer.call("Broadcast", xi, devices=[D, d1], name="xis")
+    wAis = outer.call("Scatter", wAi, dim=1, devices=[D, d1], name="wAis")
+    ais = outer.call("Pmap", xis, wAis, subfunctions=[inner_body], device_var="dd", name="ais")
+    ai = outer.call("Gather", ais, dim=1, to_device=D, name="ai")
+    body = outer.finish([ai])
+    as_ = b.call(
+        "Pmap",
+        xs,
+        wAs,
+        subfunctions=[body],
+        device_var="d",
+        device_map={1: [1, 3], 2: [2, 4]},
+        name="as",
+    )
+    return b.finish([b.call("Gather", as_, dim=0, to_device=0, name="a")])

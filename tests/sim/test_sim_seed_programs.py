@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from seed_mlp_texts import DATA_PARALLEL, HORIZONTAL, PIPELINE, SEQUENTIAL
-from sim_programs import assert_streams_never_overlap, mlp_pipeline
+from sim_programs import assert_streams_never_overlap, mlp_pipeline, nested_pmap_matmul
 
 import ir
 
@@ -100,3 +100,15 @@ def test_the_presets_simulate_the_seed_programs():
     }
     assert all(t > 0 for t in times.values())
     assert times["h100-hgx"] < times["v100-dgx2"]
+
+
+def test_nested_pmap_resolves_sub_devices_through_the_device_map():
+    f = nested_pmap_matmul()  # seed 002: d.1 is device 3 for d = 1, device 4 for d = 2
+    result = ir.simulate(f, ir.Topology.uniform(5))
+    matmuls = events(result, "MatMul")
+    assert sorted(ev.device for ev in matmuls) == [1, 2, 3, 4]
+    assert len({ev.start_s for ev in matmuls}) == 1  # all four run at once
+    assert all(ev.flops == 2 * 32 * 24 * 32 for ev in matmuls)
+    inner_broadcasts = [ev for ev in events(result, "Broadcast") if ev.device in (3, 4)]
+    assert len(inner_broadcasts) == 2
+    assert result.peak_memory_bytes[3] > 0 and result.peak_memory_bytes[4] > 0
