@@ -203,7 +203,11 @@ def local_attributes(op: Op, inputs: Sequence[Value], device: DeviceRef) -> dict
                 f"of shape {loc.shape}\n  in: {describe_op(op)}"
             )
         attrs["shape"] = shape
-    elif op.op_type in ("Loss", "LossGrad") and not attrs.get("denominator"):
+    elif (
+        op.op_type in ("Loss", "LossGrad")
+        and not attrs.get("denominator")
+        and inputs[0].type.shape != op.inputs[0].type.shape
+    ):
         attrs["denominator"] = loss_rows(op.inputs[0].type, attrs.get("kind", "cross_entropy"))
     elif op.op_type == "Constant":
         attrs["device"] = device

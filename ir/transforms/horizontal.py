@@ -268,7 +268,7 @@ def horizontal_parallel(
     >>> h = b.call("Relu", b.call("MatMul", x, w1, name="a"), name="h")
     >>> g = horizontal_parallel(b.finish(b.call("MatMul", h, w2, name="y")), 2)
     >>> [op.op_type for op in g.ops]
-    ['Scatter', 'Scatter', 'Broadcast', 'Pmap', 'AllReduce']
+    ['Scatter', 'Scatter', 'Broadcast', 'Pmap', 'Reduce']
     """
     devices = check_devices(devices, degree, topology)
     plan = horizontal_plan(f, degree, var)

@@ -118,3 +118,24 @@ def transformer_block(batch: int, seq: int, hidden: int, heads: int) -> ir.Funct
     h = b.call("Gelu", b.call("MatMul", n2, w["wfc"], name="fc"), name="h")
     y = b.call("Add", x1, b.call("MatMul", h, w["wproj"], name="proj"), name="y")
     return b.finish([y])
+
+
+def model(name: str) -> ir.Function:
+    """Small float64 programs from ir.models: forward and training MLPs and GPTs."""
+    import ir.models
+    from ir.transforms import training
+
+    if name == "mlp":
+        return ir.models.mlp(8, 4, 6, 5, layers=3, dtype=F64)
+    if name == "mlp_sgd":
+        return ir.models.mlp(8, 4, 6, 5, layers=2, training=True, dtype=F64)
+    if name == "mlp_adam":
+        return training(ir.models.mlp(7, 3, 4, 4, layers=2, dtype=F64), optimizer="adam")
+    if name == "gpt":
+        return ir.models.gpt(4, 3, 8, 2, 11, 2, dtype=F64)
+    if name == "gpt_sgd":
+        return ir.models.gpt(4, 3, 8, 2, 11, 1, training=True, dtype=F64)
+    raise KeyError(name)
+
+
+MODELS = ("mlp", "mlp_sgd", "mlp_adam", "gpt", "gpt_sgd")

@@ -4,7 +4,7 @@ program, for even and uneven splits, SGD and Adam, forward and training programs
 from __future__ import annotations
 
 import pytest
-from _parallel_programs import assert_same, mlp
+from _parallel_programs import MODELS, assert_same, mlp, model
 
 import ir
 from ir.transforms._rewrite import TransformError
@@ -84,3 +84,10 @@ def test_devices_must_be_in_the_topology() -> None:
 def test_named_batch_inputs_must_exist() -> None:
     with pytest.raises(TransformError, match="no input"):
         data_parallel(mlp(4, 3, 5, 4), 2, batch_inputs=["nope"])
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("degree", [2, 3])
+def test_models_match_sequential(name: str, degree: int) -> None:
+    f = model(name)
+    assert_same(f, data_parallel(f, degree))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _parallel_programs import assert_same, mlp, transformer_block
+from _parallel_programs import MODELS, assert_same, mlp, model, transformer_block
 
 from ir.transforms._rewrite import TransformError
 from ir.transforms.horizontal import horizontal_parallel
@@ -80,3 +80,21 @@ def test_degree_larger_than_hidden_is_an_error() -> None:
 def test_program_without_pairs_is_an_error() -> None:
     with pytest.raises(TransformError, match="no weight to split"):
         horizontal_parallel(mlp(4, 3, 6, 4, layers=1), 2)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_models_match_sequential(name: str) -> None:
+    f = model(name)
+    assert_same(f, horizontal_parallel(f, 2))
+
+
+def test_gpt_training_splits_every_block_and_sums_twice_per_block_each_way() -> None:
+    f = model("gpt_sgd")
+    g = horizontal_parallel(f, 2)
+    split = {op.inputs[0].name for op in g.ops if op.op_type == "Scatter"}
+    for i in range(1):
+        assert {f"h{i}_attn_w{c}" for c in "qkvo"} <= split
+        assert {f"h{i}_mlp_w1", f"h{i}_mlp_w2"} <= split
+    assert "w_head" not in split and "wte" not in split
+    # forward: 2 per block; backward: 2 per block (the input gradients of the split pairs)
+    assert [op.op_type for op in g.ops].count("AllReduce") == 4

@@ -4,7 +4,7 @@ and microbatch count (uneven too); activation memory on stage 0 is K (GPipe) or 
 from __future__ import annotations
 
 import pytest
-from _parallel_programs import assert_same, mlp, transformer_block
+from _parallel_programs import MODELS, assert_same, mlp, model, transformer_block
 
 import ir
 from ir.transforms._rewrite import TransformError
@@ -71,3 +71,16 @@ def test_errors() -> None:
         pipeline_parallel(f, 2, 2, "zigzag")
     with pytest.raises(TransformError, match="not in the topology"):
         pipeline_parallel(f, 2, 2, devices=[0, 9], topology=ir.Topology.uniform(2))
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_models_match_sequential(name: str, schedule: str) -> None:
+    f = model(name)
+    assert_same(f, pipeline_parallel(f, 2, 3, schedule))
+
+
+def test_gpt_live_activations() -> None:
+    f = model("gpt_sgd")
+    assert live_microbatches(pipeline_parallel(f, 2, 4, "gpipe"), 0) == 4
+    assert live_microbatches(pipeline_parallel(f, 2, 4, "1f1b"), 0) == 2

@@ -1,0 +1,124 @@
+"""Compositions of D, H and P (seed 003), proven by execution, plus their structure."""
+
+from __future__ import annotations
+
+import pytest
+from _parallel_programs import MODELS, assert_same, mlp, model
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import ir
+import ir.models
+from ir.transforms import (
+    TransformError,
+    data_then_horizontal,
+    horizontal_then_data,
+    nested,
+    parallelize,
+    unroll_pmap,
+)
+
+COMPOSITIONS = {
+    "D then H": lambda f: data_then_horizontal(f, 2),
+    "H then D": lambda f: horizontal_then_data(f, 2),
+    "D over H": lambda f: nested(f, ("dp", 2), ("hp", 2)),
+    "H over D": lambda f: nested(f, ("hp", 2), ("dp", 2)),
+    "D over P": lambda f: nested(f, ("dp", 2), ("pp", 2), microbatches=2),
+    "H over P": lambda f: nested(f, ("hp", 2), ("pp", 2), microbatches=2),
+    "DxHxP": lambda f: parallelize(f, dp=2, hp=2, pp=2, microbatches=2, schedule="1f1b"),
+}
+
+
+def _kinds(g) -> list[str]:
+    return [op.op_type for op in g.ops]
+
+
+def _depth(f: ir.Function) -> int:
+    return max([0] + [1 + _depth(op.subfunctions[0]) for op in f.ops if op.op_type == "Pmap"])
+
+
+def _devices(g: ir.Function) -> list[int]:
+    return sorted(d for d in unroll_pmap(g).devices if isinstance(d, int))
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("how", list(COMPOSITIONS))
+def test_compositions_match_sequential(name: str, how: str) -> None:
+    f = model(name)
+    g = COMPOSITIONS[how](f)
+    assert_same(f, g)
+    assert_same(f, unroll_pmap(g))
+
+
+def test_data_then_horizontal_has_the_seed_shape() -> None:
+    g = data_then_horizontal(mlp(8, 4, 6, 6), 2)
+    assert _kinds(g) == ["Broadcast", "Scatter", "Scatter", "Pmap", "AllGather", "Pmap", "Gather"]
+    assert g.ops[1].attributes["dim"] == 1  # wB by columns
+    assert g.ops[-1].attributes["dim"] == 1  # y gathered along its columns
+
+
+def test_horizontal_then_data_switches_split_with_an_all_to_all() -> None:
+    g = horizontal_then_data(mlp(8, 4, 6, 6), 2)
+    assert _kinds(g) == ["Scatter", "Broadcast", "Broadcast", "Pmap", "AllToAll", "Pmap", "Gather"]
+    assert g.ops[-1].attributes["dim"] == 0
+
+
+@pytest.mark.parametrize(
+    ("levels", "depth", "devices"),
+    [
+        ((("dp", 2), ("hp", 2)), 2, 4),
+        ((("hp", 2), ("dp", 3)), 2, 6),
+        ((("dp", 3), ("pp", 2)), 1, 6),
+        ((("hp", 2), ("pp", 2)), 1, 4),
+        ((("dp", 2), ("hp", 2), ("pp", 2)), 2, 8),
+    ],
+)
+def test_recursive_levels_nest_pmaps_over_a_mesh(levels, depth: int, devices: int) -> None:
+    f = model("mlp_sgd")
+    g = nested(f, *levels, microbatches=2)
+    assert _depth(g) == depth
+    assert _devices(g) == list(range(devices))
+    outer = next(op for op in g.ops if op.op_type == "Pmap")
+    assert outer.attributes["device_map"] is not None
+    assert_same(f, g)
+
+
+def test_parallelize_drops_levels_of_degree_one() -> None:
+    f = model("mlp_sgd")
+    assert parallelize(f) is f or parallelize(f).is_equivalent(f)
+    g = parallelize(f, dp=3)
+    assert _depth(g) == 1 and _devices(g) == [0, 1, 2]
+    g = parallelize(f, microbatches=2)  # gradient accumulation on one device
+    assert _kinds(g).count("Split") == 2 and _devices(g) == [0]
+    assert_same(f, g)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    batch=st.integers(4, 9),
+    hidden=st.integers(2, 7),
+    dp=st.integers(1, 2),
+    hp=st.integers(1, 2),
+    pp=st.integers(1, 2),
+    k=st.integers(1, 2),
+    schedule=st.sampled_from(["gpipe", "1f1b"]),
+)
+def test_product_matches_sequential_over_draws(batch, hidden, dp, hp, pp, k, schedule) -> None:
+    f = ir.models.mlp(batch, 3, hidden, 4, layers=2, training=True, dtype=ir.DType.float64)
+    assert_same(f, parallelize(f, dp, hp, pp, k, schedule))
+
+
+def test_errors() -> None:
+    f = model("mlp_sgd")
+    with pytest.raises(TransformError, match="innermost"):
+        nested(f, ("pp", 2), ("dp", 2))
+    with pytest.raises(TransformError, match="unknown parallelism"):
+        nested(f, ("tp", 2))
+    with pytest.raises(TransformError, match="positive integer"):
+        parallelize(f, dp=0)
+    with pytest.raises(TransformError, match="not in the topology"):
+        parallelize(f, dp=2, hp=2, topology=ir.Topology.uniform(2))
+    with pytest.raises(TransformError, match="larger than"):
+        data_then_horizontal(mlp(8, 4, 6, 3), 4)
+    with pytest.raises(TransformError, match="at least two weights"):
+        horizontal_then_data(mlp(8, 4, 6, 3, layers=1), 2)
