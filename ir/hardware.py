@@ -280,11 +280,11 @@ def calibrate_cpu(
     a = rng.standard_normal((matmul_size, matmul_size), dtype=np.float32)
     b = rng.standard_normal((matmul_size, matmul_size), dtype=np.float32)
     a @ b  # warm up the BLAS threads
-    matmul_s = _best_time_s(lambda: a @ b, 0.4)
+    matmul_s = _best_time_s(lambda: a @ b, 0.3)
     n = copy_bytes // 4
     x, y, z = (np.ones(n, dtype=np.float32) for _ in range(3))
-    add_s = _best_time_s(lambda: np.add(x, y, out=z), 0.3)
-    copy_s = _best_time_s(lambda: np.copyto(z, x), 0.2)
+    add_s = _best_time_s(lambda: np.add(x, y, out=z), 0.25)
+    copy_s = _best_time_s(lambda: np.copyto(z, x), 0.15)
     tiny = np.ones(4, dtype=np.float32)
     launch_s = _best_time_s(lambda: [np.add(tiny, tiny) for _ in range(100)], 0.05) / 100
     try:

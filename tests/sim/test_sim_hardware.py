@@ -1,0 +1,71 @@
+"""Hardware presets, hierarchical topologies and CPU calibration."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+import ir
+from ir import FunctionBuilder, TensorType
+from ir.hardware import calibrate_cpu
+
+
+def test_presets_are_listed_and_build():
+    names = ir.Topology.presets()
+    assert {"v100-dgx1", "v100-dgx2", "a100-hgx", "h100-hgx", "cpu"} <= set(names)
+    for name in names:
+        for n in (1, 8, 17):
+            topology = ir.Topology.preset(name, n)
+            assert topology.device_ids == tuple(range(n))
+
+
+@pytest.mark.parametrize(
+    ("name", "per_node"), [("v100-dgx1", 8), ("v100-dgx2", 16), ("a100-hgx", 8), ("h100-hgx", 8)]
+)
+def test_gpu_presets_become_hierarchical_beyond_one_node(name, per_node):
+    topology = ir.Topology.preset(name, 2 * per_node)
+    assert topology.nodes == (tuple(range(per_node)), tuple(range(per_node, 2 * per_node)))
+    inside = max(topology.bandwidth(0, d) for d in range(1, per_node))
+    across = topology.bandwidth(0, per_node)
+    assert across < inside
+    assert topology.latency(0, per_node) > topology.latency(0, 1)
+
+
+def test_newer_gpus_are_faster():
+    flops = [
+        ir.Topology.preset(n, 1).devices[0].peak_flops
+        for n in ("v100-dgx1", "a100-hgx", "h100-hgx")
+    ]
+    assert flops == sorted(flops)
+
+
+def test_calibrate_cpu_is_quick_and_predicts_a_numpy_matmul():
+    t0 = time.perf_counter()
+    topology = calibrate_cpu()
+    assert time.perf_counter() - t0 < 2.0
+    device = topology.devices[0]
+    assert device.device_type == "cpu"
+    assert device.peak_flops > 1e8 and device.mem_bandwidth_bytes_per_s > 1e8
+
+    n = 384
+    b = FunctionBuilder("mm")
+    x = b.input("x", TensorType((n, n), device=0))
+    f = b.finish([b.call("MatMul", x, x)])
+    predicted = ir.simulate(f, topology).step_time_s
+    a = np.ones((n, n), dtype=np.float32)
+    measured = min(_timed(lambda: ir.execute(f, [a])) for _ in range(5))
+    # a shared machine: the figures only need the right order of magnitude
+    assert predicted / 10 < measured < predicted * 10
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def test_a_multi_device_cpu_topology_links_processes_by_memory_copies():
+    topology = calibrate_cpu(2)
+    assert topology.bandwidth(0, 1) > 0 and topology.latency(0, 1) >= 0
