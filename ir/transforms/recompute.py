@@ -135,6 +135,8 @@ def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Funct
     >>> [op.op_type for op in r.ops][:6]
     ['MatMul', 'MatMul', 'Loss', 'LossGrad', 'MatMul', 'MatMulGrad']
     """
+    if not _has_backward(f) and any(_has_backward(s) for op in f.ops for s in op.subfunctions):
+        return _recompute_bodies(f, values)
     start = backward_start(f)
     chosen = set(_resolve(f, values, start))
     producer = f.producers
@@ -158,6 +160,35 @@ def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Funct
     return verify(b.finish([env[v] for v in f.outputs]))
 
 
+def _has_backward(f: Function) -> bool:
+    return any(op.op_type == "LossGrad" for op in f.ops)
+
+
+def _recompute_bodies(f: Function, values: Sequence[str | Value] | None) -> Function:
+    """A distributed training program: recompute inside each pmap body with a backward."""
+    b = FunctionBuilder(f.name)
+    env = {v: b.input(v.name, v.type) for v in f.inputs}
+    for op in f.ops:
+        ins = [env[v] for v in op.inputs]
+        if any(_has_backward(sub) for sub in op.subfunctions):
+            bodies = [
+                recompute(sub, values) if _has_backward(sub) else sub for sub in op.subfunctions
+            ]
+            new = b.add_op(
+                op.op_type,
+                ins,
+                dict(op.attributes),
+                names=[v.name for v in op.outputs],
+                subfunctions=bodies,
+                op_name=op.name,
+            )
+            outs = new.outputs
+        else:
+            outs = rebuild_op(b, op, ins)
+        env.update(zip(op.outputs, outs))
+    return verify(b.finish([env[v] for v in f.outputs]))
+
+
 # -- liveness --------------------------------------------------------------------------
 
 
@@ -173,7 +204,8 @@ def peak_live_bytes(f: Function) -> int:
 
     A value is live from its definition (inputs: from the start) through its last
     reader; program outputs stay live to the end. While an op runs, its operands
-    and results are live together. Pmap bodies count as the pmap's results.
+    and results are live together; a pmap adds, on each of its devices, what its
+    body holds beyond its inputs and outputs at the body's peak.
     """
     last: dict[Value, int] = {}
     for i, op in enumerate(f.ops):
@@ -186,7 +218,16 @@ def peak_live_bytes(f: Function) -> int:
     peak = live
     for i, op in enumerate(f.ops):
         live += sum(_bytes(v.type) for v in op.outputs)
-        peak = max(peak, live)
+        peak = max(peak, live + _body_transient_bytes(op))
         dead = {v for v in (*op.inputs, *op.outputs) if last.get(v, i) <= i}
         live -= sum(_bytes(v.type) for v in dead)
     return peak
+
+
+def _body_transient_bytes(op: Op) -> int:
+    """Bytes a pmap's body holds at its peak beyond its operands and results, all devices."""
+    if not op.subfunctions or not op.inputs or not isinstance(op.inputs[0].type, TupleType):
+        return 0
+    body = op.subfunctions[0]
+    ends = sum(_bytes(v.type) for v in (*body.inputs, *body.outputs))
+    return len(op.inputs[0].type) * max(peak_live_bytes(body) - ends, 0)

@@ -311,6 +311,7 @@ def _first(x):
         ("mlp", "data_parallel"),
         ("mlp", "horizontal"),
         ("gpt", "horizontal"),
+        ("gpt", "data_parallel"),
     ],
 )
 def test_training_of_a_distributed_forward_equals_sequential_training(model, transform):

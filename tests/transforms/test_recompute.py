@@ -101,3 +101,23 @@ def test_errors_name_the_problem():
     with pytest.raises(RecomputeError, match=r"does not read 'h0_q', nor"):
         xf.recompute(g, ["h0_q"])
     _same_outputs(g, xf.recompute(g, ["h0_q", "h0_q_r", "h0_q_h"]))  # a chain the backward reads
+
+
+def test_recompute_inside_the_pmap_body_of_a_data_parallel_program():
+    t = xf.training(ir.models.mlp(256, 32, 128, 10, layers=4))
+    g = xf.data_parallel(t, 2)
+    r = xf.recompute(g)
+    _same_outputs(g, r)
+    assert xf.peak_live_bytes(r) < xf.peak_live_bytes(g)
+    topology = ir.Topology.uniform(2)
+    before, after = ir.simulate(g, topology), ir.simulate(r, topology)
+    assert all(after.peak_memory_bytes[d] < before.peak_memory_bytes[d] for d in (0, 1))
+
+
+@pytest.mark.parametrize("parallel", ["data_parallel", "horizontal_parallel"])
+def test_recompute_then_parallelize_matches(parallel):
+    t = xf.training(ir.models.mlp(16, 8, 32, 4, layers=3))
+    g = getattr(xf, parallel)(xf.recompute(t), 2)
+    args = ir.random_inputs(t, seed=1)
+    for a, b in zip(ir.execute(g, args), ir.execute(t, args), strict=True):
+        np.testing.assert_allclose(a[0] if isinstance(a, tuple) else a, b, rtol=1e-5, atol=1e-6)
