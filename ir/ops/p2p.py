@@ -11,9 +11,6 @@ mesh axis splits first (outer), the higher one splits each piece again.
 
 Ops:
 
-* ``ShardAnnotate(x, mesh, devices, placements)``: identity that records a
-  user's sharding annotation in the text format (``ir.sharding.propagate``
-  reads and removes it).
 * ``Shard(x, ...)`` / ``Unshard(xs, ...)``: distribute a tensor onto the mesh
   by a layout (a tuple in device order) and put it back together.
 * ``SendTo(x, peer, tag)`` / ``RecvFrom(peer, tag, shape, ...)``: one-sided
@@ -175,12 +172,12 @@ def unshard_arrays(
 
 # -- ops ---------------------------------------------------------------------------
 
-_MESH = Attr("mesh", doc="mesh shape, e.g. [2, 4]")
-_MESH_DEVICES = Attr("devices", doc="mesh devices, row-major")
-_PLACEMENTS = Attr("placements", doc='one per mesh axis: "S(i)", "R" or "P(sum)"')
+MESH = Attr("mesh", doc="mesh shape, e.g. [2, 4]")
+MESH_DEVICES = Attr("devices", doc="mesh devices, row-major")
+PLACEMENTS = Attr("placements", doc='one per mesh axis: "S(i)", "R" or "P(sum)"')
 
 
-def _mesh_attrs(c: TypeContext) -> tuple[tuple[int, ...], tuple, tuple[str, ...]]:
+def mesh_attrs(c: TypeContext) -> tuple[tuple[int, ...], tuple, tuple[str, ...]]:
     mesh = tuple(int(n) for n in c.attributes["mesh"])
     devices = tuple(c.attributes["devices"])
     placements = tuple(str(p) for p in c.attributes["placements"])
@@ -195,16 +192,9 @@ def _mesh_attrs(c: TypeContext) -> tuple[tuple[int, ...], tuple, tuple[str, ...]
     return mesh, devices, placements
 
 
-def _annotate_types(c: TypeContext):
-    x = tensor(c, 0, "x")
-    mesh, _, placements = _mesh_attrs(c)
-    check_layout(x.shape, mesh, placements)
-    return [x]
-
-
 def _shard_types(c: TypeContext):
     x = tensor(c, 0, "x")
-    mesh, devices, placements = _mesh_attrs(c)
+    mesh, devices, placements = mesh_attrs(c)
     check_layout(x.shape, mesh, placements)
     placements = _normal(placements, x.rank)
     return [
@@ -219,7 +209,7 @@ def _shard_types(c: TypeContext):
 
 def _unshard_types(c: TypeContext):
     xs = c.input_types[0]
-    mesh, devices, placements = _mesh_attrs(c)
+    mesh, devices, placements = mesh_attrs(c)
     if not isinstance(xs, TupleType) or len(xs) != len(devices):
         raise TypeRuleError(f"Unshard needs a tuple of {len(devices)} tensors, got {xs}")
     shape = tuple(int(n) for n in c.attributes["shape"])
@@ -239,30 +229,11 @@ _LAYOUT_EXAMPLES = [
 ]
 
 
-def _scaled(s: int):
+def scaled_layout_examples(s: int):
     return [
         (x.with_shape(tuple(n * s for n in x.shape)), m, d, p) for x, m, d, p in _LAYOUT_EXAMPLES
     ]
 
-
-register_op(
-    OpDef(
-        name="ShardAnnotate",
-        operands=("x",),
-        results=("y",),
-        type_rule=_annotate_types,
-        kernel=lambda xs, a: [xs[0]],
-        cost_rule=memory_cost,
-        attributes=(_MESH, _MESH_DEVICES, _PLACEMENTS),
-        kind=OpKind.CONTROL,
-        doc="x unchanged, annotated with a layout (mesh, devices, placements) for propagation.",
-        extra={
-            "examples": lambda s: [
-                ctx(x, mesh=m, devices=d, placements=p) for x, m, d, p in _scaled(s)
-            ]
-        },
-    )
-)
 
 register_op(
     OpDef(
@@ -272,12 +243,12 @@ register_op(
         type_rule=_shard_types,
         kernel=lambda xs, a: [tuple(shard_array(xs[0], a["mesh"], a["placements"]))],
         cost_rule=memory_cost,
-        attributes=(_MESH, _MESH_DEVICES, _PLACEMENTS),
+        attributes=(MESH, MESH_DEVICES, PLACEMENTS),
         kind=OpKind.COMMUNICATION,
         doc="Distribute x onto a device mesh by a layout; a tuple of blocks in device order.",
         extra={
             "examples": lambda s: [
-                ctx(x, mesh=m, devices=d, placements=p) for x, m, d, p in _scaled(s)
+                ctx(x, mesh=m, devices=d, placements=p) for x, m, d, p in scaled_layout_examples(s)
             ]
         },
     )
@@ -286,7 +257,7 @@ register_op(
 
 def _unshard_examples(s: int):
     out = []
-    for x, m, d, p in _scaled(s):
+    for x, m, d, p in scaled_layout_examples(s):
         (xs,) = _shard_types(ctx(x, mesh=m, devices=d, placements=p))
         out.append(ctx(xs, mesh=m, devices=d, placements=p, shape=x.shape, to_device=0))
     return out
@@ -301,9 +272,9 @@ register_op(
         kernel=lambda xs, a: [unshard_arrays(xs[0], a["mesh"], a["placements"])],
         cost_rule=memory_cost,
         attributes=(
-            _MESH,
-            _MESH_DEVICES,
-            _PLACEMENTS,
+            MESH,
+            MESH_DEVICES,
+            PLACEMENTS,
             Attr("shape", doc="shape of the whole tensor"),
             Attr("to_device", None, "device of the result"),
         ),

@@ -28,6 +28,7 @@ from .mesh import Layout, Mesh, P, Partial, Placement, R, Replicate, S, Shard, p
 from .propagate import InsertedCollective, PropagationReport, propagate
 from .ranked import Matching, check_deadlock, run_ranked, schedule
 from .spec import ShardingSpec
+from .stages import annotate_stages, pipeline_stages, place_stages
 
 __all__ = [
     "AnnotationError",
@@ -53,8 +54,11 @@ __all__ = [
     "ShardingError",
     "ShardingSpec",
     "annotate",
+    "annotate_stages",
     "check_deadlock",
     "lower_to_ranks",
+    "pipeline_stages",
+    "place_stages",
     "placement",
     "propagate",
     "run_ranked",

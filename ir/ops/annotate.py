@@ -1,0 +1,74 @@
+"""Annotation ops: identities that carry a user's sharding or pipeline-stage choice.
+
+They keep annotations in the program, so that they print and parse with the
+generic op syntax:
+
+* ``ShardAnnotate(x, mesh=[2, 4], devices=[...], placements=["S(0)", "R"])``:
+  the layout the user wants for ``x`` (``ir.sharding.propagate`` reads it);
+* ``PipelineStage(y, stage=1)``: the op that produced ``y`` runs in pipeline
+  stage 1 (ONNX's per-node ``pipeline_stage``; ``ir.sharding.pipeline_stages``
+  reads it and gives unmarked ops the stage of their operands).
+"""
+
+from __future__ import annotations
+
+from ..errors import TypeRuleError
+from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
+from . import _factors as fx
+from ._common import memory_cost, tensor
+from ._examples import ctx, t
+from .p2p import MESH, MESH_DEVICES, PLACEMENTS, check_layout, mesh_attrs, scaled_layout_examples
+
+
+def _annotate_types(c: TypeContext):
+    x = tensor(c, 0, "x")
+    mesh, _, placements = mesh_attrs(c)
+    check_layout(x.shape, mesh, placements)
+    return [x]
+
+
+register_op(
+    OpDef(
+        name="ShardAnnotate",
+        operands=("x",),
+        results=("y",),
+        type_rule=_annotate_types,
+        kernel=lambda xs, a: [xs[0]],
+        cost_rule=memory_cost,
+        attributes=(MESH, MESH_DEVICES, PLACEMENTS),
+        kind=OpKind.CONTROL,
+        doc="x unchanged, annotated with a layout (mesh, devices, placements) for propagation.",
+        extra={
+            "examples": lambda s: [
+                ctx(x, mesh=m, devices=d, placements=p) for x, m, d, p in scaled_layout_examples(s)
+            ]
+        },
+    )
+)
+
+
+def _stage_types(c: TypeContext):
+    stage = c.attributes["stage"]
+    if isinstance(stage, bool) or not isinstance(stage, int) or stage < 0:
+        raise TypeRuleError(f"stage must be a non-negative integer, got {stage!r}")
+    return [c.input_types[0]]
+
+
+register_op(
+    OpDef(
+        name="PipelineStage",
+        operands=("x",),
+        results=("y",),
+        type_rule=_stage_types,
+        kernel=lambda xs, a: [xs[0]],
+        cost_rule=memory_cost,
+        attributes=(Attr("stage", doc="pipeline stage of the op that produced x"),),
+        kind=OpKind.CONTROL,
+        doc="x unchanged; marks the op that produced x as running in pipeline stage `stage`.",
+        extra={"examples": lambda s: [ctx(t(2 * s, 3), stage=1), ctx(t(s), stage=0)]},
+    )
+)
+
+# -- sharding rules ------------------------------------------------------------------
+
+fx.attach("PipelineStage", lambda c: fx.same_axes(c))
