@@ -84,3 +84,21 @@ def test_gpt_live_activations() -> None:
     f = model("gpt_sgd")
     assert live_microbatches(pipeline_parallel(f, 2, 4, "gpipe"), 0) == 4
     assert live_microbatches(pipeline_parallel(f, 2, 4, "1f1b"), 0) == 2
+
+
+def test_simulated_stage_zero_memory_grows_with_k_under_gpipe_only() -> None:
+    """Fixed microbatch size (16 rows): GPipe keeps K activation sets on stage 0, 1F1B keeps p."""
+    import ir.models
+    from ir.sim import simulate
+
+    topo = ir.Topology.uniform(2)
+    peak = {}
+    for k in (4, 8):
+        f = ir.models.mlp(16 * k, 64, 256, 64, layers=4, training=True)
+        for schedule in ("gpipe", "1f1b"):
+            result = simulate(pipeline_parallel(f, 2, k, schedule), topo)
+            peak[(schedule, k)] = result.peak_memory_bytes[0]
+    assert all(peak[("1f1b", k)] <= peak[("gpipe", k)] for k in (4, 8))
+    gpipe_growth = peak[("gpipe", 8)] - peak[("gpipe", 4)]
+    one_f_one_b_growth = peak[("1f1b", 8)] - peak[("1f1b", 4)]  # only the larger input x
+    assert gpipe_growth > 3 * one_f_one_b_growth
