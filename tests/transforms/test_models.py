@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from _gradcheck import check_gradients, float64_inputs
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ir
 import ir.models
@@ -108,3 +110,34 @@ def test_programs_print_and_parse_back(model, optimizer):
     t = ir.transforms.training(f, optimizer)
     for program in (f, t, ir.transforms.recompute(t)):
         assert ir.parse(str(program)).is_equivalent(program)
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    batch=st.integers(1, 4),
+    seq=st.integers(1, 4),
+    heads=st.integers(1, 3),
+    head_dim=st.integers(1, 3),
+    vocab=st.integers(2, 6),
+    layers=st.integers(1, 2),
+    seed=st.integers(0, 2**16),
+)
+def test_gpt_gradients_over_drawn_shapes(batch, seq, heads, head_dim, vocab, layers, seed):
+    f = ir.models.gpt(batch, seq, heads * head_dim, heads, vocab, layers, dtype=F64)
+    check_gradients(f, float64_inputs(f, seed=seed, classes=vocab), elementwise=False, seed=seed)
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    batch=st.integers(1, 6),
+    features=st.integers(1, 5),
+    hidden=st.integers(1, 6),
+    classes=st.integers(2, 5),
+    layers=st.integers(1, 4),
+    activation=st.sampled_from([None, "relu", "gelu", "tanh"]),
+    seed=st.integers(0, 2**16),
+)
+def test_mlp_gradients_drawn(batch, features, hidden, classes, layers, activation, seed):
+    f = ir.models.mlp(batch, features, hidden, classes, layers, activation=activation, dtype=F64)
+    args = float64_inputs(f, seed=seed, classes=classes)
+    check_gradients(f, args, elementwise=False, seed=seed)
