@@ -7,6 +7,7 @@ Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 
 from __future__ import annotations
 
+from . import models, transforms  # `import ir` is enough for ir.models.mlp(...)
 from .builder import FunctionBuilder
 from .device import Device, Topology, TopologyError
 from .errors import (
@@ -58,9 +59,11 @@ __all__ = [
     "execute",
     "format",
     "get_op",
+    "models",
     "parse",
     "random_inputs",
     "register_op",
     "simulate",
+    "transforms",
     "verify",
 ]
