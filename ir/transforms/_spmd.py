@@ -183,7 +183,11 @@ class Plan:
         if not isinstance(g, TensorType):
             raise TransformError(f"cannot lay out the tuple result {v.name!r} of {op.op_type}")
         differ = [i for i, (a, b) in enumerate(zip(g.shape, loc.shape)) if a != b]
-        return S(differ[0]) if differ else P
+        if differ:
+            return S(differ[0])
+        # On one device whole, split and partial coincide; keep tensors "split" so that no
+        # op waits for a sum.
+        return S(0) if self.n == 1 and g.rank else P
 
     def convert(self, key: Value, to: Shard) -> Value:
         """The key of ``key``'s value in state ``to`` (adding a conversion step once)."""

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 from _parallel_programs import MODELS, assert_same, mlp, model
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ir
+import ir.models
 from ir.transforms._rewrite import TransformError
 from ir.transforms.data_parallel import data_parallel
 
@@ -91,3 +94,19 @@ def test_named_batch_inputs_must_exist() -> None:
 def test_models_match_sequential(name: str, degree: int) -> None:
     f = model(name)
     assert_same(f, data_parallel(f, degree))
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    batch=st.integers(1, 9),
+    hidden=st.integers(1, 6),
+    layers=st.integers(1, 3),
+    degree=st.integers(1, 9),
+)
+def test_any_degree_up_to_the_batch(batch: int, hidden: int, layers: int, degree: int) -> None:
+    f = ir.models.mlp(batch, 3, hidden, 4, layers=layers, training=True, dtype=ir.DType.float64)
+    if degree > batch:
+        with pytest.raises(TransformError, match="larger than the batch size"):
+            data_parallel(f, degree)
+    else:
+        assert_same(f, data_parallel(f, degree))

@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import pytest
 from _parallel_programs import MODELS, assert_same, mlp, model, transformer_block
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+import ir
+import ir.models
 from ir.transforms._rewrite import TransformError
 from ir.transforms.horizontal import horizontal_parallel
 
@@ -98,3 +102,14 @@ def test_gpt_training_splits_every_block_and_sums_twice_per_block_each_way() -> 
     assert "w_head" not in split and "wte" not in split
     # forward: 2 per block; backward: 2 per block (the input gradients of the split pairs)
     assert [op.op_type for op in g.ops].count("AllReduce") == 4
+
+
+@settings(max_examples=15, deadline=None)
+@given(hidden=st.integers(1, 9), layers=st.integers(2, 4), degree=st.integers(1, 9))
+def test_any_degree_up_to_the_hidden_size(hidden: int, layers: int, degree: int) -> None:
+    f = ir.models.mlp(4, 3, hidden, 4, layers=layers, training=True, dtype=ir.DType.float64)
+    if degree > hidden:
+        with pytest.raises(TransformError, match="larger than dim"):
+            horizontal_parallel(f, degree)
+    else:
+        assert_same(f, horizontal_parallel(f, degree))

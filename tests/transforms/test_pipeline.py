@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import pytest
 from _parallel_programs import MODELS, assert_same, mlp, model, transformer_block
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ir
+import ir.models
 from ir.transforms._rewrite import TransformError
 from ir.transforms.pipeline import live_microbatches, pipeline_parallel, stage_assignment
 
@@ -102,3 +105,23 @@ def test_simulated_stage_zero_memory_grows_with_k_under_gpipe_only() -> None:
     gpipe_growth = peak[("gpipe", 8)] - peak[("gpipe", 4)]
     one_f_one_b_growth = peak[("1f1b", 8)] - peak[("1f1b", 4)]  # only the larger input x
     assert gpipe_growth > 3 * one_f_one_b_growth
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    batch=st.integers(1, 8),
+    layers=st.integers(1, 4),
+    stages=st.integers(1, 4),
+    k=st.integers(1, 8),
+    schedule=st.sampled_from(["gpipe", "1f1b"]),
+)
+def test_any_stages_and_microbatches(batch, layers, stages, k, schedule) -> None:
+    f = ir.models.mlp(batch, 3, 5, 4, layers=layers, training=True, dtype=ir.DType.float64)
+    if stages > layers or k > batch:
+        with pytest.raises(TransformError, match=r"stages more than layers|larger than the batch"):
+            pipeline_parallel(f, stages, k, schedule)
+    else:
+        g = pipeline_parallel(f, stages, k, schedule)
+        assert_same(f, g)
+        want = k if schedule == "gpipe" else min(stages, k)
+        assert live_microbatches(g, 0) == want
