@@ -15,6 +15,7 @@ element more.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -51,6 +52,10 @@ class Mesh:
             raise MeshError(f"mesh devices list a device twice: {list(devices)}")
         object.__setattr__(self, "shape", shape)
         object.__setattr__(self, "devices", devices)
+        coords = p2p.mesh_coords(shape)
+        # Derived lookups (not fields: equality and hashing use shape and devices only).
+        object.__setattr__(self, "_coords", coords)
+        object.__setattr__(self, "_coord_of", dict(zip(devices, coords)))
 
     @property
     def ndim(self) -> int:
@@ -62,12 +67,13 @@ class Mesh:
 
     def coords(self) -> list[tuple[int, ...]]:
         """Mesh coordinates in device order."""
-        return p2p.mesh_coords(self.shape)
+        return list(self._coords)  # type: ignore[attr-defined]
 
     def coord_of(self, device: int) -> tuple[int, ...]:
-        if device not in self.devices:
-            raise MeshError(f"device {device} is not in the mesh {list(self.devices)}")
-        return self.coords()[self.devices.index(device)]
+        try:
+            return self._coord_of[device]  # type: ignore[attr-defined]
+        except KeyError:
+            raise MeshError(f"device {device} is not in the mesh {list(self.devices)}") from None
 
     def device_at(self, coord: Sequence[int]) -> int:
         return self.devices[int(np.ravel_multi_index(tuple(coord), self.shape))]
@@ -143,6 +149,14 @@ def placement(p: Placement | str) -> Placement:
     return R if kind == "R" else Partial(str(arg))
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _bounds(shape, mesh_shape, placements, coord) -> tuple[tuple[int, int], ...]:
+    # A pure function of hashable arguments, memoised: propagation asks it the same
+    # questions for every strategy of every op.
+    texts = [f"S({p.dim % len(shape)})" if isinstance(p, Shard) else str(p) for p in placements]
+    return tuple(p2p.local_bounds(shape, mesh_shape, texts, coord))
+
+
 @dataclass(frozen=True)
 class Layout:
     """A mesh and one placement per mesh axis: where every block of a tensor lives."""
@@ -185,12 +199,12 @@ class Layout:
             raise AnnotationError(f"value {value!r} of shape {tuple(shape)}: {e}") from None
 
     def local_shape(self, shape: Sequence[int], device: int) -> tuple[int, ...]:
-        coord = self.mesh.coord_of(device)
-        return p2p.local_shape(shape, self.mesh.shape, self.normalized(len(shape)).texts, coord)
+        return tuple(b - a for a, b in self.local_bounds(shape, device))
 
     def local_bounds(self, shape: Sequence[int], device: int) -> list[tuple[int, int]]:
+        """``[start, stop)`` per tensor axis of the block ``device`` holds."""
         coord = self.mesh.coord_of(device)
-        return p2p.local_bounds(shape, self.mesh.shape, self.normalized(len(shape)).texts, coord)
+        return list(_bounds(tuple(shape), self.mesh.shape, self.placements, coord))
 
     def split(self, array: np.ndarray) -> list[np.ndarray]:
         """The block each device holds, in mesh device order."""

@@ -200,6 +200,7 @@ class _Materialiser:
         self.b = FunctionBuilder(f"{function.name}_sharded")
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
+        self._plan_times: dict[tuple, float | PropagationError] = {}
         self.report = PropagationReport(mesh)
         peak = topology.device(mesh.devices[0])
         self.peak_flops = peak.peak_flops
@@ -303,11 +304,23 @@ class _Materialiser:
 
     # -- ops -------------------------------------------------------------------------------
 
+    def _plan_time_s(self, t: Type, src: Layout, dst: Layout) -> float:
+        key = (t, src, dst)
+        if key not in self._plan_times:  # strategies of many ops ask the same question
+            try:
+                self._plan_times[key] = plan_time_s(t, src, dst, self.topology)
+            except PropagationError as e:
+                self._plan_times[key] = e
+        found = self._plan_times[key]
+        if isinstance(found, PropagationError):
+            raise found
+        return found
+
     def _source(self, v: Value, target: Layout) -> tuple[float, DistValue]:
         """The cheapest layout ``v`` already has to redistribute from, and its time."""
         best = None
         for have in (self.dist[v], *self.views.get(v, {}).values()):
-            t = plan_time_s(v.type, have.layout, target, self.topology)
+            t = self._plan_time_s(v.type, have.layout, target)
             if best is None or t < best[0]:
                 best = (t, have)
         assert best is not None
@@ -330,7 +343,7 @@ class _Materialiser:
         for v, ps in zip(op.outputs, outs):
             want = Layout(self.mesh, self.desired.get(v, ps))
             with contextlib.suppress(PropagationError):
-                total += plan_time_s(v.type, Layout(self.mesh, ps), want, self.topology)
+                total += self._plan_time_s(v.type, Layout(self.mesh, ps), want)
         shards = 1
         for k, c in enumerate(strategy):
             if c[0] in ("shard", "halo"):
