@@ -42,6 +42,8 @@ def test_gpt_structure():
     kinds = {op.op_type for op in f.ops}
     assert {"Embedding", "LayerNorm", "Softmax", "CausalMask", "Scale", "Gelu"} <= kinds
     assert [p.name for p in ir.transforms.default_params(f)] == names[:-2]
+    t = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=11, layers=2, training=True)
+    assert [v.name for v in t.outputs] == [f"{n}1" for n in names[:-2]] + ["logits", "l"]
 
 
 def test_gpt_heads_are_contiguous_column_blocks_of_wq():
