@@ -224,11 +224,16 @@ class _Parser:
                     colon,
                 )
             type_token = cur.tok
-            group = self.terms.type(scope.device_vars, allow_blank=True)
+            group = self.terms.type(scope.device_vars, blank_elements=True)
             if not isinstance(group, TupleType) or len(group.elements) != len(results):
+                found = (
+                    f"a Tuple of {len(group.elements)}"
+                    if isinstance(group, TupleType)
+                    else f"the tensor type {group}"
+                )
                 raise cur.error(
                     f"{len(results)} results need a Tuple type of {len(results)} elements, "
-                    f"found {group}",
+                    f"found {found}",
                     type_token,
                 )
             for r, t in zip(results, group.elements):

@@ -42,8 +42,11 @@ class Terms:
 
     # -- types ------------------------------------------------------------------
 
-    def type(self, device_vars: Collection[str], allow_blank: bool = False) -> Type:
-        """A type; ``_`` (BLANK) only where ``allow_blank`` (declared results)."""
+    def type(
+        self, device_vars: Collection[str], allow_blank: bool = False, blank_elements: bool = False
+    ) -> Type:
+        """A type. ``_`` (BLANK, a discarded result) may be the whole type where
+        ``allow_blank``, or an element of this Tuple type where ``blank_elements``."""
         cur = self.cur
         tok = cur.tok
         if allow_blank and tok.is_name("_"):
@@ -71,13 +74,13 @@ class Terms:
             return TensorType((), SCALAR_TYPES[tok.text], device)
         if tok.is_name("Tuple"):
             cur.advance()
-            return self._tuple(device_vars, allow_blank)
+            return self._tuple(device_vars, blank_elements)
         raise cur.error(
             f"expected a type (Tensor[...], Float[...], Int[...], Bool[...] or Tuple[...]), "
             f"found {describe(tok)}"
         )
 
-    def _tuple(self, device_vars: Collection[str], allow_blank: bool) -> Type:
+    def _tuple(self, device_vars: Collection[str], blank_elements: bool) -> Type:
         cur = self.cur
         opener = cur.expect("[", "after 'Tuple' (write Tuple[T1, T2, ...])")
         items: list[Any] = []
@@ -85,7 +88,7 @@ class Terms:
             if cur.tok.is_punct("..."):
                 items.append(cur.advance())
             else:
-                items.append(self.type(device_vars, allow_blank))
+                items.append(self.type(device_vars, allow_blank=blank_elements))
             if not cur.accept(","):
                 break
         cur.close(opener, "after the tuple's element types")
@@ -342,6 +345,11 @@ class Terms:
         while not cur.tok.is_punct("}"):
             key_tok = cur.tok
             key = self.literal(device_vars)
+            if isinstance(key, (list, dict)):
+                kind = "list" if isinstance(key, list) else "dict"
+                raise cur.error(
+                    f"a dict key must be a number, a string or a device, not a {kind}", key_tok
+                )
             if key in out:
                 raise cur.error(f"the dict lists the key {key!r} twice", key_tok)
             cur.expect(":", "between a dict key and its value")

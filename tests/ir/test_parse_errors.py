@@ -8,8 +8,11 @@ in the message.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import ir
 
@@ -413,3 +416,29 @@ def test_parse_error_is_a_distir_error():
 def test_the_good_program_parses():
     assert str(ir.parse(GOOD, SIZES)).startswith("def f(x: Tensor[(8, 4), 0]")
     assert str(ir.parse(pmap_with("return yi"), SIZES)).count("pmap(") == 1
+
+
+# -- whatever the damage, the answer is a Function or a ParseError ---------------------------
+
+GOLDEN_TEXTS = [p.read_text() for p in sorted((Path(__file__).parent / "golden").glob("*.txt"))]
+DEBRIS = [*"()[]{},:=.?+-*/_#\"'0123 \nadN", "...", "..", "lambda", "return", "d.1", "@"]
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.sampled_from(GOLDEN_TEXTS),
+    st.lists(
+        st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 4), st.sampled_from(DEBRIS)),
+        min_size=1,
+        max_size=3,
+    ),
+)
+def test_damaged_text_raises_only_parse_errors(text: str, edits):
+    for where, cut, debris in edits:
+        i = int(where * len(text))
+        text = text[:i] + debris + text[i + cut :]
+    try:
+        ir.parse(text, SIZES)
+    except ir.ParseError as e:
+        assert e.line >= 1 and e.column >= 1
+        assert str(e).split("\n")[-1].strip() == "^"
