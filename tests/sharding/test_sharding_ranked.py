@@ -211,3 +211,18 @@ def test_reordering_collectives_on_one_rank_deadlocks():
     swapped = ir.Function(p1.name, p1.inputs, tuple(ops), p1.outputs)
     with pytest.raises(DeadlockError, match=r"cycle of waits between ranks \[0, 1\]"):
         check_deadlock({0: ranked.programs[0], 1: swapped})
+
+
+@pytest.mark.parametrize(
+    ("training", "annotations"),
+    [
+        (True, {"tokens": (M2, [S(0)])}),
+        (False, {"tokens": (M22, [S(0), R]), "h0_mlp_w1": (M22, [R, S(1)])}),
+    ],
+)
+def test_gpt_ranked_equals_the_original(training, annotations):
+    import ir.models
+
+    f = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=11, layers=1, training=training)
+    ranked = ranked_equals_original(f, annotations)
+    assert len(ranked.ranks) == len(next(iter(annotations.values()))[0].devices)
