@@ -311,7 +311,7 @@ types = st.recursive(
 )
 
 
-@settings(max_examples=120, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(types)
 def test_every_type_reads_back_as_printed(t):
     text = format_type(t)
