@@ -44,7 +44,8 @@ class Function:
 
     @cached_property
     def devices(self) -> tuple[DeviceRef, ...]:
-        """Every concrete or symbolic device the program mentions, in first-use order."""
+        """Every concrete device the program uses, pmap bodies and device maps included,
+        in first-use order."""
         seen: dict[DeviceRef, None] = {}
         for v in self.inputs:
             seen.update(dict.fromkeys(devices_of(v.type)))
@@ -53,8 +54,11 @@ class Function:
                 seen[op.device] = None
             for v in op.outputs:
                 seen.update(dict.fromkeys(devices_of(v.type)))
-        seen.pop(None, None)
-        return tuple(seen)
+            # Sub-devices of nested pmaps appear only in device maps (seed 002).
+            seen.update(dict.fromkeys(_map_leaves(op.attributes.get("device_map"))))
+            for sub in op.subfunctions:
+                seen.update(dict.fromkeys(sub.devices))
+        return tuple(d for d in seen if isinstance(d, int))
 
     def value(self, name: str) -> Value:
         """The input or op output named ``name`` (first match, ops inside pmap bodies excluded)."""
@@ -132,6 +136,21 @@ def _equivalent(a: Function, b: Function, mapping: dict[Value, Value]) -> bool:
                 return False
             mapping[x] = y
     return all(mapping.get(x) is y for x, y in zip(a.outputs, b.outputs))
+
+
+def _map_leaves(device_map: Any) -> list[Any]:
+    """Every device listed in a (possibly nested) device map, keys and values."""
+    if device_map is None:
+        return []
+    if hasattr(device_map, "items"):
+        out = []
+        for k, v in device_map.items():
+            out.append(k)
+            out += _map_leaves(v)
+        return out
+    if isinstance(device_map, (list, tuple)):
+        return [d for x in device_map for d in _map_leaves(x)]
+    return [device_map]
 
 
 def _plain(v: Any) -> Any:
