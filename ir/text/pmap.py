@@ -32,6 +32,7 @@ def parse_pmap(
     cur = p.cur
     op_tok = cur.advance()
     opener = cur.expect("(", "after 'pmap'")
+    first_use = len(p.terms.subdevice_uses)
     device_var: str | None = None
     device_map: Any = None
     body: Function | None = None
@@ -82,6 +83,14 @@ def parse_pmap(
         raise cur.error("pmap needs a body: fn=lambda (x: T), ...: { ... return y }", op_tok)
     if data is None:
         raise cur.error("pmap needs the per-device tuples it maps over, e.g. (xs, ws)", op_tok)
+    if device_map is None:
+        for sub, tok in p.terms.subdevice_uses[first_use:]:
+            if sub.name == device_var:
+                raise cur.error(
+                    f"the sub-device {sub} needs a device map: give this pmap "
+                    "device_map={device: [sub-devices], ...} (e.g. {1: [1, 3], 2: [2, 4]})",
+                    tok,
+                )
     p.check_result_count("pmap", tuple(v.name for v in body.outputs), results, start)
     opdef = get_op("Pmap")
     names = [p.value_name(r, opdef, i) for i, r in enumerate(results)]

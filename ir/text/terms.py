@@ -39,6 +39,8 @@ class Terms:
     def __init__(self, cursor: Cursor, sizes: Mapping[str, int]) -> None:
         self.cur = cursor
         self.sizes = dict(sizes)
+        # Where each sub-device (d.1) was written, so a pmap without a device map can say so.
+        self.subdevice_uses: list[tuple[DeviceVar, Token]] = []
 
     # -- types ------------------------------------------------------------------
 
@@ -243,6 +245,8 @@ class Terms:
                         f"found {describe(cur.tok)}"
                     )
                 sub.append(cur.advance().value)
+            if sub:
+                self.subdevice_uses.append((DeviceVar(tok.text, tuple(sub)), tok))
             if cur.tok.is_punct(*_ARITH):
                 raise cur.error(
                     f"device arithmetic on the device variable {tok.text!r} is not supported; "

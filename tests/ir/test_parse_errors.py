@@ -345,6 +345,13 @@ CASES = [
         "device arithmetic on the device variable 'd' is not supported",
     ),
     Case(
+        "sub-device without a device map",
+        pmap_with("zi: Tensor[(B/N, F), d.1] = Send(xi, to_device=d.1)\n            return zi"),
+        9,
+        "d.1",
+        "the sub-device d.1 needs a device map: give this pmap device_map=",
+    ),
+    Case(
         "pmap result count",
         pmap_with("return yi, yi"),
         3,
