@@ -44,7 +44,7 @@ from ._rewrite import (
 from ._spmd import P, R
 from .data_parallel import data_plan
 
-SCHEDULES = ("gpipe", "1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
 def _weights(f: Function) -> list[Value]:
@@ -102,22 +102,45 @@ def stage_assignment(f: Function, stages: int) -> dict[Op, int]:
     return stage
 
 
-def _device_sequence(schedule: str, s: int, p: int, k: int, has_backward: bool) -> list:
-    fwd = [(m, "F") for m in range(k)]
-    if not has_backward:
-        return fwd
-    if schedule == "gpipe":
-        return fwd + [(m, "B") for m in range(k)]
-    warm = min(p - s - 1, k)
-    seq = [(m, "F") for m in range(warm)]
-    for i in range(k - warm):
-        seq += [(warm + i, "F"), (i, "B")]
-    return seq + [(m, "B") for m in range(k - warm, k)]
+def _device_sequence(schedule: str, d: int, p: int, v: int, k: int, backward: bool) -> list:
+    """The (stage, microbatch, phase) tasks of device ``d`` in its run order.
+
+    ``v`` model chunks per device (interleaved: stage ``c * p + d`` is chunk c of d).
+    """
+    if schedule != "interleaved":
+        fwd = [(d, m, "F") for m in range(k)]
+        if not backward:
+            return fwd
+        if schedule == "gpipe":
+            return fwd + [(d, m, "B") for m in range(k)]
+        warm = min(p - d - 1, k)
+        seq = fwd[:warm]
+        for i in range(k - warm):
+            seq += [fwd[warm + i], (d, i, "B")]
+        return seq + [(d, m, "B") for m in range(k - warm, k)]
+
+    # Megatron-LM's interleaved 1F1B: microbatches go through the chunks in groups of p.
+    def task(i: int, phase: str) -> tuple[int, int, str]:
+        chunk = (i // p) % v
+        if phase == "B":
+            chunk = v - 1 - chunk
+        return (chunk * p + d, (i // (p * v)) * p + i % p, phase)
+
+    total = v * k
+    if not backward:
+        return [task(i, "F") for i in range(total)]
+    warm = min((p - d - 1) * 2 + (v - 1) * p, total)
+    seq = [task(i, "F") for i in range(warm)]
+    for i in range(total - warm):
+        seq += [task(warm + i, "F"), task(i, "B")]
+    return seq + [task(i, "B") for i in range(total - warm, total)]
 
 
 class _Pipeline:
-    def __init__(self, f, stages, k, schedule, devices, batch) -> None:
-        self.f, self.p, self.k, self.devices = f, stages, k, devices
+    def __init__(self, f, stages, k, schedule, devices, batch, chunks=1) -> None:
+        self.f, self.p, self.k, self.v = f, len(devices), k, chunks
+        # model stage s runs on device s % p (several stages per device when interleaved)
+        self.devices = [devices[s % len(devices)] for s in range(stages)]
         rows = batch_size(f, batch_inputs(f, batch)) if batch_inputs(f, batch) else 1
         check_degree("number of microbatches", k, rows, "batch size")
         # States come from a split in two at least: with one part, whole and partial look alike.
@@ -169,11 +192,11 @@ class _Pipeline:
         has_backward = bool(self.backward & self.per_mb)
         self.sequences = [
             [
-                (m, ph)
-                for m, ph in _device_sequence(schedule, s, self.p, self.k, has_backward)
+                (s, m, ph)
+                for s, m, ph in _device_sequence(schedule, d, self.p, self.v, self.k, has_backward)
                 if (s, ph) in tasks
             ]
-            for s in range(self.p)
+            for d in range(self.p)
         ]
 
     # -- emission -------------------------------------------------------------------
@@ -250,7 +273,7 @@ class _Pipeline:
 
     def _merge(self) -> None:
         """Emit the tasks in an order that respects each device's sequence and the data flow."""
-        done: set[tuple[int, int, str]] = set()
+        done: set[tuple[int, int, str]] = set()  # (microbatch, stage, phase)
         pos = [0] * self.p
         producer_task: dict[Value, tuple[int, str]] = {}
         for (s, ph), ops in self.tasks.items():
@@ -262,16 +285,16 @@ class _Pipeline:
             deps[key] = {
                 producer_task[k] for op in ops for k in self.keys[op] if k in producer_task
             } - {key}
-        while any(pos[s] < len(self.sequences[s]) for s in range(self.p)):
+        while any(pos[d] < len(self.sequences[d]) for d in range(self.p)):
             progress = False
-            for s in range(self.p):
-                if pos[s] >= len(self.sequences[s]):
+            for d in range(self.p):
+                if pos[d] >= len(self.sequences[d]):
                     continue
-                m, ph = self.sequences[s][pos[s]]
-                if all((m, *d) in done for d in deps[(s, ph)]):
+                s, m, ph = self.sequences[d][pos[d]]
+                if all((m, *t) in done for t in deps[(s, ph)]):
                     self.emit_task(s, m, ph)
                     done.add((m, s, ph))
-                    pos[s] += 1
+                    pos[d] += 1
                     progress = True
             if not progress:
                 raise TransformError("the pipeline schedule deadlocks (a stage waits on itself)")
@@ -287,8 +310,13 @@ def pipeline_parallel(
     batch_inputs: Sequence[str] | None = None,
     topology: Any = None,
     output_device: DeviceRef | None = None,
+    chunks: int = 1,
 ) -> Function:
     """``f`` pipelined over ``stages`` devices with ``microbatches`` microbatches.
+
+    ``schedule="interleaved"`` (Megatron-LM's interleaved 1F1B) cuts the model into
+    ``stages * chunks`` stages, stage ``c * stages + d`` on device ``d``; the
+    microbatches must be a multiple of ``stages``.
 
     ``output_device``: send every output there (nested compositions); by default
     each output stays on the stage that made it.
@@ -309,7 +337,18 @@ def pipeline_parallel(
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise TransformError(f"microbatches must be a positive integer, got {microbatches!r}")
     devices = check_devices(devices, stages, topology, what="number of stages")
-    pipe = _Pipeline(f, stages, microbatches, schedule, devices, batch_inputs)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise TransformError(f"chunks must be a positive integer, got {chunks!r}")
+    if chunks > 1 and schedule != "interleaved":
+        raise TransformError(f"chunks={chunks} needs schedule='interleaved', got {schedule!r}")
+    if schedule == "interleaved" and microbatches % stages:
+        raise TransformError(
+            f"the interleaved schedule takes microbatches in groups of the {stages} stages; "
+            f"{microbatches} is not a multiple of {stages}"
+        )
+    pipe = _Pipeline(
+        f, stages * chunks, microbatches, schedule, devices, batch_inputs, chunks=chunks
+    )
     return pipe.run(output_device)
 
 

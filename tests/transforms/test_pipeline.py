@@ -125,3 +125,25 @@ def test_any_stages_and_microbatches(batch, layers, stages, k, schedule) -> None
         assert_same(f, g)
         want = k if schedule == "gpipe" else min(stages, k)
         assert live_microbatches(g, 0) == want
+
+
+@pytest.mark.parametrize(("stages", "chunks", "microbatches"), [(2, 2, 2), (2, 2, 6), (3, 2, 3)])
+def test_interleaved_stages_match_sequential(stages: int, chunks: int, microbatches: int) -> None:
+    f = ir.models.mlp(6, 3, 5, 4, layers=stages * chunks, training=True, dtype=ir.DType.float64)
+    g = pipeline_parallel(f, stages, microbatches, "interleaved", chunks=chunks)
+    assert_same(f, g)
+    # layer i's forward MatMul runs on device i % stages: every device holds `chunks` layers
+    layer_devices = [
+        op.device for op in g.ops if op.op_type == "MatMul" and "_mb0" in op.outputs[0].name
+    ]
+    assert layer_devices == [i % stages for i in range(stages * chunks)]
+
+
+def test_interleaved_errors() -> None:
+    f = ir.models.mlp(8, 3, 5, 4, layers=4, training=True, dtype=ir.DType.float64)
+    with pytest.raises(TransformError, match="multiple of 2"):
+        pipeline_parallel(f, 2, 3, "interleaved", chunks=2)
+    with pytest.raises(TransformError, match="needs schedule='interleaved'"):
+        pipeline_parallel(f, 2, 2, "1f1b", chunks=2)
+    with pytest.raises(TransformError, match="stages more than layers"):
+        pipeline_parallel(f, 2, 2, "interleaved", chunks=3)
