@@ -51,7 +51,7 @@ def annotate(function: Function, annotations: Mapping[str, AnnotationLike]) -> F
     def mark(old: Value, new: Value) -> None:
         layout = todo.get(old.name)
         if layout is not None:
-            layout.check(_shape(old), old.name)
+            layout.check(shape_of(old), old.name)
             new = b.add_op("ShardAnnotate", [new], layout.attributes(), names=[old.name]).outputs[0]
         env[old] = new
 
@@ -64,7 +64,7 @@ def annotate(function: Function, annotations: Mapping[str, AnnotationLike]) -> F
     return b.finish([env[v] for v in function.outputs])
 
 
-def _shape(v: Value) -> tuple[int, ...]:
+def shape_of(v: Value) -> tuple[int, ...]:
     t = v.type
     while not hasattr(t, "shape"):
         t = t.elements[0]  # type: ignore[union-attr]
@@ -78,7 +78,7 @@ def collect(
     found: dict[Value, tuple[Layout, str]] = {}
 
     def add(v: Value, layout: Layout, source: str) -> None:
-        layout.check(_shape(v), v.name)
+        layout.check(shape_of(v), v.name)
         layout = layout.normalized(element_rank(v.type))
         if v in found and found[v][0] != layout:
             other, where = found[v]

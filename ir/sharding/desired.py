@@ -1,0 +1,113 @@
+"""Phase 1 of propagation: a desired layout for every value.
+
+User annotations are fixed. Sweeps forward (operands first) and backward
+(results first) through the ops' sharding rules read, per mesh axis, which
+factor a known value's ``S(i)`` names (or a Partial passing through a linear
+op, or a halo axis), and give the unknown operands and results of the op the
+placements that strategy implies (operands are never made Partial). Values no
+rule reaches are replicated; a layout that does not fit a value's shape falls
+back to ``R`` on the offending axes.
+"""
+
+from __future__ import annotations
+
+from ..function import Function
+from ..value import Value
+from .annotations import shape_of
+from .errors import AnnotationError
+from .mesh import Layout, Mesh, Partial, Placement, R, Shard
+from .rules import Rule, placements_for, rule_for
+
+
+def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
+    def from_operands():
+        for i, ps in known_in:
+            p = ps[k]
+            if _is_halo(rule, p, i, "operand", "axis"):
+                return ("halo",)
+            if isinstance(p, Shard) and rule.operands[i][p.dim] is not None:
+                return ("shard", rule.operands[i][p.dim])
+            if isinstance(p, Partial) and p.op in rule.partial_ops:
+                for members in rule.linear:
+                    if i in members:
+                        return ("partial", members, p.op)
+        return None
+
+    def from_results():
+        for j, ps in known_out:
+            p = ps[k]
+            if _is_halo(rule, p, j, "result", "result_axis") and j == 0:
+                return ("halo",)
+            if isinstance(p, Shard) and rule.results[j][p.dim] is not None:
+                return ("shard", rule.results[j][p.dim])
+            if isinstance(p, Partial):
+                for f, op in rule.reduce.items():
+                    if op == p.op and f not in rule.results[j]:
+                        return ("shard", f)
+        return None
+
+    order = (from_results, from_operands) if results_first else (from_operands, from_results)
+    for source in order:
+        choice = source()
+        if choice is not None:
+            return choice
+    return ("replicate",)
+
+
+def _is_halo(rule: Rule, p: Placement, index: int, which: str, axis_key: str) -> bool:
+    h = rule.halo
+    if h is None or not isinstance(p, Shard) or p.dim != h[axis_key]:
+        return False
+    return which == "result" or index == h["operand"]
+
+
+def desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):
+    desired: dict[Value, tuple[Placement, ...]] = {v: lay.placements for v, lay in fixed.items()}
+    ops = [op for op in function.ops if op.op_type != "ShardAnnotate"]
+    rules = {op: rule_for(op) for op in ops}
+    for _ in range(2 * len(ops) + 2):
+        changed = False
+        for backward in (False, True):
+            for op in reversed(ops) if backward else ops:
+                rule = rules[op]
+                known_in = [(i, desired[v]) for i, v in enumerate(op.inputs) if v in desired]
+                known_out = [(j, desired[v]) for j, v in enumerate(op.outputs) if v in desired]
+                unknown = [v for v in (*op.inputs, *op.outputs) if v not in desired]
+                if not unknown or not (known_in or known_out):
+                    continue
+                strategy = [
+                    _axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)
+                ]
+                pl = placements_for(rule, strategy)
+                if pl is None:
+                    continue
+                ins, outs = pl
+                for v, ps, is_input in [
+                    *((v, ins[i], True) for i, v in enumerate(op.inputs)),
+                    *((v, outs[j], False) for j, v in enumerate(op.outputs)),
+                ]:
+                    if v in desired:
+                        continue
+                    if is_input:
+                        ps = tuple(R if isinstance(p, Partial) else p for p in ps)
+                    desired[v] = _valid_or_replicated(v, ps, mesh)
+                    changed = True
+        if not changed:
+            break
+    return desired
+
+
+def _valid_or_replicated(v: Value, ps, mesh: Mesh) -> tuple[Placement, ...]:
+    out = list(ps)
+    for k in range(len(out)):
+        try:
+            Layout(mesh, out).check(shape_of(v), v.name)
+            break
+        except AnnotationError:
+            if isinstance(out[k], Shard):
+                out[k] = R
+    try:
+        Layout(mesh, out).check(shape_of(v), v.name)
+    except AnnotationError:
+        out = [R] * mesh.ndim
+    return tuple(out)
