@@ -226,3 +226,18 @@ def test_gpt_ranked_equals_the_original(training, annotations):
     f = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=11, layers=1, training=training)
     ranked = ranked_equals_original(f, annotations)
     assert len(ranked.ranks) == len(next(iter(annotations.values()))[0].devices)
+
+
+def test_lowering_refuses_pmap_programs_with_a_reason():
+    from ir.sharding import LoweringError
+
+    body = FunctionBuilder("body")
+    xi = body.input("xi", TensorType((2, 3), device=ir.DeviceVar("d")))
+    body_f = body.finish([body.call("Relu", xi, name="yi")])
+    b = FunctionBuilder("mapped")
+    x = b.input("x", TensorType((4, 3), device=0))
+    xs = b.call("Scatter", x, dim=0, devices=[1, 2], name="xs")
+    ys = b.call("Pmap", xs, subfunctions=[body_f], name="ys")
+    f = b.finish([b.call("Gather", ys, dim=0, to_device=0, name="y")])
+    with pytest.raises(LoweringError, match="unroll pmaps first"):
+        lower_to_ranks(f)
