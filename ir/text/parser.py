@@ -296,6 +296,18 @@ class _Parser:
                 f"expected '(' after the op name {op_tok.text!r}, found {describe(cur.tok)}{hint}"
             )
         opdef = self._lookup(op_tok)
+        operands, attrs = self._arguments(scope, opdef, op_tok)
+        self.check_result_count(opdef.name, opdef.results, results, start)
+        names = [self.value_name(r, opdef, i) for i, r in enumerate(results)]
+        op = self.add_op(scope, op_tok, opdef.name, operands, attrs, names, ())
+        return op.outputs
+
+    def _arguments(
+        self, scope: _Scope, opdef: OpDef, op_tok: Token
+    ) -> tuple[list[Value], dict[str, Any]]:
+        """``(operands..., literals..., name=literal...)``: positional literals take the
+        op's attributes in declared order; keywords may use an attribute's aliases."""
+        cur = self.cur
         opener = cur.advance()
         operands: list[Value] = []
         attrs: dict[str, Any] = {}
@@ -337,10 +349,7 @@ class _Parser:
             if not cur.accept(","):
                 break
         cur.close(opener, f"after the arguments of {op_tok.text}")
-        self.check_result_count(opdef.name, opdef.results, results, start)
-        names = [self.value_name(r, opdef, i) for i, r in enumerate(results)]
-        op = self.add_op(scope, op_tok, opdef.name, operands, attrs, names, ())
-        return op.outputs
+        return operands, attrs
 
     def _is_operand(self, scope: _Scope, tok: Token) -> bool:
         """A positional argument is an operand unless it is a literal (number, size, ...)."""
