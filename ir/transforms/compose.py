@@ -26,7 +26,7 @@ from ..op import Op
 from ..types import DeviceRef, DeviceVar
 from ..value import Value
 from ..verify import verify
-from ._rewrite import TransformError, batch_inputs, check_devices, parameter_inputs
+from ._rewrite import TransformError, batch_inputs, check_devices
 from ._spmd import Plan as _Plan
 from ._spmd import R, RuleResult, S, Shard, emit
 from .data_parallel import data_parallel
@@ -215,5 +215,4 @@ __all__ = [
     "horizontal_then_data",
     "nested",
     "parallelize",
-    "parameter_inputs",
 ]

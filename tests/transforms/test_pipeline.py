@@ -123,8 +123,9 @@ def test_any_stages_and_microbatches(batch, layers, stages, k, schedule) -> None
     else:
         g = pipeline_parallel(f, stages, k, schedule)
         assert_same(f, g)
-        want = k if schedule == "gpipe" else min(stages, k)
-        assert live_microbatches(g, 0) == want
+        if layers >= 2:  # a one-layer MLP keeps no activation besides its output
+            want = k if schedule == "gpipe" else min(stages, k)
+            assert live_microbatches(g, 0) == want
 
 
 @pytest.mark.parametrize(("stages", "chunks", "microbatches"), [(2, 2, 2), (2, 2, 6), (3, 2, 3)])
