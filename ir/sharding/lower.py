@@ -46,13 +46,15 @@ class Binding:
 
     ``layout`` is None when a single rank holds the whole tensor. ``positions``
     maps rank -> index among that rank's inputs (outputs); ``padded`` gives the
-    padded block shape per rank when inputs are padded.
+    padded block shape per rank when inputs are padded. A per-device tuple
+    output lists its elements' ``(rank, index)`` in ``elements``.
     """
 
     name: str
     layout: Layout | None
     positions: dict[int, int]
     padded: dict[int, tuple[int, ...]] = field(default_factory=dict)
+    elements: tuple[tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -103,6 +105,10 @@ def _layout_of(op) -> Layout:
     if op.op_type == "Reduce":
         return Layout(mesh, [P(a["op"])])
     return Layout(mesh, [S(a["dim"])])
+
+
+def _is_single(rep) -> bool:
+    return isinstance(rep, tuple) and len(rep) == 2 and isinstance(rep[1], Value)
 
 
 class _Lowering:
@@ -195,10 +201,17 @@ class _Lowering:
                 slots[r].append(local)
             self.outputs.append(Binding(v.name, layout, positions))
             return
-        rep = self.rep.get(v)
-        if not (isinstance(rep, tuple) and len(rep) == 2 and isinstance(rep[0], int)):
-            raise LoweringError(f"output {v.name!r} is not a single tensor on one rank")
-        r, local = rep
+        rep = self._local(v)
+        if all(_is_single(e) for e in rep):  # type: ignore[union-attr]
+            elements = []
+            for r, local in rep:  # type: ignore[union-attr]
+                elements.append((r, len(slots.setdefault(r, []))))
+                slots[r].append(local)
+            self.outputs.append(Binding(v.name, None, {}, elements=tuple(elements)))
+            return
+        if not _is_single(rep):
+            raise LoweringError(f"output {v.name!r} is neither a tensor nor a per-device tuple")
+        r, local = rep  # type: ignore[misc]
         self.outputs.append(Binding(v.name, None, {r: len(slots.setdefault(r, []))}))
         slots[r].append(local)
 

@@ -239,7 +239,9 @@ def run_ranked(ranked: RankedProgram, inputs: Sequence[Any] | Mapping[str, Any])
     outs, _ = schedule(ranked, args)
     result = []
     for binding in ranked.outputs:
-        if binding.layout is None:
+        if binding.elements:
+            result.append(tuple(outs[r][pos] for r, pos in binding.elements))
+        elif binding.layout is None:
             ((r, pos),) = binding.positions.items()
             result.append(outs[r][pos])
         else:

@@ -241,3 +241,24 @@ def test_lowering_refuses_pmap_programs_with_a_reason():
     f = b.finish([b.call("Gather", ys, dim=0, to_device=0, name="y")])
     with pytest.raises(LoweringError, match="unroll pmaps first"):
         lower_to_ranks(f)
+
+
+def _flat(values) -> list:
+    out = []
+    for v in values:
+        out += _flat(v) if isinstance(v, tuple) else [v]
+    return out
+
+
+@pytest.mark.parametrize("transform", ["data_parallel", "horizontal_parallel"])
+def test_unrolled_transform_outputs_lower_and_run_like_the_global_program(transform):
+    import ir.models
+    import ir.transforms as T
+
+    f = ir.models.mlp(8, 4, 6, 4, training=True)
+    g = T.unroll_pmap(getattr(T, transform)(f, 2))
+    ranked = lower_to_ranks(g)
+    assert ranked.num_unique == 1  # both ranks run the same SPMD program
+    inputs = ir.random_inputs(f, 0)
+    for want, got in zip(_flat(ir.execute(g, inputs)), _flat(run_ranked(ranked, inputs))):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
