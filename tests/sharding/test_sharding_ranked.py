@@ -253,10 +253,10 @@ def _flat(values) -> list:
 @pytest.mark.parametrize("transform", ["data_parallel", "horizontal_parallel"])
 def test_unrolled_transform_outputs_lower_and_run_like_the_global_program(transform):
     import ir.models
-    import ir.transforms as T
+    from ir import transforms
 
     f = ir.models.mlp(8, 4, 6, 4, training=True)
-    g = T.unroll_pmap(getattr(T, transform)(f, 2))
+    g = transforms.unroll_pmap(getattr(transforms, transform)(f, 2))
     ranked = lower_to_ranks(g)
     assert ranked.num_unique == 1  # both ranks run the same SPMD program
     inputs = ir.random_inputs(f, 0)
