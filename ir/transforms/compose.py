@@ -26,12 +26,12 @@ from ..op import Op
 from ..types import DeviceRef, DeviceVar
 from ..value import Value
 from ..verify import verify
-from ._rewrite import TransformError, batch_inputs, check_devices
+from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
 from ._spmd import Plan as _Plan
 from ._spmd import R, RuleResult, S, Shard, emit
 from .data_parallel import data_parallel
-from .horizontal import _Rules, horizontal_parallel
-from .pipeline import _weights, pipeline_parallel
+from .horizontal import _Rules, horizontal_parallel, horizontal_plan_checked
+from .pipeline import SCHEDULES, _weights, pipeline_parallel, stage_assignment
 
 KINDS = ("dp", "hp", "pp")
 _VARS = ("d", "e", "g")
@@ -145,7 +145,26 @@ def nested(
     sizes = [n for _, n in levels]
     if topology is not None:
         check_devices(None, _prod(sizes), topology, what="number of devices")
+    _check_levels(f, dict(levels), microbatches, schedule)
     return _level(f, list(levels), sizes, 0, microbatches, schedule)
+
+
+def _check_levels(f: Function, degree: dict[str, int], microbatches: int, schedule: str) -> None:
+    """Check the degrees against ``f`` up front: inner levels leave alone a body they cannot
+    split, which must not hide a bad parameter."""
+    rows = batch_size(f, batch_inputs(f)) if batch_inputs(f) else 0
+    if "dp" in degree:
+        check_degree("data-parallel degree", degree["dp"], rows, "batch size")
+    if "hp" in degree:
+        horizontal_plan_checked(f, degree["hp"])
+    if "pp" in degree:
+        stage_assignment(f, degree["pp"])
+        if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+            raise TransformError(f"microbatches must be a positive integer, got {microbatches!r}")
+        per_replica = rows // degree.get("dp", 1)
+        check_degree("number of microbatches", microbatches, per_replica, "rows per replica")
+        if schedule not in SCHEDULES or schedule == "interleaved":
+            raise TransformError(f"schedule must be 'gpipe' or '1f1b' here, got {schedule!r}")
 
 
 def _prod(sizes: Sequence[int]) -> int:

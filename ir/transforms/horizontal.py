@@ -243,6 +243,15 @@ def _check_split(f: Function, plan: _Plan, degree: int) -> None:
             )
 
 
+def horizontal_plan_checked(f: Function, degree: int, var: str = "d") -> _Plan:
+    """``horizontal_plan`` that raises unless some weight splits ``degree`` ways."""
+    if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+        raise TransformError(f"the horizontal degree must be a positive integer, got {degree!r}")
+    plan = horizontal_plan(f, degree, var)
+    _check_split(f, plan, degree)
+    return plan
+
+
 def horizontal_parallel(
     f: Function,
     degree: int,
@@ -271,8 +280,7 @@ def horizontal_parallel(
     ['Scatter', 'Scatter', 'Broadcast', 'Pmap', 'Reduce']
     """
     devices = check_devices(devices, degree, topology)
-    plan = horizontal_plan(f, degree, var)
-    _check_split(f, plan, degree)
+    plan = horizontal_plan_checked(f, degree, var)
     out = emit(
         plan,
         devices,
@@ -284,4 +292,4 @@ def horizontal_parallel(
     return verify(out)
 
 
-__all__ = ["horizontal_parallel", "horizontal_plan"]
+__all__ = ["horizontal_parallel", "horizontal_plan", "horizontal_plan_checked"]

@@ -122,3 +122,15 @@ def test_errors() -> None:
         data_then_horizontal(mlp(8, 4, 6, 3), 4)
     with pytest.raises(TransformError, match="at least two weights"):
         horizontal_then_data(mlp(8, 4, 6, 3, layers=1), 2)
+
+
+def test_bad_inner_degrees_are_errors_not_silent_fallbacks() -> None:
+    f = ir.models.mlp(8, 3, 4, 4, layers=2, training=True, dtype=ir.DType.float64)
+    with pytest.raises(TransformError, match="rows per replica"):
+        parallelize(f, dp=2, pp=2, microbatches=5)
+    with pytest.raises(TransformError, match="stages more than layers"):
+        parallelize(f, dp=2, pp=3, microbatches=2)
+    with pytest.raises(TransformError, match="larger than dim"):
+        nested(f, ("dp", 2), ("hp", 5))
+    with pytest.raises(TransformError, match="larger than the batch size"):
+        nested(f, ("hp", 2), ("dp", 9))
