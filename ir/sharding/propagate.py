@@ -23,7 +23,7 @@ from ..device import Topology
 from ..errors import VerifyError
 from ..function import Function
 from ..registry import CostContext, get_op
-from ..types import TupleType, Type
+from ..types import TensorType, TupleType, Type
 from ..value import Value
 from ..verify import describe_op, infer_types
 from . import annotations as ann
@@ -131,6 +131,11 @@ class _Materialiser:
     # -- inputs and outputs --------------------------------------------------------------
 
     def _distribute(self, x: Value) -> DistValue:
+        if not isinstance(x.type, TensorType):
+            raise PropagationError(
+                f"input {x.name!r} is {x.type}, already per-device: propagate distributes a "
+                "sequential program (unroll or gather it first)"
+            )
         nx = self.b.input(x.name, x.type)
         layout = self.layout(x)
         devices = list(self.mesh.devices)

@@ -22,6 +22,7 @@ from typing import Any
 from ..op import Op
 from ..registry import TypeContext, get_op
 from ..types import TupleType, Type
+from ..verify import describe_op
 from .errors import PropagationError
 from .mesh import Mesh, Partial, Placement, R, Replicate, Shard
 
@@ -56,7 +57,7 @@ def rule_for(op: Op, input_types: Sequence[Type] | None = None) -> Rule:
     if opdef.sharding_rule is None:
         raise PropagationError(
             f"op {op.op_type} has no sharding rule, so propagation cannot place it; "
-            "attach one in its op family file (ir.registry.attach_rule)"
+            f"attach one in its op family file (ir.registry.attach_rule)\n  in: {describe_op(op)}"
         )
     types = tuple(v.type for v in op.inputs) if input_types is None else tuple(input_types)
     raw = opdef.sharding_rule(

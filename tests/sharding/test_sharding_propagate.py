@@ -213,3 +213,19 @@ def test_axis_out_of_range_and_too_many_shards_name_the_value():
         propagate(mlp(), {"nope": (M2, [R])})
     with pytest.raises(AnnotationError, match="reduction must be"):
         propagate(mlp(), {"w1": (M2, [P("avg")])})
+
+
+def test_per_device_inputs_and_ops_without_rules_are_refused_with_a_reason():
+    from ir.sharding import PropagationError
+    from ir.types import TupleType
+
+    b = FunctionBuilder("tuple_in")
+    xs = b.input("xs", TupleType((TensorType((2,), device=0), TensorType((2,), device=1))))
+    f = b.finish([b.call("Identity", xs, name="ys")])
+    with pytest.raises(PropagationError, match=r"'xs' is .* already per-device"):
+        propagate(f, mesh=M2)
+    b = FunctionBuilder("send")
+    x = b.input("x", TensorType((4,), device=0))
+    f = b.finish([b.call("Send", x, to_device=1, name="y")])
+    with pytest.raises(PropagationError, match=r"Send has no sharding rule(.|\n)*in: y: "):
+        propagate(f, {"x": (M2, [S(0)])})
