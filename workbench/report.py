@@ -1,0 +1,248 @@
+"""The static report: a model under several strategies as one self-contained HTML file.
+
+The page carries plotly.js inline (once) and the graphs as inline SVG, and
+fetches nothing, so it opens offline, from an e-mail or a CI artifact. It holds
+a table of the strategies (step time, peak memory, communication, idle), the
+comparison of the first two on one time axis, and per strategy its program
+graph, Gantt chart and memory curves.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ir.device import Topology
+from ir.errors import DistIRError
+from ir.function import Function
+from widgets import GraphOptions, compare_figure, gantt_figure, memory_figure, render_graph
+from widgets.static_html import Part, page_html
+from widgets.units import format_bytes, format_time
+
+from .session import Derived, State, Strategy, derive
+
+DEFAULT_STRATEGIES = ("dp=8", "dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b")
+
+
+SEQUENTIAL_GRAPH_MAX_OPS = 80
+
+
+@dataclass(frozen=True)
+class ReportConfig:
+    """What ``python -m workbench report`` simulates; every field has a default."""
+
+    model: str = "gpt"
+    batch: int = 16
+    seq: int = 128
+    hidden: int = 512
+    heads: int = 8
+    vocab: int = 4096
+    layers: int = 4
+    features: int = 512
+    classes: int = 64
+    training: bool = True
+    preset: str = "a100-hgx"
+    devices: int = 8
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+
+    def describe_model(self) -> str:
+        """``GPT: 4 layers, batch 16, seq 128, hidden 512, 8 heads, vocab 4096, training``."""
+        mode = "training step" if self.training else "forward"
+        if self.model == "gpt":
+            return (
+                f"GPT: {self.layers} layers, batch {self.batch}, seq {self.seq}, hidden "
+                f"{self.hidden}, {self.heads} heads, vocab {self.vocab}, {mode}"
+            )
+        return (
+            f"MLP: {self.layers} layers, batch {self.batch}, features {self.features}, "
+            f"hidden {self.hidden}, classes {self.classes}, {mode}"
+        )
+
+
+def build_model(config: ReportConfig) -> Function:
+    """The model ``config`` names, from ``ir.models``."""
+    from ir import models
+
+    if config.model == "gpt":
+        return models.gpt(
+            config.batch,
+            config.seq,
+            config.hidden,
+            config.heads,
+            config.vocab,
+            config.layers,
+            training=config.training,
+        )
+    if config.model == "mlp":
+        return models.mlp(
+            config.batch,
+            config.features,
+            config.hidden,
+            config.classes,
+            layers=config.layers,
+            training=config.training,
+        )
+    raise DistIRError(f"unknown model {config.model!r}; choose gpt or mlp")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One strategy's derived state, or the error that stopped it."""
+
+    label: str
+    derived: Derived | None
+    error: str = ""
+
+
+def simulate_strategies(
+    function: Function,
+    topology: Topology,
+    strategies: Sequence[str | Strategy],
+    *,
+    progress: bool = False,
+) -> list[Outcome]:
+    """Transform and simulate ``function`` under each strategy; failures are recorded."""
+    from tqdm.auto import tqdm
+
+    outcomes = []
+    for item in tqdm(list(strategies), desc="simulating strategies", disable=not progress):
+        strategy = Strategy.parse(item) if isinstance(item, str) else item
+        label = strategy.describe()
+        try:
+            outcomes.append(Outcome(label, derive(function, topology, State(strategy))))
+        except Exception as e:  # one failing strategy must not lose the others' report
+            kind = "" if isinstance(e, DistIRError) else f"{type(e).__name__}: "
+            outcomes.append(Outcome(label, None, f"{kind}{e}"))
+    return outcomes
+
+
+def summary_table(outcomes: Sequence[Outcome]) -> str:
+    """An HTML table: one row per strategy with its step time, peaks and times."""
+    rows = []
+    for o in outcomes:
+        label = html.escape(o.label)
+        if o.derived is None:
+            rows.append(
+                f"<tr><td>{label}</td><td colspan='5' style='color:#b2182b'>"
+                f"{html.escape(o.error)}</td></tr>"
+            )
+            continue
+        r = o.derived.result
+        peak = max(r.peak_memory_bytes.values(), default=0.0)
+        comm = max(r.communication_s.values(), default=0.0)
+        idle = max((r.idle_fraction(d) for d in r.devices), default=0.0)
+        over = getattr(r, "over_capacity", ())
+        oom = f"out of memory on {list(over)}" if over else "fits"
+        rows.append(
+            f"<tr><td>{label}</td><td>{format_time(r.step_time_s)}</td>"
+            f"<td>{format_bytes(peak)}</td><td>{format_time(comm)}</td>"
+            f"<td>{idle:.0%}</td><td>{oom}</td></tr>"
+        )
+    head = (
+        "<tr><th>strategy</th><th>step time</th><th>peak memory (max device)</th>"
+        "<th>communication (max device)</th><th>idle (max device)</th><th>memory</th></tr>"
+    )
+    style = "border-collapse:collapse" if rows else ""
+    return f"<table border='1' cellpadding='4' style='{style}'>{head}{''.join(rows)}</table>"
+
+
+def report_html(
+    function: Function,
+    topology: Topology,
+    outcomes: Sequence[Outcome],
+    *,
+    title: str,
+    description: str = "",
+    graph_options: GraphOptions | None = None,
+) -> str:
+    """The report page (a complete HTML document with plotly.js inlined)."""
+    options = graph_options or GraphOptions(max_ops=60)
+    intro = (
+        f"<p>{html.escape(description)}</p><p>Hardware: {html.escape(topology.name)}, "
+        f"{len(topology.devices)} devices. Times are simulated (see docs/simulator.md).</p>"
+    )
+    parts: list[tuple[str, Part]] = [("", intro), ("Strategies", summary_table(outcomes))]
+    done = [o for o in outcomes if o.derived is not None]
+    if len(done) >= 2:
+        a, b = done[0].derived, done[1].derived
+        assert a is not None and b is not None
+        parts.append(
+            (
+                f"{done[0].label} vs {done[1].label}",
+                compare_figure(
+                    a.result,
+                    b.result,
+                    function_a=a.function,
+                    function_b=b.function,
+                    labels=(done[0].label, done[1].label),
+                ),
+            )
+        )
+    for o in done:
+        d = o.derived
+        assert d is not None
+        parts += [
+            (f"{o.label}: timeline", gantt_figure(d.result, d.function)),
+            (f"{o.label}: memory", memory_figure(d.result)),
+            (f"{o.label}: program", render_graph(d.function, None, options)),
+        ]
+    if function.num_ops() <= SEQUENTIAL_GRAPH_MAX_OPS:
+        parts.append(("The sequential program", render_graph(function, None, options)))
+    else:  # graphviz lays out long unfolded backward passes slowly (minutes)
+        parts.append(
+            (
+                "The sequential program",
+                f"<p>{function.num_ops()} ops: printed, not drawn.</p>"
+                f"<pre>{html.escape(str(function))}</pre>",
+            )
+        )
+    return page_html(title, parts)
+
+
+def write_report(
+    path: Path,
+    function: Function,
+    config: ReportConfig | None = None,
+    *,
+    topology: Topology | None = None,
+    progress: bool = False,
+) -> Path:
+    """Simulate ``function`` under ``config.strategies`` and write the report to ``path``."""
+    from tqdm.auto import tqdm
+
+    config = config or ReportConfig()
+    topology = topology or Topology.preset(config.preset, config.devices)
+    outcomes = simulate_strategies(function, topology, config.strategies, progress=progress)
+    if not any(o.derived is not None for o in outcomes):
+        errors = "; ".join(f"{o.label}: {o.error}" for o in outcomes)
+        raise DistIRError(f"no strategy could be simulated: {errors}")
+    with tqdm(total=1, desc="drawing the report", disable=not progress) as bar:
+        page = report_html(
+            function,
+            topology,
+            outcomes,
+            title=f"DistIR Workbench report: {function.name} on {topology.name}",
+            description=config.describe_model(),
+        )
+        bar.update(1)
+    path = Path(path)
+    path.write_text(page, encoding="utf-8")
+    return path
+
+
+def session_report(session: Any, path: Path) -> Path:
+    """The report of a live session's current state (what the dashboard shows)."""
+    d: Derived = session.current
+    outcome = Outcome(d.state.describe(), d)
+    page = report_html(
+        session.base,
+        session.topology,
+        [outcome],
+        title=f"DistIR Workbench report: {session.base.name} on {session.topology.name}",
+    )
+    path = Path(path)
+    path.write_text(page, encoding="utf-8")
+    return path
