@@ -26,7 +26,7 @@ from ..builder import FunctionBuilder, rebuild_op
 from ..function import Function
 from ..op import Op
 from ..ops.communication import split_sizes
-from ..types import DeviceRef, DeviceVar, TensorType, TupleType
+from ..types import DeviceRef, DeviceVar, TensorType
 from ..value import Value
 from ._rewrite import TransformError, device_of, localize_op, sub_tuple
 
@@ -224,7 +224,9 @@ class Plan:
 # -- emission ------------------------------------------------------------------------------
 
 
-def _collective(b: FunctionBuilder, xs: Value, src: Shard, dst: Shard, devices, name) -> Value:
+def _collective(
+    b: FunctionBuilder, xs: Value, src: Shard, dst: Shard, devices: tuple, name: str
+) -> Value:
     if dst == R and src.kind == "S":
         return b.call("AllGather", xs, dim=src.dim, name=name)
     if dst == R and src == P:
@@ -364,7 +366,18 @@ def _needed_later(plan: Plan, order: list[int]) -> list[set[Value]]:
     return result
 
 
-def _emit_segment(b, plan, indices, groups, locals_, outer, needed, devices, device_map, inner):
+def _emit_segment(
+    b: FunctionBuilder,
+    plan: Plan,
+    indices: list[int],
+    groups: list[list[int]],
+    locals_: list[_Local],
+    outer: dict[Value, Value],
+    needed: set[Value],
+    devices: tuple,
+    device_map: dict | None,
+    inner: Callable[[Function, list[Shard]], Function] | None,
+) -> None:
     defined: set[Value] = set()
     inputs: list[Value] = []
     for i in indices:
@@ -409,7 +422,3 @@ def _emit_segment(b, plan, indices, groups, locals_, outer, needed, devices, dev
                     "TupleGet", outs[r], index=pos, name=f"{v.name}_{dev_index}"
                 )
         outer[v] = b.call("MakeTuple", *items, name=f"{v.name}s")
-
-
-def is_tuple_value(v: Value) -> bool:
-    return isinstance(v.type, TupleType)

@@ -50,7 +50,14 @@ def _split_weights(f: Function, split_at: int | None) -> tuple[list[Value], list
     return weights[:k], weights[k:]
 
 
-def _sequential(f, degree, devices, topology, states, rule) -> Function:
+def _sequential(
+    f: Function,
+    degree: int,
+    devices: Sequence[DeviceRef] | None,
+    topology: Any,
+    states: dict[Value, Shard | None],
+    rule: Callable[[Op, list[Shard | None]], RuleResult | None],
+) -> Function:
     devices = check_devices(devices, degree, topology)
     for v, s in states.items():
         if s.kind == "S" and v.type.shape[s.dim] < degree:
@@ -174,7 +181,14 @@ def _prod(sizes: Sequence[int]) -> int:
     return out
 
 
-def _level(f, levels, sizes, depth, microbatches, schedule) -> Function:
+def _level(
+    f: Function,
+    levels: list[tuple[str, int]],
+    sizes: list[int],
+    depth: int,
+    microbatches: int,
+    schedule: str,
+) -> Function:
     kind, n = levels[depth]
     last = depth == len(levels) - 1
     var = _VARS[depth]

@@ -41,6 +41,9 @@ _LINEAR = {"Neg", "Identity", "Scale", "Reshape", "Transpose", "Add", "Sub", "Su
 _BINARY = {"Add", "Sub", "Mul", "Div"}
 
 
+_States = list[Shard | None]
+
+
 def _rank(v: Value) -> int:
     return v.type.rank
 
@@ -83,19 +86,19 @@ class _Rules:
             return k < rank - 2
         return True
 
-    def _unary(self, op: Op, st):
+    def _unary(self, op: Op, st: _States) -> RuleResult | None:
         (x,) = st
         if x is not None and x.kind == "S" and self._axis_ok(op, x.dim):
             return RuleResult([x])
         return None
 
-    def _unary_grad(self, op: Op, st):
+    def _unary_grad(self, op: Op, st: _States) -> RuleResult | None:
         s = st[0]
         if s == st[1] and s is not None and s.kind == "S" and self._axis_ok(op, s.dim):
             return RuleResult([s])
         return None
 
-    def _binary(self, op: Op, st):
+    def _binary(self, op: Op, st: _States) -> RuleResult | None:
         out = op.outputs[0].type
         dims = set()
         for v, s in zip(op.inputs, st):
@@ -116,7 +119,7 @@ class _Rules:
                 return None
         return RuleResult([S(k)], decide)
 
-    def _MatMul(self, op: Op, st):
+    def _MatMul(self, op: Op, st: _States) -> RuleResult | None:
         a, b = st
         x, w = op.inputs
         if _rank(w) == 2:
@@ -141,7 +144,7 @@ class _Rules:
             return RuleResult([a])
         return None
 
-    def _MatMulGrad(self, op: Op, st):
+    def _MatMulGrad(self, op: Op, st: _States) -> RuleResult | None:
         a, b, dy = st
         x, w, _ = op.inputs
         if _rank(w) == 2:
@@ -156,7 +159,7 @@ class _Rules:
             return RuleResult([a, a])
         return None
 
-    def _Reshape(self, op: Op, st):
+    def _Reshape(self, op: Op, st: _States) -> RuleResult | None:
         (x,) = st
         if x is None or x.kind != "S":
             return None
@@ -179,7 +182,7 @@ class _Rules:
             acc *= size
         return None
 
-    def _Transpose(self, op: Op, st):
+    def _Transpose(self, op: Op, st: _States) -> RuleResult | None:
         (x,) = st
         if x is None or x.kind != "S":
             return None
@@ -187,13 +190,13 @@ class _Rules:
         perm = tuple(reversed(range(_rank(op.inputs[0])))) if perm is None else tuple(perm)
         return RuleResult([S(perm.index(x.dim))])
 
-    def _LayerNorm(self, op: Op, st):
+    def _LayerNorm(self, op: Op, st: _States) -> RuleResult | None:
         x = st[0]
         if x is not None and x.kind == "S" and x.dim != _last(op.inputs[0]):
             return RuleResult([x], {i: R for i in (1, 2) if st[i] is None})
         return None
 
-    def _Sum(self, op: Op, st):
+    def _Sum(self, op: Op, st: _States) -> RuleResult | None:
         if len(set(st)) == 1 and st[0] is not None:
             return RuleResult([st[0]])
         return None

@@ -137,7 +137,16 @@ def _device_sequence(schedule: str, d: int, p: int, v: int, k: int, backward: bo
 
 
 class _Pipeline:
-    def __init__(self, f, stages, k, schedule, devices, batch, chunks=1) -> None:
+    def __init__(
+        self,
+        f: Function,
+        stages: int,
+        k: int,
+        schedule: str,
+        devices: Sequence[DeviceRef],
+        batch: Sequence[str] | None,
+        chunks: int = 1,
+    ) -> None:
         self.f, self.p, self.k, self.v = f, len(devices), k, chunks
         # model stage s runs on device s % p (several stages per device when interleaved)
         self.devices = [devices[s % len(devices)] for s in range(stages)]
