@@ -262,3 +262,16 @@ def test_unrolled_transform_outputs_lower_and_run_like_the_global_program(transf
     inputs = ir.random_inputs(f, 0)
     for want, got in zip(_flat(ir.execute(g, inputs)), _flat(run_ranked(ranked, inputs))):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_conv_batch_and_spatial_sharding_on_a_2x2_mesh():
+    b = FunctionBuilder("conv2")
+    a = b.input("a", TensorType((2, 7, 5, 3), device=0))
+    w = b.input("w", TensorType((3, 3, 3, 4), device=0))
+    r = b.call("Conv2D", a, w, padding="same", name="r")
+    f = b.finish([b.call("Relu", r, name="y")])
+    g, report = propagate(f, {"a": (M22, [S(0), S(1)])})
+    assert report.strategies[0][1] == "axis 0: split n; axis 1: halo exchange along tensor axis 1"
+    assert report.collectives == []  # only point-to-point halo rows move
+    ranked = ranked_equals_original(f, {"a": (M22, [S(0), S(1)])})
+    assert len(check_deadlock(ranked).messages) == 4  # each of 2 pairs swaps one row each way
