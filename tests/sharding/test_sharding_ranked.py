@@ -270,7 +270,7 @@ def test_conv_batch_and_spatial_sharding_on_a_2x2_mesh():
     w = b.input("w", TensorType((3, 3, 3, 4), device=0))
     r = b.call("Conv2D", a, w, padding="same", name="r")
     f = b.finish([b.call("Relu", r, name="y")])
-    g, report = propagate(f, {"a": (M22, [S(0), S(1)])})
+    _, report = propagate(f, {"a": (M22, [S(0), S(1)])})
     assert report.strategies[0][1] == "axis 0: split n; axis 1: halo exchange along tensor axis 1"
     assert report.collectives == []  # only point-to-point halo rows move
     ranked = ranked_equals_original(f, {"a": (M22, [S(0), S(1)])})
