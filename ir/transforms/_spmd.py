@@ -323,7 +323,9 @@ def emit(
             outs.append(b.call("Reduce", outer[key], op="sum", to_device=where, name=v.name))
         elif replicated == "send":
             first = b.call("TupleGet", outer[key], index=0, name=f"{v.name}_0")
-            outs.append(b.call("Send", first, to_device=where, name=v.name))
+            if device_of(first.type) != where:
+                first = b.call("Send", first, to_device=where, name=v.name)
+            outs.append(first)
         else:
             outs.append(outer[key])
     return b.finish(outs)
