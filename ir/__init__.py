@@ -7,7 +7,7 @@ Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 
 from __future__ import annotations
 
-from . import models, transforms  # `import ir` is enough for ir.models.mlp(...)
+from . import models, sharding, transforms  # `import ir` is enough for ir.models.mlp(...)
 from .builder import FunctionBuilder
 from .device import Device, Topology, TopologyError
 from .errors import (
