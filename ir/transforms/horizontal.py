@@ -196,6 +196,20 @@ class _Rules:
             return RuleResult([x], {i: R for i in (1, 2) if st[i] is None})
         return None
 
+    def _ReduceSum(self, op: Op, st: _States) -> RuleResult | None:
+        (x,) = st
+        if x is None or x.kind != "S":
+            return None
+        rank = _rank(op.inputs[0])
+        axes = op.attributes["axes"]
+        axes = range(rank) if axes is None else [axes] if isinstance(axes, int) else axes
+        axes = {a % rank for a in axes}
+        if x.dim in axes:
+            return RuleResult([P])
+        if op.attributes["keepdims"]:
+            return RuleResult([x])
+        return RuleResult([S(x.dim - sum(a < x.dim for a in axes))])
+
     def _Sum(self, op: Op, st: _States) -> RuleResult | None:
         if len(set(st)) == 1 and st[0] is not None:
             return RuleResult([st[0]])

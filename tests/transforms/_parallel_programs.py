@@ -139,3 +139,20 @@ def model(name: str) -> ir.Function:
 
 
 MODELS = ("mlp", "mlp_sgd", "mlp_adam", "gpt", "gpt_sgd")
+
+
+def biased_mlp(training: bool = True) -> ir.Function:
+    """Two layers with biases, Tanh and an mse loss (the bias gradients are ReduceSums)."""
+    from ir.transforms import training as make_training
+
+    b = FunctionBuilder("biased")
+    w1 = b.input("w1", TensorType((4, 8), F64, 0))
+    b1 = b.input("b1", TensorType((8,), F64, 0))
+    w2 = b.input("w2", TensorType((8, 3), F64, 0))
+    b2 = b.input("b2", TensorType((3,), F64, 0))
+    x = b.input("x", TensorType((6, 4), F64, 0))
+    z = b.input("z", TensorType((6, 3), F64, 0))
+    a = b.call("Add", b.call("MatMul", x, w1, name="a"), b1, name="ab")
+    y = b.call("Add", b.call("MatMul", b.call("Tanh", a, name="h"), w2, name="o"), b2, name="y")
+    f = b.finish([y, b.call("Loss", y, z, kind="mse", name="l")])
+    return make_training(f) if training else f

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _parallel_programs import MODELS, assert_same, mlp, model
+from _parallel_programs import MODELS, assert_same, biased_mlp, mlp, model
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -134,3 +134,9 @@ def test_bad_inner_degrees_are_errors_not_silent_fallbacks() -> None:
         nested(f, ("dp", 2), ("hp", 5))
     with pytest.raises(TransformError, match="larger than the batch size"):
         nested(f, ("hp", 2), ("dp", 9))
+
+
+@pytest.mark.parametrize("how", list(COMPOSITIONS))
+def test_compositions_of_a_biased_mse_mlp(how: str) -> None:
+    f = biased_mlp()
+    assert_same(f, COMPOSITIONS[how](f))

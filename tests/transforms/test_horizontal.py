@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _parallel_programs import MODELS, assert_same, mlp, model, transformer_block
+from _parallel_programs import MODELS, assert_same, biased_mlp, mlp, model, transformer_block
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -113,3 +113,11 @@ def test_any_degree_up_to_the_hidden_size(hidden: int, layers: int, degree: int)
             horizontal_parallel(f, degree)
     else:
         assert_same(f, horizontal_parallel(f, degree))
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_column_bias_is_split_with_its_weight(training: bool) -> None:
+    f = biased_mlp(training)
+    g = horizontal_parallel(f, 3)
+    assert [op.inputs[0].name for op in g.ops if op.op_type == "Scatter"] == ["w1", "b1", "w2"]
+    assert_same(f, g)
