@@ -59,13 +59,20 @@ def _weights(f: Function) -> list[Value]:
 
 
 def backward_ops(f: Function) -> set[Op]:
-    """The ops that depend on a ``LossGrad`` result (the backward pass)."""
+    """The backward pass: ops that depend on a ``LossGrad`` result, and ops after the first
+    ``LossGrad`` that only feed the backward pass (recomputed activations)."""
     tainted: set[Value] = set()
     found: set[Op] = set()
     for op in f.ops:
         if op.op_type == "LossGrad" or any(v in tainted for v in op.inputs):
             found.add(op)
             tainted.update(op.outputs)
+    first = next((i for i, op in enumerate(f.ops) if op.op_type == "LossGrad"), len(f.ops))
+    outputs = set(f.outputs)
+    for op in reversed(f.ops[first:]):
+        users = [u for v in op.outputs for u in f.consumers.get(v, [])]
+        if users and all(u in found for u in users) and not outputs & set(op.outputs):
+            found.add(op)
     return found
 
 

@@ -148,3 +148,16 @@ def test_interleaved_errors() -> None:
         pipeline_parallel(f, 2, 2, "1f1b", chunks=2)
     with pytest.raises(TransformError, match="stages more than layers"):
         pipeline_parallel(f, 2, 2, "interleaved", chunks=3)
+
+
+def test_recomputed_activations_stay_in_the_backward_pass() -> None:
+    from ir.transforms import recompute, training
+
+    t = training(ir.models.mlp(8, 4, 6, 5, layers=4, dtype=ir.DType.float64))
+    r = recompute(t)
+    g = pipeline_parallel(r, 2, 2, "1f1b")
+    assert_same(r, g)
+    order = [v.name for op in g.ops for v in op.outputs]
+    # microbatch 0's recomputed first-layer activation comes after its loss gradient
+    recomputed = [i for i, n in enumerate(order) if n == "a0_mb0"]
+    assert len(recomputed) == 2 and recomputed[1] > order.index("dl_mb0")
