@@ -210,7 +210,12 @@ class Plan:
 
     def groups(self) -> list[list[int]]:
         """Device indices whose shards have equal shapes, the group of index 0 first."""
-        sources = [(k.type.shape[s.dim]) for k, s in self.state.items() if s and s.kind == "S"]
+        # Only values split from whole ones (inputs, conversions) set shard sizes; what the
+        # ops derive from them follows.
+        made = set(self.f.inputs) | set(self.converted.values())
+        sources = [
+            k.type.shape[s.dim] for k, s in self.state.items() if s and s.kind == "S" and k in made
+        ]
 
         def signature(i: int) -> tuple[int, ...]:
             return tuple(split_sizes(n, self.n)[i] for n in sources)
