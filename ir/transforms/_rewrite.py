@@ -127,10 +127,17 @@ def check_degree(what: str, degree: Any, size: int, dim_name: str) -> None:
 def check_devices(
     devices: Sequence[DeviceRef] | None, degree: int, topology: Any = None, what: str = "degree"
 ) -> tuple:
-    """``devices`` (default ``0..degree-1``) as a tuple of ``degree`` distinct devices present
-    in ``topology``."""
+    """``devices`` as a tuple of ``degree`` distinct devices present in ``topology``; by
+    default the topology's first ``degree`` devices, or ``0..degree-1`` without one."""
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
         raise TransformError(f"the {what} must be a positive integer, got {degree!r}")
+    if devices is None and topology is not None:
+        ids = tuple(topology.device_ids)
+        if len(ids) < degree:
+            raise TransformError(
+                f"the {what} is {degree} but the topology has only {len(ids)} devices"
+            )
+        devices = ids[:degree]
     devices = tuple(range(degree) if devices is None else devices)
     if len(devices) != degree:
         raise TransformError(f"got {len(devices)} devices {list(devices)} for degree {degree}")

@@ -151,7 +151,7 @@ def nested(
         raise TransformError("pipeline parallelism must be the innermost level")
     sizes = [n for _, n in levels]
     if topology is not None:
-        check_devices(None, _prod(sizes), topology, what="number of devices")
+        check_devices(range(_prod(sizes)), _prod(sizes), topology, what="number of devices")
     _check_levels(f, dict(levels), microbatches, schedule)
     return _level(f, list(levels), sizes, 0, microbatches, schedule)
 

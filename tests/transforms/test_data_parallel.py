@@ -110,3 +110,11 @@ def test_any_degree_up_to_the_batch(batch: int, hidden: int, layers: int, degree
             data_parallel(f, degree)
     else:
         assert_same(f, data_parallel(f, degree))
+
+
+def test_devices_default_to_the_topology() -> None:
+    topo = ir.Topology.uniform(3, first_id=4)
+    g = data_parallel(mlp(6, 3, 5, 4), 3, topology=topo)
+    assert g.ops[-2].outputs[0].type.devices == (4, 5, 6)
+    with pytest.raises(TransformError, match="only 3 devices"):
+        data_parallel(mlp(6, 3, 5, 4), 4, topology=topo)
