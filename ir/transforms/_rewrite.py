@@ -247,25 +247,13 @@ def localize_op(
 # -- tuples -----------------------------------------------------------------------------
 
 
-def tuple_items(b: FunctionBuilder, xs: Value, name: str = "") -> list[Value]:
-    """The elements of a tuple value, as TupleGet results."""
-    assert isinstance(xs.type, TupleType)
-    return [
-        b.call("TupleGet", xs, index=i, name=f"{name or xs.name}_{i}") for i in range(len(xs.type))
-    ]
-
-
-def make_tuple(b: FunctionBuilder, items: Sequence[Value], name: str) -> Value:
-    return b.call("MakeTuple", *items, name=name)
-
-
 def sub_tuple(b: FunctionBuilder, xs: Value, indices: Sequence[int], name: str = "") -> Value:
     """The elements ``indices`` of tuple ``xs`` as a new tuple (``xs`` itself if all, in order)."""
     assert isinstance(xs.type, TupleType)
     if list(indices) == list(range(len(xs.type))):
         return xs
     items = [b.call("TupleGet", xs, index=i, name=f"{xs.name}_{i}") for i in indices]
-    return make_tuple(b, items, name or f"{xs.name}_part")
+    return b.call("MakeTuple", *items, name=name or f"{xs.name}_part")
 
 
 def device_of(t: Type) -> DeviceRef:

@@ -59,10 +59,6 @@ def mlp(
     return b.finish([*new, y, loss])
 
 
-def flatten(outputs) -> list[np.ndarray]:
-    return [np.asarray(o) for o in outputs]
-
-
 def inputs_for(f: ir.Function, seed: int = 0) -> list:
     """Random inputs; Adam's second moments (inputs named v...) made positive."""
     args = ir.random_inputs(f, seed)
