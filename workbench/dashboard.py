@@ -124,9 +124,11 @@ def build_payloads(
 class Workbench(w.VBox):
     """The workbench dashboard over ``function`` on ``topology`` (default: 8 A100s).
 
-    >>> f = ir.models.mlp(8, 16, 32, 4)  # doctest: +SKIP
-    >>> wb = Workbench(f, ir.Topology.preset("a100-hgx", 4))  # doctest: +SKIP
-    >>> wb.annotate("wA", (Mesh((4,)), [S(1)]))  # doctest: +SKIP
+    In a notebook::
+
+        wb = Workbench(ir.models.mlp(8, 16, 32, 4), ir.Topology.preset("a100-hgx", 4))
+        wb                                   # shows the dashboard
+        wb.annotate("wA", (Mesh((4,)), [S(1)]))  # what a click and Apply do
     """
 
     def __init__(
