@@ -146,7 +146,7 @@ class Workbench(w.VBox):
         self.view = w.ToggleButtons(
             options=[("distributed program", "distributed"), ("original + placements", "original")],
             value="distributed",
-            style={"button_width": "160px"},
+            style={"button_width": "180px"},
         )
         self.graph = GraphView(
             self.session.function, options=self.graph_options, height_px=graph_height_px

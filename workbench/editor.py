@@ -146,9 +146,9 @@ class ShardingEditor(w.VBox):
         self.target = w.HTML("<i>click a value (an edge or an input) in the graph</i>")
         self.target.add_class("distir-editor-target")
         self.mode = w.ToggleButtons(
-            options=[("mesh placements", "mesh"), ("ONNX spec", "spec")],
+            options=[("mesh", "mesh"), ("ONNX spec", "spec")],
             value="mesh",
-            style={"button_width": "130px"},
+            style={"button_width": "110px"},
         )
         n = len(session.topology.devices)
         self.mesh_shape = w.Text(value=str(n), description="mesh", layout={"width": "170px"})

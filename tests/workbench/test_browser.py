@@ -1,0 +1,186 @@
+"""The workbench in a real browser: JupyterLab + Chromium driven by Playwright.
+
+Starts JupyterLab on a temporary notebook that shows a Workbench, runs it,
+clicks the ``wA`` node of the graph, applies ``S(1)`` on a 4-device mesh in the
+editor, and checks that the kernel saw it (the dashboard's labels, written by
+Python, name the value and the new strategy) and that the Gantt chart was
+redrawn. A screenshot goes to ``artifacts/workbench.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "artifacts"
+
+pytestmark = [
+    pytest.mark.skipif(
+        not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium (apt)"
+    ),
+    pytest.mark.timeout(300),
+]
+
+NOTEBOOK = [
+    "import ir\nfrom ir import models\nfrom workbench import Workbench",
+    "wb = Workbench(models.mlp(8, 16, 32, 4), ir.Topology.preset('a100-hgx', 4))\nwb",
+]
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _api(base: str, token: str, path: str, method: str = "GET") -> object:
+    request = urllib.request.Request(
+        f"{base}{path}", method=method, headers={"Authorization": f"token {token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        body = response.read()
+    return json.loads(body) if body else None
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[tuple[str, str]]:
+    """A JupyterLab server on a temporary copy of a small workbench notebook."""
+    notebooks = tmp_path / "notebooks"
+    notebooks.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in NOTEBOOK]
+    nbformat.write(nb, notebooks / "workbench.ipynb")
+    settings = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    # no news or update pop-ups over the page (they would also try to reach the network)
+    (settings / "notification.jupyterlab-settings").write_text(
+        '{"fetchNews": "false", "checkForUpdates": false}'
+    )
+    port, token = _free_port(), secrets.token_hex(16)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "settings")
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--allow-root",
+        f"--port={port}",
+        "--ServerApp.port_retries=0",
+        f"--IdentityProvider.token={token}",
+        "--LabApp.expose_app_in_browser=True",
+        f"--notebook-dir={notebooks}",
+    ]
+    log = (tmp_path / "lab.log").open("w")
+    server = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            if server.poll() is not None:
+                pytest.fail(f"JupyterLab exited: {(tmp_path / 'lab.log').read_text()[-2000:]}")
+            try:
+                _api(base, token, "/api/status")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    pytest.fail("JupyterLab did not answer within 120 s")
+                time.sleep(0.25)
+        yield base, token
+    finally:
+        try:
+            for kernel in _api(base, token, "/api/kernels") or []:  # type: ignore[union-attr]
+                _api(base, token, f"/api/kernels/{kernel['id']}", method="DELETE")
+        except OSError:
+            pass
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def test_click_a_value_apply_a_sharding_and_see_every_view_update(lab: tuple[str, str]) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python")
+    base, token = lab
+    ARTIFACTS.mkdir(exist_ok=True)
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1500, "height": 1300})
+            outside: list[str] = []
+            local = (base, "blob:", "data:")
+            page.on("request", lambda r: r.url.startswith(local) or outside.append(r.url))
+            page.goto(f"{base}/lab/tree/workbench.ipynb?token={token}")
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                " const k = w && w.sessionContext && w.sessionContext.session"
+                " && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
+                timeout=120_000,
+            )
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+
+            # The dashboard is drawn: graph with the wA input node, Gantt with its title.
+            node = page.locator(".distir-graph g#in-0")
+            node.wait_for(timeout=120_000)
+            gantt_title = page.locator(".distir-gantt .gtitle")
+            gantt_title.wait_for(timeout=60_000)
+            title_before = gantt_title.text_content()
+            summary = page.locator(".distir-summary")
+            assert "sequential" in (summary.text_content() or "")
+
+            node.click()  # Python maps the SVG id to value wA and selects it in the editor
+            page.locator(".distir-selection .distir-selected-name", has_text="wA").wait_for(
+                timeout=30_000
+            )
+            page.locator(".distir-editor-target", has_text="wA").wait_for(timeout=30_000)
+
+            page.locator(".distir-mesh-shape input").fill("4")
+            page.locator(".distir-mesh-shape input").press("Enter")
+            page.locator(".distir-placement-0 select").select_option(label="S(1)")
+            page.locator("button.distir-apply").click()
+
+            # The kernel propagated and simulated: Python rewrote the summary and the Gantt.
+            page.locator(".distir-summary", has_text="annotated: wA").wait_for(timeout=60_000)
+            page.wait_for_function(
+                "before => { const t = document.querySelector('.distir-gantt .gtitle');"
+                " return t && t.textContent !== before; }",
+                arg=title_before,
+                timeout=60_000,
+            )
+            title_after = gantt_title.text_content() or ""
+            assert "4 devices" in title_after, title_after
+            assert page.locator(".distir-gantt .gtitle").count() == 1
+            assert "S(1)" in (page.locator(".distir-selection").text_content() or "")
+            page.locator(".distir-workbench").screenshot(path=str(ARTIFACTS / "workbench.png"))
+            page.screenshot(path=str(ARTIFACTS / "workbench-page.png"))
+            assert not outside, f"the page fetched from outside the server: {outside[:5]}"
+        finally:
+            browser.close()
