@@ -27,10 +27,11 @@ from ..types import DeviceRef, DeviceVar
 from ..value import Value
 from ..verify import verify
 from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
+from ._rules import MegatronRule
 from ._spmd import Plan as _Plan
 from ._spmd import R, RuleResult, S, Shard, emit
 from .data_parallel import data_parallel
-from .horizontal import _Rules, horizontal_parallel, horizontal_plan_checked
+from .horizontal import horizontal_parallel, horizontal_plan_checked
 from .pipeline import SCHEDULES, _weights, pipeline_parallel, stage_assignment
 
 KINDS = ("dp", "hp", "pp")
@@ -81,7 +82,7 @@ def data_then_horizontal(
     states: dict[Value, Shard | None] = {v: S(0) for v in batch_inputs(f)}
     states.update({w: R for w in first})
     states.update({w: S(1) if w.type.rank == 2 else R for w in rest})
-    return _sequential(f, degree, devices, topology, states, _Rules(degree, frozenset()))
+    return _sequential(f, degree, devices, topology, states, MegatronRule(degree, frozenset()))
 
 
 def horizontal_then_data(
@@ -97,7 +98,7 @@ def horizontal_then_data(
     states: dict[Value, Shard | None] = {w: S(1) if w.type.rank == 2 else R for w in first}
     states.update({w: R for w in rest})
     rows = set(rest)
-    hp = _Rules(degree, frozenset())
+    hp = MegatronRule(degree, frozenset())
 
     def rule(op: Op, st: list[Shard | None]) -> RuleResult | None:
         # A data-parallel MatMul turns its column-split operand into rows (all-to-all).

@@ -18,28 +18,12 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..function import Function
-from ..op import Op
 from ..types import DeviceRef, TensorType
 from ..verify import verify
 from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
-from ._spmd import P, R, RuleResult, S, Shard, emit
+from ._rules import data_rule
 from ._spmd import Plan as _Plan
-
-# Ops that map a sum of partial values to the sum of their results.
-LINEAR_IN_PARTIAL = frozenset(
-    {"Add", "Sub", "Sum", "Neg", "Identity", "Scale", "Reshape", "Transpose"}
-)
-
-
-def data_rule(op: Op, states: list[Shard | None]) -> RuleResult:
-    """Batch rows are independent: results take their state from their local shapes.
-
-    Partial values stay partial through linear ops; anything else all-reduces them first.
-    """
-    partial = [i for i, s in enumerate(states) if s == P]
-    if partial and not (op.op_type in LINEAR_IN_PARTIAL and len(partial) == len(states)):
-        return RuleResult(None, convert={i: R for i in partial})
-    return RuleResult(None)
+from ._spmd import S, emit
 
 
 def data_plan(

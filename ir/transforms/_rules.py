@@ -1,0 +1,182 @@
+"""The SPMD engine's per-op behaviour, read from the ops' sharding rules.
+
+Every op's registry record carries a sharding rule in factor notation (see
+``ir/ops/_factors.py``); ``ir.sharding.rules`` reads it as *choices* for one mesh
+axis: split a factor, replicate, or pass Partial values through the operands the
+op is linear in. Over the N devices of a group, each choice becomes a
+:class:`Candidate`: the state (``R``, ``S(k)``, ``P``) every operand must have and
+the states the results then have. The transforms differ only by *policy*:
+
+* :func:`data_rule` (data parallelism): results follow their local shapes; a
+  Partial value passes an op only when the op is linear in all its operands.
+* :class:`MegatronRule` (horizontal parallelism): an op takes the candidate its
+  operands already fit; an undecided weight next to a replicated activation is
+  split on the factor that keeps the results split (column split), one next to a
+  split activation follows the split (row split: the contraction gives ``P``); an
+  optimizer step follows its parameter's layout.
+
+No per-op-name table lives here: a new op gets data and horizontal parallelism
+from its sharding rule alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..op import Op
+from ..ops.communication import split_sizes
+from ..sharding import mesh
+from ..sharding.errors import PropagationError
+from ..sharding.rules import Choice, Rule, axis_placements, rule_for
+from ..types import TupleType, Type
+from ..value import Value
+from ._rewrite import is_optimizer
+from ._spmd import P, R, RuleResult, S, Shard
+
+States = Sequence[Shard | None]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to run an op over N devices: the operands' and results' states."""
+
+    choice: Choice
+    operands: tuple[Shard, ...]
+    results: tuple[Shard, ...]
+
+    def fits(self, states: States) -> bool:
+        """The decided operands already have the states this candidate needs, and no
+        undecided (lazy) operand would have to be Partial."""
+        return all(
+            want == s if s is not None else want != P for want, s in zip(self.operands, states)
+        )
+
+    def decide(self, states: States) -> dict[int, Shard]:
+        return {i: want for i, (want, s) in enumerate(zip(self.operands, states)) if s is None}
+
+    def splits_lazy(self, states: States) -> bool:
+        return any(s is None and want.kind == "S" for want, s in zip(self.operands, states))
+
+
+def _state(p: mesh.Placement) -> Shard:
+    if isinstance(p, mesh.Shard):
+        return S(p.dim)
+    return P if isinstance(p, mesh.Partial) else R
+
+
+def _shape(t: Type) -> tuple[int, ...]:
+    if isinstance(t, TupleType):
+        return _shape(t.elements[0]) if t.elements else ()
+    return t.shape
+
+
+def _splits_evenly(op: Op, rule: Rule, factor: str, n: int) -> bool:
+    """Every axis named ``factor`` splits in the same proportions over ``n`` devices
+    (a hidden axis reshaped to heads splits by whole heads)."""
+    types = [v.type for v in op.inputs] + [v.type for v in op.outputs]
+    sizes = [
+        _shape(t)[i]
+        for t, names in zip(types, (*rule.operands, *rule.results))
+        for i, name in enumerate(names)
+        if name == factor
+    ]
+    base = sizes[0]
+    base_parts = split_sizes(base, n)
+    return all(
+        p * base == q * size for size in sizes[1:] for p, q in zip(split_sizes(size, n), base_parts)
+    )
+
+
+def candidates(op: Op, n: int) -> list[Candidate]:
+    """The ways ``op`` can run over ``n`` devices, from its record's sharding rule
+    (none for ops without one: they run on whole values)."""
+    try:
+        rule = rule_for(op)
+    except PropagationError:
+        return []
+    choices: list[Choice] = [("shard", f) for f in rule.factors] + [("replicate",)]
+    if "sum" in rule.partial_ops:
+        choices += [("partial", members, "sum") for members in rule.linear]
+    out = []
+    for choice in choices:
+        placed = axis_placements(rule, choice)
+        if placed is None:
+            continue
+        if choice[0] == "shard" and not _splits_evenly(op, rule, choice[1], n):
+            continue
+        ins, outs = placed
+        out.append(Candidate(choice, tuple(map(_state, ins)), tuple(map(_state, outs))))
+    return out
+
+
+def linear_in_all(c: Candidate, n_operands: int) -> bool:
+    """``c`` passes Partial values through an op linear in all of its operands jointly.
+
+    Only then does a Partial stay Partial: an op linear in some operands only (``Mul``
+    by a replicated scale, ``LayerNormGrad``'s ``dy``) would turn one pending sum
+    into several (one per result) that each need a collective later.
+    """
+    return c.choice[0] == "partial" and len(c.choice[1]) == n_operands
+
+
+def data_rule(op: Op, states: list[Shard | None]) -> RuleResult:
+    """Data parallelism: batch rows are independent, so results take their state from
+    their local shapes; Partial operands are all-reduced first unless the op's record
+    says it is linear in all of them."""
+    partial = {i for i, s in enumerate(states) if s == P}
+    if not partial:
+        return RuleResult(None)
+    n = len(states)
+    if len(partial) == n and any(linear_in_all(c, n) for c in candidates(op, 2)):
+        return RuleResult(None)
+    return RuleResult(None, convert=dict.fromkeys(partial, R))
+
+
+class MegatronRule:
+    """Horizontal parallelism over ``n`` devices; the weights in ``forced`` stay whole."""
+
+    def __init__(self, n: int, forced: frozenset[Value]) -> None:
+        self.n, self.forced = n, forced
+
+    def __call__(self, op: Op, st: list[Shard | None]) -> RuleResult | None:
+        cands = candidates(op, self.n)
+        if is_optimizer(op):
+            return self._follow_parameter(cands, st)
+        fits = [
+            c
+            for c in cands
+            if c.fits(st) and (c.choice[0] != "partial" or linear_in_all(c, len(st)))
+        ]
+        if all(s in (R, None) for s in st):
+            # Nothing is split yet: a lazy weight beside a replicated activation may start a
+            # split (column split) if every result stays split and it is not kept whole.
+            lazy = {v for v, s in zip(op.inputs, st) if s is None}
+            for c in fits:
+                starts = c.splits_lazy(st) and any(s == R for s in st)
+                if starts and not lazy & self.forced and all(r.kind == "S" for r in c.results):
+                    return RuleResult(list(c.results), c.decide(st))
+            fits = [c for c in fits if not c.splits_lazy(st)]
+        if not fits:
+            return None
+        c = fits[0]
+        return RuleResult(list(c.results), c.decide(st))
+
+    def _follow_parameter(
+        self, cands: list[Candidate], st: list[Shard | None]
+    ) -> RuleResult | None:
+        """An optimizer step runs where its parameter (operand 0) lives: state operands
+        follow it, the gradient is converted to it (``P`` -> ``S``: a reduce-scatter)."""
+        target = st[0] or R
+        for c in cands:
+            if c.operands[0] == target:
+                convert = {
+                    i: want
+                    for i, (want, s) in enumerate(zip(c.operands, st))
+                    if s is not None and s != want
+                }
+                return RuleResult(list(c.results), c.decide(st), convert)
+        return None
+
+
+__all__ = ["Candidate", "MegatronRule", "candidates", "data_rule", "linear_in_all"]
