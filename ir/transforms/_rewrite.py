@@ -2,15 +2,14 @@
 
 ``localize_op`` re-adds an op to a builder with new operands whose shapes or
 devices differ from the original's (a shard, a microbatch, another device) and
-fixes the attributes that spell shapes or sizes: ``Reshape``'s target shape,
-the ``denominator`` of ``Loss``/``LossGrad`` (set to the global number of rows,
-so that per-shard losses and gradients sum to the global ones) and the
-``device`` of ``Constant``.
+fixes the attributes that spell shapes, sizes or devices, as the ops' records
+say (``local_attributes`` of their sharding rules: ``Reshape``'s target shape,
+the global ``denominator`` of ``Loss``/``LossGrad``, so that per-shard losses
+and gradients sum to the global ones; a ``device`` attribute).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +18,7 @@ from ..errors import DistIRError, VerifyError
 from ..function import Function
 from ..op import Op
 from ..registry import get_op
+from ..sharding.rules import Rule, rule_for
 from ..types import DeviceRef, TensorType, TupleType, Type
 from ..value import Value
 from ..verify import describe_op
@@ -47,6 +47,11 @@ _ELEMENTWISE = {"Add", "Sub", "Mul", "Div"}
 def is_optimizer(op: Op) -> bool:
     """True for SGD, Adam and every op whose record says ``extra["optimizer"]``."""
     return bool(get_op(op.op_type).extra.get("optimizer", False))
+
+
+def starts_backward(op: Op) -> bool:
+    """``op`` seeds a backward pass (its record's ``extra["backward_seed"]``: ``LossGrad``)."""
+    return bool(get_op(op.op_type).extra.get("backward_seed", False))
 
 
 def parameter_inputs(f: Function) -> list[Value]:
@@ -156,69 +161,64 @@ def check_devices(
 # -- localising ops ----------------------------------------------------------------------
 
 
-def _prefix(shape: Sequence[int], k: int) -> int:
-    return math.prod(shape[:k])
+def _shape(t: Type) -> tuple[int, ...]:
+    if isinstance(t, TupleType):
+        return _shape(t.elements[0]) if t.elements else ()
+    return t.shape
 
 
-def local_reshape(
-    global_in: Sequence[int], local_in: Sequence[int], global_out: Sequence[int]
-) -> tuple[int, ...] | None:
-    """The local target shape of a Reshape whose operand shrank on one axis, or None.
-
-    The shrunk input axis k maps to the output axis j whose leading dims hold the
-    same number of elements as input's leading dims before k (a batch axis stays
-    the batch axis; hidden H = heads * head_dim splits by heads).
-    """
-    changed = [i for i, (g, loc) in enumerate(zip(global_in, local_in)) if g != loc]
-    if not changed:
-        return tuple(global_out)
-    if len(changed) > 1:
-        return None
-    k = changed[0]
-    lead = _prefix(global_in, k)
-    for j in range(len(global_out)):
-        if _prefix(global_out, j) == lead:
-            num = global_out[j] * local_in[k]
-            if num % global_in[k]:
-                return None
-            out = list(global_out)
-            out[j] = num // global_in[k]
-            if math.prod(out) != math.prod(local_in):
-                return None
-            return tuple(out)
-        if _prefix(global_out, j) > lead:
-            break
-    return None
-
-
-def loss_rows(y: TensorType, kind: str) -> int:
-    """The number of rows a Loss divides by when its denominator is 0 (see ir/ops/loss.py)."""
-    if kind == "cross_entropy" or y.rank >= 2:
-        return max(math.prod(y.shape[:-1]), 1)
-    return max(math.prod(y.shape), 1)
+def _local_results(op: Op, rule: Rule, inputs: Sequence[Value]) -> list[Type]:
+    """``op``'s result types for the shards ``inputs``: an axis named by a factor shrinks
+    in the proportion its operand axes did (factor notation, ``ir/ops/_factors.py``)."""
+    ratio: dict[str, tuple[int, int]] = {}
+    for v, loc, names in zip(op.inputs, inputs, rule.operands):
+        for i, (g, n, name) in enumerate(zip(_shape(v.type), _shape(loc.type), names)):
+            if g == n:
+                continue
+            if name is None:
+                raise TransformError(
+                    f"cannot fit {op.op_type} onto a shard of shape {_shape(loc.type)}: axis {i} "
+                    f"of {v.name!r} (shape {_shape(v.type)}) must stay whole\n"
+                    f"  in: {describe_op(op)}"
+                )
+            ratio[name] = (n, g)
+    out: list[Type] = []
+    for v, names in zip(op.outputs, rule.results):
+        shape = list(_shape(v.type))
+        for j, name in enumerate(names):
+            if name in ratio:
+                n, g = ratio[name]
+                if (shape[j] * n) % g:
+                    raise TransformError(
+                        f"cannot fit {op.op_type} of {_shape(op.inputs[0].type)} to "
+                        f"{_shape(v.type)} onto a shard of shape {_shape(inputs[0].type)}\n"
+                        f"  in: {describe_op(op)}"
+                    )
+                shape[j] = shape[j] * n // g
+        out.append(v.type.with_shape(tuple(shape)) if isinstance(v.type, TensorType) else v.type)
+    return out
 
 
 def local_attributes(op: Op, inputs: Sequence[Value], device: DeviceRef) -> dict[str, Any]:
-    """``op``'s attributes fitted to new operands (shapes of shards, other devices)."""
+    """``op``'s attributes fitted to new operands (shards, microbatches, other devices).
+
+    Both facts come from ``op``'s record: an op with a ``device`` attribute (``Constant``)
+    names the new device; an op whose sharding rule has ``local_attributes``
+    (``Reshape``'s target shape, ``Loss``'s global denominator) gets them for the new
+    shapes.
+    """
     attrs = dict(op.attributes)
-    if op.op_type == "Reshape":
-        g, loc = op.inputs[0].type, inputs[0].type
-        shape = local_reshape(g.shape, loc.shape, op.outputs[0].type.shape)
-        if shape is None:
-            raise TransformError(
-                f"cannot fit Reshape of {g.shape} to {op.outputs[0].type.shape} onto a shard "
-                f"of shape {loc.shape}\n  in: {describe_op(op)}"
-            )
-        attrs["shape"] = shape
-    elif (
-        op.op_type in ("Loss", "LossGrad")
-        and not attrs.get("denominator")
-        and inputs[0].type.shape != op.inputs[0].type.shape
-    ):
-        attrs["denominator"] = loss_rows(op.inputs[0].type, attrs.get("kind", "cross_entropy"))
-    elif op.op_type == "Constant":
+    opdef = get_op(op.op_type)
+    if any(a.name == "device" for a in opdef.attributes):
         attrs["device"] = device
-    return attrs
+    changed = any(_shape(v.type) != _shape(x.type) for v, x in zip(op.inputs, inputs))
+    if not changed or opdef.sharding_rule is None:
+        return attrs
+    rule = rule_for(op)
+    if rule.local_attributes is None:
+        return attrs
+    local_results = _local_results(op, rule, inputs)
+    return dict(rule.local_attributes(attrs, [x.type for x in inputs], local_results))
 
 
 def localize_op(
