@@ -139,9 +139,12 @@ class Workbench(w.VBox):
         strategy: Strategy | None = None,
         graph_options: GraphOptions | None = None,
         graph_height_px: int = 460,
+        max_graph_ops: int = 400,
     ) -> None:
         topology = topology or Topology.preset(DEFAULT_PRESET, 8)
         self.session = Session(function, topology, strategy=strategy)
+        self.max_graph_ops = max_graph_ops
+        self.graph_note = ""
         self.graph_options = graph_options or GraphOptions()
         self.view = w.ToggleButtons(
             options=[("distributed program", "distributed"), ("original + placements", "original")],
@@ -149,8 +152,9 @@ class Workbench(w.VBox):
             style={"button_width": "180px"},
         )
         self.graph = GraphView(
-            self.session.function, options=self.graph_options, height_px=graph_height_px
+            self.session.base, options=self.graph_options, height_px=graph_height_px
         )
+        self._drawn: tuple[Function, tuple[tuple[str, str], ...]] = (self.session.base, ())
         self.graph.add_class("distir-graph")
         self.editor = ShardingEditor(self.session)
         self.summary = w.HTML()
@@ -165,6 +169,7 @@ class Workbench(w.VBox):
         self.gantt: go.FigureWidget | None = None
         self.memory: go.FigureWidget | None = None
         self.last_redraw_s = 0.0
+        self.redraw_s: dict[str, float] = {}  # time per view of the last redraw
         self._shown: Derived | None = None
         self._shown_view = "distributed"
         self.graph.on_select(self._on_graph_select)
@@ -215,20 +220,50 @@ class Workbench(w.VBox):
         if d is self._shown and self.view.value == self._shown_view:
             return
         start = time.perf_counter()
-        if self.view.value == "original":
-            self.graph.update(self.session.base, placements=placements_of(d))
-        else:
-            self.graph.update(d.function, placements={})
-        self.gantt = go.FigureWidget(gantt_figure(d.result, d.function))
+        self.graph_note = ""
+        try:
+            self._draw_graph(d)
+        except Exception as e:  # the other views must still show the new state
+            self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
+        drawn = time.perf_counter()
+        self.gantt = _live(gantt_figure(d.result, d.function))
         connect_clicks(self.gantt, self._on_gantt_select)
-        self.memory = go.FigureWidget(memory_figure(d.result))
+        gantt_done = time.perf_counter()
+        self.memory = _live(memory_figure(d.result))
         self.gantt_box.children = [self.gantt]
         self.memory_box.children = [self.memory]
-        self.summary.value = summary_html(self.session)
+        figures_done = time.perf_counter()
+        self.redraw_s = {
+            "graph": drawn - start,
+            "gantt": gantt_done - drawn,
+            "memory": figures_done - gantt_done,
+        }
+        note = f"<div class='distir-graph-note'>{html.escape(self.graph_note)}</div>"
+        self.summary.value = summary_html(self.session) + (note if self.graph_note else "")
         self._shown, self._shown_view = d, self.view.value
         self.last_redraw_s = time.perf_counter() - start
         if self.editor.value_name is not None:
             self._show_selection(self.editor.value_name, None)
+
+    def _draw_graph(self, d: Derived) -> None:
+        distributed = d.function is not self.session.base
+        if self.view.value == "distributed" and distributed:
+            ops = d.function.num_ops()
+            if ops <= self.max_graph_ops:
+                self._update_graph(d.function, {})
+                return
+            # graphviz needs minutes for thousands of unrolled per-device ops
+            self.graph_note = (
+                f"the distributed program has {ops} ops (more than max_graph_ops="
+                f"{self.max_graph_ops}): the graph shows the original program with placements"
+            )
+        self._update_graph(self.session.base, placements_of(d))
+
+    def _update_graph(self, function: Function, placements: dict[str, str]) -> None:
+        key = (function, tuple(sorted(placements.items())))
+        if key != self._drawn:  # graphviz layout is the slow part: skip it when unchanged
+            self.graph.update(function, placements=placements)
+            self._drawn = key
 
     def _on_graph_select(self, selection: Selection | None) -> None:
         if selection is None:
@@ -305,6 +340,11 @@ class Workbench(w.VBox):
             microbatches=self.microbatches.value,
             schedule=self.schedule.value,
         )
+
+
+def _live(figure: go.Figure) -> go.FigureWidget:
+    """A FigureWidget of an already validated figure (validating again doubles the cost)."""
+    return go.FigureWidget(figure.to_dict(), _validate=False)
 
 
 def _short(annotation: Annotation) -> str:

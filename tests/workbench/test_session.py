@@ -195,3 +195,12 @@ def test_lab_command_serves_the_notebooks_with_a_token():
     assert "--IdentityProvider.token=abc" in cmd and "--allow-root" in cmd
     assert any(a.startswith("--notebook-dir=") and a.endswith("notebooks") for a in cmd)
     assert "--allow-root" not in lab_command(port=1, token="", as_root=False)
+
+
+def test_a_distributed_program_too_big_to_lay_out_falls_back_to_the_original(mlp, topology):
+    wb = Workbench(mlp, topology, max_graph_ops=5)
+    assert wb.annotate("wA", (Mesh((4,)), [S(1)]))
+    assert wb.graph.function is mlp
+    assert "S(1)" in wb.graph.rendered.dot  # placements drawn on the original
+    assert "max_graph_ops=5" in wb.summary.value
+    assert set(wb.redraw_s) == {"graph", "gantt", "memory"}
