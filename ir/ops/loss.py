@@ -136,7 +136,12 @@ register_op(
         aliases=("N11Loss",),
         doc="Mean softmax cross-entropy of logits y against class indices z, or mean squared "
         "error against targets z; a scalar on y's device.",
-        extra={"examples": _examples(grad=False)},
+        extra={
+            "examples": _examples(grad=False),
+            "loss": True,  # a training objective (recompute never replays it)
+            "nondiff_operands": (1,),  # the labels carry no gradient, float or not
+            "unit_gradient": lambda b, op, ins: _loss_unit_gradient(b, op, ins),
+        },
     )
 )
 
@@ -154,7 +159,11 @@ register_op(
             _DENOMINATOR,
         ),
         doc="scale * dLoss(y, z)/dy, with y's shape.",
-        extra={"examples": _examples(grad=True)},
+        extra={
+            "examples": _examples(grad=True),
+            "backward_seed": True,  # the first one starts a training program's backward pass
+            "nondiff_operands": (1,),
+        },
     )
 )
 
@@ -228,6 +237,14 @@ def _loss_gradient(b, op, ins, outs, dys):
         name=f"{gname(y)}_unit",
     )
     return [b.call("Mul", dy, dl, name=gname(y)), None]
+
+
+def _loss_unit_gradient(b, op, ins):
+    """The gradient of a loss output differentiated with gradient 1 (the seed's ``dl``)."""
+    y, z = ins
+    a = op.attributes
+    dy = b.call("LossGrad", y, z, scale=1, kind=a["kind"], denominator=a["denominator"], name="dl")
+    return [dy, None]
 
 
 def _attach_gradient_rules() -> None:

@@ -49,8 +49,6 @@ __all__ = ["DATA_INPUT_NAMES", "AutodiffError", "default_params", "gradients", "
 
 DATA_INPUT_NAMES = frozenset({"x", "tokens", "inputs"})
 
-# Operands that never carry a gradient whatever their dtype (labels may be floats).
-_NO_GRADIENT = frozenset({("Loss", 1), ("LossGrad", 1)})
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -68,8 +66,16 @@ def _is_float(t: Type) -> bool:
     return isinstance(t, TensorType) and t.dtype.is_float
 
 
+def _unit_gradient(op: Op):
+    """The record's rule for ``op``'s gradient when its output is differentiated with 1
+    (``Loss`` starts the backward with ``LossGrad(y, z, 1)``), or None."""
+    return get_op(op.op_type).extra.get("unit_gradient")
+
+
 def _differentiable(op: Op, i: int) -> bool:
-    return (op.op_type, i) not in _NO_GRADIENT and _is_float(op.inputs[i].type)
+    # Operands the record marks (labels may be floats) never carry a gradient.
+    nondiff = get_op(op.op_type).extra.get("nondiff_operands", ())
+    return i not in nondiff and _is_float(op.inputs[i].type)
 
 
 def _depends(f: Function, roots: Sequence[Value]) -> set[Value]:
@@ -225,7 +231,7 @@ def backward(
     for root, g in roots:
         if g is not None:
             grads.add(root, g)
-        elif root in f.producers and f.producers[root].op_type == "Loss":
+        elif root in f.producers and _unit_gradient(f.producers[root]) is not None:
             unit_losses.add(root)
         else:
             grads.add(root, _unit_seed(b, env[root].type, gname(root)))
@@ -236,17 +242,7 @@ def backward(
         ins = [env[v] for v in op.inputs]
         outs = [env[v] for v in op.outputs]
         if op.outputs[0] in unit_losses:
-            a = op.attributes
-            dy = b.call(
-                "LossGrad",
-                ins[0],
-                ins[1],
-                scale=1,
-                kind=a["kind"],
-                denominator=a["denominator"],
-                name="dl",
-            )
-            results: list[Value | None] = [dy, None]
+            results: list[Value | None] = _unit_gradient(op)(b, op, ins)
         elif op.op_type == "TupleGet":
             g = grads.get(op.outputs[0])
             if g is not None:

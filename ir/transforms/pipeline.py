@@ -40,6 +40,7 @@ from ._rewrite import (
     is_optimizer,
     localize_op,
     parameter_inputs,
+    starts_backward,
 )
 from ._spmd import P, R
 from .data_parallel import data_plan
@@ -64,10 +65,10 @@ def backward_ops(f: Function) -> set[Op]:
     tainted: set[Value] = set()
     found: set[Op] = set()
     for op in f.ops:
-        if op.op_type == "LossGrad" or any(v in tainted for v in op.inputs):
+        if starts_backward(op) or any(v in tainted for v in op.inputs):
             found.add(op)
             tainted.update(op.outputs)
-    first = next((i for i, op in enumerate(f.ops) if op.op_type == "LossGrad"), len(f.ops))
+    first = next((i for i, op in enumerate(f.ops) if starts_backward(op)), len(f.ops))
     outputs = set(f.outputs)
     for op in reversed(f.ops[first:]):
         users = [u for v in op.outputs for u in f.consumers.get(v, [])]

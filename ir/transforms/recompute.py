@@ -29,6 +29,7 @@ from ..registry import OpKind, get_op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
 from ..verify import verify
+from ._rewrite import starts_backward
 
 __all__ = ["RecomputeError", "backward_start", "peak_live_bytes", "recomputable", "recompute"]
 
@@ -38,9 +39,10 @@ class RecomputeError(DistIRError):
 
 
 def backward_start(f: Function) -> int:
-    """Index of the first backward op: the first ``LossGrad`` (the seed of the backward)."""
+    """Index of the first backward op: the first whose record says it seeds the backward
+    (``LossGrad``)."""
     for i, op in enumerate(f.ops):
-        if op.op_type == "LossGrad":
+        if starts_backward(op):
             return i
     raise RecomputeError(
         f"{f.name} has no backward pass (no LossGrad op); recompute a training program, "
@@ -63,7 +65,7 @@ def _backward_readers(f: Function, start: int) -> dict[Value, int]:
 
 def _replayable(op: Op) -> bool:
     opdef = get_op(op.op_type)
-    return opdef.kind == OpKind.COMPUTE and not op.subfunctions and op.op_type != "Loss"
+    return opdef.kind == OpKind.COMPUTE and not op.subfunctions and not opdef.extra.get("loss")
 
 
 def recomputable(f: Function) -> list[Value]:
@@ -161,7 +163,7 @@ def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Funct
 
 
 def _has_backward(f: Function) -> bool:
-    return any(op.op_type == "LossGrad" for op in f.ops)
+    return any(starts_backward(op) for op in f.ops)
 
 
 def _recompute_bodies(f: Function, values: Sequence[str | Value] | None) -> Function:
