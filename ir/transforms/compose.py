@@ -27,9 +27,9 @@ from ..types import DeviceRef, DeviceVar
 from ..value import Value
 from ..verify import verify
 from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
-from ._rules import MegatronRule
+from ._rules import MegatronRule, candidates
+from ._spmd import P, R, RuleResult, S, Shard, emit
 from ._spmd import Plan as _Plan
-from ._spmd import R, RuleResult, S, Shard, emit
 from .data_parallel import data_parallel
 from .horizontal import horizontal_parallel, horizontal_plan_checked
 from .pipeline import SCHEDULES, _weights, pipeline_parallel, stage_assignment
@@ -101,12 +101,28 @@ def horizontal_then_data(
     hp = MegatronRule(degree, frozenset())
 
     def rule(op: Op, st: list[Shard | None]) -> RuleResult | None:
-        # A data-parallel MatMul turns its column-split operand into rows (all-to-all).
-        if op.op_type == "MatMul" and op.inputs[1] in rows and st[0] is not None:
-            a = st[0]
-            if a.kind == "S" and a.dim == op.inputs[0].type.rank - 1:
-                return RuleResult([S(0)], convert={0: S(0)})
-        return hp(op, st)
+        result = hp(op, st)
+        if result is not None:
+            return result
+        # An activation split on a factor the op contracts with a data-parallel weight
+        # would need that weight split by rows: turn the activation into batch rows
+        # instead (all-to-all) and run data-parallel.
+        for c in candidates(op, degree):
+            contracts_rows = any(
+                v in rows and want.kind == "S" for v, want in zip(op.inputs, c.operands)
+            )
+            if not (contracts_rows and P in c.results):
+                continue
+            moved = {
+                i: S(0)
+                for i, (v, s, want) in enumerate(zip(op.inputs, st, c.operands))
+                if v not in rows and s == want and s.kind == "S" and s.dim != 0
+            }
+            retry = hp(op, [moved.get(i, s) for i, s in enumerate(st)]) if moved else None
+            if retry is not None:
+                retry.convert.update(moved)
+                return retry
+        return None
 
     return _sequential(f, degree, devices, topology, states, rule)
 
