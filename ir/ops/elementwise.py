@@ -47,7 +47,8 @@ def _binary(name: str, fn, doc: str, aliases: tuple[str, ...] = ()) -> OpDef:
             cost_rule=per_output_element(1),
             aliases=aliases,
             doc=doc,
-            extra={"examples": _binary_examples},
+            # an operand of lower rank is broadcast (a bias): parameter_inputs reads it
+            extra={"examples": _binary_examples, "broadcasting": True},
         )
     )
 

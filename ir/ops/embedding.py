@@ -49,10 +49,11 @@ register_op(
         cost_rule=_embedding_cost,
         doc="Row lookup: y[..., :] = table[ids[...], :].",
         extra={
+            "weight_operands": (0,),  # the table is a weight
             "examples": lambda s: [
                 ctx(t(4 * s, 3), t(2 * s, dtype=DType.int64)),
                 ctx(t(5, 2 * s), t(2, s, dtype=DType.int64)),
-            ]
+            ],
         },
     )
 )

@@ -52,11 +52,12 @@ register_op(
         cost_rule=_matmul_cost,
         doc="c = a @ b over the last two axes; b may be a shared (K, N) matrix.",
         extra={
+            "weight_operands": (1,),  # b reads a weight in a forward program
             "examples": lambda s: [
                 ctx(t(2 * s, 3 * s), t(3 * s, s)),
                 ctx(t(2, s, 3), t(3, 2 * s)),
                 ctx(t(2, s, 3), t(2, 3, s)),
-            ]
+            ],
         },
     )
 )
@@ -97,11 +98,12 @@ register_op(
         cost_rule=_matmul_grad_cost,
         doc="Gradients of c = a @ b given dc: returns (db, da), the seeds' order.",
         extra={
+            "weight_operands": (1,),
             "examples": lambda s: [
                 ctx(t(2 * s, 3 * s), t(3 * s, s), t(2 * s, s)),
                 ctx(t(2, s, 3), t(3, 2 * s), t(2, s, 2 * s)),
                 ctx(t(2, s, 3), t(2, 3, s), t(2, s, s)),
-            ]
+            ],
         },
     )
 )

@@ -142,10 +142,11 @@ register_op(
         ),
         doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis.",
         extra={
+            "weight_operands": (1, 2),  # gamma and beta are weights
             "examples": lambda s: [
                 ctx(t(2 * s, 4 * s), t(4 * s), t(4 * s)),
                 ctx(t(2, s, 3), t(3), t(3), epsilon=1e-3),
-            ]
+            ],
         },
     )
 )
@@ -181,10 +182,11 @@ register_op(
         attributes=(Attr("epsilon", 1e-5, "the forward op's epsilon"),),
         doc="Gradients of LayerNorm(x, gamma, beta) given dy: (dx, dgamma, dbeta).",
         extra={
+            "weight_operands": (1,),
             "examples": lambda s: [
                 ctx(t(2 * s, 4 * s), t(4 * s), t(2 * s, 4 * s)),
                 ctx(t(2, s, 3), t(3), t(2, s, 3), epsilon=1e-3),
-            ]
+            ],
         },
     )
 )

@@ -30,19 +30,6 @@ class TransformError(DistIRError):
 
 # -- parameters and batch inputs -------------------------------------------------------
 
-# (op type, operand index) pairs that read a weight in a forward program.
-_WEIGHT_OPERANDS = {
-    ("MatMul", 1),
-    ("MatMulGrad", 1),
-    ("Embedding", 0),
-    ("LayerNorm", 1),
-    ("LayerNorm", 2),
-    ("LayerNormGrad", 1),
-}
-
-
-_ELEMENTWISE = {"Add", "Sub", "Mul", "Div"}
-
 
 def is_optimizer(op: Op) -> bool:
     """True for SGD, Adam and every op whose record says ``extra["optimizer"]``."""
@@ -58,9 +45,10 @@ def parameter_inputs(f: Function) -> list[Value]:
     """The inputs that are weights (or optimizer state), in input order.
 
     A training program names them: operand 0 and the state operands of its
-    optimizer ops. A forward program: the right operand of a MatMul, the table of
-    an Embedding, the scale and shift of a LayerNorm, and an input broadcast against
-    a larger operand by an elementwise op (a bias, a position embedding).
+    optimizer ops. A forward program: the operands that the ops' records name as
+    ``weight_operands`` (the right operand of a MatMul, the table of an Embedding, the
+    scale and shift of a LayerNorm), and an input broadcast against a larger operand
+    by a ``broadcasting`` op (a bias, a position embedding).
     """
     inputs = set(f.inputs)
     found: set[Value] = set()
@@ -70,15 +58,16 @@ def parameter_inputs(f: Function) -> list[Value]:
             found.update(v for i, v in enumerate(op.inputs) if i != 1 and v in inputs)
     else:
         for op in f.ops:
+            weights = get_op(op.op_type).extra.get("weight_operands", ())
             for i, v in enumerate(op.inputs):
-                if v in inputs and ((op.op_type, i) in _WEIGHT_OPERANDS or _broadcast(op, v)):
+                if v in inputs and (i in weights or _broadcast(op, v)):
                     found.add(v)
     return [v for v in f.inputs if v in found]
 
 
 def _broadcast(op: Op, v: Value) -> bool:
     """``v`` is broadcast against a larger activation by an elementwise op (a bias, a table)."""
-    if op.op_type not in _ELEMENTWISE or not isinstance(v.type, TensorType):
+    if not get_op(op.op_type).extra.get("broadcasting") or not isinstance(v.type, TensorType):
         return False
     return v.type.rank < op.outputs[0].type.rank
 
