@@ -14,5 +14,6 @@ from . import (  # noqa: F401
     nn,
     optim,
     p2p,
+    reduce,
     shape,
 )
