@@ -136,11 +136,24 @@ def data_rule(op: Op, states: list[Shard | None]) -> RuleResult:
 class MegatronRule:
     """Horizontal parallelism over ``n`` devices; the weights in ``forced`` stay whole."""
 
-    def __init__(self, n: int, forced: frozenset[Value]) -> None:
+    def __init__(
+        self,
+        n: int,
+        forced: frozenset[Value],
+        cache: dict[int, tuple[Op, list[Candidate]]] | None = None,
+    ) -> None:
         self.n, self.forced = n, forced
+        # The candidates of each op (keyed by identity), shared by the replanning rounds.
+        self._cache = {} if cache is None else cache
+
+    def candidates(self, op: Op) -> list[Candidate]:
+        hit = self._cache.get(id(op))
+        if hit is None or hit[0] is not op:
+            hit = self._cache[id(op)] = (op, candidates(op, self.n))
+        return hit[1]
 
     def __call__(self, op: Op, st: list[Shard | None]) -> RuleResult | None:
-        cands = candidates(op, self.n)
+        cands = self.candidates(op)
         if is_optimizer(op):
             return self._follow_parameter(cands, st)
         fits = [

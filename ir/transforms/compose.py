@@ -27,7 +27,7 @@ from ..types import DeviceRef, DeviceVar
 from ..value import Value
 from ..verify import verify
 from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
-from ._rules import MegatronRule, candidates
+from ._rules import MegatronRule
 from ._spmd import P, R, RuleResult, S, Shard, emit
 from ._spmd import Plan as _Plan
 from .data_parallel import data_parallel
@@ -107,7 +107,7 @@ def horizontal_then_data(
         # An activation split on a factor the op contracts with a data-parallel weight
         # would need that weight split by rows: turn the activation into batch rows
         # instead (all-to-all) and run data-parallel.
-        for c in candidates(op, degree):
+        for c in hp.candidates(op):
             contracts_rows = any(
                 v in rows and want.kind == "S" for v, want in zip(op.inputs, c.operands)
             )

@@ -39,11 +39,12 @@ def horizontal_plan(f: Function, degree: int, var: str = "d") -> _Plan:
     """The plan of ``horizontal_parallel``; raises if no weight can be split."""
     params = parameter_inputs(f)
     forced: frozenset[Value] = frozenset()
+    cache: dict = {}
     # Split outputs shaped like a weight (updated weights, gradients) are gathered; a split
     # activation output means the split went too far.
     weight_shapes = {v.type.shape for v in params}
     for _ in range(len(params) + 1):
-        plan = _Plan(f, degree, dict.fromkeys(params), MegatronRule(degree, forced), var)
+        plan = _Plan(f, degree, dict.fromkeys(params), MegatronRule(degree, forced, cache), var)
         bad = list(plan.gathers)
         bad += [
             plan.current[v]
