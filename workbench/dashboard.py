@@ -343,8 +343,8 @@ class Workbench(w.VBox):
 
 
 def _live(figure: go.Figure) -> go.FigureWidget:
-    """A FigureWidget of an already validated figure (validating again doubles the cost)."""
-    return go.FigureWidget(figure.to_dict(), _validate=False)
+    """The figure as a live widget (clicks reach Python)."""
+    return go.FigureWidget(figure)
 
 
 def _short(annotation: Annotation) -> str:
