@@ -14,6 +14,7 @@ from . import (  # noqa: F401
     nn,
     optim,
     p2p,
+    pieces,
     reduce,
     shape,
 )

@@ -15,7 +15,7 @@ from ..types import TensorType, TupleType
 from . import _factors as fx
 from ._common import memory_cost, normalize_axis, tensor
 from ._examples import ctx, t
-from .shape import _flat_arrays, _flat_operands
+from .pieces import _flat_arrays, _flat_operands
 
 # -- sums --------------------------------------------------------------------------
 
