@@ -77,3 +77,26 @@ def test_local_attributes_come_from_the_records() -> None:
     flatten = _op("Reshape", (4, 6), shape=(24,))
     with pytest.raises(TransformError, match="must stay whole"):
         local_attributes(flatten, [b.input("c", ir.TensorType((4, 3), F64, 0))], 0)
+
+
+def test_transforms_compare_op_types_only_for_the_ir_structure() -> None:
+    """Facts about compute ops live in their records: the transforms compare ``op_type`` only
+    with the structural ops they build and take apart themselves (pmaps, tuples, the
+    pipeline's output concatenation)."""
+    import ast
+    from pathlib import Path
+
+    folder = Path(ir.__file__).parent / "transforms"
+    named: dict[str, set[str]] = {}
+    for path in sorted(folder.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            if not any(isinstance(s, ast.Attribute) and s.attr == "op_type" for s in sides):
+                continue
+            for s in sides:
+                for c in ast.walk(s):
+                    if isinstance(c, ast.Constant) and isinstance(c.value, str):
+                        named.setdefault(c.value, set()).add(path.name)
+    assert set(named) <= {"Pmap", "TupleGet", "MakeTuple", "Concat"}, named
