@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import secrets
+import signal
 import socket
 import subprocess
 import sys
@@ -85,6 +86,8 @@ def run_lab(args: argparse.Namespace) -> int:
     print(f"DistIR Workbench: JupyterLab on {notebook_dir}\n  open {url}\n  (Ctrl-C to stop)")
     sys.stdout.flush()
     proc = subprocess.Popen(cmd, env=env)
+    # Stopped by a service manager (SIGTERM) or Ctrl-C: stop JupyterLab and its kernels too.
+    signal.signal(signal.SIGTERM, _interrupt)
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -94,6 +97,10 @@ def run_lab(args: argparse.Namespace) -> int:
         except subprocess.TimeoutExpired:
             proc.kill()
             return proc.wait()
+
+
+def _interrupt(_signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def run_report(args: argparse.Namespace) -> int:
