@@ -26,9 +26,10 @@ from ..op import Op
 from ..types import DeviceRef, DeviceVar
 from ..value import Value
 from ..verify import verify
+from ._emit import emit
 from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
 from ._rules import MegatronRule
-from ._spmd import P, R, RuleResult, S, Shard, emit
+from ._spmd import P, R, RuleResult, S, Shard
 from ._spmd import Plan as _Plan
 from .data_parallel import data_parallel
 from .horizontal import horizontal_parallel, horizontal_plan_checked

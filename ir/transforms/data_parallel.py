@@ -20,10 +20,11 @@ from typing import Any
 from ..function import Function
 from ..types import DeviceRef, TensorType
 from ..verify import verify
+from ._emit import emit
 from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
 from ._rules import data_rule
 from ._spmd import Plan as _Plan
-from ._spmd import S, emit
+from ._spmd import S
 
 
 def data_plan(

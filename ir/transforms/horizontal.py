@@ -29,10 +29,10 @@ from ..function import Function
 from ..types import DeviceRef
 from ..value import Value
 from ..verify import verify
+from ._emit import emit
 from ._rewrite import TransformError, check_devices, parameter_inputs
 from ._rules import MegatronRule
 from ._spmd import Plan as _Plan
-from ._spmd import emit
 
 
 def horizontal_plan(f: Function, degree: int, var: str = "d") -> _Plan:

@@ -1,0 +1,221 @@
+"""Emission of an SPMD plan (``_spmd.Plan``) as a program like the seeds'.
+
+The inputs are scattered or broadcast, runs of per-device ops become ``Pmap``s,
+collectives sit between them on per-device tuples, and the outputs are gathered
+(``S``), reduced (``P``) or kept as replicated tuples (``R``). Devices whose
+shards have equal shapes share one pmap; uneven splits give one pmap per shape
+group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from ..builder import FunctionBuilder, rebuild_op
+from ..function import Function
+from ..types import DeviceRef
+from ..value import Value
+from ._rewrite import TransformError, device_of, sub_tuple
+from ._spmd import LocalProgram, P, Plan, R, Shard
+
+
+def _collective(
+    b: FunctionBuilder, xs: Value, src: Shard, dst: Shard, devices: tuple, name: str
+) -> Value:
+    if dst == R and src.kind == "S":
+        return b.call("AllGather", xs, dim=src.dim, name=name)
+    if dst == R and src == P:
+        return b.call("AllReduce", xs, op="sum", name=name)
+    if dst.kind == "S" and src == P:
+        return b.call("ReduceScatter", xs, dim=dst.dim, op="sum", name=name)
+    if dst.kind == "S" and src.kind == "S":
+        shapes = {e.shape for e in xs.type.elements}
+        (shape,) = shapes if len(shapes) == 1 else ((),)
+        if shape and shape[dst.dim] % len(devices) == 0:
+            return b.call("AllToAll", xs, split_dim=dst.dim, concat_dim=src.dim, name=name)
+        whole = b.call("Gather", xs, dim=src.dim, to_device=devices[0], name=f"{name}_whole")
+        return b.call("Scatter", whole, dim=dst.dim, devices=list(devices), name=name)
+    if dst.kind == "S" and src == R:
+        first = b.call("TupleGet", xs, index=0, name=f"{name}_0")
+        return b.call("Scatter", first, dim=dst.dim, devices=list(devices), name=name)
+    raise TransformError(f"no collective turns {src} into {dst}")
+
+
+def emit(
+    plan: Plan,
+    devices: Sequence[DeviceRef],
+    *,
+    replicated: str = "tuple",
+    output_device: DeviceRef | str = "same",
+    device_map: dict | None = None,
+    name: str | None = None,
+    inner: Callable[[Function, list[Shard]], Function] | None = None,
+) -> Function:
+    """The plan as a program with the source's inputs (see the module docstring).
+
+    ``replicated``: ``"tuple"`` returns an ``R`` output as its per-device tuple,
+    ``"send"`` sends the first copy to the output device. ``output_device``:
+    where gathered outputs go (``"same"``: the source output's device).
+    ``inner`` rewrites each pmap body (recursive composition) given the states of
+    its inputs.
+    """
+    f = plan.f
+    devices = tuple(devices)
+    b = FunctionBuilder(name or f.name)
+    outer: dict[Value, Value] = {}
+    for v in f.inputs:
+        outer[v] = b.input(v.name, v.type)
+    for v in f.inputs:
+        s = plan.state[v]
+        if not any(v in st.keys for st in plan.steps) and v not in f.outputs:
+            continue
+        if s.kind == "S":
+            outer[v] = b.call(
+                "Scatter", outer[v], dim=s.dim, devices=list(devices), name=f"{v.name}s"
+            )
+        else:
+            outer[v] = b.call("Broadcast", outer[v], devices=list(devices), name=f"{v.name}s")
+    groups = plan.groups()
+    locals_ = [plan.local] + [LocalProgram(plan, g[0]) for g in groups[1:]]
+    for loc in locals_[1:]:
+        for i, step in enumerate(plan.steps):
+            loc.apply(i, step)
+    order = schedule(plan)
+    needed_later = _needed_later(plan, order)
+    pos = 0
+    while pos < len(order):
+        step = plan.steps[order[pos]]
+        if step.op is None:
+            src, dst = step.keys
+            outer[dst] = _collective(b, outer[src], step.src, step.dst, devices, f"{dst.name}s")
+            pos += 1
+            continue
+        end = pos
+        while end < len(order) and plan.steps[order[end]].op is not None:
+            end += 1
+        _emit_segment(
+            b,
+            plan,
+            order[pos:end],
+            groups,
+            locals_,
+            outer,
+            needed_later[end],
+            devices,
+            device_map,
+            inner,
+        )
+        pos = end
+    outs = []
+    for v in f.outputs:
+        key, s = plan.current[v], plan.state[plan.current[v]]
+        if s.kind != "R" and (key, R) in plan.converted:  # already whole on every device
+            key, s = plan.converted[(key, R)], R
+        where = device_of(v.type) if output_device == "same" else output_device
+        if s.kind == "S":
+            outs.append(b.call("Gather", outer[key], dim=s.dim, to_device=where, name=v.name))
+        elif s == P:
+            outs.append(b.call("Reduce", outer[key], op="sum", to_device=where, name=v.name))
+        elif replicated == "send":
+            first = b.call("TupleGet", outer[key], index=0, name=f"{v.name}_0")
+            if device_of(first.type) != where:
+                first = b.call("Send", first, to_device=where, name=v.name)
+            outs.append(first)
+        else:
+            outs.append(outer[key])
+    return b.finish(outs)
+
+
+def schedule(plan: Plan) -> list[int]:
+    """Step indices in emission order: per-device ops as early as they are ready, collectives
+    only when no op can run (so that they batch up between pmaps, as in the seeds)."""
+    producer: dict[Value, int] = {}
+    for i, step in enumerate(plan.steps):
+        for v in step.keys[1:] if step.op is None else step.op.outputs:
+            producer[v] = i
+    deps = [
+        {producer[k] for k in (st.keys[:1] if st.op is None else st.keys) if k in producer}
+        for st in plan.steps
+    ]
+    done: set[int] = set()
+    order: list[int] = []
+    pending = list(range(len(plan.steps)))
+    while pending:
+        ready = [i for i in pending if deps[i] <= done]
+        ops = [i for i in ready if plan.steps[i].op is not None]
+        chosen = ops[:1] if ops else ready
+        for i in chosen:
+            order.append(i)
+            done.add(i)
+            pending.remove(i)
+    return order
+
+
+def _needed_later(plan: Plan, order: list[int]) -> list[set[Value]]:
+    """For each position p in ``order``, the keys that the steps from p on and the outputs read."""
+    need = {plan.current[v] for v in plan.f.outputs}
+    result: list[set[Value]] = [set() for _ in range(len(order) + 1)]
+    result[len(order)] = set(need)
+    for p in range(len(order) - 1, -1, -1):
+        step = plan.steps[order[p]]
+        need |= set(step.keys[:1] if step.op is None else step.keys)
+        result[p] = set(need)
+    return result
+
+
+def _emit_segment(
+    b: FunctionBuilder,
+    plan: Plan,
+    indices: list[int],
+    groups: list[list[int]],
+    locals_: list[LocalProgram],
+    outer: dict[Value, Value],
+    needed: set[Value],
+    devices: tuple,
+    device_map: dict | None,
+    inner: Callable[[Function, list[Shard]], Function] | None,
+) -> None:
+    defined: set[Value] = set()
+    inputs: list[Value] = []
+    for i in indices:
+        step = plan.steps[i]
+        for k in step.keys:
+            if k not in defined and k not in inputs:
+                inputs.append(k)
+        defined.update(step.op.outputs)
+    results = [v for i in indices for v in plan.steps[i].op.outputs if v in needed]
+    if not results:
+        return
+    per_group: list[tuple[Value, ...]] = []
+    signatures = {tuple(loc.env[k].type for k in inputs) for loc in locals_}
+    if len(signatures) == 1:  # no input is split unevenly: one pmap serves every device
+        groups, locals_ = [list(range(plan.n))], locals_[:1]
+    for g, loc in zip(groups, locals_):
+        body_b = FunctionBuilder(f"{plan.f.name}_body")
+        env = {loc.env[k]: body_b.input(k.name, loc.env[k].type) for k in inputs}
+        for i in indices:
+            op = loc.step_ops[i]
+            for x, y in zip(op.outputs, rebuild_op(body_b, op, [env[x] for x in op.inputs])):
+                env[x] = y
+        body = body_b.finish([env[loc.env[v]] for v in results])
+        if inner is not None:
+            body = inner(body, [plan.state[k] for k in inputs])
+        operands = [sub_tuple(b, outer[k], g, f"{k.name}_g{g[0]}") for k in inputs]
+        attrs = {"device_var": plan.var}
+        if device_map is not None:
+            attrs["device_map"] = device_map
+        op = b.add_op(
+            "Pmap", operands, attrs, names=[f"{v.name}s" for v in results], subfunctions=[body]
+        )
+        per_group.append(op.outputs)
+    for r, v in enumerate(results):
+        if len(groups) == 1:
+            outer[v] = per_group[0][r]
+            continue
+        items: list[Value | None] = [None] * plan.n
+        for g, outs in zip(groups, per_group):
+            for pos, dev_index in enumerate(g):
+                items[dev_index] = b.call(
+                    "TupleGet", outs[r], index=pos, name=f"{v.name}_{dev_index}"
+                )
+        outer[v] = b.call("MakeTuple", *items, name=f"{v.name}s")
