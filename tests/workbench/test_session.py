@@ -10,6 +10,7 @@ import pytest
 import ir
 from ir import models
 from ir.sharding import Mesh, R, S
+from widgets import op_id_at
 from workbench import Session, Strategy
 from workbench.__main__ import lab_command, main, parser
 from workbench.dashboard import Workbench, base_name, build_payloads
@@ -204,3 +205,28 @@ def test_a_distributed_program_too_big_to_lay_out_falls_back_to_the_original(mlp
     assert "S(1)" in wb.graph.rendered.dot  # placements drawn on the original
     assert "max_graph_ops=5" in wb.summary.value
     assert set(wb.redraw_s) == {"graph", "gantt", "memory"}
+
+
+def test_a_gantt_bar_click_selects_its_op_in_the_graph(mlp, topology):
+    wb = Workbench(mlp, topology)
+    wb.set_strategy(dp=2)
+    trace = next(i for i, t in enumerate(wb.gantt.data) if t.meta["kind"] == "compute")
+    op_id = op_id_at(wb.gantt, trace, 0)
+    wb._on_gantt_select(op_id)  # what the FigureWidget's click callback calls
+    selection = wb.graph.selection
+    assert selection is not None and selection.kind == "op" and selection.op is not None
+    assert wb.editor.value_name in wb.session.annotatable()
+
+
+def test_an_onnx_spec_from_the_editor_equals_the_mesh_annotation(mlp, topology):
+    s = Session(mlp, topology)
+    editor = ShardingEditor(s)
+    editor.select("wA")
+    editor.mode.value = "spec"
+    editor.spec.value = "devices=[0, 1, 2, 3] sharded_dims=[(1, 4)]"
+    editor.apply_button.click()
+    assert s.error is None
+    by_spec = s.function
+    s.undo()
+    s.annotate("wA", (Mesh((4,)), [S(1)]))
+    assert s.function.is_equivalent(by_spec)
