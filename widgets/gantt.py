@@ -8,9 +8,11 @@ view) so a click can select the op in the graph.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import plotly.graph_objects as go
 
 from ir.function import Function
@@ -18,18 +20,19 @@ from ir.op import Op
 
 from .ids import op_id, op_paths, shape_label
 from .palette import COMMUNICATION_BAR, COMPUTE_BAR, IDLE_BAR
-from .units import format_bytes, format_flops, format_time, time_unit
+from .units import format_time, time_unit
 
 if TYPE_CHECKING:
     from ir.sim import SimResult
 
 STREAMS = ("compute", "communication")
-# customdata columns of every bar
-OP_ID, LABEL, SHAPES, START, DURATION, FLOPS, BYTES = range(7)
+# customdata columns of every bar: numbers, formatted by the browser (d3 SI prefixes)
+START_S, DUR_S, FLOPS, BYTES = range(4)
 _HOVER = (
-    "<b>%{customdata[1]}</b><br>%{customdata[2]}<br>start %{customdata[3]}, "
-    "duration %{customdata[4]}<br>%{customdata[5]}, %{customdata[6]}<extra>%{y}</extra>"
+    "%{hovertext}<br>start %{customdata[0]:.4s}s, duration %{customdata[1]:.4s}s"
+    "<br>%{customdata[2]:.3s}FLOP, %{customdata[3]:.3s}B<extra>%{y}</extra>"
 )
+_IDLE_HOVER = "idle from %{customdata[0]:.4s}s for %{customdata[1]:.4s}s<extra>%{y}</extra>"
 _KIND_COLOR = {"compute": COMPUTE_BAR, "communication": COMMUNICATION_BAR, "idle": IDLE_BAR}
 
 
@@ -52,91 +55,97 @@ def gantt_traces(
     unit: tuple[str, float] | None = None,
     prefix: str = "",
     showlegend: bool = True,
-) -> tuple[list[go.Bar], list[str]]:
-    """The bar traces (one per device and stream, plus idle per device) and row labels.
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The bar traces (plotly trace dicts: one per device and stream, plus idle per
+    device) and the row labels.
 
     Rows run device by device, compute above communication. Times are divided
     by ``unit[1]`` (default: the unit that suits the step time).
     """
     unit = unit or time_unit(result.step_time_s)
     paths = op_paths(function) if function is not None else {}
+    by_row: dict[tuple[int, str], list[Any]] = {}
+    for ev in result.events:
+        by_row.setdefault((ev.device, ev.stream), []).append(ev)
+    described: dict[Op, tuple[str, str]] = {}  # an op runs on many devices: describe once
     rows: list[str] = []
-    traces: list[go.Bar] = []
+    traces: list[dict[str, Any]] = []
     shown: set[str] = set()
     for device in result.devices:
+        busy: list[tuple[float, float]] = []
         for stream in STREAMS:
-            events = result.events_on(device, stream)
+            events = sorted(by_row.get((device, stream), []), key=lambda ev: ev.start_s)
             row = row_label(device, stream, prefix)
             rows.append(row)
             if events:
                 kind = "compute" if stream == "compute" else "communication"
-                data = [_custom(ev, paths) for ev in events]
-                traces.append(_bars(row, kind, events, data, unit, prefix, showlegend, shown))
-        gaps = idle_intervals(result, device)
+                numbers = np.array([(ev.start_s, ev.dur_s, ev.flops, ev.bytes) for ev in events])
+                busy += zip(numbers[:, 0].tolist(), numbers[:, :2].sum(axis=1).tolist())
+                texts = [_describe(ev.op, paths, described) for ev in events]
+                traces.append(_bars(row, kind, numbers, texts, unit, showlegend, shown))
+        gaps = _gaps(busy, result.step_time_s)
         if gaps:
-            data = [
-                ["", "idle", "", format_time(lo), format_time(hi - lo), "", ""] for lo, hi in gaps
-            ]
+            numbers = np.array([(lo, hi - lo, 0.0, 0.0) for lo, hi in gaps])
             row = row_label(device, "compute", prefix)
-            traces.append(_bars(row, "idle", gaps, data, unit, prefix, showlegend, shown))
+            texts = [("", "idle")] * len(gaps)
+            traces.append(_bars(row, "idle", numbers, texts, unit, showlegend, shown))
     return traces, rows
 
 
-def _custom(ev: Any, paths: dict[Op, str]) -> list[str]:
-    op = ev.op
-    path = paths.get(op)
-    return [
-        op_id(path) if path is not None else "",
-        f"{op.op_type} → {', '.join(v.name for v in op.outputs)}",
-        op_shapes(op),
-        format_time(ev.start_s),
-        format_time(ev.dur_s),
-        format_flops(ev.flops),
-        format_bytes(ev.bytes),
-    ]
+def _describe(op: Op, paths: dict[Op, str], described: dict[Op, tuple[str, str]]):
+    """(op id, hover text) of an op."""
+    if op not in described:
+        path = paths.get(op)
+        outs = ", ".join(v.name for v in op.outputs)
+        described[op] = (
+            op_id(path) if path is not None else "",
+            f"<b>{html.escape(op.op_type)} → {html.escape(outs)}</b><br>{op_shapes(op)}",
+        )
+    return described[op]
 
 
-def _bars(row, kind, spans, data, unit, prefix, showlegend, shown) -> go.Bar:
-    if isinstance(spans[0], tuple):
-        starts = [lo for lo, _ in spans]
-        durs = [hi - lo for lo, hi in spans]
-    else:
-        starts = [ev.start_s for ev in spans]
-        durs = [ev.dur_s for ev in spans]
-    legend = kind
-    bar = go.Bar(
+def _bars(row, kind, numbers, texts, unit, showlegend, shown) -> dict[str, Any]:
+    # a plain dict of numeric numpy arrays: plotly validates and copies it in bulk
+    bar = dict(
+        type="bar",
         orientation="h",
-        y=[row] * len(spans),
-        base=[s / unit[1] for s in starts],
-        x=[d / unit[1] for d in durs],
-        customdata=data,
-        hovertemplate=_HOVER if kind != "idle" else "idle %{customdata[4]}<extra>%{y}</extra>",
+        y=np.full(len(numbers), row, dtype=object),
+        base=numbers[:, 0] / unit[1],
+        x=numbers[:, 1] / unit[1],
+        customdata=numbers,
+        hovertext=[text for _, text in texts],
+        hovertemplate=_HOVER if kind != "idle" else _IDLE_HOVER,
         marker={
             "color": _KIND_COLOR[kind],
             "line": {"width": 0.5, "color": "#ffffff"},
             "pattern": {"shape": "/" if kind == "idle" else ""},
         },
-        name=legend,
-        legendgroup=legend,
-        showlegend=showlegend and legend not in shown,
-        meta={"kind": kind, "row": row},
+        name=kind,
+        legendgroup=kind,
+        showlegend=showlegend and kind not in shown,
+        meta={"kind": kind, "row": row, "op_ids": [op for op, _ in texts]},
     )
-    shown.add(legend)
+    shown.add(kind)
     return bar
 
 
 def idle_intervals(result: SimResult, device: int) -> list[tuple[float, float]]:
     """Gaps in the step when ``device`` has neither compute nor communication running."""
-    spans = sorted((ev.start_s, ev.start_s + ev.dur_s) for ev in result.events_on(device))
+    spans = [(ev.start_s, ev.start_s + ev.dur_s) for ev in result.events_on(device)]
+    return _gaps(spans, result.step_time_s)
+
+
+def _gaps(spans: list[tuple[float, float]], step_time_s: float) -> list[tuple[float, float]]:
+    spans = sorted(spans)
     gaps: list[tuple[float, float]] = []
     reach = 0.0
     for lo, hi in spans:
         if lo > reach:
             gaps.append((reach, lo))
         reach = max(reach, hi)
-    if result.step_time_s > reach:
-        gaps.append((reach, result.step_time_s))
-    tiny = 1e-9 * max(result.step_time_s, 1e-30)
+    if step_time_s > reach:
+        gaps.append((reach, step_time_s))
+    tiny = 1e-9 * max(step_time_s, 1e-30)
     return [(lo, hi) for lo, hi in gaps if hi - lo > tiny]
 
 
@@ -154,7 +163,7 @@ def gantt_figure(
         yaxis={"categoryorder": "array", "categoryarray": rows[::-1], "title": None},
         height=max(220, 60 + 28 * len(rows)),
         margin={"l": 10, "r": 10, "t": 40, "b": 40},
-        legend={"orientation": "h", "y": -0.15},
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
         hoverlabel={"align": "left"},
         template="plotly_white",
     )
@@ -163,11 +172,10 @@ def gantt_figure(
 
 def op_id_at(figure: go.Figure, trace_index: int, point_index: int) -> str | None:
     """The op id of one bar (what a click reports), or None for idle gaps and unknown ops."""
-    data = figure.data[trace_index].customdata
-    if data is None:
+    meta = figure.data[trace_index].meta
+    if not meta or "op_ids" not in meta:
         return None
-    found = data[point_index][OP_ID]
-    return found or None
+    return meta["op_ids"][point_index] or None
 
 
 def gantt_widget(

@@ -299,7 +299,8 @@ class _Drawing:
         where = ", ".join(device_label(d).removeprefix("device ") for d in devices)
         label = (
             f"▸ {copies} more × [{_short(', '.join(block), 48)}]\n"
-            f"{len(ops)} ops on devices {_short(where, 30)}: click to open"
+            f"{len(ops)} ops on device{'s' if len(devices) > 1 else ''} {_short(where, 30)}: "
+            "click to open"
         )
         attrs = {
             "id": gid,
@@ -404,21 +405,44 @@ class _Drawing:
         index = {v: k for k, v in enumerate(self.names)}
         seen: set[tuple[str, str, Value]] = set()
         count: dict[Value, int] = {}
+        bundles: dict[tuple[str, str], list[Value]] = {}  # edges into or out of a fold
         for v, target in self.uses:
             src = self.source[v]
             if src == target or (src, target, v) in seen:
                 continue
             seen.add((src, target, v))
+            if src in self.groups or target in self.groups:
+                bundles.setdefault((src, target), []).append(v)
+                continue
             j = count[v] = count.get(v, -1) + 1
-            eid = f"v-{index[v]}-{j}"
-            name = self.names[v]
-            label = shape_label(v.type)
-            if name in self.placements:
-                label += "\n" + self.placements[name]
-            self.id_map[eid] = ("value", name)
-            self.tooltips[eid] = f"{name}: {v.type}"
-            attrs = _attrs(id=eid, label=label)
+            self._edge(src, target, f"v-{index[v]}-{j}", v)
+        for (src, target), values in bundles.items():
+            if len(values) == 1:
+                v = values[0]
+                j = count[v] = count.get(v, -1) + 1
+                self._edge(src, target, f"v-{index[v]}-{j}", v)
+                continue
+            # many values between a fold and one node: one edge, so the layout stays small
+            eid = f"b-{_slug(src)}-{_slug(target)}"
+            group = src if src in self.groups else target
+            names = [self.names[v] for v in values]
+            self.id_map[eid] = ("group", group)
+            self.tooltips[eid] = f"{len(values)} values: {_short(', '.join(names), 200)}"
+            attrs = _attrs(id=eid, label=f"{len(values)} values", style="bold")
             self.lines.append(f"  {_q(src)} -> {_q(target)} {attrs};")
+
+    def _edge(self, src: str, target: str, eid: str, v: Value) -> None:
+        name = self.names[v]
+        label = shape_label(v.type)
+        if name in self.placements:
+            label += "\n" + self.placements[name]
+        self.id_map[eid] = ("value", name)
+        self.tooltips[eid] = f"{name}: {v.type}"
+        self.lines.append(f"  {_q(src)} -> {_q(target)} {_attrs(id=eid, label=label)};")
+
+
+def _slug(node_id: str) -> str:
+    return node_id.replace("group-", "g")
 
 
 def _signature(op: Op) -> tuple:

@@ -172,3 +172,16 @@ def test_es_module_is_small_and_offline():
     assert len(js.splitlines()) < 150
     assert "export default" in js
     assert not re.search(r"\bimport\b.*\bfrom\b|https?://", js)
+
+
+def test_many_values_between_a_fold_and_a_node_share_one_edge():
+    b = FunctionBuilder("fan")
+    x = b.input("x", TensorType((4,), device=0))
+    ys = [b.call("Relu", x, name=f"y{i}") for i in range(30)]
+    f = b.finish(b.call("MakeTuple", *ys, name="ys"))
+    g = render_graph(f, options=GraphOptions(max_ops=10))
+    (group,) = g.groups
+    bundles = [i for i, target in g.id_map.items() if i.startswith("b-")]
+    assert len(bundles) == 1 and g.id_map[bundles[0]] == ("group", group)
+    assert g.dot.count("->") < 8  # not one edge per folded value
+    assert '"29 values"' in g.dot  # y0 stays visible, y1 .. y29 are folded

@@ -12,7 +12,7 @@ import pytest
 
 import ir
 from widgets.compare import compare_figure
-from widgets.gantt import DURATION, OP_ID, START, gantt_figure, gantt_widget, op_id_at
+from widgets.gantt import BYTES, DUR_S, FLOPS, START_S, gantt_figure, gantt_widget, op_id_at
 from widgets.graph import render_graph
 from widgets.ids import op_paths
 from widgets.memory import memory_figure
@@ -76,16 +76,20 @@ def test_gantt_bars_match_events_and_report_op_ids(dp):
     evs = result.events_on(1, "compute")
     scale = 1e-6  # µs: the step is microseconds long
     assert fig.layout.xaxis.title.text == "time (µs)"
-    np.testing.assert_allclose(np.array(bar.base) * scale, [e.start_s for e in evs])
+    np.testing.assert_allclose(np.array(bar.base, dtype=float) * scale, [e.start_s for e in evs])
     np.testing.assert_allclose(np.array(bar.x) * scale, [e.dur_s for e in evs])
     assert [op_id_at(fig, dev1, i) for i in range(len(evs))] == [f"op-{paths[e.op]}" for e in evs]
-    assert [c[OP_ID] for c in bar.customdata] == ["op-2.0", "op-2.1"]
+    assert bar.meta["op_ids"] == ["op-2.0", "op-2.1"]
     hover = bar.hovertemplate
-    assert all(f"customdata[{k}]" in hover for k in range(1, 7))
-    matmul = bar.customdata[0]
-    assert "MatMul" in matmul[1] and "16×4, 4×3 → 16×3" in matmul[2]
-    assert matmul[START].endswith("s") and matmul[DURATION].endswith("s")
-    assert "FLOP" in matmul[5] and "B" in matmul[6]
+    assert all(f"customdata[{k}]" in hover for k in (START_S, DUR_S, FLOPS, BYTES))
+    assert "%{hovertext}" in hover
+    assert "MatMul → ai" in bar.hovertext[0] and "16×4, 4×3 → 16×3" in bar.hovertext[0]
+    matmul = evs[0]
+    np.testing.assert_allclose(
+        np.array(bar.customdata[0], dtype=float),
+        [matmul.start_s, matmul.dur_s, matmul.flops, matmul.bytes],
+    )
+    assert matmul.flops == 2 * 16 * 4 * 3 and matmul.bytes > 0
     idle = _bars(fig, "idle")
     assert idle and all(op_id_at(fig, list(fig.data).index(t), 0) is None for t in idle)
 
