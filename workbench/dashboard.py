@@ -333,6 +333,7 @@ class Workbench(w.VBox):
         )
 
     def _apply_strategy(self) -> None:
+        self.editor.busy("transforming and simulating…")
         self.session.set_strategy(
             dp=self.dp.value,
             hp=self.hp.value,

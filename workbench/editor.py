@@ -257,7 +257,13 @@ class ShardingEditor(w.VBox):
             self.session.error = f"cannot read the form: {e}"
             self.refresh()
             return
+        self.busy(f"propagating {self.value_name} and simulating…")
         self.session.annotate(self.value_name, spec)
+
+    def busy(self, message: str) -> None:
+        """Say in the panel that work is under way (the browser shows it at once)."""
+        self.apply_button.disabled = True
+        self.status.value = f"<i>{html.escape(message)}</i>"
 
     def _on_remove(self, _button: Any = None) -> None:
         if self.value_name is not None:
