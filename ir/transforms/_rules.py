@@ -172,6 +172,8 @@ class MegatronRule:
             fits = [c for c in fits if not c.splits_lazy(st)]
         if not fits:
             return None
+        # Decided operands leave at most one factor that fits; with lazy operands beside a
+        # split one, the record's factor order decides (the split follows the activation).
         c = fits[0]
         return RuleResult(list(c.results), c.decide(st))
 
