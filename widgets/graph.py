@@ -16,7 +16,6 @@ the op or value. Nothing here needs a browser or a kernel.
 
 from __future__ import annotations
 
-import html
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from ir.value import Value
 
 from .collapse import find_repeats
 from .ids import op_id, op_paths, shape_label, value_names
+from .legend import LegendEntry, legend_html
 from .palette import COMMUNICATION_BORDER, device_color, device_label
 from .svg import dot_to_svg, postprocess_svg
 
@@ -54,16 +54,6 @@ class GraphOptions:
     min_repeats: int = 3
     expanded: frozenset[str] = frozenset()
     rankdir: str = "TB"
-
-
-@dataclass(frozen=True)
-class LegendEntry:
-    """One legend line: a device colour, or a drawing style (``kind='style'``)."""
-
-    label: str
-    color: str
-    kind: str = "device"
-    device: DeviceRef = None
 
 
 @dataclass(frozen=True)
@@ -117,28 +107,6 @@ def render_graph(
         groups=MappingProxyType(drawing.groups),
         ops=MappingProxyType({p: op for op, p in drawing.paths.items()}),
         values=MappingProxyType({n: v for v, n in drawing.names.items()}),
-    )
-
-
-def legend_html(legend: tuple[LegendEntry, ...]) -> str:
-    """The legend as a small HTML block (the widget and static exports share it)."""
-    items = []
-    for e in legend:
-        border = f"3px double {COMMUNICATION_BORDER}" if e.kind == "comm" else "1px solid #666"
-        if e.kind == "cluster":
-            border = "1px dashed #888"
-        swatch = (
-            f'<span style="display:inline-block;width:12px;height:12px;margin-right:4px;'
-            f'vertical-align:middle;background:{e.color};border:{border}"></span>'
-        )
-        items.append(
-            f'<span class="distir-legend-item" data-color="{e.color}" style="margin-right:12px">'
-            f"{swatch}{html.escape(e.label)}</span>"
-        )
-    return (
-        '<div class="distir-legend" style="font:12px sans-serif;margin:4px 0">'
-        + "".join(items)
-        + "</div>"
     )
 
 

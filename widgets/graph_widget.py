@@ -157,8 +157,19 @@ class GraphView(anywidget.AnyWidget):
     def select_value(self, value: Value) -> None:
         """Select ``value`` (all its edges light up)."""
         name = value_names(self._function).get(value)
-        if name is None or not self._set_selection("value", name):
-            raise KeyError(f"{value!r} is not drawn in function {self._function.name!r}")
+        if name is None:
+            raise KeyError(f"{value!r} is not a value of function {self._function.name!r}")
+        if self._set_selection("value", name):
+            return
+        producer = next((op for op in op_paths(self._function) if value in op.outputs), None)
+        if producer is not None:  # folded away: open the fold that hides its producer
+            group = self.rendered.hidden_in(op_id(op_paths(self._function)[producer]))
+            if group is not None:
+                expanded = self._options.expanded | {group}
+                self.update(options=replace(self._options, expanded=expanded))
+                if self._set_selection("value", name):
+                    return
+        raise KeyError(f"{value!r} is not drawn: nothing reads it and it is not an output")
 
     def on_select(self, callback: Callable[[Selection | None], None]) -> None:
         """Call ``callback(selection)`` whenever the selection changes."""

@@ -160,6 +160,11 @@ def test_graph_view_opens_a_fold_to_select_a_hidden_op():
     view.on_select(seen.append)
     view.select_value(f.value("a3"))
     assert seen[-1].value is f.value("a3") and len(view.selected["ids"]) == 1
+    folded = GraphView(f, options=GraphOptions(max_ops=40))
+    assert "op-41" in next(iter(folded.rendered.groups.values()))
+    folded.select_value(f.value("h13"))  # made by op 41, inside the fold: the fold opens
+    assert folded.selection.value is f.value("h13")
+    assert "op-41" in _groups(folded.svg)
 
 
 def test_missing_dot_binary_says_what_to_install():
