@@ -23,7 +23,15 @@ import plotly.graph_objects as go
 
 from ir.device import Topology
 from ir.function import Function
-from widgets import GraphOptions, GraphView, RenderedGraph, Selection, gantt_figure, memory_figure
+from widgets import (
+    GraphOptions,
+    GraphView,
+    RenderedGraph,
+    Selection,
+    compare_figure,
+    gantt_figure,
+    memory_figure,
+)
 from widgets.gantt import connect_clicks
 from widgets.graph import render_graph
 from widgets.units import format_bytes, format_time
@@ -166,6 +174,7 @@ class Workbench(w.VBox):
         self.gantt_box.add_class("distir-gantt")
         self.memory_box = w.Box(layout={"width": "100%"})
         self.memory_box.add_class("distir-memory")
+        self.compare_box = w.Box(layout={"width": "100%"})
         self.gantt: go.FigureWidget | None = None
         self.memory: go.FigureWidget | None = None
         self.last_redraw_s = 0.0
@@ -181,7 +190,7 @@ class Workbench(w.VBox):
         )
         main = w.VBox([self.view, self.graph], layout={"width": "63%"})
         super().__init__(
-            [self.summary, w.HBox([main, side]), self.gantt_box, self.memory_box],
+            [self.summary, w.HBox([main, side]), self.gantt_box, self.memory_box, self.compare_box],
             layout={"width": "100%"},
         )
         self.add_class("distir-workbench")
@@ -197,6 +206,20 @@ class Workbench(w.VBox):
     def set_strategy(self, strategy: Strategy | None = None, **knobs: Any) -> bool:
         """Switch to a ready strategy: ``wb.set_strategy(dp=2, pp=2, microbatches=4)``."""
         return self.session.set_strategy(strategy, **knobs)
+
+    def compare(self) -> go.Figure:
+        """The previous state and this one side by side (Gantt charts on one time axis)."""
+        before, now = self.session.previous, self.session.current
+        if before is None:
+            raise KeyError("nothing to compare with: make a change first")
+        labels = (f"before: {before.state.describe()}", f"now: {now.state.describe()}")
+        return compare_figure(
+            before.result,
+            now.result,
+            function_a=before.function,
+            function_b=now.function,
+            labels=labels,
+        )
 
     def undo(self) -> bool:
         return self.session.undo()
@@ -322,15 +345,26 @@ class Workbench(w.VBox):
         apply.on_click(lambda _b: self._apply_strategy())
         reset = w.Button(description="Sequential")
         reset.on_click(lambda _b: self.session.set_strategy(Strategy()))
+        compare = w.Button(description="Compare with previous", layout={"width": "180px"})
+        compare.add_class("distir-compare")
+        compare.on_click(lambda _b: self._show_comparison())
         return w.VBox(
             [
                 w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
                 w.HBox([self.dp, self.hp, self.pp]),
                 w.HBox([self.microbatches, self.schedule]),
                 w.HBox([apply, reset]),
+                compare,
             ],
             layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
         )
+
+    def _show_comparison(self) -> None:
+        if self.session.previous is None:
+            self.session.error = "nothing to compare with: make a change first"
+            self.editor.refresh()
+            return
+        self.compare_box.children = [go.FigureWidget(self.compare())]
 
     def _apply_strategy(self) -> None:
         self.editor.busy("transforming and simulating…")

@@ -283,6 +283,11 @@ class Session:
         return self._current.state.strategy
 
     @property
+    def previous(self) -> Derived | None:
+        """The state before the last change (what Undo would show), or None."""
+        return self._derive(self._history.undo[-1]) if self._history.undo else None
+
+    @property
     def can_undo(self) -> bool:
         return bool(self._history.undo)
 

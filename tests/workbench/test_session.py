@@ -230,3 +230,15 @@ def test_an_onnx_spec_from_the_editor_equals_the_mesh_annotation(mlp, topology):
     s.undo()
     s.annotate("wA", (Mesh((4,)), [S(1)]))
     assert s.function.is_equivalent(by_spec)
+
+
+def test_compare_shows_the_previous_state_next_to_this_one(mlp, topology):
+    wb = Workbench(mlp, topology)
+    with pytest.raises(KeyError, match="make a change first"):
+        wb.compare()
+    wb.set_strategy(dp=2)
+    fig = wb.compare()
+    titles = [a.text for a in fig.layout.annotations]
+    assert any("before: sequential" in t for t in titles)
+    assert any("now: dp=2" in t for t in titles)
+    assert wb.session.previous.state.strategy.is_sequential
