@@ -63,6 +63,7 @@ __all__ = [
     "parse",
     "random_inputs",
     "register_op",
+    "sharding",
     "simulate",
     "transforms",
     "verify",

@@ -7,39 +7,38 @@ their compositions) join them.
 
 from __future__ import annotations
 
-from .autodiff import AutodiffError, default_params, gradients, training
-from .recompute import RecomputeError, peak_live_bytes, recomputable, recompute
-
 # Parallelism (data, horizontal, pipeline, placement, compositions, pmap unrolling).
 from ._rewrite import TransformError
+from .autodiff import AutodiffError, default_params, gradients, training
 from .compose import data_then_horizontal, horizontal_then_data, nested, parallelize
 from .data_parallel import data_parallel
 from .horizontal import horizontal_parallel
 from .pipeline import live_microbatches, pipeline_parallel, stage_assignment
 from .placement import place
+from .recompute import RecomputeError, peak_live_bytes, recomputable, recompute
 from .unroll import device_programs, unroll_pmap
 
 __all__ = [
     "AutodiffError",
     "RecomputeError",
-    "default_params",
-    "gradients",
-    "peak_live_bytes",
-    "recomputable",
-    "recompute",
-    "training",
     # parallelism
     "TransformError",
     "data_parallel",
     "data_then_horizontal",
+    "default_params",
     "device_programs",
+    "gradients",
     "horizontal_parallel",
     "horizontal_then_data",
     "live_microbatches",
     "nested",
     "parallelize",
+    "peak_live_bytes",
     "pipeline_parallel",
     "place",
+    "recomputable",
+    "recompute",
     "stage_assignment",
+    "training",
     "unroll_pmap",
 ]
