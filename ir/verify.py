@@ -35,8 +35,56 @@ def infer_types(
 ) -> tuple[tuple[Type, ...], dict[str, Any]]:
     """Run ``opdef``'s arity, attribute and type checks; return result types and full attributes.
 
-    Raises :class:`VerifyError` with a sentence that names the op type.
+    Raises :class:`VerifyError` with a sentence that names the op type. Results
+    are memoised per (record, operand types, attributes) when the attributes
+    are hashable and there are no bodies: distributed programs add the same op
+    to thousands of devices' worth of identical operands.
     """
+    key = _infer_key(opdef, input_types, attributes) if not subfunctions else None
+    if key is not None:
+        found = _INFERRED.get(key)
+        if found is not None and found[0] is opdef:
+            return found[1], dict(found[2])
+    results, attrs = _infer_types(opdef, input_types, attributes, subfunctions)
+    if key is not None:
+        if len(_INFERRED) >= _INFERRED_MAX:
+            _INFERRED.clear()
+        _INFERRED[key] = (opdef, results, dict(attrs))
+    return results, attrs
+
+
+_INFERRED: dict[tuple, tuple[OpDef, tuple[Type, ...], dict[str, Any]]] = {}
+_INFERRED_MAX = 1 << 14
+
+
+def _infer_key(
+    opdef: OpDef, input_types: Sequence[Type], attributes: Mapping[str, Any]
+) -> tuple | None:
+    """A hashable key of a type-rule question, or None when an attribute is not hashable."""
+    try:
+        key = (id(opdef), tuple(input_types), attributes_key(attributes))
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def attributes_key(v: Any) -> Any:
+    """A hashable stand-in for attributes (or one value) that tells 1, 1.0, True and lists
+    from tuples apart; hashing it raises TypeError when a value is not hashable (an array)."""
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(attributes_key(x) for x in v))
+    if isinstance(v, Mapping):
+        return (dict, tuple((k, attributes_key(x)) for k, x in v.items()))
+    return (type(v), v)
+
+
+def _infer_types(
+    opdef: OpDef,
+    input_types: Sequence[Type],
+    attributes: Mapping[str, Any],
+    subfunctions: Sequence[Function],
+) -> tuple[tuple[Type, ...], dict[str, Any]]:
     problem = opdef.check_arity(len(input_types))
     if problem:
         raise VerifyError(problem)
@@ -124,4 +172,11 @@ def check_outputs(name: str, outputs: Iterable[Value], defined: set[Value]) -> N
             raise VerifyError(f"function {name!r} returns {v.name!r}, which it never defines")
 
 
-__all__ = ["DistIRError", "check_op", "describe_op", "infer_types", "verify"]
+__all__ = [
+    "DistIRError",
+    "attributes_key",
+    "check_op",
+    "describe_op",
+    "infer_types",
+    "verify",
+]
