@@ -25,7 +25,7 @@ from ..function import Function
 from ..registry import CostContext, get_op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
-from ..verify import describe_op, infer_types
+from ..verify import attributes_key, describe_op, infer_types
 from . import annotations as ann
 from . import halo
 from .desired import desired_layouts
@@ -105,6 +105,7 @@ class _Materialiser:
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
         self._plan_times: dict[tuple, float | PropagationError] = {}
+        self._choices: dict[tuple, tuple] = {}
         self.report = PropagationReport(mesh)
         peak = topology.device(mesh.devices[0])
         self.peak_flops = peak.peak_flops
@@ -262,6 +263,42 @@ class _Materialiser:
         return total + self._compute_time_s(op, shards)
 
     def _op(self, op) -> None:
+        key = self._choice_key(op)
+        found = self._choices.get(key) if key is not None else None
+        if found is None:
+            found = self._choose(op)
+            if key is not None:
+                self._choices[key] = found
+        rule, strategy, ins, outs = found
+        self._emit(op, rule, strategy, ins, outs)
+
+    def _choice_key(self, op) -> tuple | None:
+        """What the choice of ``op``'s strategy depends on, or None when it cannot be hashed.
+
+        A layer repeated many times asks the same question per layer: its op's types and
+        attributes, the layouts its operands already have and its results' desired layouts.
+        """
+        if op.subfunctions:
+            return None
+        key = (
+            op.op_type,
+            tuple(v.type for v in op.inputs),
+            tuple(v.type for v in op.outputs),
+            attributes_key(op.attributes),
+            tuple(
+                (self.dist[v].layout, *(w.layout for w in self.views.get(v, {}).values()))
+                for v in op.inputs
+            ),
+            tuple(self.desired.get(v) for v in op.outputs),
+        )
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def _choose(self, op) -> tuple:
+        """The rule of ``op`` and its cheapest locally valid strategy, with its placements."""
         rule = rule_for(op)
         current = [self.dist[v].layout.placements for v in op.inputs]
         candidates = []
@@ -276,8 +313,7 @@ class _Materialiser:
             candidates.append((cost, n, strategy, pl))
         for _, _, strategy, (ins, outs) in sorted(candidates, key=lambda c: (c[0], c[1])):
             if self._locally_valid(op, rule, strategy, ins, outs):
-                self._emit(op, rule, strategy, ins, outs)
-                return
+                return rule, strategy, ins, outs
         raise PropagationError(
             f"no sharding strategy places {describe_op(op)} on mesh {list(self.mesh.shape)} "
             f"(operands are {[str(Layout(self.mesh, c)) for c in current]})"
