@@ -68,6 +68,7 @@ def gantt_traces(
     for ev in result.events:
         by_row.setdefault((ev.device, ev.stream), []).append(ev)
     described: dict[Op, tuple[str, str]] = {}  # an op runs on many devices: describe once
+    shapes: dict[tuple, str] = {}  # per-device copies of an op share their shapes
     rows: list[str] = []
     traces: list[dict[str, Any]] = []
     shown: set[str] = set()
@@ -81,7 +82,12 @@ def gantt_traces(
                 kind = "compute" if stream == "compute" else "communication"
                 numbers = np.array([(ev.start_s, ev.dur_s, ev.flops, ev.bytes) for ev in events])
                 busy += zip(numbers[:, 0].tolist(), numbers[:, :2].sum(axis=1).tolist())
-                texts = [_describe(ev.op, paths, described) for ev in events]
+                texts = [
+                    described[ev.op]
+                    if ev.op in described
+                    else _describe(ev.op, paths, described, shapes)
+                    for ev in events
+                ]
                 traces.append(_bars(row, kind, numbers, texts, unit, showlegend, shown))
         gaps = _gaps(busy, result.step_time_s)
         if gaps:
@@ -92,14 +98,22 @@ def gantt_traces(
     return traces, rows
 
 
-def _describe(op: Op, paths: dict[Op, str], described: dict[Op, tuple[str, str]]):
+def _describe(
+    op: Op,
+    paths: dict[Op, str],
+    described: dict[Op, tuple[str, str]],
+    shapes: dict[tuple, str],
+) -> tuple[str, str]:
     """(op id, hover text) of an op."""
     if op not in described:
         path = paths.get(op)
         outs = ", ".join(v.name for v in op.outputs)
+        key = (tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs))
+        if key not in shapes:
+            shapes[key] = op_shapes(op)
         described[op] = (
             op_id(path) if path is not None else "",
-            f"<b>{html.escape(op.op_type)} → {html.escape(outs)}</b><br>{op_shapes(op)}",
+            f"<b>{html.escape(op.op_type)} → {html.escape(outs)}</b><br>{shapes[key]}",
         )
     return described[op]
 
@@ -109,11 +123,13 @@ def _bars(row, kind, numbers, texts, unit, showlegend, shown) -> dict[str, Any]:
     bar = dict(
         type="bar",
         orientation="h",
-        y=np.full(len(numbers), row, dtype=object),
+        # fixed-width string arrays, not lists or object arrays: plotly and the widget
+        # deep-copy the traces several times, and copying these is one memcpy
+        y=np.full(len(numbers), row),
         base=numbers[:, 0] / unit[1],
         x=numbers[:, 1] / unit[1],
         customdata=numbers,
-        hovertext=[text for _, text in texts],
+        hovertext=np.array([text for _, text in texts]),
         hovertemplate=_HOVER if kind != "idle" else _IDLE_HOVER,
         marker={
             "color": _KIND_COLOR[kind],
