@@ -56,6 +56,7 @@ class Mesh:
         # Derived lookups (not fields: equality and hashing use shape and devices only).
         object.__setattr__(self, "_coords", coords)
         object.__setattr__(self, "_coord_of", dict(zip(devices, coords)))
+        object.__setattr__(self, "_groups", {})
 
     @property
     def ndim(self) -> int:
@@ -76,7 +77,12 @@ class Mesh:
             raise MeshError(f"device {device} is not in the mesh {list(self.devices)}") from None
 
     def device_at(self, coord: Sequence[int]) -> int:
-        return self.devices[int(np.ravel_multi_index(tuple(coord), self.shape))]
+        index = 0
+        for c, n in zip(coord, self.shape, strict=True):
+            if not 0 <= c < n:
+                raise MeshError(f"coordinate {list(coord)} is outside the mesh {list(self.shape)}")
+            index = index * n + c
+        return self.devices[index]
 
     def group(self, device: int, axis: int) -> tuple[int, ...]:
         """The devices along mesh ``axis`` through ``device`` (its communication group)."""
@@ -89,10 +95,13 @@ class Mesh:
 
     def groups(self, axis: int) -> list[tuple[int, ...]]:
         """Every group along mesh ``axis``, in device order of their first members."""
-        seen: dict[tuple[int, ...], None] = {}
-        for d in self.devices:
-            seen[self.group(d, axis)] = None
-        return list(seen)
+        cache = self._groups  # type: ignore[attr-defined]
+        if axis not in cache:  # asked for every redistribution step that propagation costs
+            seen: dict[tuple[int, ...], None] = {}
+            for d in self.devices:
+                seen[self.group(d, axis)] = None
+            cache[axis] = list(seen)
+        return list(cache[axis])
 
     def __str__(self) -> str:
         return f"Mesh({list(self.shape)}, devices={list(self.devices)})"

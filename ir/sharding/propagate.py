@@ -106,6 +106,7 @@ class _Materialiser:
         self.views: dict[Value, dict[Layout, DistValue]] = {}
         self._plan_times: dict[tuple, float | PropagationError] = {}
         self._choices: dict[tuple, tuple] = {}
+        self._local_type_lists: dict[tuple, list[Type]] = {}
         self.report = PropagationReport(mesh)
         peak = topology.device(mesh.devices[0])
         self.peak_flops = peak.peak_flops
@@ -356,9 +357,18 @@ class _Materialiser:
             attrs["device"] = device
         return attrs
 
+    def _local_types(self, t: Type, placements) -> list[Type]:
+        """``local_types`` memoised: a repeated layer's results ask it the same question."""
+        key = (t, tuple(placements))
+        found = self._local_type_lists.get(key)
+        if found is None:
+            found = self._local_type_lists[key] = local_types(t, Layout(self.mesh, placements))
+        return found
+
     def _emit(self, op, rule, strategy, ins, outs) -> None:
-        why = f"{describe_op(op)} runs as ({describe(strategy, rule)})"
-        self.report.strategies.append((describe_op(op), describe(strategy, rule)))
+        text, how = describe_op(op), describe(strategy, rule)  # the printer is not free
+        why = f"{text} runs as ({how})"
+        self.report.strategies.append((text, how))
         operands = []
         for v, ps in zip(op.inputs, ins):
             target = Layout(self.mesh, ps)
@@ -367,7 +377,7 @@ class _Materialiser:
                 need = f"{why}, needing it as [{', '.join(map(str, ps))}]"
                 views[target] = self.redistribute(self._source(v, target)[1], target, need)
             operands.append(views[target])
-        expected = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.outputs, outs)]
+        expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
         if any(c[0] == "halo" for c in strategy):
             results = halo.emit(self, op, rule, strategy, operands, expected)
         else:

@@ -17,6 +17,7 @@ Times come from ``ir.collectives.collective_time_s`` on the given topology
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -59,13 +60,19 @@ def _elem(t: Type) -> TensorType:
 
 def local_types(t: Type, layout: Layout) -> list[Type]:
     """The type each mesh device holds of a logical value of type ``t``."""
+    return list(_local_types(t, layout))
 
+
+@functools.lru_cache(maxsize=1 << 12)
+def _local_types(t: Type, layout: Layout) -> tuple[Type, ...]:
+    # Memoised (types and layouts are frozen): propagation asks it the same questions
+    # for every strategy of every op of every layer.
     def one(x: Type, d: int) -> Type:
         if isinstance(x, TupleType):
             return TupleType(tuple(one(e, d) for e in x.elements))
         return TensorType(layout.local_shape(x.shape, d), x.dtype, d)
 
-    return [one(t, d) for d in layout.mesh.devices]
+    return tuple(one(t, d) for d in layout.mesh.devices)
 
 
 def plan(shape: Sequence[int], src: Layout, dst: Layout) -> list[Step]:
