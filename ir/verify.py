@@ -72,11 +72,17 @@ def _infer_key(
 def attributes_key(v: Any) -> Any:
     """A hashable stand-in for attributes (or one value) that tells 1, 1.0, True and lists
     from tuples apart; hashing it raises TypeError when a value is not hashable (an array)."""
+    t = type(v)
+    if t in _SCALARS:  # the common case first: this runs for every op a builder adds
+        return (t, v)
     if isinstance(v, (list, tuple)):
-        return (type(v), tuple(attributes_key(x) for x in v))
+        return (t, tuple([attributes_key(x) for x in v]))
     if isinstance(v, Mapping):
-        return (dict, tuple((k, attributes_key(x)) for k, x in v.items()))
-    return (type(v), v)
+        return (dict, tuple([(k, attributes_key(x)) for k, x in v.items()]))
+    return (t, v)
+
+
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
 def _infer_types(
