@@ -47,6 +47,9 @@ class GraphOptions:
     into summary nodes and pmap bodies with more than ``max_body_ops`` visible
     ops fold into one node; ``None`` never folds. ``expanded`` lists summary
     node ids (``group-...`` or a pmap's ``op-...``) the user opened.
+    ``max_edge_ranks``: in drawings of more than ``stub_above_nodes`` nodes, an
+    edge spanning more ranks starts at a small stub node (``↪ name``) next to its
+    reader instead of crossing the graph; ``None`` draws every edge whole.
     """
 
     max_ops: int | None = 80
@@ -54,6 +57,8 @@ class GraphOptions:
     min_repeats: int = 3
     expanded: frozenset[str] = frozenset()
     rankdir: str = "TB"
+    max_edge_ranks: int | None = 8
+    stub_above_nodes: int = 60
 
 
 @dataclass(frozen=True)
@@ -158,6 +163,7 @@ class _Drawing:
         self.devices: dict[DeviceRef, None] = {}
         self.source: dict[Value, str] = {}
         self.uses: list[tuple[Value, str]] = []
+        self.drawn_edges: list[tuple[str, str]] = []
         self.has_comm = self.has_cluster = False
 
     # -- top level -----------------------------------------------------------
@@ -373,6 +379,7 @@ class _Drawing:
         index = {v: k for k, v in enumerate(self.names)}
         seen: set[tuple[str, str, Value]] = set()
         count: dict[Value, int] = {}
+        single: list[tuple[str, str, Value]] = []
         bundles: dict[tuple[str, str], list[Value]] = {}  # edges into or out of a fold
         for v, target in self.uses:
             src = self.source[v]
@@ -382,22 +389,71 @@ class _Drawing:
             if src in self.groups or target in self.groups:
                 bundles.setdefault((src, target), []).append(v)
                 continue
+            single.append((src, target, v))
+        single += [(src, target, vs[0]) for (src, target), vs in bundles.items() if len(vs) == 1]
+        many = {key: vs for key, vs in bundles.items() if len(vs) > 1}
+        long = _long_edges([(s, t) for s, t, _ in single] + list(many), self.options)
+        for src, target, v in single:
             j = count[v] = count.get(v, -1) + 1
-            self._edge(src, target, f"v-{index[v]}-{j}", v)
-        for (src, target), values in bundles.items():
-            if len(values) == 1:
-                v = values[0]
-                j = count[v] = count.get(v, -1) + 1
-                self._edge(src, target, f"v-{index[v]}-{j}", v)
-                continue
+            eid = f"v-{index[v]}-{j}"
+            if (src, target) in long:
+                src = self._stub(f"s-{index[v]}-{j}", src, v)
+            self._edge(src, target, eid, v)
+        for (src, target), values in many.items():
             # many values between a fold and one node: one edge, so the layout stays small
             eid = f"b-{_slug(src)}-{_slug(target)}"
             group = src if src in self.groups else target
             names = [self.names[v] for v in values]
             self.id_map[eid] = ("group", group)
             self.tooltips[eid] = f"{len(values)} values: {_short(', '.join(names), 200)}"
+            if (src, target) in long:
+                src = self._stub(f"s{eid[1:]}", src, None, f"{len(values)} values")
+                self.id_map[src] = ("group", group)
             attrs = _attrs(id=eid, label=f"{len(values)} values", style="bold")
             self.lines.append(f"  {_q(src)} -> {_q(target)} {attrs};")
+            self.drawn_edges.append((src, target))
+        self._stack_feeders()
+
+    def _stack_feeders(self, width: int = 6) -> None:
+        """Stack the input and stub nodes that feed one node into rows of ``width``
+        (invisible edges), so fifty weights read by one fold make a block, not a
+        row as wide as fifty nodes."""
+        out: dict[str, list[str]] = {}
+        into: dict[str, bool] = {}
+        for src, target in self.drawn_edges:
+            out.setdefault(src, []).append(target)
+            into[target] = True
+        feeders: dict[str, list[str]] = {}
+        for src, targets in out.items():
+            if len(targets) == 1 and not into.get(src) and src.startswith(("in-", "s-")):
+                feeders.setdefault(targets[0], []).append(src)
+        for nodes in feeders.values():
+            for a, b in zip(nodes, nodes[width:]) if len(nodes) > width else ():
+                self.lines.append(f"  {_q(a)} -> {_q(b)} [style=invis];")
+
+    def _stub(self, sid: str, src: str, v: Value | None, text: str = "") -> str:
+        """A small node standing for ``src`` next to a far-away reader: a long edge,
+        drawn whole, would cross the graph and make dot's layout slow."""
+        kind, name = self.id_map.get(src, ("", src))
+        where = name if kind == "value" else src
+        if v is not None:
+            text = self.names[v]
+            self.id_map[sid] = ("value", text)
+            self.tooltips[sid] = f"{text}: {v.type}\nfrom {where} (far above)"
+        else:
+            self.tooltips[sid] = f"{text} from {where} (far above)"
+        attrs = _attrs(
+            id=sid,
+            label=f"↪ {_short(text, 18)}",
+            shape="box",
+            style="dashed,rounded",
+            color="#999999",
+            fontsize=8,
+            height=0.2,
+            margin="0.04,0.02",
+        )
+        self.lines.append(f"  {_q(sid)} {attrs};")
+        return sid
 
     def _edge(self, src: str, target: str, eid: str, v: Value) -> None:
         name = self.names[v]
@@ -407,6 +463,40 @@ class _Drawing:
         self.id_map[eid] = ("value", name)
         self.tooltips[eid] = f"{name}: {v.type}"
         self.lines.append(f"  {_q(src)} -> {_q(target)} {_attrs(id=eid, label=label)};")
+        self.drawn_edges.append((src, target))
+
+
+def _long_edges(edges: list[tuple[str, str]], options: GraphOptions) -> set[tuple[str, str]]:
+    """Edges spanning more than ``options.max_edge_ranks`` ranks (longest-path ranks;
+    a node nothing points to sits just above its nearest reader), in drawings of more
+    than ``options.stub_above_nodes`` nodes. dot routes a long edge through one
+    virtual node per rank it crosses: a training program's weights and saved
+    activations, read again far below, made 13 000 of them and 30 s of layout."""
+    limit = options.max_edge_ranks
+    nodes = dict.fromkeys(n for e in edges for n in e)
+    if limit is None or len(nodes) <= options.stub_above_nodes:
+        return set()
+    preds: dict[str, list[str]] = {n: [] for n in nodes}
+    succs: dict[str, list[str]] = {n: [] for n in nodes}
+    for s, t in edges:
+        preds[t].append(s)
+        succs[s].append(t)
+    roots = {n for n in nodes if not preds[n]}
+    rank: dict[str, int] = {}
+    waiting = {n: sum(p not in roots for p in preds[n]) for n in nodes if n not in roots}
+    ready = [n for n, k in waiting.items() if k == 0]
+    while ready:
+        n = ready.pop()
+        rank[n] = max((rank[p] + 1 for p in preds[n] if p not in roots), default=0)
+        for t in succs[n]:
+            waiting[t] -= 1
+            if waiting[t] == 0:
+                ready.append(t)
+    if len(rank) < len(waiting):
+        return set()  # not a DAG (cannot happen for a verified program): draw every edge
+    for n in roots:
+        rank[n] = min((rank.get(t, 1) for t in succs[n]), default=1) - 1
+    return {(s, t) for s, t in edges if rank[t] - rank[s] > limit}
 
 
 def _slug(node_id: str) -> str:
