@@ -95,44 +95,46 @@ def ring_links(devices: Sequence[int], topology: Topology) -> tuple[float, float
 EXACT_RING_MAX_DEVICES = 8  # above this, rings follow the given order
 
 
-def ring_order(devices: Sequence[int], topology: Topology) -> tuple[int, ...]:
-    """The ring to run a ring collective on.
+def ring_order(
+    devices: Sequence[int], topology: Topology, size_bytes: float = 1e6
+) -> tuple[int, ...]:
+    """The ring to run a ring collective of ``size_bytes`` on.
 
     When every link among ``devices`` is alike, the given order. Otherwise, for up
-    to ``EXACT_RING_MAX_DEVICES`` devices, the ring with the fastest slowest link
-    (then the smallest largest latency) over all orders, as NCCL builds its rings
-    along NVLink; for more devices, the given order. Choosing the best of a fixed
-    set of candidates keeps every collective's time monotone in every link's
+    to ``EXACT_RING_MAX_DEVICES`` devices, the order whose ring step is fastest,
+    ``size_bytes / (n * slowest bandwidth) + largest latency`` (every ring
+    collective's time is a multiple of it), over all orders, as NCCL builds its
+    rings along NVLink; for more devices, the given order. Taking the best of a
+    fixed set of candidates keeps every collective's time monotone in every link's
     bandwidth (a faster link never makes a collective slower).
     """
     given = tuple(devices)
     n = len(given)
-    if n <= 3:
-        return given  # every ring of 3 devices uses the same links, up to direction
+    if n <= 2:
+        return given
     idx = [topology.index(d) for d in given]
     bw = [[topology.bandwidth_bytes_per_s[i][j] for j in idx] for i in idx]
     lat = [[topology.latency_s[i][j] for j in idx] for i in idx]
     off = [(bw[i][j], lat[i][j]) for i in range(n) for j in range(n) if i != j]
     if len(set(off)) == 1 or n > EXACT_RING_MAX_DEVICES:
         return given
+    chunk = size_bytes / n
 
-    def score(order: tuple[int, ...]) -> tuple[float, float]:
+    def step_s(order: tuple[int, ...]) -> float:
         slowest, worst = float("inf"), 0.0
         for k in range(n):
             i, j = order[k], order[(k + 1) % n]
             slowest = min(slowest, bw[i][j])
             worst = max(worst, lat[i][j])
-        return (-slowest, worst)
+        return chunk / slowest + worst
 
     best = tuple(range(n))
-    best_score = score(best)
-    for rest in itertools.permutations(range(1, n)):
-        if rest[0] > rest[-1]:
-            continue  # the same ring walked the other way
+    best_s = step_s(best)
+    for rest in itertools.permutations(range(1, n)):  # both directions: links may differ
         order = (0, *rest)
-        sc = score(order)
-        if sc < best_score:
-            best, best_score = order, sc
+        t = step_s(order)
+        if t < best_s:
+            best, best_s = order, t
     return tuple(given[k] for k in best)
 
 
@@ -181,7 +183,7 @@ def collective_time_s(
         return sum(send_time_s(part, root, d, topology) for d in devices if d != root)
     if n <= 1:
         return 0.0
-    flat = ring_time_s(kind, size_bytes, ring_order(devices, topology), topology)
+    flat = ring_time_s(kind, size_bytes, ring_order(devices, topology, size_bytes), topology)
     if kind == "allreduce":
         groups = node_groups(devices, topology)
         if len(groups) > 1 and len({len(g) for g in groups}) == 1 and len(groups[0]) > 1:
@@ -214,7 +216,7 @@ def hierarchical_allreduce_time_s(
         raise TopologyError("hierarchical all-reduce needs groups of equal size")
 
     def ring(kind: str, size: float, group: Sequence[int]) -> float:
-        return ring_time_s(kind, size, ring_order(group, topology), topology)
+        return ring_time_s(kind, size, ring_order(group, topology, size), topology)
 
     intra = max(ring("reducescatter", size_bytes, grp) for grp in groups)
     across = max(ring("allreduce", size_bytes / g, [grp[i] for grp in groups]) for i in range(g))

@@ -39,6 +39,14 @@ COMBINE_MODES = ("roofline", "additive")
 
 COMPUTE, COMMUNICATION = 0, 1  # stream numbers in the trace
 
+# Enum class attributes go through EnumType.__getattr__ (hundreds of ns each in
+# Python 3.11): the hot paths compare against these module constants instead.
+_COMPUTE_KIND, _COMMUNICATION_KIND, _CONTROL_KIND = (
+    OpKind.COMPUTE,
+    OpKind.COMMUNICATION,
+    OpKind.CONTROL,
+)
+
 
 class SimulationError(DistIRError):
     """A program the simulator cannot cost: unknown device, op without a cost rule, ..."""
@@ -91,18 +99,12 @@ class Engine:
         self.compute_free = [0.0] * n
         self.comm_free = [0.0] * n
         # values: one slot per tensor (tuple values are nested tuples of slots); a slot is
-        # allocated when its producer starts, ready when it ends
-        self.slot_bytes: list[int] = []
-        self.slot_device: list[int] = []
+        # allocated when its producer starts and ready when it ends
         self.slot_ready: list[float] = []
-        self.slot_last_use: list[float] = []  # end of the last consumer, -1 if none
-        self.slot_producer: list[int] = []  # op instance, -1 for a function input
-        # op instances (an op in a pmap body once per device)
-        self.inst_op: list[Op] = []
-        self.inst_where: list[int | tuple[int, ...]] = []  # compute device or participants
-        self.inst_start: list[float] = []
-        self.inst_dur: list[float] = []
-        self.inst_cost: list[tuple] = []  # (flops, bytes, ...), shared between equal ops
+        self.slots: list[tuple[int, int, int]] = []  # (bytes, device, producer instance or -1)
+        # op instances (an op in a pmap body once per device):
+        # (op, compute device or participants, start_s, dur_s, cost entry, slots read)
+        self.records: list[tuple] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
         self._prepared: dict[Op, tuple] = {}
         self._opdefs: dict[str, Any] = {}
@@ -136,22 +138,16 @@ class Engine:
     # -- the walk -------------------------------------------------------------
 
     def _run_ops(self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope) -> None:
-        # The hot loop: locals for every list and method it touches (see the benchmark).
+        # The hot loop: locals for everything it touches, one append per instance and per
+        # slot, C-level map/max over operands, last uses settled later with numpy.
         prepared = self._prepared
-        slot_ready, slot_last_use = self.slot_ready, self.slot_last_use
-        new_ready = slot_ready.append
-        new_bytes, new_device = self.slot_bytes.append, self.slot_device.append
-        new_last_use, new_producer = slot_last_use.append, self.slot_producer.append
+        slot_ready = self.slot_ready
+        new_ready, new_slot = slot_ready.append, self.slots.append
+        records = self.records
+        record = records.append
         compute_free, comm_free = self.compute_free, self.comm_free
-        rec_op, rec_where, rec_cost = (
-            self.inst_op.append,
-            self.inst_where.append,
-            self.inst_cost.append,
-        )
-        rec_start, rec_dur = self.inst_start.append, self.inst_dur.append
-        peak_flops, mem_bandwidth, launch_s = self.peak_flops, self.mem_bandwidth, self.launch_s
-        additive = self.additive
-        compute_kind, comm_kind = OpKind.COMPUTE, OpKind.COMMUNICATION
+        ready_of, value_of = slot_ready.__getitem__, env.__getitem__
+        compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
         for op in ops:
             prep = prepared.get(op)
             if prep is None:
@@ -159,62 +155,39 @@ class Engine:
             kind = prep[0]
             try:
                 if kind is compute_kind:
-                    ready = 0.0
-                    ins = []
-                    for v in op.inputs:
-                        s = env[v]
-                        if s.__class__ is int:
-                            ins.append(s)
-                            if slot_ready[s] > ready:
-                                ready = slot_ready[s]
-                        else:
-                            for leaf in _leaves(s):
-                                ins.append(leaf)
-                                if slot_ready[leaf] > ready:
-                                    ready = slot_ready[leaf]
+                    ins = list(map(value_of, op.inputs))
+                    try:
+                        ready = max(map(ready_of, ins)) if ins else 0.0
+                    except TypeError:  # a tuple operand (Concat, Sum of a tuple)
+                        ins = _leaves(ins)
+                        ready = max(map(ready_of, ins)) if ins else 0.0
                     _, cost, dev_ref, templates = prep
-                    dev = scope[dev_ref]
-                    t_flops = cost[0] / peak_flops[dev]
-                    t_bytes = cost[1] / mem_bandwidth[dev]
-                    if additive:
-                        dur = launch_s[dev] + t_flops + t_bytes
-                    else:
-                        dur = launch_s[dev] + (t_flops if t_flops > t_bytes else t_bytes)
-                    start = compute_free[dev]
+                    where = scope[dev_ref]
+                    dur = cost[2][where]
+                    start = compute_free[where]
                     if ready > start:
                         start = ready
                     end = start + dur
-                    compute_free[dev] = end
-                    rec_where(dev)
+                    compute_free[where] = end
                 elif kind is comm_kind:
-                    ins = [s for v in op.inputs for s in _leaves(env[v])]
-                    ready = max([0.0, *(slot_ready[s] for s in ins)])
-                    participants, dur, cost = self._collective(op, scope, prep)
-                    start = max([ready, *(comm_free[d] for d in participants)])
+                    ins = _leaves(list(map(value_of, op.inputs)))
+                    ready = max(map(ready_of, ins)) if ins else 0.0
+                    where, dur, cost = self._collective(op, scope, prep)
+                    start = max([ready, *(comm_free[d] for d in where)])
                     end = start + dur
-                    for d in participants:
+                    for d in where:
                         comm_free[d] = end
-                    rec_where(participants)
                     templates = prep[1]
                 else:
                     prep[1](self, op, env, scope)
                     continue
-                producer = len(self.inst_op)
-                rec_op(op)
-                rec_start(start)
-                rec_dur(dur)
-                rec_cost(cost)
-                for s in ins:
-                    if slot_last_use[s] < end:
-                        slot_last_use[s] = end
+                producer = len(records)
+                record((op, where, start, dur, cost, ins))
                 for v, template in zip(op.outputs, templates):
                     if template.__class__ is tuple:  # a tensor: (size_bytes, device ref)
                         env[v] = len(slot_ready)
-                        new_bytes(template[0])
-                        new_device(scope[template[1]])
                         new_ready(end)
-                        new_last_use(-1.0)
-                        new_producer(producer)
+                        new_slot((template[0], scope[template[1]], producer))
                     else:
                         env[v] = self._new_slots(template, scope, end, producer)
             except _UnknownDeviceError as e:
@@ -224,13 +197,32 @@ class Engine:
         """Slots for a value of ``template``'s structure (an int, or nested tuples of ints)."""
         if template.__class__ is not tuple:
             return tuple(self._new_slots(t, scope, ready, producer) for t in template)
-        size, ref = template
-        self.slot_bytes.append(size)
-        self.slot_device.append(scope[ref])
         self.slot_ready.append(ready)
-        self.slot_last_use.append(-1.0)
-        self.slot_producer.append(producer)
-        return len(self.slot_bytes) - 1
+        self.slots.append((template[0], scope[template[1]], producer))
+        return len(self.slot_ready) - 1
+
+    def columns(self) -> dict[str, Any]:
+        """The records as columns (lists), for the result's lazy views."""
+        if not self.records:
+            ops, where, start, dur, cost, reads = (), (), (), (), (), ()
+        else:
+            ops, where, start, dur, cost, reads = zip(*self.records)
+        if not self.slots:
+            slot_bytes, slot_device, slot_producer = (), (), ()
+        else:
+            slot_bytes, slot_device, slot_producer = zip(*self.slots)
+        return {
+            "op": ops,
+            "where": where,
+            "start": start,
+            "dur": dur,
+            "cost": cost,
+            "use_count": [len(r) for r in reads],
+            "use_slots": [s for r in reads for s in r],
+            "slot_bytes": slot_bytes,
+            "slot_device": slot_device,
+            "slot_producer": slot_producer,
+        }
 
     # -- per-op data, computed once per op ------------------------------------
 
@@ -242,22 +234,22 @@ class Engine:
             except UnknownOpError as e:
                 raise SimulationError(f"{e}\n  in: {describe_op(op)}") from None
         kind = opdef.kind
-        if kind is OpKind.CONTROL:
+        if kind is _CONTROL_KIND:
             structural = _STRUCTURAL.get(opdef.name)
             if structural is None:
                 raise SimulationError(
                     f"the simulator has no rule for the structural op {opdef.name}\n"
                     f"  in: {describe_op(op)}"
                 )
-            return (OpKind.CONTROL, structural)
-        if kind is OpKind.COMMUNICATION:
+            return (_CONTROL_KIND, structural)
+        if kind is _COMMUNICATION_KIND:
             if opdef.comm_rule is None:
                 raise SimulationError(
                     f"communication op {opdef.name} has no comm_rule, so the simulator cannot "
                     "cost it; attach one with ir.registry.attach_rule(name, 'comm_rule', fn)\n"
                     f"  in: {describe_op(op)}"
                 )
-            return (OpKind.COMMUNICATION, [_template(v.type) for v in op.outputs], opdef)
+            return (_COMMUNICATION_KIND, [_template(v.type) for v in op.outputs], opdef)
         if opdef.cost_rule is None:
             raise SimulationError(
                 f"op {opdef.name} has no cost rule, so the simulator cannot time it; give its "
@@ -266,30 +258,44 @@ class Engine:
         # Ops of one type on equal shapes cost the same: key the cost rule's answer (and the
         # output sizes) by type and shapes, so a long program evaluates each rule a few times.
         key = [opdef.name, _attributes_key(op)]
-        for v in op.inputs:
+        for v in (*op.inputs, *op.outputs):
             t = v.type
-            key.append((t.shape, id(t.dtype)) if t.__class__ is TensorType else t)
-        for v in op.outputs:
-            t = v.type
-            key.append((t.shape, id(t.dtype)) if t.__class__ is TensorType else t)
+            if t.__class__ is TensorType:
+                key.append(t.shape)
+                key.append(id(t.dtype))  # enum members are singletons; their hash is slow
+            else:
+                key.append(t)
         key = tuple(key)
         cost = self._cost_by_types.get(key)
         if cost is None:
             in_types = tuple(v.type for v in op.inputs)
             out_types = tuple(v.type for v in op.outputs)
             c = opdef.cost_rule(CostContext(in_types, out_types, op.attributes))
+            nbytes = c.bytes_read + c.bytes_written
             sizes = [_template(t) for t in out_types]  # device refs replaced below
-            cost = self._cost_by_types[key] = (c.flops, c.bytes_read + c.bytes_written, sizes)
-        sizes = cost[2]
-        templates = [
-            (size[0], v.type.device) if size.__class__ is tuple else _template(v.type)
-            for size, v in zip(sizes, op.outputs)
-        ]
+            cost = (c.flops, nbytes, self._durations(c.flops, nbytes), sizes)
+            self._cost_by_types[key] = cost
+        sizes = cost[3]
+        if len(sizes) == 1 and sizes[0].__class__ is tuple:
+            templates = [(sizes[0][0], op.outputs[0].type.device)]
+        else:
+            templates = [
+                (size[0], v.type.device) if size.__class__ is tuple else _template(v.type)
+                for size, v in zip(sizes, op.outputs)
+            ]
         dev_ref = op.device
         if dev_ref is None:
             refs = [r for v in (*op.outputs, *op.inputs) for r in _refs(v.type)]
             dev_ref = refs[0] if refs else None
-        return (OpKind.COMPUTE, cost, dev_ref, templates)
+        return (_COMPUTE_KIND, cost, dev_ref, templates)
+
+    def _durations(self, flops: float, nbytes: float) -> list[float]:
+        """The time of a compute op on each device: launch + roofline (or additive)."""
+        out = []
+        for peak, bandwidth, launch in zip(self.peak_flops, self.mem_bandwidth, self.launch_s):
+            t_flops, t_bytes = flops / peak, nbytes / bandwidth
+            out.append(launch + (t_flops + t_bytes if self.additive else max(t_flops, t_bytes)))
+        return out
 
     def _collective(
         self, op: Op, scope: _Scope, prep: tuple

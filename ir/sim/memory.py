@@ -28,7 +28,8 @@ class MemoryCurves:
 def memory_curves(
     slot_bytes: list[int],
     slot_device: list[int],
-    slot_last_use: list[float],
+    use_slots: list[int],
+    use_count: list[int],
     slot_producer: list[int],
     pinned: list[int],
     inst_start: np.ndarray,
@@ -40,7 +41,11 @@ def memory_curves(
     """Sweep allocation and free events per device (vectorised with numpy)."""
     size = np.asarray(slot_bytes, dtype=np.float64)
     dev = np.asarray(slot_device, dtype=np.int64)
-    last = np.asarray(slot_last_use, dtype=np.float64)
+    # a slot's last use: the latest end among the instances that read it (-1: none)
+    last = np.full(len(size), -1.0)
+    if use_slots:
+        reader = np.repeat(np.arange(len(use_count)), np.asarray(use_count, dtype=np.int64))
+        np.maximum.at(last, np.asarray(use_slots, dtype=np.int64), inst_end[reader])
     producer = np.asarray(slot_producer, dtype=np.int64)
     keep = np.zeros(len(size), dtype=bool)
     if pinned:

@@ -56,17 +56,34 @@ class SimResult:
         self.topology: Topology = engine.topology
         self.step_time_s: float = engine.step_time_s
         self._e = engine
-        self._start = np.asarray(engine.inst_start, dtype=np.float64)
-        self._dur = np.asarray(engine.inst_dur, dtype=np.float64)
-        used = set(engine.slot_device)
-        for where in engine.inst_where:
+
+    @cached_property
+    def _c(self) -> dict[str, Any]:
+        return self._e.columns()
+
+    @cached_property
+    def _start(self) -> np.ndarray:
+        return np.asarray(self._c["start"], dtype=np.float64)
+
+    @cached_property
+    def _dur(self) -> np.ndarray:
+        return np.asarray(self._c["dur"], dtype=np.float64)
+
+    @cached_property
+    def _used(self) -> list[int]:
+        used = set(self._c["slot_device"])
+        for where in self._c["where"]:
             if where.__class__ is int:
                 used.add(where)
             else:
                 used.update(where)
-        self._used = sorted(used)
+        return sorted(used)
+
+    @cached_property
+    def devices(self) -> tuple[int, ...]:
+        """Ids of the devices the program uses, in topology order."""
         ids = self.topology.device_ids
-        self.devices: tuple[int, ...] = tuple(ids[i] for i in self._used)
+        return tuple(ids[i] for i in self._used)
 
     def __repr__(self) -> str:
         return (
@@ -77,18 +94,16 @@ class SimResult:
     @property
     def num_ops(self) -> int:
         """Number of simulated op runs (pmap body ops count once per device)."""
-        return len(self._e.inst_op)
+        return len(self._e.records)
 
     # -- events -----------------------------------------------------------------
 
     @cached_property
     def events(self) -> list[Event]:
         """Every event, in program order (a collective's events one per participant)."""
-        e, ids = self._e, self.topology.device_ids
+        ids = self.topology.device_ids
         out: list[Event] = []
-        for op, where, start, dur, cost in zip(
-            e.inst_op, e.inst_where, e.inst_start, e.inst_dur, e.inst_cost
-        ):
+        for op, where, start, dur, cost, _ in self._e.records:
             if where.__class__ is int:
                 out.append(
                     Event(op, ids[where], "compute", start, dur, cost[0], cost[1], "compute")
@@ -116,8 +131,7 @@ class SimResult:
     @cached_property
     def _stream_busy(self) -> dict[tuple[int, int], float]:
         busy: dict[tuple[int, int], float] = {}
-        e = self._e
-        for where, dur in zip(e.inst_where, e.inst_dur):
+        for where, dur in zip(self._c["where"], self._c["dur"]):
             if where.__class__ is int:
                 busy[(where, COMPUTE)] = busy.get((where, COMPUTE), 0.0) + dur
             else:
@@ -140,9 +154,9 @@ class SimResult:
     @cached_property
     def idle_s(self) -> dict[int, float]:
         """Time in the step when a device has neither compute nor communication running."""
-        e, ids = self._e, self.topology.device_ids
+        ids = self.topology.device_ids
         intervals: dict[int, list[tuple[float, float]]] = {d: [] for d in self._used}
-        for where, start, dur in zip(e.inst_where, e.inst_start, e.inst_dur):
+        for where, start, dur in zip(self._c["where"], self._c["start"], self._c["dur"]):
             for d in (where,) if where.__class__ is int else where:
                 intervals[d].append((start, start + dur))
         idle = {}
@@ -164,13 +178,14 @@ class SimResult:
 
     @cached_property
     def _memory(self) -> MemoryCurves:
-        e = self._e
+        c = self._c
         return memory_curves(
-            e.slot_bytes,
-            e.slot_device,
-            e.slot_last_use,
-            e.slot_producer,
-            e.pinned,
+            c["slot_bytes"],
+            c["slot_device"],
+            c["use_slots"],
+            c["use_count"],
+            c["slot_producer"],
+            self._e.pinned,
             self._start,
             self._start + self._dur,
             [d.memory_bytes for d in self.topology.devices],
@@ -195,17 +210,17 @@ class SimResult:
 
         If the function inputs alone exceed the capacity, the device's first op is named.
         """
-        ids, e = self.topology.device_ids, self._e
+        ids, ops = self.topology.device_ids, self._c["op"]
         out: dict[int, Op | None] = {}
         for d in self._used:
             inst = self._memory.oom_instance[d]
             if inst is None:
                 out[ids[d]] = None
             elif inst >= 0:
-                out[ids[d]] = e.inst_op[inst]
+                out[ids[d]] = ops[inst]
             else:
-                first = [i for i, where in enumerate(e.inst_where) if where == d]
-                out[ids[d]] = e.inst_op[first[0]] if first else None
+                first = [i for i, where in enumerate(self._c["where"]) if where == d]
+                out[ids[d]] = ops[first[0]] if first else None
         return out
 
     @property
