@@ -145,6 +145,9 @@ R = Replicate()
 P = Partial
 
 
+_PLACEMENTS = (Shard, Replicate, Partial)
+
+
 def placement(p: Placement | str) -> Placement:
     """A placement from its text (``"S(0)"``, ``"R"``, ``"P(sum)"``) or itself."""
     if isinstance(p, (Shard, Replicate, Partial)):
@@ -174,7 +177,7 @@ class Layout:
     placements: tuple[Placement, ...]
 
     def __init__(self, mesh: Mesh, placements: Sequence[Placement | str]) -> None:
-        placements = tuple(placement(p) for p in placements)
+        placements = tuple(p if type(p) in _PLACEMENTS else placement(p) for p in placements)
         if len(placements) != mesh.ndim:
             raise AnnotationError(
                 f"{len(placements)} placement(s) {[str(p) for p in placements]} for the "
