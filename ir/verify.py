@@ -61,12 +61,21 @@ def _infer_key(
     opdef: OpDef, input_types: Sequence[Type], attributes: Mapping[str, Any]
 ) -> tuple | None:
     """A hashable key of a type-rule question, or None when an attribute is not hashable."""
+    key = _Key((id(opdef), tuple(input_types), attributes_key(attributes)))
     try:
-        key = (id(opdef), tuple(input_types), attributes_key(attributes))
-        hash(key)
+        key.hash = tuple.__hash__(key)
     except TypeError:
         return None
     return key
+
+
+class _Key(tuple):
+    """A tuple that hashes once: the lookup and the insertion would hash every type again."""
+
+    hash: int
+
+    def __hash__(self) -> int:
+        return self.hash
 
 
 def attributes_key(v: Any) -> Any:
