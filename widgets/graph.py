@@ -164,6 +164,7 @@ class _Drawing:
         self.source: dict[Value, str] = {}
         self.uses: list[tuple[Value, str]] = []
         self.drawn_edges: list[tuple[str, str]] = []
+        self.folded_inputs: set[Value] = set()
         self.has_comm = self.has_cluster = False
 
     # -- top level -----------------------------------------------------------
@@ -185,9 +186,12 @@ class _Drawing:
         for v, target in self.uses:
             targets.setdefault(v, set()).add(target)
         for k, v in enumerate(self.function.inputs):
-            only = targets.get(v, set())
-            if len(only) == 1 and next(iter(only)) in self.groups:
-                self.source[v] = next(iter(only))  # read only inside a folded group: fold it too
+            readers = targets.get(v, set())
+            if readers and all(t in self.groups for t in readers):
+                # read only inside folded groups (a layer's weights in a training step are
+                # read by its forward, backward and optimizer folds): fold it too
+                self.source[v] = min(readers, key=self._group_order)
+                self.folded_inputs.add(v)
             else:
                 self._value_node(f"in-{k}", v, (), "ellipse", "  ")
         self.lines += body
@@ -383,7 +387,7 @@ class _Drawing:
         bundles: dict[tuple[str, str], list[Value]] = {}  # edges into or out of a fold
         for v, target in self.uses:
             src = self.source[v]
-            if src == target or (src, target, v) in seen:
+            if src == target or (src, target, v) in seen or v in self.folded_inputs:
                 continue
             seen.add((src, target, v))
             if src in self.groups or target in self.groups:
@@ -430,6 +434,9 @@ class _Drawing:
         for nodes in feeders.values():
             for a, b in zip(nodes, nodes[width:]) if len(nodes) > width else ():
                 self.lines.append(f"  {_q(a)} -> {_q(b)} [style=invis];")
+
+    def _group_order(self, gid: str) -> int:
+        return list(self.groups).index(gid)
 
     def _stub(self, sid: str, src: str, v: Value | None, text: str = "") -> str:
         """A small node standing for ``src`` next to a far-away reader: a long edge,
