@@ -11,11 +11,9 @@
 
 from __future__ import annotations
 
-import gc
-
 from ..device import Topology
 from ..function import Function
-from .engine import COMBINE_MODES, Engine, SimulationError
+from .engine import COMBINE_MODES, Engine, SimulationError, paused_gc
 from .result import Event, SimResult
 
 __all__ = ["COMBINE_MODES", "Event", "SimResult", "SimulationError", "simulate"]
@@ -32,14 +30,6 @@ def simulate(function: Function, topology: Topology, *, combine: str = "roofline
     alpha-beta time of :mod:`ir.collectives`. See ``docs/simulator.md``.
     """
     engine = Engine(topology, combine)
-    # The walk allocates many small, long-lived tuples; the cyclic garbage collector
-    # would rescan them again and again (super-linear time on 100k-op programs), and
-    # the walk creates no reference cycles, so it is paused for the walk's duration.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with paused_gc():
         engine.run(function)
-    finally:
-        if collecting:
-            gc.enable()
     return SimResult(engine)
