@@ -144,7 +144,7 @@ class Engine:
                 ) from None
             env[v] = slots
             self.pinned.extend(_leaves(slots))
-        self._run_ops(function.ops, env, scope)
+        self._run_ops(function.ops, env, scope, top=True)
         for v in function.outputs:
             self.pinned.extend(_leaves(env[v]))
 
@@ -154,7 +154,9 @@ class Engine:
 
     # -- the walk -------------------------------------------------------------
 
-    def _run_ops(self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope) -> None:
+    def _run_ops(
+        self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope, top: bool = False
+    ) -> None:
         # The hot loop: locals for everything it touches, one append per instance and per
         # slot, C-level map/max over operands, last uses settled later with numpy.
         prepared = self._prepared
@@ -165,10 +167,14 @@ class Engine:
         compute_free, comm_free = self.compute_free, self.comm_free
         ready_of, value_of = slot_ready.__getitem__, env.__getitem__
         compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
+        prepare = self._prepare
         for op in ops:
-            prep = prepared.get(op)
-            if prep is None:
-                prep = prepared[op] = self._prepare(op)
+            if top:  # each top-level op runs once: no point caching its preparation
+                prep = prepare(op)
+            else:
+                prep = prepared.get(op)
+                if prep is None:
+                    prep = prepared[op] = prepare(op)
             kind = prep[0]
             try:
                 if kind is compute_kind:
