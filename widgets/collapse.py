@@ -35,11 +35,13 @@ def find_repeats(
     budget: int,
     min_count: int = 3,
     max_period: int = 400,
+    min_gain: int = 2,
 ) -> list[Repeat]:
     """Tandem repeats to fold until at most ``budget`` positions stay visible.
 
     Each fold replaces its hidden positions by one summary node, so it shows
-    ``len(folded) - 1`` fewer things. Repeats never overlap. Returned in
+    ``len(folded) - 1`` fewer things; folds that show fewer than ``min_gain``
+    fewer things are not worth a search each. Repeats never overlap. Returned in
     position order.
 
     >>> find_repeats(list("xabcabcabcabcy"), budget=5)
@@ -51,7 +53,7 @@ def find_repeats(
     found: list[Repeat] = []
     fresh = -1  # folded positions get unique negative codes so no repeat crosses them
     while visible > budget:
-        best = _best_repeat(sig, min_count, max_period)
+        best = _best_repeat(sig, min_count, max_period, min_gain)
         if best is None:
             break
         found.append(best)
@@ -62,21 +64,27 @@ def find_repeats(
     return sorted(found, key=lambda r: r.start)
 
 
-def _best_repeat(sig: np.ndarray, min_count: int, max_period: int) -> Repeat | None:
+def _best_repeat(sig: np.ndarray, min_count: int, max_period: int, min_gain: int) -> Repeat | None:
+    """The repeat that hides the most positions; all periods at once (one 2-D pass)."""
     n = len(sig)
-    best: Repeat | None = None
-    best_gain = 1
-    for p in range(1, min(max_period, n // 2) + 1):
-        eq = (sig[:-p] == sig[p:]) & (sig[p:] >= 0)
-        edges = np.diff(np.concatenate(([0], eq.astype(np.int8), [0])))
-        starts = np.flatnonzero(edges == 1)
-        if not len(starts):
-            continue
-        lengths = np.flatnonzero(edges == -1) - starts
-        counts = 1 + lengths // p
-        gains = np.where(counts >= min_count, (counts - 1) * p - 1, 0)
-        j = int(np.argmax(gains))
-        if gains[j] > best_gain:
-            best_gain = int(gains[j])
-            best = Repeat(int(starts[j]), p, int(counts[j]))
-    return best
+    top = min(max_period, n // 2)
+    if top < 1:
+        return None
+    periods = np.arange(1, top + 1)
+    later = np.arange(n)[None, :] + periods[:, None]  # position i + p, row p - 1
+    inside = later < n
+    other = sig[np.minimum(later, n - 1)]
+    eq = inside & (sig[None, :] == other) & (other >= 0)
+    pad = np.zeros((top, 1), dtype=np.int8)
+    edges = np.diff(np.concatenate((pad, eq.astype(np.int8), pad), axis=1), axis=1)
+    rows, starts = np.nonzero(edges == 1)  # row-major: runs in (period, start) order
+    if not len(rows):
+        return None
+    _, ends = np.nonzero(edges == -1)
+    p = periods[rows]
+    counts = 1 + (ends - starts) // p
+    gains = np.where(counts >= min_count, (counts - 1) * p - 1, 0)
+    j = int(np.argmax(gains))  # first of the best, as a scan by period then start finds
+    if gains[j] < min_gain:
+        return None
+    return Repeat(int(starts[j]), int(p[j]), int(counts[j]))

@@ -50,6 +50,8 @@ class GraphOptions:
     ``max_edge_ranks``: in drawings of more than ``stub_above_nodes`` nodes, an
     edge spanning more ranks starts at a small stub node (``↪ name``) next to its
     reader instead of crossing the graph; ``None`` draws every edge whole.
+    Above ``bound_above_nodes`` nodes, dot's network simplex runs a bounded number
+    of iterations (``nslimit``), trading a little compaction for time.
     """
 
     max_ops: int | None = 80
@@ -59,6 +61,7 @@ class GraphOptions:
     rankdir: str = "TB"
     max_edge_ranks: int | None = 8
     stub_above_nodes: int = 60
+    bound_above_nodes: int = 300
 
 
 @dataclass(frozen=True)
@@ -196,6 +199,10 @@ class _Drawing:
                 self._value_node(f"in-{k}", v, (), "ellipse", "  ")
         self.lines += body
         self._edges()
+        nodes = sum(1 for line in self.lines if line.lstrip().startswith('"') and "->" not in line)
+        if nodes > o.bound_above_nodes:
+            # bound network simplex (x positions): 1 x nodes iterations, not until optimal
+            self.lines.append(f"  graph {_attrs(nslimit=1, nslimit1=1)};")
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
 
@@ -217,10 +224,15 @@ class _Drawing:
         folded: dict[int, str] = {}
         if self.fold and budget is not None:
             sigs = [_signature(op) for op in fn.ops]
-            for r in find_repeats(sigs, budget=budget, min_count=self.options.min_repeats):
+            found = find_repeats(
+                sigs, budget=budget, min_count=self.options.min_repeats, min_gain=8
+            )
+            opened: set[int] = set()  # in a fold the user opened: stays open
+            for r in found:
                 hidden = [f"{prefix}{i}" for i in r.folded]
                 gid = f"group-{hidden[0]}-{hidden[-1]}"
                 if gid in self.options.expanded:
+                    opened.update(r.folded)
                     continue
                 self.groups[gid] = tuple(op_id(p) for p in hidden)
                 folded.update(dict.fromkeys(r.folded, gid))
@@ -228,6 +240,8 @@ class _Drawing:
                 self._group_node(
                     gid, [fn.ops[i] for i in r.folded], block, r.count - 1, env, indent
                 )
+            if len(fn.ops) - len(folded) + len(set(folded.values())) > budget:
+                self._fold_runs(fn, prefix, env, indent, budget, folded, opened)
         for i, op in enumerate(fn.ops):
             path = f"{prefix}{i}"
             if i in folded:
@@ -236,6 +250,49 @@ class _Drawing:
                 self._pmap(op, path, env, indent)
             else:
                 self._op_node(op, path, env, indent)
+
+    def _fold_runs(
+        self,
+        fn: Function,
+        prefix: str,
+        env: _Env,
+        indent: str,
+        budget: int,
+        folded: dict[int, str],
+        opened: set[int],
+    ) -> None:
+        """Still over budget once repeated layers folded (a pipeline's first microbatch
+        differs from the others by its weight sends): past the first ``budget // 2``
+        visible ops, fold each run of 3 or more consecutive ops on the same devices
+        into one node, so the drawing keeps the sends between stages and the order
+        of work, and dot gets a few hundred nodes, not thousands."""
+        runs: list[list[int]] = []
+        last: tuple[DeviceRef, ...] | None = None
+        shown = 0
+        for i, op in enumerate(fn.ops):
+            plain = i not in folded and i not in opened and op.op_type != "Pmap"
+            plain = plain and get_op(op.op_type).kind is not OpKind.COMMUNICATION
+            shown += i not in folded
+            if not plain or shown <= budget // 2:
+                last = None
+                continue
+            devices = self._devices(op, env)
+            if devices == last:
+                runs[-1].append(i)
+            else:
+                runs.append([i])
+            last = devices
+        for run in runs:
+            if len(run) < 3:
+                continue
+            hidden = [f"{prefix}{i}" for i in run]
+            gid = f"group-{hidden[0]}-{hidden[-1]}"
+            if gid in self.options.expanded:
+                continue
+            self.groups[gid] = tuple(op_id(p) for p in hidden)
+            folded.update(dict.fromkeys(run, gid))
+            block = [fn.ops[i].op_type for i in run]
+            self._group_node(gid, [fn.ops[i] for i in run], block, 0, env, indent)
 
     def _op_node(self, op: Op, path: str, env: _Env, indent: str) -> None:
         nid = op_id(path)
@@ -275,8 +332,9 @@ class _Drawing:
         for op in ops:
             devices.update(dict.fromkeys(self._devices(op, env)))
         where = ", ".join(device_label(d).removeprefix("device ") for d in devices)
+        head = f"{copies} more × " if copies else ""
         label = (
-            f"▸ {copies} more × [{_short(', '.join(block), 48)}]\n"
+            f"▸ {head}[{_short(', '.join(block), 48)}]\n"
             f"{len(ops)} ops on device{'s' if len(devices) > 1 else ''} {_short(where, 30)}: "
             "click to open"
         )

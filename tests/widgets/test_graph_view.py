@@ -190,3 +190,43 @@ def test_many_values_between_a_fold_and_a_node_share_one_edge():
     assert len(bundles) == 1 and g.id_map[bundles[0]] == ("group", group)
     assert g.dot.count("->") < 8  # not one edge per folded value
     assert '"29 values"' in g.dot  # y0 stays visible, y1 .. y29 are folded
+
+
+def _every_op_reachable(f, g) -> None:
+    hidden = {op for members in g.groups.values() for op in members}
+    drawn = _groups(g.svg)
+    for path in op_paths(f).values():
+        oid = f"op-{path}"
+        assert (oid in drawn and g.id_map[oid] == ("op", path)) or oid in hidden, oid
+
+
+def test_training_program_draws_small_with_stubs_for_far_reads():
+    import ir
+
+    f = ir.transforms.training(ir.models.gpt(2, 8, 16, 2, 32, 4))
+    g = render_graph(f)
+    _every_op_reachable(f, g)
+    assert g.svg.count('class="node"') < 200  # 250 ops, 47 weights: folded, not all drawn
+    stubs = [i for i in g.id_map if i.startswith("s-")]
+    assert stubs and all(i in _groups(g.svg) for i in stubs)
+    for sid in stubs:  # a stub stands for a value (or a bundle into a fold) and feeds one node
+        assert g.id_map[sid][0] in ("value", "group")
+        drawn_from = [ln for ln in g.dot.splitlines() if f'"{sid}" -> ' in ln and "invis" not in ln]
+        assert len(drawn_from) == 1
+    full = render_graph(f, options=GraphOptions(max_edge_ranks=None))
+    assert not [i for i in full.id_map if i.startswith("s-")]
+
+
+def test_programs_over_budget_without_repeats_fold_runs_per_device():
+    b = FunctionBuilder("runs")
+    h = b.input("x", TensorType((4, 4), device=0))
+    ops = ["Relu", "Neg", "Tanh", "Gelu"]
+    for i in range(60):  # no tandem repeats of 3: op types follow a non-periodic pattern
+        h = b.call(ops[(i * i + i // 3) % 4], h, name=f"h{i}")
+    f = b.finish([h])
+    g = render_graph(f, options=GraphOptions(max_ops=20))
+    _every_op_reachable(f, g)
+    assert sum(k == "op" for k, _ in g.id_map.values()) <= 12
+    view = GraphView(f, options=GraphOptions(max_ops=20))
+    view.select("op-59")  # hidden in a run: the run opens
+    assert "op-59" in _groups(view.svg)
