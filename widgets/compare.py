@@ -1,6 +1,14 @@
 """Two strategies side by side: both Gantt charts on one time axis, both memory curves.
 
->>> fig = compare_figure(result_a, result_b, labels=("data parallel", "pipeline"))  # doctest: +SKIP
+>>> import ir
+>>> from ir import models, transforms
+>>> f = transforms.training(models.mlp(8, 4, 8, 4, layers=2))
+>>> topology = ir.Topology.preset("a100-hgx", 2)
+>>> a = ir.simulate(transforms.data_parallel(f, 2), topology)
+>>> b = ir.simulate(transforms.pipeline_parallel(f, 2, 2), topology)
+>>> fig = compare_figure(a, b, labels=("data parallel", "pipeline"))
+>>> fig.layout.title.text.startswith("data parallel vs pipeline")
+True
 """
 
 from __future__ import annotations

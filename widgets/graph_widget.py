@@ -39,8 +39,11 @@ class Selection:
 class GraphView(anywidget.AnyWidget):
     """The Function as a zoomable, clickable graph coloured by device.
 
-    >>> view = GraphView(function)          # doctest: +SKIP
-    >>> view.select("op-2.0"); view.selection.op     # doctest: +SKIP
+    >>> from ir import models
+    >>> view = GraphView(models.mlp(8, 4, 8, 4))
+    >>> view.select("op-0")
+    >>> view.selection.op.op_type, view.selected["kind"]
+    ('MatMul', 'op')
     """
 
     _esm = STATIC / "graph.js"
