@@ -39,6 +39,8 @@ def programs() -> dict[str, Callable[[], Function]]:
         "gpt24-train": lambda: train(24),
         "gpt4-train-dp8": lambda: ir.transforms.data_parallel(train(4), 8),
         "gpt4-train-pp4x8": lambda: ir.transforms.pipeline_parallel(train(4), 4, 8),
+        "gpt24-train-dp8": lambda: ir.transforms.data_parallel(train(24), 8),
+        "gpt24-train-pp4x8": lambda: ir.transforms.pipeline_parallel(train(24), 4, 8),
     }
 
 

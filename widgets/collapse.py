@@ -53,23 +53,38 @@ def find_repeats(
     found: list[Repeat] = []
     fresh = -1  # folded positions get unique negative codes so no repeat crosses them
     while visible > budget:
-        best = _best_repeat(sig, min_count, max_period, min_gain)
-        if best is None:
+        # one scan finds every run; the best ones that do not overlap are all still
+        # valid, so take them in order of gain (a run cut by a fold is found again by
+        # the next scan, shorter)
+        taken = np.zeros(len(sig), dtype=bool)
+        picked = 0
+        for best in _repeats_by_gain(sig, min_count, max_period, min_gain):
+            span = slice(best.start, best.start + best.period * best.count)
+            if taken[span].any():
+                continue
+            taken[span] = True
+            found.append(best)
+            picked += 1
+            visible -= len(best.folded) - 1
+            if visible <= budget:
+                break
+        if not picked:
             break
-        found.append(best)
-        for i in range(best.start, best.start + best.period * best.count):
-            sig[i] = fresh
-            fresh -= 1
-        visible -= len(best.folded) - 1
+        k = int(taken.sum())
+        sig[taken] = np.arange(fresh, fresh - k, -1)
+        fresh -= k
     return sorted(found, key=lambda r: r.start)
 
 
-def _best_repeat(sig: np.ndarray, min_count: int, max_period: int, min_gain: int) -> Repeat | None:
-    """The repeat that hides the most positions; all periods at once (one 2-D pass)."""
+def _repeats_by_gain(
+    sig: np.ndarray, min_count: int, max_period: int, min_gain: int
+) -> list[Repeat]:
+    """Every maximal run of each period that gains at least ``min_gain``, best first
+    (ties: shorter period, then earlier start); all periods in one 2-D pass."""
     n = len(sig)
     top = min(max_period, n // 2)
     if top < 1:
-        return None
+        return []
     periods = np.arange(1, top + 1)
     later = np.arange(n)[None, :] + periods[:, None]  # position i + p, row p - 1
     inside = later < n
@@ -78,13 +93,10 @@ def _best_repeat(sig: np.ndarray, min_count: int, max_period: int, min_gain: int
     pad = np.zeros((top, 1), dtype=np.int8)
     edges = np.diff(np.concatenate((pad, eq.astype(np.int8), pad), axis=1), axis=1)
     rows, starts = np.nonzero(edges == 1)  # row-major: runs in (period, start) order
-    if not len(rows):
-        return None
     _, ends = np.nonzero(edges == -1)
     p = periods[rows]
     counts = 1 + (ends - starts) // p
     gains = np.where(counts >= min_count, (counts - 1) * p - 1, 0)
-    j = int(np.argmax(gains))  # first of the best, as a scan by period then start finds
-    if gains[j] < min_gain:
-        return None
-    return Repeat(int(starts[j]), int(p[j]), int(counts[j]))
+    keep = np.flatnonzero(gains >= min_gain)
+    order = keep[np.argsort(-gains[keep], kind="stable")]
+    return [Repeat(int(starts[j]), int(p[j]), int(counts[j])) for j in order]
