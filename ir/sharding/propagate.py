@@ -107,6 +107,7 @@ class _Materialiser:
         self._plan_times: dict[tuple, float | PropagationError] = {}
         self._choices: dict[tuple, tuple] = {}
         self._local_type_lists: dict[tuple, list[Type]] = {}
+        self._fitting: dict[tuple, bool] = {}
         self.report = PropagationReport(mesh)
         peak = topology.device(mesh.devices[0])
         self.peak_flops = peak.peak_flops
@@ -323,9 +324,16 @@ class _Materialiser:
     def _fits(self, op, pl) -> bool:
         ins, outs = pl
         for v, ps in [*zip(op.inputs, ins), *zip(op.outputs, outs)]:
-            try:
-                Layout(self.mesh, ps).check(ann.shape_of(v), v.name)
-            except AnnotationError:
+            key = (tuple(ann.shape_of(v)), tuple(ps))
+            fits = self._fitting.get(key)
+            if fits is None:  # many strategies of many ops ask about the same shapes
+                try:
+                    Layout(self.mesh, ps).check(key[0], v.name)
+                    fits = True
+                except AnnotationError:
+                    fits = False
+                self._fitting[key] = fits
+            if not fits:
                 return False
         return True
 
