@@ -49,7 +49,8 @@ class GraphOptions:
     node ids (``group-...`` or a pmap's ``op-...``) the user opened.
     ``max_edge_ranks``: in drawings of more than ``stub_above_nodes`` nodes, an
     edge spanning more ranks starts at a small stub node (``↪ name``) next to its
-    reader instead of crossing the graph; ``None`` draws every edge whole.
+    reader instead of crossing the graph; ``None`` draws every edge whole. A fold
+    reading ``shared_stub_from`` or more far values gets one shared stub for them.
     Above ``bound_above_nodes`` nodes, dot's network simplex runs a bounded number
     of iterations (``nslimit``), trading a little compaction for time.
     """
@@ -62,6 +63,7 @@ class GraphOptions:
     max_edge_ranks: int | None = 8
     stub_above_nodes: int = 60
     bound_above_nodes: int = 300
+    shared_stub_from: int = 4
 
 
 @dataclass(frozen=True)
@@ -455,9 +457,13 @@ class _Drawing:
         single += [(src, target, vs[0]) for (src, target), vs in bundles.items() if len(vs) == 1]
         many = {key: vs for key, vs in bundles.items() if len(vs) > 1}
         long = _long_edges([(s, t) for s, t, _ in single] + list(many), self.options)
+        shared = self._shared_stubs(long, single, many)
         for src, target, v in single:
             j = count[v] = count.get(v, -1) + 1
             eid = f"v-{index[v]}-{j}"
+            if (src, target) in long and target in shared:
+                self._edge(shared[target], target, eid, v, labelled=False)
+                continue
             if (src, target) in long:
                 src = self._stub(f"s-{index[v]}-{j}", src, v)
             self._edge(src, target, eid, v)
@@ -468,13 +474,43 @@ class _Drawing:
             names = [self.names[v] for v in values]
             self.id_map[eid] = ("group", group)
             self.tooltips[eid] = f"{len(values)} values: {_short(', '.join(names), 200)}"
-            if (src, target) in long:
+            attrs = _attrs(id=eid, label=f"{len(values)} values", style="bold")
+            if (src, target) in long and target in shared:
+                src, attrs = shared[target], _attrs(id=eid, style="bold")
+            elif (src, target) in long:
                 src = self._stub(f"s{eid[1:]}", src, None, f"{len(values)} values")
                 self.id_map[src] = ("group", group)
-            attrs = _attrs(id=eid, label=f"{len(values)} values", style="bold")
             self.lines.append(f"  {_q(src)} -> {_q(target)} {attrs};")
             self.drawn_edges.append((src, target))
         self._stack_feeders()
+
+    def _shared_stubs(
+        self,
+        long: set[tuple[str, str]],
+        single: list[tuple[str, str, Value]],
+        many: dict[tuple[str, str], list[Value]],
+    ) -> dict[str, str]:
+        """One stub per fold that reads many far-away values (a pipeline's backward
+        folds read each microbatch's activations): the values' edges, unlabelled,
+        all start there, so dot lays out one node and a bundle instead of dozens."""
+        far: dict[str, list[str]] = {}
+        for src, target, v in single:
+            if (src, target) in long and target in self.groups:
+                far.setdefault(target, []).append(self.names[v])
+        for (src, target), values in many.items():
+            if (src, target) in long and target in self.groups:
+                far.setdefault(target, []).extend(self.names[v] for v in values)
+        shared: dict[str, str] = {}
+        for target, names in far.items():
+            if len(names) < self.options.shared_stub_from:
+                continue
+            sid = shared[target] = f"s-far-{_slug(target)}"
+            self._stub(sid, target, None, f"{len(names)} values")
+            self.id_map[sid] = ("group", target)
+            self.tooltips[sid] = f"{len(names)} values from far above: " + _short(
+                ", ".join(names), 300
+            )
+        return shared
 
     def _stack_feeders(self, width: int = 6) -> None:
         """Stack the input and stub nodes that feed one node into rows of ``width``
@@ -520,14 +556,15 @@ class _Drawing:
         self.lines.append(f"  {_q(sid)} {attrs};")
         return sid
 
-    def _edge(self, src: str, target: str, eid: str, v: Value) -> None:
+    def _edge(self, src: str, target: str, eid: str, v: Value, *, labelled: bool = True) -> None:
         name = self.names[v]
         label = shape_label(v.type)
         if name in self.placements:
             label += "\n" + self.placements[name]
         self.id_map[eid] = ("value", name)
         self.tooltips[eid] = f"{name}: {v.type}"
-        self.lines.append(f"  {_q(src)} -> {_q(target)} {_attrs(id=eid, label=label)};")
+        attrs = _attrs(id=eid, label=label) if labelled else _attrs(id=eid)
+        self.lines.append(f"  {_q(src)} -> {_q(target)} {attrs};")
         self.drawn_edges.append((src, target))
 
 
