@@ -145,7 +145,7 @@ R = Replicate()
 P = Partial
 
 
-_PLACEMENTS = (Shard, Replicate, Partial)
+_PLACEMENTS = frozenset({Shard, Replicate, Partial})
 
 
 def placement(p: Placement | str) -> Placement:
@@ -177,7 +177,9 @@ class Layout:
     placements: tuple[Placement, ...]
 
     def __init__(self, mesh: Mesh, placements: Sequence[Placement | str]) -> None:
-        placements = tuple(p if type(p) in _PLACEMENTS else placement(p) for p in placements)
+        placements = tuple(placements)
+        if not _PLACEMENTS.issuperset(map(type, placements)):  # texts such as "S(0)"
+            placements = tuple(placement(p) for p in placements)
         if len(placements) != mesh.ndim:
             raise AnnotationError(
                 f"{len(placements)} placement(s) {[str(p) for p in placements]} for the "
