@@ -124,6 +124,7 @@ class Engine:
         self.records: list[tuple] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
         self._prepared: dict[Op, tuple] = {}
+        self._prepared_by_key: dict[tuple, tuple] = {}
         self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
         self._comm_cache: dict[tuple, tuple] = {}
@@ -168,9 +169,40 @@ class Engine:
         ready_of, value_of = slot_ready.__getitem__, env.__getitem__
         compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
         prepare = self._prepare
+        prepared_by_key, attributes_key, tensor_type = (
+            self._prepared_by_key,
+            _attributes_key,
+            TensorType,
+        )
         for op in ops:
-            if top:  # each top-level op runs once: no point caching its preparation
-                prep = prepare(op)
+            if top:
+                # each top-level op runs once: its preparation is shared by the ops with its
+                # type, device, attributes and operand and result types (shape, dtype name,
+                # device: an enum member's own hash runs Python code, its name's does not)
+                key = [op.op_type, op.device]
+                if op.attributes:
+                    key.append(attributes_key(op))
+                for v in op.inputs:
+                    t = v.type
+                    if t.__class__ is not tensor_type:
+                        key = None  # a tuple operand: prepared on its own
+                        break
+                    key += (t.shape, t.dtype._name_, t.device)
+                if key is not None:
+                    key.append(None)  # operands | results
+                    for v in op.outputs:
+                        t = v.type
+                        if t.__class__ is not tensor_type:
+                            key = None
+                            break
+                        key += (t.shape, t.dtype._name_, t.device)
+                if key is None:
+                    prep = prepare(op)
+                else:
+                    key = tuple(key)
+                    prep = prepared_by_key.get(key)
+                    if prep is None:
+                        prep = prepared_by_key[key] = prepare(op)
             else:
                 prep = prepared.get(op)
                 if prep is None:
