@@ -30,6 +30,7 @@ from ir.value import Value
 
 from .collapse import find_repeats
 from .ids import op_id, op_paths, shape_label, value_names
+from .layout import long_edges
 from .legend import LegendEntry, legend_html
 from .palette import COMMUNICATION_BORDER, device_color, device_label
 from .svg import dot_to_svg, postprocess_svg
@@ -456,7 +457,7 @@ class _Drawing:
             single.append((src, target, v))
         single += [(src, target, vs[0]) for (src, target), vs in bundles.items() if len(vs) == 1]
         many = {key: vs for key, vs in bundles.items() if len(vs) > 1}
-        long = _long_edges([(s, t) for s, t, _ in single] + list(many), self.options)
+        long = long_edges([(s, t) for s, t, _ in single] + list(many), self.options)
         shared = self._shared_stubs(long, single, many)
         for src, target, v in single:
             j = count[v] = count.get(v, -1) + 1
@@ -566,39 +567,6 @@ class _Drawing:
         attrs = _attrs(id=eid, label=label) if labelled else _attrs(id=eid)
         self.lines.append(f"  {_q(src)} -> {_q(target)} {attrs};")
         self.drawn_edges.append((src, target))
-
-
-def _long_edges(edges: list[tuple[str, str]], options: GraphOptions) -> set[tuple[str, str]]:
-    """Edges spanning more than ``options.max_edge_ranks`` ranks (longest-path ranks;
-    a node nothing points to sits just above its nearest reader), in drawings of more
-    than ``options.stub_above_nodes`` nodes. dot routes a long edge through one
-    virtual node per rank it crosses: a training program's weights and saved
-    activations, read again far below, made 13 000 of them and 30 s of layout."""
-    limit = options.max_edge_ranks
-    nodes = dict.fromkeys(n for e in edges for n in e)
-    if limit is None or len(nodes) <= options.stub_above_nodes:
-        return set()
-    preds: dict[str, list[str]] = {n: [] for n in nodes}
-    succs: dict[str, list[str]] = {n: [] for n in nodes}
-    for s, t in edges:
-        preds[t].append(s)
-        succs[s].append(t)
-    roots = {n for n in nodes if not preds[n]}
-    rank: dict[str, int] = {}
-    waiting = {n: sum(p not in roots for p in preds[n]) for n in nodes if n not in roots}
-    ready = [n for n, k in waiting.items() if k == 0]
-    while ready:
-        n = ready.pop()
-        rank[n] = max((rank[p] + 1 for p in preds[n] if p not in roots), default=0)
-        for t in succs[n]:
-            waiting[t] -= 1
-            if waiting[t] == 0:
-                ready.append(t)
-    if len(rank) < len(waiting):
-        return set()  # not a DAG (cannot happen for a verified program): draw every edge
-    for n in roots:
-        rank[n] = min((rank.get(t, 1) for t in succs[n]), default=1) - 1
-    return {(s, t) for s, t in edges if rank[t] - rank[s] > limit}
 
 
 def _slug(node_id: str) -> str:

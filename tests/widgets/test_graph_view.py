@@ -233,3 +233,15 @@ def test_programs_over_budget_without_repeats_fold_runs_per_device():
     view = GraphView(f, options=GraphOptions(max_ops=20))
     view.select("op-59")  # hidden in a run: the run opens
     assert "op-59" in _groups(view.svg)
+
+
+def test_long_edges_are_those_spanning_many_longest_path_ranks():
+    from widgets.layout import long_edges
+
+    chain = [(f"n{i}", f"n{i + 1}") for i in range(12)]
+    edges = [*chain, ("n0", "n12"), ("in-0", "n11"), ("in-0", "n1"), ("in-1", "n12")]
+    options = GraphOptions(max_edge_ranks=8, stub_above_nodes=5)
+    # in-1 sits just above its only reader; in-0 above its nearest one (n1)
+    assert long_edges(edges, options) == {("n0", "n12"), ("in-0", "n11")}
+    assert long_edges(edges, GraphOptions(max_edge_ranks=None)) == set()
+    assert long_edges(edges, GraphOptions(stub_above_nodes=100)) == set()
