@@ -27,9 +27,6 @@ from .session import Derived, State, Strategy, derive
 DEFAULT_STRATEGIES = ("dp=8", "dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b")
 
 
-SEQUENTIAL_GRAPH_MAX_OPS = 80
-
-
 @dataclass(frozen=True)
 class ReportConfig:
     """What ``python -m workbench report`` simulates; every field has a default."""
@@ -159,7 +156,7 @@ def report_html(
     graph_options: GraphOptions | None = None,
 ) -> str:
     """The report page (a complete HTML document with plotly.js inlined)."""
-    options = graph_options or GraphOptions(max_ops=60)
+    options = graph_options or GraphOptions()
     intro = (
         f"<p>{html.escape(description)}</p><p>Hardware: {html.escape(topology.name)}, "
         f"{len(topology.devices)} devices. Times are simulated (see docs/simulator.md).</p>"
@@ -189,16 +186,8 @@ def report_html(
             (f"{o.label}: memory", memory_figure(d.result)),
             (f"{o.label}: program", render_graph(d.function, None, options)),
         ]
-    if function.num_ops() <= SEQUENTIAL_GRAPH_MAX_OPS:
-        parts.append(("The sequential program", render_graph(function, None, options)))
-    else:  # graphviz lays out long unfolded backward passes slowly (minutes)
-        parts.append(
-            (
-                "The sequential program",
-                f"<p>{function.num_ops()} ops: printed, not drawn.</p>"
-                f"<pre>{html.escape(str(function))}</pre>",
-            )
-        )
+    parts.append(("The sequential program", render_graph(function, None, options)))
+    parts.append(("The sequential program as text", f"<pre>{html.escape(str(function))}</pre>"))
     return page_html(title, parts)
 
 
