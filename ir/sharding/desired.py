@@ -11,6 +11,8 @@ back to ``R`` on the offending axes.
 
 from __future__ import annotations
 
+import functools
+
 from ..function import Function
 from ..value import Value
 from .annotations import shape_of
@@ -98,16 +100,22 @@ def desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):
 
 
 def _valid_or_replicated(v: Value, ps, mesh: Mesh) -> tuple[Placement, ...]:
+    return _fitted(tuple(shape_of(v)), tuple(ps), mesh)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _fitted(shape: tuple[int, ...], ps: tuple[Placement, ...], mesh: Mesh) -> tuple[Placement, ...]:
+    # Memoised: a repeated layer asks about the same shapes and placements per layer.
     out = list(ps)
     for k in range(len(out)):
         try:
-            Layout(mesh, out).check(shape_of(v), v.name)
+            Layout(mesh, out).check(shape)
             break
         except AnnotationError:
             if isinstance(out[k], Shard):
                 out[k] = R
     try:
-        Layout(mesh, out).check(shape_of(v), v.name)
+        Layout(mesh, out).check(shape)
     except AnnotationError:
         out = [R] * mesh.ndim
     return tuple(out)

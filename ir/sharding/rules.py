@@ -22,7 +22,7 @@ from typing import Any
 from ..op import Op
 from ..registry import TypeContext, get_op
 from ..types import TupleType, Type
-from ..verify import describe_op
+from ..verify import attributes_key, describe_op
 from .errors import PropagationError
 from .mesh import Mesh, Partial, Placement, R, Replicate, Shard
 
@@ -60,6 +60,27 @@ def rule_for(op: Op, input_types: Sequence[Type] | None = None) -> Rule:
             f"attach one in its op family file (ir.registry.attach_rule)\n  in: {describe_op(op)}"
         )
     types = tuple(v.type for v in op.inputs) if input_types is None else tuple(input_types)
+    key = None
+    if not op.subfunctions:  # a repeated layer asks the same question per layer
+        try:
+            key = (id(opdef), types, attributes_key(op.attributes))
+            found = _RULES.get(key)
+        except TypeError:  # an attribute that is not hashable (an array)
+            key = found = None
+        if found is not None and found[0] is opdef:
+            return found[1]
+    rule = _read_rule(opdef, op, types)
+    if key is not None:
+        if len(_RULES) >= 1 << 12:
+            _RULES.clear()
+        _RULES[key] = (opdef, rule)
+    return rule
+
+
+_RULES: dict[tuple, tuple[Any, Rule]] = {}
+
+
+def _read_rule(opdef, op: Op, types: tuple[Type, ...]) -> Rule:
     raw = opdef.sharding_rule(
         TypeContext(types, opdef.complete_attributes(op.attributes), op.subfunctions)
     )
