@@ -115,16 +115,28 @@ class Engine:
         n = len(topology.devices)
         self.compute_free = [0.0] * n
         self.comm_free = [0.0] * n
+        # Flat columns of numbers and shared objects, no per-op containers: the cyclic GC,
+        # paused during the walk, would otherwise scan every one of them once it resumes.
         # values: one slot per tensor (tuple values are nested tuples of slots); a slot is
         # allocated when its producer starts and ready when it ends
         self.slot_ready: list[float] = []
-        self.slots: list[tuple[int, int, int]] = []  # (bytes, device, producer instance or -1)
-        # op instances (an op in a pmap body once per device):
-        # (op, compute device or participants, start_s, dur_s, cost entry, slots read)
-        self.records: list[tuple] = []
+        self.slot_bytes: list[int] = []
+        self.slot_device: list[int] = []
+        self.slot_producer: list[int] = []  # producer instance, or -1 for a function input
+        # op instances (an op in a pmap body once per device): the op, its compute device
+        # (int) or participants (tuple), start, duration, cost entry, and the slots it reads
+        # (use_count[i] of them, consecutive in use_slots)
+        self.inst_op: list[Op] = []
+        self.inst_where: list[Any] = []
+        self.inst_start: list[float] = []
+        self.inst_dur: list[float] = []
+        self.inst_cost: list[tuple] = []
+        self.use_count: list[int] = []
+        self.use_slots: list[int] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
         self._prepared: dict[Op, tuple] = {}
         self._prepared_by_key: dict[tuple, tuple] = {}
+        self._prepared_by_type: dict[str, tuple] = {}  # structural ops
         self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
         self._comm_cache: dict[tuple, tuple] = {}
@@ -162,9 +174,16 @@ class Engine:
         # slot, C-level map/max over operands, last uses settled later with numpy.
         prepared = self._prepared
         slot_ready = self.slot_ready
-        new_ready, new_slot = slot_ready.append, self.slots.append
-        records = self.records
-        record = records.append
+        new_ready, new_bytes = slot_ready.append, self.slot_bytes.append
+        new_device, new_producer = self.slot_device.append, self.slot_producer.append
+        inst_op = self.inst_op
+        add_op, add_where = inst_op.append, self.inst_where.append
+        add_start, add_dur, add_cost = (
+            self.inst_start.append,
+            self.inst_dur.append,
+            self.inst_cost.append,
+        )
+        add_count, add_uses = self.use_count.append, self.use_slots.extend
         compute_free, comm_free = self.compute_free, self.comm_free
         ready_of, value_of = slot_ready.__getitem__, env.__getitem__
         compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
@@ -174,14 +193,13 @@ class Engine:
             _attributes_key,
             TensorType,
         )
+        prepared_by_type, control_kind = self._prepared_by_type, _CONTROL_KIND
         for op in ops:
             if top:
                 # each top-level op runs once: its preparation is shared by the ops with its
                 # type, device, attributes and operand and result types (shape, dtype name,
                 # device: an enum member's own hash runs Python code, its name's does not)
                 key = [op.op_type, op.device]
-                if op.attributes:
-                    key.append(attributes_key(op))
                 for v in op.inputs:
                     t = v.type
                     if t.__class__ is not tensor_type:
@@ -196,9 +214,15 @@ class Engine:
                             key = None
                             break
                         key += (t.shape, t.dtype._name_, t.device)
-                if key is None:
-                    prep = prepare(op)
+                if key is None:  # structural ops share theirs by type
+                    prep = prepared_by_type.get(op.op_type)
+                    if prep is None:
+                        prep = prepare(op)
+                        if prep[0] is control_kind:
+                            prepared_by_type[op.op_type] = prep
                 else:
+                    if op.attributes:
+                        key.append(attributes_key(op))
                     key = tuple(key)
                     prep = prepared_by_key.get(key)
                     if prep is None:
@@ -236,13 +260,21 @@ class Engine:
                 else:
                     prep[1](self, op, env, scope)
                     continue
-                producer = len(records)
-                record((op, where, start, dur, cost, ins))
+                producer = len(inst_op)
+                add_op(op)
+                add_where(where)
+                add_start(start)
+                add_dur(dur)
+                add_cost(cost)
+                add_count(len(ins))
+                add_uses(ins)
                 for v, template in zip(op.outputs, templates):
                     if template.__class__ is tuple:  # a tensor: (size_bytes, device ref)
                         env[v] = len(slot_ready)
                         new_ready(end)
-                        new_slot((template[0], scope[template[1]], producer))
+                        new_bytes(template[0])
+                        new_device(scope[template[1]])
+                        new_producer(producer)
                     else:
                         env[v] = self._new_slots(template, scope, end, producer)
             except _UnknownDeviceError as e:
@@ -253,34 +285,24 @@ class Engine:
         if template.__class__ is not tuple:
             return tuple(self._new_slots(t, scope, ready, producer) for t in template)
         self.slot_ready.append(ready)
-        self.slots.append((template[0], scope[template[1]], producer))
+        self.slot_bytes.append(template[0])
+        self.slot_device.append(scope[template[1]])
+        self.slot_producer.append(producer)
         return len(self.slot_ready) - 1
 
     def columns(self) -> dict[str, Any]:
-        """The records as columns (lists), for the result's lazy views."""
-        with paused_gc():
-            return self._columns()
-
-    def _columns(self) -> dict[str, Any]:
-        if not self.records:
-            ops, where, start, dur, cost, reads = (), (), (), (), (), ()
-        else:
-            ops, where, start, dur, cost, reads = zip(*self.records)
-        if not self.slots:
-            slot_bytes, slot_device, slot_producer = (), (), ()
-        else:
-            slot_bytes, slot_device, slot_producer = zip(*self.slots)
+        """The instance and slot columns (lists), for the result's lazy views."""
         return {
-            "op": ops,
-            "where": where,
-            "start": start,
-            "dur": dur,
-            "cost": cost,
-            "use_count": [len(r) for r in reads],
-            "use_slots": [s for r in reads for s in r],
-            "slot_bytes": slot_bytes,
-            "slot_device": slot_device,
-            "slot_producer": slot_producer,
+            "op": self.inst_op,
+            "where": self.inst_where,
+            "start": self.inst_start,
+            "dur": self.inst_dur,
+            "cost": self.inst_cost,
+            "use_count": self.use_count,
+            "use_slots": self.use_slots,
+            "slot_bytes": self.slot_bytes,
+            "slot_device": self.slot_device,
+            "slot_producer": self.slot_producer,
         }
 
     # -- per-op data, computed once per op ------------------------------------

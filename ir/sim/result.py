@@ -94,7 +94,7 @@ class SimResult:
     @property
     def num_ops(self) -> int:
         """Number of simulated op runs (pmap body ops count once per device)."""
-        return len(self._e.records)
+        return len(self._e.inst_op)
 
     # -- events -----------------------------------------------------------------
 
@@ -107,7 +107,10 @@ class SimResult:
     def _events(self) -> list[Event]:
         ids = self.topology.device_ids
         out: list[Event] = []
-        for op, where, start, dur, cost, _ in self._e.records:
+        e = self._e
+        for op, where, start, dur, cost in zip(
+            e.inst_op, e.inst_where, e.inst_start, e.inst_dur, e.inst_cost
+        ):
             if where.__class__ is int:
                 out.append(
                     Event(op, ids[where], "compute", start, dur, cost[0], cost[1], "compute")
