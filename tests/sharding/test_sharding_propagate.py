@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _sharding_programs import mlp
 
 import ir
 import ir.models
-from ir import DType, FunctionBuilder, TensorType, Topology
+from ir import FunctionBuilder, TensorType, Topology
 from ir.sharding import (
     AnnotationError,
     ConflictingAnnotationError,
@@ -22,25 +23,6 @@ from ir.sharding import (
 )
 
 M2, M3, M22, M24 = Mesh((2,)), Mesh((3,)), Mesh((2, 2)), Mesh((2, 4))
-
-
-def mlp(batch=8, features=6, hidden=10, out=4, training=False) -> ir.Function:
-    b = FunctionBuilder("mlp")
-    x = b.input("x", TensorType((batch, features), device=0))
-    w1 = b.input("w1", TensorType((features, hidden), device=0))
-    w2 = b.input("w2", TensorType((hidden, out), device=0))
-    h = b.call("MatMul", x, w1, name="h")
-    a = b.call("Relu", h, name="a")
-    y = b.call("MatMul", a, w2, name="y")
-    if not training:
-        return b.finish([y])
-    z = b.input("z", TensorType((batch,), DType.int64, device=0))
-    loss = b.call("Loss", y, z, name="l")
-    dy = b.call("LossGrad", y, z, name="dy")
-    dw2, da = b.call("MatMulGrad", a, w2, dy, name=["dw2", "da"])
-    dh = b.call("ReluGrad", h, da, name="dh")
-    dw1, _ = b.call("MatMulGrad", x, w1, dh, name=["dw1", "dx"])
-    return b.finish([loss, dw1, dw2])
 
 
 def assert_same(f: ir.Function, g: ir.Function, seed: int = 0) -> None:
