@@ -240,7 +240,7 @@ class Engine:
                     except TypeError:  # a tuple operand (Concat, Sum of a tuple)
                         ins = _leaves(ins)
                         ready = max(map(ready_of, ins)) if ins else 0.0
-                    _, cost, dev_ref, templates = prep
+                    _, cost, dev_ref, templates, size, out_ref = prep
                     where = scope[dev_ref]
                     dur = cost[2][where]
                     start = compute_free[where]
@@ -256,7 +256,7 @@ class Engine:
                     end = start + dur
                     for d in where:
                         comm_free[d] = end
-                    templates = prep[1]
+                    templates, size = prep[1], None
                 else:
                     prep[1](self, op, env, scope)
                     continue
@@ -268,6 +268,13 @@ class Engine:
                 add_cost(cost)
                 add_count(len(ins))
                 add_uses(ins)
+                if size is not None:  # the common case: one tensor result
+                    env[op.outputs[0]] = len(slot_ready)
+                    new_ready(end)
+                    new_bytes(size)
+                    new_device(scope[out_ref])
+                    new_producer(producer)
+                    continue
                 for v, template in zip(op.outputs, templates):
                     if template.__class__ is tuple:  # a tensor: (size_bytes, device ref)
                         env[v] = len(slot_ready)
@@ -368,7 +375,9 @@ class Engine:
         if dev_ref is None:
             refs = [r for v in (*op.outputs, *op.inputs) for r in _refs(v.type)]
             dev_ref = refs[0] if refs else None
-        return (_COMPUTE_KIND, cost, dev_ref, templates)
+        single = templates[0] if len(templates) == 1 and templates[0].__class__ is tuple else None
+        size, out_ref = single if single is not None else (None, None)
+        return (_COMPUTE_KIND, cost, dev_ref, templates, size, out_ref)
 
     def _durations(self, flops: float, nbytes: float) -> list[float]:
         """The time of a compute op on each device: launch + roofline (or additive)."""
