@@ -41,10 +41,9 @@ def test_newer_gpus_are_faster():
     assert flops == sorted(flops)
 
 
-def test_calibrate_cpu_is_quick_and_predicts_a_numpy_matmul():
-    t0 = time.perf_counter()
+def test_calibrate_cpu_predicts_a_numpy_matmul():
+    # How long calibration takes is a benchmark figure (docs/simulator.md), not a test.
     topology = calibrate_cpu()
-    assert time.perf_counter() - t0 < 2.0
     device = topology.devices[0]
     assert device.device_type == "cpu"
     assert device.peak_flops > 1e8 and device.mem_bandwidth_bytes_per_s > 1e8
