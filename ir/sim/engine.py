@@ -139,7 +139,8 @@ class Engine:
         self._prepared_by_type: dict[str, tuple] = {}  # structural ops
         self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
-        self._comm_cache: dict[tuple, tuple] = {}
+        self._comm_cache: dict[tuple, tuple] = {}  # by collective, size, devices, root
+        self._comm_by_op: dict[tuple, tuple] = {}  # by (op, pmap bindings) or top-level key
 
     # -- entry ----------------------------------------------------------------
 
@@ -217,9 +218,20 @@ class Engine:
                 if key is None:  # structural ops share theirs by type
                     prep = prepared_by_type.get(op.op_type)
                     if prep is None:
-                        prep = prepare(op)
-                        if prep[0] is control_kind:
-                            prepared_by_type[op.op_type] = prep
+                        # tuple-typed values (a collective): keyed by the types' identity,
+                        # which the function, alive all run, keeps from being reused
+                        key = (
+                            op.op_type,
+                            op.device,
+                            tuple([id(v.type) for v in op.inputs]),
+                            tuple([id(v.type) for v in op.outputs]),
+                            attributes_key(op) if op.attributes else (),
+                        )
+                        prep = prepared_by_key.get(key)
+                        if prep is None:
+                            prep = prepared_by_key[key] = prepare(op)
+                            if prep[0] is control_kind:
+                                prepared_by_type[op.op_type] = prep
                 else:
                     if op.attributes:
                         key.append(attributes_key(op))
@@ -251,7 +263,9 @@ class Engine:
                 elif kind is comm_kind:
                     ins = _leaves(list(map(value_of, op.inputs)))
                     ready = max(map(ready_of, ins)) if ins else 0.0
-                    where, dur, cost = self._collective(op, scope, prep)
+                    # a top-level op's key fixes its types and attributes: the comm rule's
+                    # answer too
+                    where, dur, cost = self._collective(op, scope, prep, key if top else None)
                     start = max([ready, *(comm_free[d] for d in where)])
                     end = start + dur
                     for d in where:
@@ -388,11 +402,12 @@ class Engine:
         return out
 
     def _collective(
-        self, op: Op, scope: _Scope, prep: tuple
+        self, op: Op, scope: _Scope, prep: tuple, key: tuple | None = None
     ) -> tuple[tuple[int, ...], float, tuple[float, float]]:
         opdef = prep[2]
-        key = (op, scope.key)
-        hit = self._comm_cache.get(key)
+        if key is None:
+            key = (op, scope.key)
+        hit = self._comm_by_op.get(key)
         if hit is not None:
             return hit
         in_types = tuple(scope.bind(v.type) for v in op.inputs)
@@ -410,7 +425,7 @@ class Engine:
                 raise _UnknownDeviceError(e.args[0]) from None
             dur = collective_time_s(c.kind, c.size_bytes, c.devices, self.topology, c.root)
             timing = self._comm_cache[ckey] = (participants, dur, (0.0, float(c.size_bytes)))
-        self._comm_cache[key] = timing
+        self._comm_by_op[key] = timing
         return timing
 
     def _device_error(self, op: Op, ref: Any) -> SimulationError:
