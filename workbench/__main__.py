@@ -82,7 +82,7 @@ def run_lab(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     host = "localhost" if args.ip in ("localhost", "127.0.0.1", "0.0.0.0") else args.ip
-    url = f"http://{host}:{port}/lab/tree/01_ir.ipynb" + (f"?token={token}" if token else "")
+    url = f"http://{host}:{port}/lab/tree/00_workbench.ipynb" + (f"?token={token}" if token else "")
     print(f"DistIR Workbench: JupyterLab on {notebook_dir}\n  open {url}\n  (Ctrl-C to stop)")
     sys.stdout.flush()
     proc = subprocess.Popen(cmd, env=env)

@@ -1,0 +1,25 @@
+"""The tutorials are committed as sources: no outputs, no execution counts, no widget state."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
+
+
+def test_the_tutorials_and_the_workbench_notebook_exist():
+    names = [p.name for p in NOTEBOOKS]
+    assert names[0] == "00_workbench.ipynb" and len(names) == 8
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_clean(path: Path):
+    nb = json.loads(path.read_text())
+    assert "widgets" not in nb["metadata"], "widget state is stored"
+    for i, cell in enumerate(nb["cells"]):
+        if cell["cell_type"] == "code":
+            assert cell["outputs"] == [], f"cell {i} has outputs"
+            assert cell["execution_count"] is None, f"cell {i} has an execution count"
