@@ -38,6 +38,9 @@ setup_python() {
 setup() {
     setup_system
     setup_python
+    # Tools that look up commands on PATH (jupyter, nbval's kernels) find the venv's first.
+    export PATH="$VENV/bin:$PATH"
+    export VIRTUAL_ENV="$VENV"
 }
 
 case "${1:-}" in

@@ -43,16 +43,17 @@ def lab_command(
     """The ``jupyter lab`` command line ``python -m workbench lab`` runs.
 
     >>> cmd = lab_command(port=8899, token="", notebook_dir=Path("nb"), as_root=True)
-    >>> cmd[1:4], "--allow-root" in cmd, "--IdentityProvider.token=" in cmd
-    (['-m', 'jupyter', 'lab'], True, True)
+    >>> cmd[1:3], "--allow-root" in cmd, "--IdentityProvider.token=" in cmd
+    (['-m', 'jupyterlab'], True, True)
     """
     if as_root is None:
         as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    # `python -m jupyterlab`, not `jupyter lab`: the latter runs whichever `jupyter-lab`
+    # comes first on PATH, which need not belong to this interpreter's environment.
     cmd = [
         sys.executable,
         "-m",
-        "jupyter",
-        "lab",
+        "jupyterlab",
         f"--notebook-dir={notebook_dir}",
         f"--ServerApp.ip={ip}",
         f"--ServerApp.port={port}",

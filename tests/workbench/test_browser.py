@@ -86,8 +86,7 @@ def lab(tmp_path: Path) -> Iterator[tuple[str, str]]:
     cmd = [
         sys.executable,
         "-m",
-        "jupyter",
-        "lab",
+        "jupyterlab",  # this environment's JupyterLab, whatever PATH says
         "--no-browser",
         "--allow-root",
         f"--port={port}",
