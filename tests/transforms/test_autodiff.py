@@ -17,14 +17,7 @@ F64 = DType.float64
 
 
 def mlp_inputs(f: ir.Function, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    out = {}
-    for v in f.inputs:
-        if v.type.dtype.is_float:
-            out[v.name] = rng.standard_normal(v.type.shape)
-        else:
-            out[v.name] = rng.integers(0, C, v.type.shape)
-    return out
+    return float64_inputs(f, seed=seed, classes=C)
 
 
 def softmax_xent(y: np.ndarray, labels: np.ndarray) -> tuple[float, np.ndarray]:
