@@ -17,7 +17,7 @@ from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
 from . import _factors as fx
 from ._common import memory_cost, tensor
 from ._examples import ctx, t
-from .p2p import MESH, MESH_DEVICES, PLACEMENTS, check_layout, mesh_attrs, scaled_layout_examples
+from .p2p import MESH, MESH_DEVICES, PLACEMENTS, check_layout, layout_contexts, mesh_attrs
 
 
 def _annotate_types(c: TypeContext):
@@ -38,11 +38,7 @@ register_op(
         attributes=(MESH, MESH_DEVICES, PLACEMENTS),
         kind=OpKind.CONTROL,
         doc="x unchanged, annotated with a layout (mesh, devices, placements) for propagation.",
-        extra={
-            "examples": lambda s: [
-                ctx(x, mesh=m, devices=d, placements=p) for x, m, d, p in scaled_layout_examples(s)
-            ]
-        },
+        extra={"examples": layout_contexts},
     )
 )
 

@@ -235,6 +235,11 @@ def scaled_layout_examples(s: int):
     ]
 
 
+def layout_contexts(s: int) -> list:
+    """Registry-walk examples for an op on one tensor and a layout (mesh, devices, placements)."""
+    return [ctx(x, mesh=m, devices=d, placements=p) for x, m, d, p in scaled_layout_examples(s)]
+
+
 register_op(
     OpDef(
         name="Shard",
@@ -246,11 +251,7 @@ register_op(
         attributes=(MESH, MESH_DEVICES, PLACEMENTS),
         kind=OpKind.COMMUNICATION,
         doc="Distribute x onto a device mesh by a layout; a tuple of blocks in device order.",
-        extra={
-            "examples": lambda s: [
-                ctx(x, mesh=m, devices=d, placements=p) for x, m, d, p in scaled_layout_examples(s)
-            ]
-        },
+        extra={"examples": layout_contexts},
     )
 )
 
