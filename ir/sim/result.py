@@ -45,6 +45,26 @@ class Event:
         return describe_op(self.op)
 
 
+@dataclass(frozen=True)
+class Bars:
+    """Every event as columns (what plots read): bar ``i`` is ``ops[i]`` on ``device[i]``.
+
+    The same rows as :attr:`SimResult.events`, in the same order, without an
+    object per event. ``stream`` is 0 for compute and 1 for communication.
+    """
+
+    ops: tuple[Op, ...]
+    device: np.ndarray  # int64 device ids
+    stream: np.ndarray  # int8: 0 compute, 1 communication
+    start_s: np.ndarray
+    dur_s: np.ndarray
+    flops: np.ndarray
+    bytes: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+
 class SimResult:
     """The simulated step of one program on one topology.
 
@@ -123,6 +143,38 @@ class SimResult:
                         )
                     )
         return out
+
+    @cached_property
+    def bars(self) -> Bars:
+        """The events as numpy columns (see :class:`Bars`); cheaper than :attr:`events`."""
+        e = self._e
+        ops: list[Op] = []
+        where_of: list[int] = []
+        index: list[int] = []  # the instance of each bar
+        for i, (op, where) in enumerate(zip(e.inst_op, e.inst_where)):
+            if where.__class__ is int:
+                ops.append(op)
+                where_of.append(where)
+                index.append(i)
+            else:
+                ops.extend([op] * len(where))
+                where_of.extend(where)
+                index.extend([i] * len(where))
+        rows = np.asarray(index, dtype=np.int64)
+        compute = np.fromiter(
+            (w.__class__ is int for w in e.inst_where), dtype=bool, count=len(e.inst_where)
+        )[rows]
+        cost = np.asarray([c[:2] for c in e.inst_cost], dtype=np.float64).reshape(-1, 2)[rows]
+        ids = np.asarray(self.topology.device_ids, dtype=np.int64)
+        return Bars(
+            ops=tuple(ops),
+            device=ids[np.asarray(where_of, dtype=np.int64)],
+            stream=(~compute).astype(np.int8),
+            start_s=self._start[rows],
+            dur_s=self._dur[rows],
+            flops=np.where(compute, cost[:, 0], 0.0),
+            bytes=cost[:, 1],
+        )
 
     def events_on(self, device: int, stream: str | None = None) -> list[Event]:
         """The events of one device (optionally one stream), by start time."""
