@@ -8,11 +8,12 @@ tested without a browser; the widgets only display them and report clicks.
 from __future__ import annotations
 
 from .compare import compare_figure
-from .gantt import connect_clicks, gantt_figure, gantt_widget, op_id_at
+from .gantt import bar_numbers, connect_clicks, gantt_figure, gantt_spec, gantt_widget, op_id_at
 from .graph import GraphOptions, LegendEntry, RenderedGraph, legend_html, render_graph
 from .graph_widget import GraphView, Selection
 from .ids import op_id, op_paths, shape_label, value_names
-from .memory import memory_figure
+from .live import live_figure, show
+from .memory import memory_figure, memory_spec
 from .palette import device_color
 from .static_html import (
     compare_page,
@@ -33,6 +34,7 @@ __all__ = [
     "LegendEntry",
     "RenderedGraph",
     "Selection",
+    "bar_numbers",
     "compare_figure",
     "compare_page",
     "connect_clicks",
@@ -40,12 +42,15 @@ __all__ = [
     "figure_html",
     "gantt_figure",
     "gantt_page",
+    "gantt_spec",
     "gantt_widget",
     "graph_html",
     "graph_page",
     "legend_html",
+    "live_figure",
     "memory_figure",
     "memory_page",
+    "memory_spec",
     "op_id",
     "op_id_at",
     "op_paths",
@@ -53,5 +58,6 @@ __all__ = [
     "render_graph",
     "report_page",
     "shape_label",
+    "show",
     "value_names",
 ]

@@ -75,8 +75,15 @@ def compare_figure(
             end_s=end_s,
         ):
             fig.add_trace(trace, row=3, col=1)
-    fig.update_yaxes(categoryorder="array", categoryarray=rows_a[::-1], row=1, col=1)
-    fig.update_yaxes(categoryorder="array", categoryarray=rows_b[::-1], row=2, col=1)
+    for row, rows in ((1, rows_a), (2, rows_b)):
+        fig.update_yaxes(
+            tickmode="array",
+            tickvals=list(range(len(rows))),
+            ticktext=rows,
+            autorange="reversed",
+            row=row,
+            col=1,
+        )
     capacity = min(r.topology.device(d).memory_bytes for r in (a, b) for d in r.devices)
     top = y_top_bytes(peak, capacity) * 1.15 / b_unit[1]
     fig.update_yaxes(title_text=b_unit[0], range=[0, top], row=3, col=1)

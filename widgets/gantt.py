@@ -8,6 +8,7 @@ view) so a click can select the op in the graph.
 
 from __future__ import annotations
 
+import base64
 import html
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -18,7 +19,8 @@ import plotly.graph_objects as go
 from ir.function import Function
 from ir.op import Op
 
-from .ids import op_id, op_paths, shape_label
+from .ids import op_paths, shape_label
+from .live import TEMPLATE, live_figure
 from .palette import COMMUNICATION_BAR, COMPUTE_BAR, IDLE_BAR
 from .units import format_time, time_unit
 
@@ -27,25 +29,19 @@ if TYPE_CHECKING:
 
 STREAMS = ("compute", "communication")
 # customdata columns of every bar: numbers, formatted by the browser (d3 SI prefixes)
-START_S, DUR_S, FLOPS, BYTES = range(4)
+START_S, DUR_S, FLOPS, BYTES, DEVICE = range(5)
 _HOVER = (
     "%{hovertext}<br>start %{customdata[0]:.4s}s, duration %{customdata[1]:.4s}s"
-    "<br>%{customdata[2]:.3s}FLOP, %{customdata[3]:.3s}B<extra>%{y}</extra>"
+    "<br>%{customdata[2]:.3s}FLOP, %{customdata[3]:.3s}B"
 )
-_IDLE_HOVER = "idle from %{customdata[0]:.4s}s for %{customdata[1]:.4s}s<extra>%{y}</extra>"
+_IDLE_HOVER = "idle from %{customdata[0]:.4s}s for %{customdata[1]:.4s}s"
+_STREAM_LABEL = {"compute": "compute", "communication": "comm", "idle": "compute"}
 _KIND_COLOR = {"compute": COMPUTE_BAR, "communication": COMMUNICATION_BAR, "idle": IDLE_BAR}
 
 
 def row_label(device: int, stream: str, prefix: str = "") -> str:
     """The y-axis label of one device's stream: ``dev 3 · compute``."""
-    return f"{prefix}dev {device} · {'comm' if stream == 'communication' else stream}"
-
-
-def op_shapes(op: Op) -> str:
-    """``8×4, 4×3 → 8×3``: operand and result shapes of an op."""
-    ins = ", ".join(shape_label(v.type) for v in op.inputs)
-    outs = ", ".join(shape_label(v.type) for v in op.outputs)
-    return f"{ins} → {outs}"
+    return f"{prefix}dev {device} · {_STREAM_LABEL[stream]}"
 
 
 def gantt_traces(
@@ -56,81 +52,88 @@ def gantt_traces(
     prefix: str = "",
     showlegend: bool = True,
 ) -> tuple[list[dict[str, Any]], list[str]]:
-    """The bar traces (plotly trace dicts: one per device and stream, plus idle per
-    device) and the row labels.
+    """The bar traces (plotly trace dicts) and the row labels.
 
-    Rows run device by device, compute above communication. Times are divided
-    by ``unit[1]`` (default: the unit that suits the step time).
+    Three traces, always in this order and always present (possibly empty), so a
+    live figure can update them in place: compute bars, communication bars and
+    idle gaps; each bar's row is its ``y``. Rows run device by device, compute
+    above communication; idle gaps sit on the compute row. Times are divided by
+    ``unit[1]`` (default: the unit that suits the step time). Each trace's
+    ``meta`` holds its kind and the op id of every bar (``""`` for idle gaps).
     """
     unit = unit or time_unit(result.step_time_s)
-    paths = op_paths(function) if function is not None else {}
-    by_row: dict[tuple[int, str], list[Any]] = {}
-    for ev in result.events:
-        by_row.setdefault((ev.device, ev.stream), []).append(ev)
-    described: dict[Op, tuple[str, str]] = {}  # an op runs on many devices: describe once
-    shapes: dict[tuple, str] = {}  # per-device copies of an op share their shapes
-    rows: list[str] = []
-    traces: list[dict[str, Any]] = []
-    shown: set[str] = set()
-    for device in result.devices:
-        busy: list[tuple[float, float]] = []
-        for stream in STREAMS:
-            events = sorted(by_row.get((device, stream), []), key=lambda ev: ev.start_s)
-            row = row_label(device, stream, prefix)
-            rows.append(row)
-            if events:
-                kind = "compute" if stream == "compute" else "communication"
-                numbers = np.array([(ev.start_s, ev.dur_s, ev.flops, ev.bytes) for ev in events])
-                busy += zip(numbers[:, 0].tolist(), numbers[:, :2].sum(axis=1).tolist())
-                texts = [
-                    described[ev.op]
-                    if ev.op in described
-                    else _describe(ev.op, paths, described, shapes)
-                    for ev in events
-                ]
-                traces.append(_bars(row, kind, numbers, texts, unit, showlegend, shown))
-        gaps = _gaps(busy, result.step_time_s)
-        if gaps:
-            numbers = np.array([(lo, hi - lo, 0.0, 0.0) for lo, hi in gaps])
-            row = row_label(device, "compute", prefix)
-            texts = [("", "idle")] * len(gaps)
-            traces.append(_bars(row, "idle", numbers, texts, unit, showlegend, shown))
+    bars = result.bars
+    rows = [row_label(d, s, prefix) for d in result.devices for s in STREAMS]
+    position = {d: 2 * i for i, d in enumerate(result.devices)}
+    row_of_bar = (
+        np.fromiter((position[d] for d in bars.device.tolist()), dtype=np.int64, count=len(bars))
+        + bars.stream
+    )
+    texts = _op_texts(bars.ops, op_paths(function) if function is not None else {})
+    numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
+    traces = []
+    for stream, kind in enumerate(STREAMS):
+        (idx,) = np.nonzero(bars.stream == stream)
+        described = [texts[bars.ops[i]] for i in idx.tolist()]
+        traces.append(_bars(row_of_bar[idx], kind, numbers[idx], described, unit, prefix))
+    idle_rows, idle_numbers = [], []
+    for d in result.devices:
+        mine = bars.device == d
+        for lo, hi in _gaps(bars.start_s[mine], bars.start_s[mine] + bars.dur_s[mine], result):
+            idle_rows.append(position[d])
+            idle_numbers.append((lo, hi - lo, 0.0, 0.0, d))
+    numbers = np.array(idle_numbers, dtype=np.float64).reshape(-1, 5)
+    idle = [("", "idle")] * len(numbers)
+    traces.append(_bars(np.array(idle_rows, dtype=np.int64), "idle", numbers, idle, unit, prefix))
+    for trace in traces:
+        trace["showlegend"] = showlegend
     return traces, rows
 
 
-def _describe(
-    op: Op,
-    paths: dict[Op, str],
-    described: dict[Op, tuple[str, str]],
-    shapes: dict[tuple, str],
-) -> tuple[str, str]:
-    """(op id, hover text) of an op."""
-    if op not in described:
+def _op_texts(ops: tuple[Op, ...], paths: dict[Op, str]) -> dict[Op, tuple[str, str]]:
+    """(op id, hover text) of every distinct op; per-device copies share shape labels."""
+    labels: dict[int, str] = {}  # id(type) -> label: ops share their type objects
+    shapes: dict[tuple[int, ...], str] = {}
+    texts: dict[Op, tuple[str, str]] = {}
+    for op in dict.fromkeys(ops):
+        types = [v.type for v in op.inputs] + [v.type for v in op.outputs]
+        key = (len(op.inputs), *map(id, types))
+        shape = shapes.get(key)
+        if shape is None:
+            for t in types:
+                if id(t) not in labels:
+                    labels[id(t)] = shape_label(t)
+            k = len(op.inputs)
+            shape = shapes[key] = (
+                ", ".join(labels[id(t)] for t in types[:k])
+                + " → "
+                + ", ".join(labels[id(t)] for t in types[k:])
+            )
         path = paths.get(op)
-        outs = ", ".join(v.name for v in op.outputs)
-        key = (tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs))
-        if key not in shapes:
-            shapes[key] = op_shapes(op)
-        described[op] = (
-            op_id(path) if path is not None else "",
-            f"<b>{html.escape(op.op_type)} → {html.escape(outs)}</b><br>{shapes[key]}",
+        outs = ", ".join(v.name for v in op.outputs).translate(_ESCAPE)
+        texts[op] = (
+            "" if path is None else f"op-{path}",  # ids.op_id, inlined: thousands of calls
+            f"<b>{op.op_type} → {outs}</b><br>{shape}",  # op types are registry identifiers
         )
-    return described[op]
+    return texts
 
 
-def _bars(row, kind, numbers, texts, unit, showlegend, shown) -> dict[str, Any]:
-    # a plain dict of numeric numpy arrays: plotly validates and copies it in bulk
-    bar = dict(
+_ESCAPE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})
+
+
+def _bars(y, kind, numbers, texts, unit, prefix) -> dict[str, Any]:
+    # Only numeric arrays and one string array per trace: numeric arrays travel to
+    # the browser as binary buffers; every string list is walked item by item.
+    where = f"<extra>{html.escape(prefix)}dev %{{customdata[{DEVICE}]}} · {_STREAM_LABEL[kind]}"
+    return dict(
         type="bar",
         orientation="h",
-        # fixed-width string arrays, not lists or object arrays: plotly and the widget
-        # deep-copy the traces several times, and copying these is one memcpy
-        y=np.full(len(numbers), row),
+        y=y,
         base=numbers[:, 0] / unit[1],
         x=numbers[:, 1] / unit[1],
-        customdata=numbers,
-        hovertext=np.array([text for _, text in texts]),
-        hovertemplate=_HOVER if kind != "idle" else _IDLE_HOVER,
+        customdata=typed_array(numbers),
+        hovertext=np.array([text for _, text in texts], dtype=str),
+        hovertemplate=(_HOVER if kind != "idle" else _IDLE_HOVER) + where + "</extra>",
         marker={
             "color": _KIND_COLOR[kind],
             "line": {"width": 0.5, "color": "#ffffff"},
@@ -138,60 +141,103 @@ def _bars(row, kind, numbers, texts, unit, showlegend, shown) -> dict[str, Any]:
         },
         name=kind,
         legendgroup=kind,
-        showlegend=showlegend and kind not in shown,
-        meta={"kind": kind, "row": row, "op_ids": [op for op, _ in texts]},
+        # one string, not a list of thousands: see op_id_at
+        meta={"kind": kind, "op_ids": "\n".join(op for op, _ in texts)},
     )
-    shown.add(kind)
-    return bar
+
+
+def typed_array(array: np.ndarray) -> dict[str, str]:
+    """A float64 array as plotly.js's typed-array spec (base64, with its shape).
+
+    Plotly sends a 2-D numpy array to a live widget as nested lists (thousands of
+    small lists to walk and encode); this is one string.
+    """
+    array = np.ascontiguousarray(array, dtype="<f8")
+    spec = {"dtype": "f8", "bdata": base64.b64encode(array.tobytes()).decode("ascii")}
+    if array.ndim > 1:
+        spec["shape"] = ", ".join(map(str, array.shape))
+    return spec
+
+
+def bar_numbers(trace: Any) -> np.ndarray:
+    """The ``customdata`` of a Gantt trace as an ``(n, 5)`` array (see :data:`START_S`)."""
+    data = trace["customdata"] if isinstance(trace, dict) else trace.customdata
+    if isinstance(data, dict):
+        flat = np.frombuffer(base64.b64decode(data["bdata"]), dtype="<f8")
+        return flat.reshape(-1, DEVICE + 1)
+    return np.asarray(data, dtype=np.float64).reshape(-1, DEVICE + 1)
 
 
 def idle_intervals(result: SimResult, device: int) -> list[tuple[float, float]]:
     """Gaps in the step when ``device`` has neither compute nor communication running."""
-    spans = [(ev.start_s, ev.start_s + ev.dur_s) for ev in result.events_on(device)]
-    return _gaps(spans, result.step_time_s)
+    bars = result.bars
+    mine = bars.device == device
+    return _gaps(bars.start_s[mine], bars.start_s[mine] + bars.dur_s[mine], result)
 
 
-def _gaps(spans: list[tuple[float, float]], step_time_s: float) -> list[tuple[float, float]]:
-    spans = sorted(spans)
-    gaps: list[tuple[float, float]] = []
-    reach = 0.0
-    for lo, hi in spans:
-        if lo > reach:
-            gaps.append((reach, lo))
-        reach = max(reach, hi)
-    if step_time_s > reach:
-        gaps.append((reach, step_time_s))
-    tiny = 1e-9 * max(step_time_s, 1e-30)
-    return [(lo, hi) for lo, hi in gaps if hi - lo > tiny]
+def _gaps(lo: np.ndarray, hi: np.ndarray, result: SimResult) -> list[tuple[float, float]]:
+    """The gaps in [0, step time] that no ``[lo, hi)`` span covers."""
+    step_s = result.step_time_s
+    order = np.argsort(lo, kind="stable")
+    lo, hi = lo[order], hi[order]
+    # reach[k]: covered up to, before span k (the last: after every span)
+    starts = np.maximum.accumulate(np.concatenate([[0.0], hi]))
+    ends = np.concatenate([lo, [step_s]])
+    tiny = 1e-9 * max(step_s, 1e-30)
+    keep = ends - starts > tiny
+    return list(zip(starts[keep].tolist(), ends[keep].tolist()))
 
 
 def gantt_figure(
     result: SimResult, function: Function | None = None, *, title: str | None = None
 ) -> go.Figure:
     """The Gantt chart of a simulated step; pass ``function`` so bars know their op ids."""
+    traces, layout = gantt_spec(result, function, title=title)
+    return go.Figure(data=traces, layout={**layout, "template": TEMPLATE})
+
+
+def gantt_spec(
+    result: SimResult, function: Function | None = None, *, title: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The Gantt chart as plain plotly dicts (traces, layout without a template).
+
+    What :func:`gantt_figure` wraps, and what a live widget updates itself from
+    (:func:`widgets.live.show`) without building a Figure first.
+    """
     unit = time_unit(result.step_time_s)
     traces, rows = gantt_traces(result, function, unit=unit)
-    fig = go.Figure(traces)
-    fig.update_layout(
-        barmode="overlay",
-        title=title or f"step {format_time(result.step_time_s)} on {len(result.devices)} devices",
-        xaxis={"title": f"time ({unit[0]})", "range": [0, result.step_time_s / unit[1] * 1.01]},
-        yaxis={"categoryorder": "array", "categoryarray": rows[::-1], "title": None},
-        height=max(220, 60 + 28 * len(rows)),
-        margin={"l": 10, "r": 10, "t": 40, "b": 40},
-        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
-        hoverlabel={"align": "left"},
-        template="plotly_white",
-    )
-    return fig
+    layout = {
+        "barmode": "overlay",
+        "title": {
+            "text": title
+            or f"step {format_time(result.step_time_s)} on {len(result.devices)} devices"
+        },
+        "xaxis": {
+            "title": {"text": f"time ({unit[0]})"},
+            "range": [0, result.step_time_s / unit[1] * 1.01],
+        },
+        "yaxis": {
+            "tickmode": "array",
+            "tickvals": list(range(len(rows))),
+            "ticktext": rows,
+            "autorange": "reversed",
+            "title": {"text": None},
+        },
+        "height": max(220, 60 + 28 * len(rows)),
+        "margin": {"l": 10, "r": 10, "t": 40, "b": 40},
+        "legend": {"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
+        "hoverlabel": {"align": "left"},
+    }
+    return traces, layout
 
 
 def op_id_at(figure: go.Figure, trace_index: int, point_index: int) -> str | None:
     """The op id of one bar (what a click reports), or None for idle gaps and unknown ops."""
     meta = figure.data[trace_index].meta
-    if not meta or "op_ids" not in meta:
+    if not isinstance(meta, dict) or not meta.get("op_ids"):
         return None
-    return meta["op_ids"][point_index] or None
+    ids = meta["op_ids"].split("\n")  # newline-separated, one per bar
+    return ids[point_index] or None if point_index < len(ids) else None
 
 
 def gantt_widget(
@@ -205,7 +251,7 @@ def gantt_widget(
 
     Pass ``graph_view.select`` as ``on_select`` to select the op in a GraphView.
     """
-    widget = go.FigureWidget(gantt_figure(result, function, title=title))
+    widget = live_figure(*gantt_spec(result, function, title=title))
     if on_select is not None:
         connect_clicks(widget, on_select)
     return widget

@@ -7,13 +7,14 @@ capacity drawn thick and red with the op that ran out of memory named.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import plotly.graph_objects as go
 
 from ir.verify import describe_op
 
+from .live import TEMPLATE
 from .palette import OOM_COLOR, device_color
 from .units import byte_unit, format_bytes, format_time, time_unit
 
@@ -31,7 +32,7 @@ def memory_traces(
     prefix: str = "",
     dash: str = "solid",
     end_s: float | None = None,
-) -> list[go.Scatter]:
+) -> list[dict[str, Any]]:
     """Curve, peak marker and (if any) out-of-memory segment per device, and capacity lines.
 
     Only the highest peak is labelled in text (the others on hover); capacity
@@ -41,7 +42,7 @@ def memory_traces(
     """
     t_name, t_size = time_unit_ or time_unit(result.step_time_s)
     b_name, b_size = bytes_unit or byte_unit(max(result.peak_memory_bytes.values(), default=1))
-    traces: list[go.Scatter] = []
+    traces: list[dict[str, Any]] = []
     highest = max(result.devices, key=lambda d: result.peak_memory_bytes[d], default=None)
     capacities: dict[float, list[int]] = {}
     for device in result.devices:
@@ -50,7 +51,8 @@ def memory_traces(
         capacity = result.topology.device(device).memory_bytes
         capacities.setdefault(capacity, []).append(device)
         traces.append(
-            go.Scatter(
+            dict(
+                type="scatter",
                 x=times / t_size,
                 y=live / b_size,
                 mode="lines",
@@ -65,7 +67,8 @@ def memory_traces(
         peak = result.peak_memory_bytes[device]
         at = float(times[int(np.argmax(live))]) if len(live) else 0.0
         traces.append(
-            go.Scatter(
+            dict(
+                type="scatter",
                 x=[at / t_size],
                 y=[peak / b_size],
                 mode="markers+text",
@@ -83,7 +86,8 @@ def memory_traces(
         if op is not None:
             over = np.where(live > capacity, live, np.nan)
             traces.append(
-                go.Scatter(
+                dict(
+                    type="scatter",
                     x=times / t_size,
                     y=over / b_size,
                     mode="lines",
@@ -97,7 +101,8 @@ def memory_traces(
     for capacity, devices in capacities.items():
         who = "" if len(capacities) == 1 else f" (devices {', '.join(map(str, devices))})"
         traces.append(
-            go.Scatter(
+            dict(
+                type="scatter",
                 x=[0, (end_s if end_s is not None else result.step_time_s) / t_size],
                 y=[capacity / b_size] * 2,
                 mode="lines",
@@ -120,22 +125,32 @@ def y_top_bytes(peak_bytes: float, capacity_bytes: float) -> float:
 
 def memory_figure(result: SimResult, *, title: str | None = None) -> go.Figure:
     """Live bytes per device over the step, with peaks, capacity and out-of-memory marked."""
+    traces, layout = memory_spec(result, title=title)
+    return go.Figure(data=traces, layout={**layout, "template": TEMPLATE})
+
+
+def memory_spec(
+    result: SimResult, *, title: str | None = None
+) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """The memory view as plain plotly dicts (traces, layout without a template)."""
     t_unit = time_unit(result.step_time_s)
     peak = max(result.peak_memory_bytes.values(), default=0.0)
     b_unit = byte_unit(peak or 1)
-    fig = go.Figure(memory_traces(result, time_unit_=t_unit, bytes_unit=b_unit))
+    traces = memory_traces(result, time_unit_=t_unit, bytes_unit=b_unit)
     capacity = min(result.topology.device(d).memory_bytes for d in result.devices)
     top = y_top_bytes(peak, capacity)
     ooms = [d for d, op in result.oom.items() if op is not None]
     default = f"peak {format_bytes(peak)}" + (f"; out of memory on devices {ooms}" if ooms else "")
     if capacity > CAPACITY_OFF_SCALE * peak:
         default += f" (capacity {format_bytes(capacity)} is above the plot)"
-    fig.update_layout(
-        title=title or default,
-        xaxis={"title": f"time ({t_unit[0]})"},
-        yaxis={"title": f"live memory ({b_unit[0]})", "range": [0, 1.15 * top / b_unit[1]]},
-        height=360,
-        margin={"l": 10, "r": 10, "t": 40, "b": 40},
-        template="plotly_white",
-    )
-    return fig
+    layout = {
+        "title": {"text": title or default},
+        "xaxis": {"title": {"text": f"time ({t_unit[0]})"}},
+        "yaxis": {
+            "title": {"text": f"live memory ({b_unit[0]})"},
+            "range": [0, 1.15 * top / b_unit[1]],
+        },
+        "height": 360,
+        "margin": {"l": 10, "r": 10, "t": 40, "b": 40},
+    }
+    return traces, layout

@@ -32,8 +32,10 @@ from widgets import (
     gantt_figure,
     memory_figure,
 )
-from widgets.gantt import connect_clicks
+from widgets.gantt import connect_clicks, gantt_spec
 from widgets.graph import render_graph
+from widgets.live import live_figure, show
+from widgets.memory import memory_spec
 from widgets.units import format_bytes, format_time
 
 from .editor import ShardingEditor
@@ -249,12 +251,20 @@ class Workbench(w.VBox):
         except Exception as e:  # the other views must still show the new state
             self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         drawn = time.perf_counter()
-        self.gantt = _live(gantt_figure(d.result, d.function))
-        connect_clicks(self.gantt, self._on_gantt_select)
+        gantt = gantt_spec(d.result, d.function)
+        if self.gantt is None:
+            self.gantt = live_figure(*gantt)
+            connect_clicks(self.gantt, self._on_gantt_select)
+            self.gantt_box.children = [self.gantt]
+        elif not show(self.gantt, *gantt):
+            connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
         gantt_done = time.perf_counter()
-        self.memory = _live(memory_figure(d.result))
-        self.gantt_box.children = [self.gantt]
-        self.memory_box.children = [self.memory]
+        memory = memory_spec(d.result)
+        if self.memory is None:
+            self.memory = live_figure(*memory)
+            self.memory_box.children = [self.memory]
+        else:
+            show(self.memory, *memory)
         figures_done = time.perf_counter()
         self.redraw_s = {
             "graph": drawn - start,
@@ -375,11 +385,6 @@ class Workbench(w.VBox):
             microbatches=self.microbatches.value,
             schedule=self.schedule.value,
         )
-
-
-def _live(figure: go.Figure) -> go.FigureWidget:
-    """The figure as a live widget (clicks reach Python)."""
-    return go.FigureWidget(figure)
 
 
 def _short(annotation: Annotation) -> str:

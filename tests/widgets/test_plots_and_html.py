@@ -12,7 +12,17 @@ import pytest
 
 import ir
 from widgets.compare import compare_figure
-from widgets.gantt import BYTES, DUR_S, FLOPS, START_S, gantt_figure, gantt_widget, op_id_at
+from widgets.gantt import (
+    BYTES,
+    DEVICE,
+    DUR_S,
+    FLOPS,
+    START_S,
+    bar_numbers,
+    gantt_figure,
+    gantt_widget,
+    op_id_at,
+)
 from widgets.graph import render_graph
 from widgets.ids import op_paths
 from widgets.memory import memory_figure
@@ -38,68 +48,75 @@ def pipeline():
     return f, ir.simulate(f, ir.Topology.uniform(3))
 
 
-def _bars(fig: go.Figure, kind: str) -> list[go.Bar]:
-    return [t for t in fig.data if t.meta and t.meta["kind"] == kind]
+def _bars(fig: go.Figure, kind: str) -> go.Bar:
+    (trace,) = [t for t in fig.data if t.meta and t.meta["kind"] == kind]
+    return trace
+
+
+def _rows_of(fig: go.Figure, trace: go.Bar) -> list[str]:
+    labels = list(fig.layout.yaxis.ticktext)
+    assert list(fig.layout.yaxis.tickvals) == list(range(len(labels)))
+    return [labels[int(y)] for y in trace.y]
 
 
 def test_gantt_has_a_row_per_device_and_stream(dp):
     f, result = dp
     fig = gantt_figure(result, f)
-    rows = list(fig.layout.yaxis.categoryarray)[::-1]
+    rows = list(fig.layout.yaxis.ticktext)
     assert rows == [f"dev {d} · {s}" for d in result.devices for s in ("compute", "comm")]
-    for t in fig.data:
-        assert len(set(t.y)) == 1  # one trace per device and stream (idle: per device)
+    assert fig.layout.yaxis.autorange == "reversed"  # device 0 on top
+    # three traces, always, so that a live figure updates them in place
+    assert [t.meta["kind"] for t in fig.data] == ["compute", "communication", "idle"]
     compute = _bars(fig, "compute")
-    assert {t.y[0] for t in compute} == {"dev 1 · compute", "dev 2 · compute", "dev 3 · compute"}
+    assert set(_rows_of(fig, compute)) == {"dev 1 · compute", "dev 2 · compute", "dev 3 · compute"}
     events = [ev for ev in result.events if ev.stream == "compute"]
-    assert sum(len(t.x) for t in compute) == len(events) == 6  # MatMul, Relu on 3 devices
+    assert len(compute.x) == len(events) == 6  # MatMul, Relu on 3 devices
     comm = _bars(fig, "communication")
-    assert sum(len(t.x) for t in comm) == sum(ev.stream == "communication" for ev in result.events)
-    colors = {
-        kind: {t.marker.color for t in _bars(fig, kind)}
-        for kind in ("compute", "communication", "idle")
-    }
-    assert all(len(c) == 1 for c in colors.values())
-    assert len(set.union(*colors.values())) == 3  # compute, communication and idle differ
+    assert set(_rows_of(fig, comm)) <= {r for r in rows if r.endswith("comm")}
+    assert len(comm.x) == sum(ev.stream == "communication" for ev in result.events)
+    assert set(_rows_of(fig, _bars(fig, "idle"))) <= {r for r in rows if r.endswith("compute")}
+    colors = {kind: _bars(fig, kind).marker.color for kind in ("compute", "communication", "idle")}
+    assert len(set(colors.values())) == 3  # compute, communication and idle differ
 
 
 def test_gantt_bars_match_events_and_report_op_ids(dp):
     f, result = dp
     fig = gantt_figure(result, f)
     paths = op_paths(f)
-    (dev1,) = [
-        i
-        for i, t in enumerate(fig.data)
-        if t.meta["row"] == "dev 1 · compute" and t.meta["kind"] == "compute"
-    ]
-    bar = fig.data[dev1]
+    compute = _bars(fig, "compute")
+    trace = list(fig.data).index(compute)
+    mine = [i for i, row in enumerate(_rows_of(fig, compute)) if row == "dev 1 · compute"]
     evs = result.events_on(1, "compute")
     scale = 1e-6  # µs: the step is microseconds long
     assert fig.layout.xaxis.title.text == "time (µs)"
-    np.testing.assert_allclose(np.array(bar.base, dtype=float) * scale, [e.start_s for e in evs])
-    np.testing.assert_allclose(np.array(bar.x) * scale, [e.dur_s for e in evs])
-    assert [op_id_at(fig, dev1, i) for i in range(len(evs))] == [f"op-{paths[e.op]}" for e in evs]
-    assert bar.meta["op_ids"] == ["op-2.0", "op-2.1"]
-    hover = bar.hovertemplate
-    assert all(f"customdata[{k}]" in hover for k in (START_S, DUR_S, FLOPS, BYTES))
+    np.testing.assert_allclose(
+        np.array(compute.base, dtype=float)[mine] * scale, [e.start_s for e in evs]
+    )
+    np.testing.assert_allclose(np.array(compute.x)[mine] * scale, [e.dur_s for e in evs])
+    assert [op_id_at(fig, trace, i) for i in mine] == [f"op-{paths[e.op]}" for e in evs]
+    assert [op_id_at(fig, trace, i) for i in mine] == ["op-2.0", "op-2.1"]
+    hover = compute.hovertemplate
+    assert all(f"customdata[{k}]" in hover for k in (START_S, DUR_S, FLOPS, BYTES, DEVICE))
     assert "%{hovertext}" in hover
-    assert "MatMul → ai" in bar.hovertext[0] and "16×4, 4×3 → 16×3" in bar.hovertext[0]
+    text = compute.hovertext[mine[0]]
+    assert "MatMul → ai" in text and "16×4, 4×3 → 16×3" in text
+    numbers = bar_numbers(compute)
     matmul = evs[0]
     np.testing.assert_allclose(
-        np.array(bar.customdata[0], dtype=float),
-        [matmul.start_s, matmul.dur_s, matmul.flops, matmul.bytes],
+        numbers[mine[0]], [matmul.start_s, matmul.dur_s, matmul.flops, matmul.bytes, 1]
     )
     assert matmul.flops == 2 * 16 * 4 * 3 and matmul.bytes > 0
-    idle = _bars(fig, "idle")
-    assert idle and all(op_id_at(fig, list(fig.data).index(t), 0) is None for t in idle)
+    idle = list(fig.data).index(_bars(fig, "idle"))
+    assert len(fig.data[idle].x) > 0 and op_id_at(fig, idle, 0) is None
 
 
 def test_gantt_idle_fills_the_gaps(pipeline):
     f, result = pipeline
     fig = gantt_figure(result, f)
+    idle = _bars(fig, "idle")
+    rows = _rows_of(fig, idle)
     for d in result.devices:
-        idle = [t for t in _bars(fig, "idle") if t.y[0] == f"dev {d} · compute"]
-        total = sum(sum(t.x) for t in idle) * 1e-6
+        total = sum(x for x, row in zip(idle.x, rows) if row == f"dev {d} · compute") * 1e-6
         assert total == pytest.approx(result.idle_s[d], rel=1e-6, abs=1e-15)
 
 
@@ -155,10 +172,14 @@ def test_compare_shares_one_time_axis(dp, pipeline):
     (fa, a), (fb, b) = dp, pipeline
     fig = compare_figure(a, b, function_a=fa, function_b=fb, labels=("dp", "pp"))
     assert fig.layout.xaxis.matches == fig.layout.xaxis2.matches == "x3"  # one time axis
-    rows_a = {t.y[0] for t in fig.data if t.type == "bar" and t.yaxis == "y"}
-    rows_b = {t.y[0] for t in fig.data if t.type == "bar" and t.yaxis == "y2"}
-    assert rows_a and all(r.startswith("dp: dev") for r in rows_a)
-    assert rows_b and all(r.startswith("pp: dev") for r in rows_b)
+    for axis, label, result in (("y", "dp", a), ("y2", "pp", b)):
+        rows = list(fig.layout["yaxis" + axis[1:]].ticktext)
+        assert rows == [
+            f"{label}: dev {d} · {s}" for d in result.devices for s in ("compute", "comm")
+        ]
+        bars = [t for t in fig.data if t.type == "bar" and t.yaxis == axis]
+        assert [t.meta["kind"] for t in bars] == ["compute", "communication", "idle"]
+        assert sum(len(t.x) for t in bars[:2]) == len(result.events)
     curves = [t for t in fig.data if t.type == "scatter" and t.meta["kind"] == "live"]
     assert {t.name.split(":")[0] for t in curves} == {"dp", "pp"}
     assert {t.line.dash for t in curves if t.name.startswith("pp")} == {"dash"}

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import numpy as np
+import plotly.io as pio
 import pytest
 
 import ir
 from ir import models
 from ir.sharding import Mesh, R, S
-from widgets import op_id_at
+from widgets import gantt_figure, memory_figure, op_id_at
 from workbench import Session, Strategy
 from workbench.__main__ import lab_command, main, parser
 from workbench.dashboard import Workbench, base_name, build_payloads
@@ -145,18 +147,34 @@ def test_editor_buttons_apply_remove_undo(mlp, topology):
 def test_dashboard_redraws_every_view_after_a_click_and_apply(mlp, topology):
     wb = Workbench(mlp, topology)
     svg, gantt, summary = wb.graph.svg, wb.gantt, wb.summary.value
+    title = gantt.layout.title.text
     wb.graph.clicked = {"id": "in-0", "n": 1}  # what graph.js reports for a click on wA
     assert wb.editor.value_name == "wA"
     assert "wA" in wb.selection.value
     wb.editor.placements.children[0].value = "S(1)"
     wb.editor.apply_button.click()
     assert wb.session.error is None
-    assert wb.graph.svg != svg and wb.gantt is not gantt and wb.summary.value != summary
+    assert wb.graph.svg != svg and wb.summary.value != summary
     assert "annotated: wA" in wb.summary.value
-    rows = {bar.y[0] for bar in wb.gantt.data}
-    assert any(row.startswith("dev 3") for row in rows)
+    # the same widget, redrawn in place, shows what a new figure of the new state shows
+    assert wb.gantt is gantt and wb.gantt.layout.title.text != title
+    rows = list(wb.gantt.layout.yaxis.ticktext)
+    assert {rows[int(y)] for y in wb.gantt.data[0].y} >= {"dev 3 · compute"}
+    d = wb.session.current
+    for widget, fresh in (
+        (wb.gantt, gantt_figure(d.result, d.function)),
+        (wb.memory, memory_figure(d.result)),
+    ):
+        assert _plotted(widget) == _plotted(fresh)
     wb.graph.clicked = {"id": "in-0", "n": 2}
     assert wb.editor.value_name == "wA"
+
+
+def _plotted(figure) -> tuple:
+    """What the browser draws: data and layout as JSON, the template aside."""
+    spec = json.loads(pio.to_json(figure))
+    spec["layout"].pop("template", None)
+    return spec["data"], spec["layout"]
 
 
 def test_dashboard_maps_per_device_copies_back_to_original_values():

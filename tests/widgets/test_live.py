@@ -1,0 +1,55 @@
+"""Live figures redraw in place: same result as a new figure, click handlers kept."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import plotly.io as pio
+from plotly.callbacks import Points
+
+import ir
+from widgets.gantt import connect_clicks, gantt_figure, gantt_spec
+from widgets.live import live_figure, show
+from widgets.memory import memory_figure, memory_spec
+
+sys.path.insert(0, str(Path(__file__).parent))
+from widget_programs import data_parallel_matmul, deep_mlp
+
+
+def _plotted(figure) -> tuple:
+    spec = json.loads(pio.to_json(figure))
+    spec["layout"].pop("template", None)
+    return spec["data"], spec["layout"]
+
+
+def test_show_updates_in_place_and_matches_a_new_figure():
+    first = data_parallel_matmul((1, 2, 3), batch=48)
+    second = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
+    a = ir.simulate(first, ir.Topology.uniform(4))
+    b = ir.simulate(second, ir.Topology.uniform(3))
+    widget = live_figure(*gantt_spec(a, first))
+    clicked: list[str] = []
+    connect_clicks(widget, clicked.append)
+    traces = list(widget.data)
+    assert show(widget, *gantt_spec(b, second))  # three bar traces both times: in place
+    assert list(widget.data) == traces  # the same trace objects, so their handlers too
+    assert _plotted(widget) == _plotted(gantt_figure(b, second))
+    # what the browser's click on the first compute bar calls (a handler from before)
+    widget.data[0]._dispatch_on_click(Points(point_inds=[0], trace_index=0), None)
+    assert clicked == [str(widget.data[0].meta["op_ids"]).split("\n")[0]]
+    assert clicked[0].startswith("op-")
+
+
+def test_show_replaces_traces_when_their_structure_changes():
+    one = deep_mlp(2, device_of_layer=lambda i: 0, width=8)
+    three = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
+    a = ir.simulate(one, ir.Topology.uniform(1))
+    b = ir.simulate(three, ir.Topology.uniform(3))
+    widget = live_figure(*memory_spec(a))
+    assert len(widget.data) == 3  # one device: curve, peak, capacity
+    assert not show(widget, *memory_spec(b))  # three devices: new traces
+    assert len(widget.data) == 7
+    assert _plotted(widget) == _plotted(memory_figure(b))
+    assert show(widget, *memory_spec(b))  # the same structure again: in place
