@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 from .errors import UnknownOpError, VerifyError
@@ -68,14 +69,7 @@ class FunctionBuilder:
             opdef = get_op(op_type)
         except UnknownOpError as e:
             raise VerifyError(str(e)) from None
-        for i, v in enumerate(inputs):
-            if not isinstance(v, Value):
-                raise VerifyError(f"operand {i} of {opdef.name} is {v!r}, not a Value")
-            if v not in self._defined:
-                raise VerifyError(
-                    f"operand {i} of {opdef.name} ({v.name!r}) is not defined in function "
-                    f"{self.name!r} before this op"
-                )
+        self._check_operands(opdef.name, inputs)
         types, attrs = infer_types(
             opdef, [v.type for v in inputs], attributes or {}, tuple(subfunctions)
         )
@@ -110,6 +104,85 @@ class FunctionBuilder:
         self._defined.update(outputs)
         return op
 
+    def add_inferred(
+        self,
+        op_type: str,
+        inputs: Sequence[Value],
+        attributes: Mapping[str, Any],
+        output_types: Sequence[Type],
+        names: Sequence[str],
+        *,
+        op_name: str = "",
+    ) -> Op:
+        """Append an op whose result types were already inferred; trust them.
+
+        The fast path for programs that add the same op to many devices' worth of
+        identical operands (sharding propagation). The contract: ``attributes`` are
+        the *complete* attributes that :func:`ir.verify.infer_types` returned for
+        exactly these operand types, already frozen with
+        :func:`ir.op.freeze_attributes` (the op keeps this very mapping, so it may be
+        shared by many ops), and ``output_types`` are the types that the op's rule
+        gave for them. The builder checks only what is cheap: the op exists, takes
+        this many operands, has no body, the operands are defined in this builder,
+        and there is one name per result. ``finish()`` does not re-check the rest;
+        :func:`ir.verify.verify` does.
+        """
+        self._check_open()
+        try:
+            opdef = get_op(op_type)
+        except UnknownOpError as e:
+            raise VerifyError(str(e)) from None
+        problem = opdef.check_arity(len(inputs))
+        if problem:
+            raise VerifyError(problem)
+        self._check_operands(opdef.name, inputs)
+        if len(names) != len(output_types):
+            raise VerifyError(
+                f"{opdef.name} has {len(output_types)} result(s), got {len(names)} names"
+            )
+        outputs = tuple([Value(n, t) for n, t in zip(names, output_types)])
+        device = _common_device(output_types)
+        op = Op(opdef.name, tuple(inputs), outputs, attributes, device, (), op_name)
+        self._ops.append(op)
+        self._defined.update(outputs)
+        return op
+
+    def unpack(self, value: Value, names: Sequence[str]) -> tuple[Value, ...]:
+        """Append one ``TupleGet`` per element of the tuple ``value``; return the elements.
+
+        Equal to ``call("TupleGet", value, index=i, name=names[i])`` for every ``i``,
+        without asking the type rule: each element's type is the tuple type's.
+        """
+        self._check_open()
+        self._check_operands("TupleGet", (value,))
+        elements = value.type.elements if isinstance(value.type, TupleType) else None
+        if elements is None:
+            raise VerifyError(f"cannot unpack {value.name!r} of type {value.type}: not a tuple")
+        if len(names) != len(elements):
+            raise VerifyError(
+                f"{value.name!r} has {len(elements)} element(s), got {len(names)} names"
+            )
+        inputs = (value,)
+        outs = []
+        for i, (n, t) in enumerate(zip(names, elements)):
+            v = Value(n, t)
+            device = t.device if isinstance(t, TensorType) else None
+            self._ops.append(Op("TupleGet", inputs, (v,), MappingProxyType({"index": i}), device))
+            outs.append(v)
+        self._defined.update(outs)
+        return tuple(outs)
+
+    def _check_operands(self, op_type: str, inputs: Sequence[Value]) -> None:
+        defined = self._defined
+        for i, v in enumerate(inputs):
+            if not isinstance(v, Value):
+                raise VerifyError(f"operand {i} of {op_type} is {v!r}, not a Value")
+            if v not in defined:
+                raise VerifyError(
+                    f"operand {i} of {op_type} ({v.name!r}) is not defined in function "
+                    f"{self.name!r} before this op"
+                )
+
     def call(
         self,
         op_type: str,
@@ -139,6 +212,8 @@ class FunctionBuilder:
 
 def _common_device(types: Sequence[Type]) -> DeviceRef:
     """The device all results live on, or None if they span several (a collective)."""
+    if len(types) == 1 and type(types[0]) is TensorType:  # the common case, first
+        return types[0].device
     devices = {t.device for t in types if isinstance(t, TensorType)}
     if len(devices) == 1 and not any(isinstance(t, TupleType) for t in types):
         return devices.pop()

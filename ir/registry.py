@@ -220,8 +220,18 @@ def _unknown_message(name: str) -> str:
 
 def _ensure_loaded() -> None:
     # The op families register themselves on import; importing here keeps
-    # `get_op` usable from modules that were imported before `ir.ops`.
-    from . import ops  # noqa: F401
+    # `get_op` usable from modules that were imported before `ir.ops`. Once that
+    # import has run (or begun: a family may look an op up while it loads), importing
+    # again does nothing, so the flag only skips the import statement's own cost:
+    # builders look an op up for every op they add.
+    global _ops_imported
+    if not _ops_imported:
+        from . import ops  # noqa: F401
+
+        _ops_imported = True
+
+
+_ops_imported = False
 
 
 def op_table_markdown() -> str:

@@ -57,6 +57,11 @@ class Mesh:
         object.__setattr__(self, "_coords", coords)
         object.__setattr__(self, "_coord_of", dict(zip(devices, coords)))
         object.__setattr__(self, "_groups", {})
+        object.__setattr__(self, "_hash", hash((shape, devices)))
+
+    def __hash__(self) -> int:
+        # Hashed once: every layout question propagation memoises hashes its mesh.
+        return self._hash  # type: ignore[attr-defined]
 
     @property
     def ndim(self) -> int:
@@ -187,6 +192,18 @@ class Layout:
             )
         object.__setattr__(self, "mesh", mesh)
         object.__setattr__(self, "placements", placements)
+
+    def __hash__(self) -> int:
+        # Hashed once, on first use: layouts are keys of propagation's memo tables.
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash((self.mesh, self.placements))
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __getstate__(self) -> dict:
+        # A pickle must not carry the hash: ``P(op)``'s string hashes differently per process.
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
     @staticmethod
     def replicated(mesh: Mesh) -> Layout:

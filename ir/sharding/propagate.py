@@ -31,8 +31,8 @@ from . import halo
 from .desired import desired_layouts
 from .errors import AnnotationError, PropagationError
 from .mesh import Layout, Mesh, Partial, R, Shard
-from .redistribute import DistValue, emit, local_types, plan, plan_time_s, step_bytes, step_time_s
-from .rules import describe, placements_for, rule_for, strategies
+from .redistribute import DistValue, RedistributionCosts, emit, local_types, plan, step_bytes
+from .rules import Rule, describe, placements_for, rule_for, strategies
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,9 @@ class _Materialiser:
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
         self._plan_times: dict[tuple, float | PropagationError] = {}
-        self._choices: dict[tuple, tuple] = {}
+        self._costs = RedistributionCosts(topology)
+        self._choices: dict[tuple, _Decision] = {}
+        self._layouts: dict[tuple, Layout] = {}
         self._local_type_lists: dict[tuple, list[Type]] = {}
         self._fitting: dict[tuple, bool] = {}
         self.report = PropagationReport(mesh)
@@ -149,10 +151,7 @@ class _Materialiser:
             xs = self.b.call("Broadcast", nx, devices=devices, name=f"{x.name}_s")
         else:
             xs = self.b.call("Shard", nx, **layout.attributes(), name=f"{x.name}_s")
-        locs = tuple(
-            self.b.call("TupleGet", xs, index=i, name=f"{x.name}_{d}")
-            for i, d in enumerate(devices)
-        )
+        locs = self.b.unpack(xs, [f"{x.name}_{d}" for d in devices])
         return DistValue(locs, layout, x.type)
 
     def _collect(self, v: Value) -> Value:
@@ -195,7 +194,7 @@ class _Materialiser:
     def redistribute(self, value: DistValue, target: Layout, reason: str) -> DistValue:
         name = value.locals[0].name.rsplit("_", 1)[0]
         for step in plan(value.shape, value.layout, target):
-            time_s = step_time_s(value.type, value.layout, step, self.topology)
+            time_s = self._costs.step_time_s(value.type, value.layout, step)
             size = step_bytes(value.type, value.layout, step)
             new = emit(self.b, value, step)
             if step.kind != "slice":
@@ -220,7 +219,7 @@ class _Materialiser:
         key = (t, src, dst)
         if key not in self._plan_times:  # strategies of many ops ask the same question
             try:
-                self._plan_times[key] = plan_time_s(t, src, dst, self.topology)
+                self._plan_times[key] = self._costs.plan_time_s(t, src, dst)
             except PropagationError as e:
                 self._plan_times[key] = e
         found = self._plan_times[key]
@@ -251,11 +250,11 @@ class _Materialiser:
     def _cost(self, op, rule, strategy, ins, outs) -> float:
         total = 0.0
         for v, ps in zip(op.inputs, ins):
-            total += self._source(v, Layout(self.mesh, ps))[0]
+            total += self._source(v, self._layout_of(ps))[0]
         for v, ps in zip(op.outputs, outs):
-            want = Layout(self.mesh, self.desired.get(v, ps))
+            want = self._layout_of(self.desired.get(v, ps))
             with contextlib.suppress(PropagationError):
-                total += self._plan_time_s(v.type, Layout(self.mesh, ps), want)
+                total += self._plan_time_s(v.type, self._layout_of(ps), want)
         shards = 1
         for k, c in enumerate(strategy):
             if c[0] in ("shard", "halo"):
@@ -266,13 +265,28 @@ class _Materialiser:
 
     def _op(self, op) -> None:
         key = self._choice_key(op)
-        found = self._choices.get(key) if key is not None else None
-        if found is None:
-            found = self._choose(op)
+        decision = self._choices.get(key) if key is not None else None
+        if decision is None:
+            rule, strategy, ins, outs = self._choose(op)
+            decision = _Decision(
+                rule,
+                strategy,
+                describe(strategy, rule),
+                tuple(self._layout_of(ps) for ps in ins),
+                tuple(self._layout_of(ps) for ps in outs),
+                any(c[0] == "halo" for c in strategy),
+            )
             if key is not None:
-                self._choices[key] = found
-        rule, strategy, ins, outs = found
-        self._emit(op, rule, strategy, ins, outs)
+                self._choices[key] = decision
+        self._emit(op, decision)
+
+    def _layout_of(self, placements) -> Layout:
+        """``Layout(self.mesh, placements)``, one object per placements: layouts key memos."""
+        placements = tuple(placements)
+        found = self._layouts.get(placements)
+        if found is None:
+            found = self._layouts[placements] = Layout(self.mesh, placements)
+        return found
 
     def _choice_key(self, op) -> tuple | None:
         """What the choice of ``op``'s strategy depends on, or None when it cannot be hashed.
@@ -338,13 +352,13 @@ class _Materialiser:
         return True
 
     def _local_inputs(self, op, ins) -> list[list[Type]]:
-        per_operand = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.inputs, ins)]
+        per_operand = [local_types(v.type, self._layout_of(ps)) for v, ps in zip(op.inputs, ins)]
         return [[t[i] for t in per_operand] for i in range(self.mesh.size)]
 
     def _locally_valid(self, op, rule, strategy, ins, outs) -> bool:
         if any(c[0] == "halo" for c in strategy):
             return halo.valid(op, rule, self.mesh, strategy, ins, outs)
-        expected = [local_types(v.type, Layout(self.mesh, ps)) for v, ps in zip(op.outputs, outs)]
+        expected = [local_types(v.type, self._layout_of(ps)) for v, ps in zip(op.outputs, outs)]
         opdef = get_op(op.op_type)
         for i, local_in in enumerate(self._local_inputs(op, ins)):
             want = [e[i] for e in expected]
@@ -370,43 +384,75 @@ class _Materialiser:
         key = (t, tuple(placements))
         found = self._local_type_lists.get(key)
         if found is None:
-            found = self._local_type_lists[key] = local_types(t, Layout(self.mesh, placements))
+            found = self._local_type_lists[key] = local_types(t, self._layout_of(placements))
         return found
 
-    def _emit(self, op, rule, strategy, ins, outs) -> None:
-        text, how = describe_op(op), describe(strategy, rule)  # the printer is not free
-        why = f"{text} runs as ({how})"
+    def _emit(self, op, decision: _Decision) -> None:
+        text, how = describe_op(op), decision.how  # the printer is not free
         self.report.strategies.append((text, how))
         operands = []
-        for v, ps in zip(op.inputs, ins):
-            target = Layout(self.mesh, ps)
+        for v, target in zip(op.inputs, decision.in_layouts):
             views = self.views.setdefault(v, {})
             if target not in views:  # redistribute a value once per layout, then reuse it
-                need = f"{why}, needing it as [{', '.join(map(str, ps))}]"
+                need = f"{text} runs as ({how}), needing it as [{', '.join(target.texts)}]"
                 views[target] = self.redistribute(self._source(v, target)[1], target, need)
             operands.append(views[target])
-        expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
-        if any(c[0] == "halo" for c in strategy):
-            results = halo.emit(self, op, rule, strategy, operands, expected)
-        else:
+        if decision.halo:
+            outs = [lay.placements for lay in decision.out_layouts]
+            expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
+            results = halo.emit(self, op, decision.rule, decision.strategy, operands, expected)
+        elif decision.local_ops is not None and not op.subfunctions:
+            # The same decision means the same local operand types (its key holds the
+            # operands' types and layouts): the type rules' answers for the first op hold.
+            add, op_type, local_ops = self.b.add_inferred, op.op_type, decision.local_ops
             results = []
             for i, d in enumerate(self.mesh.devices):
-                local_in = [x.locals[i] for x in operands]
-                want = [e[i] for e in expected]
-                attrs = self._local_attrs(op, rule, [x.type for x in local_in], want, d)
-                new = self.b.add_op(
-                    op.op_type,
-                    local_in,
-                    attrs,
-                    names=[f"{v.name}_{d}" for v in op.outputs],
-                    subfunctions=op.subfunctions,
-                )
+                attrs, types = local_ops[i]
+                names = [f"{v.name}_{d}" for v in op.outputs]
+                new = add(op_type, [x.locals[i] for x in operands], attrs, types, names)
                 results.append(new.outputs)
+        else:
+            results = self._emit_checked(op, decision, operands)
         for j, v in enumerate(op.outputs):
-            value = DistValue(tuple(r[j] for r in results), Layout(self.mesh, outs[j]), v.type)
+            locs = tuple(r[j] for r in results)
+            value = DistValue(locs, decision.out_layouts[j], v.type)
             if v in self.fixed and value.layout != self.fixed[v]:
                 value = self.redistribute(value, self.fixed[v], f"user annotation on {v.name!r}")
             self.dist[v] = value
+
+    def _emit_checked(self, op, decision: _Decision, operands: list[DistValue]) -> list[tuple]:
+        """The local ops through the builder's checks; their answers go into ``decision``."""
+        outs = [lay.placements for lay in decision.out_layouts]
+        expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
+        results = []
+        for i, d in enumerate(self.mesh.devices):
+            local_in = [x.locals[i] for x in operands]
+            want = [e[i] for e in expected]
+            attrs = self._local_attrs(op, decision.rule, [x.type for x in local_in], want, d)
+            names = [f"{v.name}_{d}" for v in op.outputs]
+            results.append(
+                self.b.add_op(
+                    op.op_type, local_in, attrs, names=names, subfunctions=op.subfunctions
+                )
+            )
+        decision.local_ops = [
+            (new.attributes, tuple(v.type for v in new.outputs)) for new in results
+        ]
+        return [new.outputs for new in results]
+
+
+@dataclass
+class _Decision:
+    """An op's memoised strategy and what emitting it needs (shared by repeated layers)."""
+
+    rule: Rule
+    strategy: tuple
+    how: str  # the strategy in words, for the report
+    in_layouts: tuple[Layout, ...]
+    out_layouts: tuple[Layout, ...]
+    halo: bool
+    # per device, the local op's (frozen attributes, result types): set by the first emission
+    local_ops: list[tuple[Mapping, tuple[Type, ...]]] | None = None
 
 
 def _has_partial(layout: Layout) -> bool:

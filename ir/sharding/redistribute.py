@@ -77,6 +77,13 @@ def _local_types(t: Type, layout: Layout) -> tuple[Type, ...]:
 
 def plan(shape: Sequence[int], src: Layout, dst: Layout) -> list[Step]:
     """The steps that turn ``src`` into ``dst`` (same mesh)."""
+    return list(_plan(tuple(shape), src, dst))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _plan(shape: tuple[int, ...], src: Layout, dst: Layout) -> tuple[Step, ...]:
+    # Memoised (shapes and layouts are frozen; errors are not kept): propagation costs
+    # the same redistributions for every strategy of every op of every layer.
     if src.mesh != dst.mesh:
         raise PropagationError(f"cannot redistribute between meshes {src.mesh} and {dst.mesh}")
     rank = len(shape)
@@ -130,7 +137,7 @@ def plan(shape: Sequence[int], src: Layout, dst: Layout) -> list[Step]:
             cur[k] = want[k]
     if cur != want:
         raise PropagationError(f"no redistribution from {src} to {dst} (stuck at {cur})")
-    return steps
+    return tuple(steps)
 
 
 def _even_alltoall(shape, mesh, cur, k: int, dim: int) -> bool:
@@ -157,30 +164,56 @@ def step_bytes(t: Type, layout: Layout, step: Step) -> int:
     """Bytes the collective of ``step`` moves per group (``collective_time_s``'s size)."""
     if step.kind == "slice":
         return 0
-    before = local_types(t, layout)
-    after = local_types(t, _after(layout, step))
     if step.kind == "allgather":
-        return max(x.size_bytes for x in after)
-    return max(x.size_bytes for x in before)
+        return _largest_block_bytes(t, _after(layout, step))
+    return _largest_block_bytes(t, layout)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _largest_block_bytes(t: Type, layout: Layout) -> int:
+    return max(x.size_bytes for x in _local_types(t, layout))
 
 
 def step_time_s(t: Type, layout: Layout, step: Step, topology: Topology) -> float:
-    if step.kind == "slice":
-        return 0.0
-    size = step_bytes(t, layout, step)
-    return max(
-        collective_time_s(_COLLECTIVE[step.kind], size, group, topology)
-        for group in layout.mesh.groups(step.axis)
-    )
+    return RedistributionCosts(topology).step_time_s(t, layout, step)
 
 
 def plan_time_s(t: Type, src: Layout, dst: Layout, topology: Topology) -> float:
     """Predicted time of redistributing a value of type ``t`` from ``src`` to ``dst``."""
-    total, layout = 0.0, src
-    for step in plan(_elem(t).shape, src, dst):
-        total += step_time_s(t, layout, step, topology)
-        layout = _after(layout, step)
-    return total
+    return RedistributionCosts(topology).plan_time_s(t, src, dst)
+
+
+class RedistributionCosts:
+    """``step_time_s`` and ``plan_time_s`` on one topology, memoised.
+
+    A step's time depends only on its collective, its size and its mesh axis (the
+    groups along it), so the many steps that propagation costs (every strategy of
+    every op) ask few distinct questions of ``collective_time_s``.
+    """
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self._collective_s: dict[tuple, float] = {}
+
+    def step_time_s(self, t: Type, layout: Layout, step: Step) -> float:
+        if step.kind == "slice":
+            return 0.0
+        size = step_bytes(t, layout, step)
+        key = (step.kind, size, layout.mesh, step.axis)
+        found = self._collective_s.get(key)
+        if found is None:
+            found = self._collective_s[key] = max(
+                collective_time_s(_COLLECTIVE[step.kind], size, group, self.topology)
+                for group in layout.mesh.groups(step.axis)
+            )
+        return found
+
+    def plan_time_s(self, t: Type, src: Layout, dst: Layout) -> float:
+        total, layout = 0.0, src
+        for step in plan(_elem(t).shape, src, dst):
+            total += self.step_time_s(t, layout, step)
+            layout = _after(layout, step)
+        return total
 
 
 def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
