@@ -177,6 +177,17 @@ def test_click_a_value_apply_a_sharding_and_see_every_view_update(lab: tuple[str
             title_after = gantt_title.text_content() or ""
             assert "4 devices" in title_after, title_after
             assert page.locator(".distir-gantt .gtitle").count() == 1
+            # Redrawn in place: a row per device and stream, bars, and hover texts built
+            # from the numbers the kernel sent as typed arrays.
+            ticks = page.locator(".distir-gantt .ytick text").all_text_contents()
+            assert "dev 3 · compute" in ticks and "dev 0 · comm" in ticks, ticks
+            bars = page.locator(".distir-gantt .trace.bars .point path")
+            assert bars.count() > 4
+            bars.first.hover(force=True)
+            hover = page.locator(".distir-gantt .hoverlayer .hovertext")
+            hover.first.wait_for(timeout=10_000)
+            text = hover.first.text_content() or ""
+            assert "start" in text and "FLOP" in text and "dev " in text, text
             assert "S(1)" in (page.locator(".distir-selection").text_content() or "")
             page.locator(".distir-workbench").screenshot(path=str(ARTIFACTS / "workbench.png"))
             page.screenshot(path=str(ARTIFACTS / "workbench-page.png"))
