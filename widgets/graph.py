@@ -33,7 +33,7 @@ from .ids import op_id, op_paths, shape_label, value_names
 from .layout import long_edges
 from .legend import LegendEntry, legend_html
 from .palette import COMMUNICATION_BORDER, device_color, device_label
-from .svg import dot_to_svg, postprocess_svg
+from .svg import DotJob, postprocess_svg
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _FONT = "Helvetica,Arial,sans-serif"
@@ -107,18 +107,41 @@ def render_graph(
     ``placements`` maps values (or their names) to a placement label such as
     ``S(0) R``, shown under the shape on the value's edges.
     """
+    return start_render(function, placements, options, dot_binary=dot_binary).result()
+
+
+def start_render(
+    function: Function,
+    placements: Mapping[Value | str, str] | None = None,
+    options: GraphOptions | None = None,
+    *,
+    dot_binary: str = "dot",
+) -> PendingGraph:
+    """:func:`render_graph` in two halves: the dot source now, graphviz's layout running
+    in its own process until :meth:`PendingGraph.result` collects it."""
     drawing = _Drawing(function, placements or {}, options or GraphOptions())
     dot = drawing.dot()
-    svg = postprocess_svg(dot_to_svg(dot, dot_binary=dot_binary), drawing.tooltips)
-    return RenderedGraph(
-        dot=dot,
-        svg=svg,
-        id_map=MappingProxyType(drawing.id_map),
-        legend=drawing.legend(),
-        groups=MappingProxyType(drawing.groups),
-        ops=MappingProxyType({p: op for op, p in drawing.paths.items()}),
-        values=MappingProxyType({n: v for v, n in drawing.names.items()}),
-    )
+    return PendingGraph(drawing, dot, DotJob(dot, dot_binary=dot_binary))
+
+
+class PendingGraph:
+    """A drawing whose layout graphviz is computing; :meth:`result` waits for it."""
+
+    def __init__(self, drawing: _Drawing, dot: str, job: DotJob) -> None:
+        self._drawing, self._dot, self._job = drawing, dot, job
+
+    def result(self) -> RenderedGraph:
+        """The finished :class:`RenderedGraph` (raises GraphvizError if ``dot`` failed)."""
+        drawing = self._drawing
+        return RenderedGraph(
+            dot=self._dot,
+            svg=postprocess_svg(self._job.svg(), drawing.tooltips),
+            id_map=MappingProxyType(drawing.id_map),
+            legend=drawing.legend(),
+            groups=MappingProxyType(drawing.groups),
+            ops=MappingProxyType({p: op for op, p in drawing.paths.items()}),
+            values=MappingProxyType({n: v for v, n in drawing.names.items()}),
+        )
 
 
 def _q(text: str) -> str:
@@ -588,11 +611,13 @@ def _plain_map(m: object) -> dict | None:
 __all__ = [
     "GraphOptions",
     "LegendEntry",
+    "PendingGraph",
     "RenderedGraph",
     "legend_html",
     "op_id",
     "op_paths",
     "render_graph",
     "shape_label",
+    "start_render",
     "value_names",
 ]

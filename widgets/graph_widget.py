@@ -19,7 +19,7 @@ from ir.function import Function
 from ir.op import Op
 from ir.value import Value
 
-from .graph import GraphOptions, RenderedGraph, legend_html, render_graph
+from .graph import GraphOptions, PendingGraph, RenderedGraph, legend_html, start_render
 from .ids import op_id, op_paths, value_names
 
 STATIC = Path(__file__).parent / "static"
@@ -100,17 +100,35 @@ class GraphView(anywidget.AnyWidget):
     ) -> None:
         """Redraw with a new function, placements or options; keeps the selection if it
         still exists (by op path or value name)."""
+        self.show(self.prepare(function, placements, options))
+
+    def prepare(
+        self,
+        function: Function | None = None,
+        placements: Mapping[Value | str, str] | None = None,
+        options: GraphOptions | None = None,
+    ) -> PendingGraph:
+        """Start drawing (graphviz lays it out in its own process); :meth:`show` it later.
+
+        Nothing on display changes until then, so the caller can build other views
+        while ``dot`` runs.
+        """
         if function is not None:
             self._function = function
         if placements is not None:
             self._placements = dict(placements)
         if options is not None:
             self._options = options
-        self._redraw()
-
-    def _redraw(self) -> None:
         try:
-            rendered = render_graph(self._function, self._placements, self._options)
+            return start_render(self._function, self._placements, self._options)
+        except Exception as e:  # show it in the panel, keep the last good drawing
+            self.error = f"{type(e).__name__}: {e}"
+            raise
+
+    def show(self, pending: PendingGraph) -> None:
+        """Display a drawing :meth:`prepare` started."""
+        try:
+            rendered = pending.result()
         except Exception as e:  # show it in the panel, keep the last good drawing
             self.error = f"{type(e).__name__}: {e}"
             raise
@@ -121,6 +139,9 @@ class GraphView(anywidget.AnyWidget):
         sel = self.selected
         if sel and not self._set_selection(sel["kind"], sel["name"]):
             self.selected = {}
+
+    def _redraw(self) -> None:
+        self.show(self.prepare())
 
     # -- selection ---------------------------------------------------------------
 

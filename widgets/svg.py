@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
@@ -25,31 +26,62 @@ class GraphvizError(DistIRError):
 
 def dot_to_svg(dot_source: str, *, dot_binary: str = "dot", timeout_s: float = 120.0) -> str:
     """Lay out ``dot_source`` with the ``dot`` binary and return the SVG text."""
-    exe = shutil.which(dot_binary)
-    if exe is None:
-        raise GraphvizError(
-            f"the graphviz binary {dot_binary!r} is not on PATH; the graph view needs it. "
-            "Install graphviz (`apt-get install graphviz`, `conda install graphviz` or "
-            "`brew install graphviz`) or pass dot_binary='/path/to/dot'."
-        )
-    try:
-        done = subprocess.run(
-            [exe, "-Tsvg"],
-            input=dot_source.encode(),
-            capture_output=True,
-            timeout=timeout_s,
-            check=False,
-        )
-    except subprocess.TimeoutExpired:
-        raise GraphvizError(
-            f"{exe} -Tsvg took longer than {timeout_s} s; fold more of the graph "
-            "(GraphOptions.max_ops) or raise timeout_s"
-        ) from None
-    if done.returncode != 0:
-        raise GraphvizError(
-            f"{exe} -Tsvg failed (exit {done.returncode}): {done.stderr.decode(errors='replace')}"
-        )
-    return done.stdout.decode()
+    return DotJob(dot_source, dot_binary=dot_binary, timeout_s=timeout_s).svg()
+
+
+class DotJob:
+    """A ``dot -Tsvg`` run started now and read later (:meth:`svg`).
+
+    graphviz lays the graph out in its own process (waited for on a thread), so
+    the caller can do other work meanwhile: the dashboard builds its charts
+    while ``dot`` runs.
+    """
+
+    def __init__(
+        self, dot_source: str, *, dot_binary: str = "dot", timeout_s: float = 120.0
+    ) -> None:
+        exe = shutil.which(dot_binary)
+        if exe is None:
+            raise GraphvizError(
+                f"the graphviz binary {dot_binary!r} is not on PATH; the graph view needs it. "
+                "Install graphviz (`apt-get install graphviz`, `conda install graphviz` or "
+                "`brew install graphviz`) or pass dot_binary='/path/to/dot'."
+            )
+        self.exe, self.timeout_s = exe, timeout_s
+        self._done: subprocess.CompletedProcess[bytes] | GraphvizError | None = None
+        self._thread = threading.Thread(target=self._run, args=(dot_source,), daemon=True)
+        self._thread.start()
+
+    def _run(self, dot_source: str) -> None:
+        try:
+            self._done = subprocess.run(
+                [self.exe, "-Tsvg"],
+                input=dot_source.encode(),
+                capture_output=True,
+                timeout=self.timeout_s,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            self._done = GraphvizError(
+                f"{self.exe} -Tsvg took longer than {self.timeout_s} s; fold more of the graph "
+                "(GraphOptions.max_ops) or raise timeout_s"
+            )
+        except OSError as e:
+            self._done = GraphvizError(f"{self.exe} -Tsvg could not run: {e}")
+
+    def svg(self) -> str:
+        """Wait for ``dot`` and return its SVG; raises GraphvizError when it failed."""
+        self._thread.join()
+        done = self._done
+        if isinstance(done, GraphvizError):
+            raise done
+        assert done is not None
+        if done.returncode != 0:
+            raise GraphvizError(
+                f"{self.exe} -Tsvg failed (exit {done.returncode}): "
+                f"{done.stderr.decode(errors='replace')}"
+            )
+        return done.stdout.decode()
 
 
 def postprocess_svg(svg: str, tooltips: Mapping[str, str]) -> str:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from ir import FunctionBuilder, TensorType
-from widgets.graph import GraphOptions, render_graph
+from widgets.graph import GraphOptions, render_graph, start_render
 from widgets.graph_widget import GraphView
 from widgets.ids import op_paths, value_names
 from widgets.palette import device_color
@@ -165,6 +165,22 @@ def test_graph_view_opens_a_fold_to_select_a_hidden_op():
     folded.select_value(f.value("h13"))  # made by op 41, inside the fold: the fold opens
     assert folded.selection.value is f.value("h13")
     assert "op-41" in _groups(folded.svg)
+
+
+def test_a_prepared_drawing_shows_only_when_asked_and_a_failed_one_keeps_the_last():
+    first, second = data_parallel_matmul(), deep_mlp(3)
+    view = GraphView(first)
+    before = view.svg
+    pending = view.prepare(second)  # graphviz runs in its own process meanwhile
+    assert view.svg == before and view.rendered.ops["0"] in first.ops
+    view.show(pending)
+    assert view.svg != before and view.rendered.ops["0"] in second.ops
+    assert view.svg == render_graph(second).svg and not view.error
+    shown = view.svg
+    broken = start_render(first, dot_binary="false")  # a "dot" that exits 1
+    with pytest.raises(GraphvizError, match="failed"):
+        view.show(broken)
+    assert view.svg == shown and "GraphvizError" in view.error
 
 
 def test_missing_dot_binary_says_what_to_install():
