@@ -140,7 +140,10 @@ class FunctionBuilder:
             raise VerifyError(
                 f"{opdef.name} has {len(output_types)} result(s), got {len(names)} names"
             )
-        outputs = tuple([Value(n, t) for n, t in zip(names, output_types)])
+        if len(names) == 1:  # the common case, without the generic loop
+            outputs: tuple[Value, ...] = (Value(names[0], output_types[0]),)
+        else:
+            outputs = tuple([Value(n, t) for n, t in zip(names, output_types)])
         device = _common_device(output_types)
         op = Op(opdef.name, tuple(inputs), outputs, attributes, device, (), op_name)
         self._ops.append(op)
@@ -175,13 +178,18 @@ class FunctionBuilder:
     def _check_operands(self, op_type: str, inputs: Sequence[Value]) -> None:
         defined = self._defined
         for i, v in enumerate(inputs):
+            try:
+                known = v in defined  # only Values are: the common case needs one look-up
+            except TypeError:  # not hashable, so not a Value
+                known = False
+            if known:
+                continue
             if not isinstance(v, Value):
                 raise VerifyError(f"operand {i} of {op_type} is {v!r}, not a Value")
-            if v not in defined:
-                raise VerifyError(
-                    f"operand {i} of {op_type} ({v.name!r}) is not defined in function "
-                    f"{self.name!r} before this op"
-                )
+            raise VerifyError(
+                f"operand {i} of {op_type} ({v.name!r}) is not defined in function "
+                f"{self.name!r} before this op"
+            )
 
     def call(
         self,

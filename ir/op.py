@@ -27,7 +27,10 @@ def _freeze(v: Any) -> Any:
     return v
 
 
-@dataclass(frozen=True, eq=False)
+_NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})
+
+
+@dataclass(frozen=True, eq=False, init=False)
 class Op:
     """One application of a registered op type.
 
@@ -40,10 +43,32 @@ class Op:
     op_type: str
     inputs: tuple[Value, ...]
     outputs: tuple[Value, ...]
-    attributes: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    attributes: Mapping[str, Any] = field(default_factory=lambda: _NO_ATTRIBUTES)
     device: DeviceRef = None
     subfunctions: tuple[Function, ...] = ()
     name: str = ""
+
+    def __init__(
+        self,
+        op_type: str,
+        inputs: tuple[Value, ...],
+        outputs: tuple[Value, ...],
+        attributes: Mapping[str, Any] = _NO_ATTRIBUTES,
+        device: DeviceRef = None,
+        subfunctions: tuple[Function, ...] = (),
+        name: str = "",
+    ) -> None:
+        # One dict update, not a frozen dataclass's object.__setattr__ per field: builders
+        # create an op for every device of every op of a distributed program.
+        self.__dict__.update(
+            op_type=op_type,
+            inputs=inputs,
+            outputs=outputs,
+            attributes=attributes,
+            device=device,
+            subfunctions=subfunctions,
+            name=name,
+        )
 
     def __repr__(self) -> str:
         ins = ", ".join(v.name for v in self.inputs)

@@ -22,6 +22,7 @@ from ..builder import FunctionBuilder
 from ..device import Topology
 from ..errors import VerifyError
 from ..function import Function
+from ..op import Op
 from ..registry import CostContext, get_op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
@@ -62,8 +63,20 @@ class PropagationReport:
 
     mesh: Mesh
     layouts: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    strategies: list[tuple[str, str]] = field(default_factory=list)
     collectives: list[InsertedCollective] = field(default_factory=list)
+    # each op of the original function and its strategy in words, in program order
+    op_strategies: list[tuple[Op, str]] = field(default_factory=list)
+    _texts: list[tuple[str, str]] = field(
+        default_factory=list, init=False, repr=False, compare=False
+    )
+
+    @property
+    def strategies(self) -> list[tuple[str, str]]:
+        """Per op, its text and its strategy in words. Printed on first use: the printer is
+        not free, and the click -> simulate loop does not read them."""
+        for op, how in self.op_strategies[len(self._texts) :]:
+            self._texts.append((describe_op(op), how))
+        return list(self._texts)
 
     @property
     def communication_time_s(self) -> float:
@@ -388,14 +401,19 @@ class _Materialiser:
         return found
 
     def _emit(self, op, decision: _Decision) -> None:
-        text, how = describe_op(op), decision.how  # the printer is not free
-        self.report.strategies.append((text, how))
+        self.report.op_strategies.append((op, decision.how))
         operands = []
         for v, target in zip(op.inputs, decision.in_layouts):
             views = self.views.setdefault(v, {})
             if target not in views:  # redistribute a value once per layout, then reuse it
-                need = f"{text} runs as ({how}), needing it as [{', '.join(target.texts)}]"
-                views[target] = self.redistribute(self._source(v, target)[1], target, need)
+                source = self._source(v, target)[1]
+                if source.layout != target:  # (the printer is not free: only when needed)
+                    need = (
+                        f"{describe_op(op)} runs as ({decision.how}), "
+                        f"needing it as [{', '.join(target.texts)}]"
+                    )
+                    source = self.redistribute(source, target, need)
+                views[target] = source
             operands.append(views[target])
         if decision.halo:
             outs = [lay.placements for lay in decision.out_layouts]

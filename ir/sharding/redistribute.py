@@ -257,6 +257,7 @@ def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
                     concat_dim=step.src.dim,  # type: ignore[union-attr]
                     name=f"{name}_exchanged",
                 )
-            for j, i in enumerate(idx):
-                new[i] = b.call("TupleGet", ys, index=j, name=f"{name}_{mesh.devices[i]}")
+            parts = b.unpack(ys, [f"{name}_{mesh.devices[i]}" for i in idx])
+            for i, part in zip(idx, parts):
+                new[i] = part
     return DistValue(tuple(new), _after(layout, step), value.type)
