@@ -34,6 +34,7 @@ class FunctionBuilder:
         self._ops: list[Op] = []
         self._defined: set[Value] = set()
         self._finished = False
+        self._indices: list[Mapping[str, Any]] = []  # TupleGet attributes by index, for unpack
 
     @property
     def ops(self) -> tuple[Op, ...]:
@@ -165,12 +166,14 @@ class FunctionBuilder:
             raise VerifyError(
                 f"{value.name!r} has {len(elements)} element(s), got {len(names)} names"
             )
-        inputs = (value,)
+        inputs, indices = (value,), self._indices
+        while len(indices) < len(elements):  # read-only, so shared by this builder's ops
+            indices.append(MappingProxyType({"index": len(indices)}))
         outs = []
         for i, (n, t) in enumerate(zip(names, elements)):
             v = Value(n, t)
             device = t.device if isinstance(t, TensorType) else None
-            self._ops.append(Op("TupleGet", inputs, (v,), MappingProxyType({"index": i}), device))
+            self._ops.append(Op("TupleGet", inputs, (v,), indices[i], device))
             outs.append(v)
         self._defined.update(outs)
         return tuple(outs)

@@ -61,21 +61,26 @@ def _infer_key(
     opdef: OpDef, input_types: Sequence[Type], attributes: Mapping[str, Any]
 ) -> tuple | None:
     """A hashable key of a type-rule question, or None when an attribute is not hashable."""
-    key = _Key((id(opdef), tuple(input_types), attributes_key(attributes)))
-    try:
-        key.hash = tuple.__hash__(key)
-    except TypeError:
-        return None
-    return key
+    return hashed_key((id(opdef), tuple(input_types), attributes_key(attributes)))
 
 
-class _Key(tuple):
-    """A tuple that hashes once: the lookup and the insertion would hash every type again."""
+class HashedKey(tuple):
+    """A tuple that hashes once: a memo's lookup and insertion would hash every type again."""
 
     hash: int
 
     def __hash__(self) -> int:
         return self.hash
+
+
+def hashed_key(items: tuple) -> HashedKey | None:
+    """``items`` as a :class:`HashedKey`, or None when an item is not hashable."""
+    key = HashedKey(items)
+    try:
+        key.hash = tuple.__hash__(key)
+    except TypeError:
+        return None
+    return key
 
 
 def attributes_key(v: Any) -> Any:

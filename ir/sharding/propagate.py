@@ -26,7 +26,7 @@ from ..op import Op
 from ..registry import CostContext, get_op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
-from ..verify import attributes_key, describe_op, infer_types
+from ..verify import attributes_key, describe_op, hashed_key, infer_types
 from . import annotations as ann
 from . import halo
 from .desired import desired_layouts
@@ -121,6 +121,7 @@ class _Materialiser:
         self._costs = RedistributionCosts(topology)
         self._choices: dict[tuple, _Decision] = {}
         self._layouts: dict[tuple, Layout] = {}
+        self._whole_compute_s: dict[Op, float] = {}
         self._local_type_lists: dict[tuple, list[Type]] = {}
         self._fitting: dict[tuple, bool] = {}
         self.report = PropagationReport(mesh)
@@ -251,14 +252,21 @@ class _Materialiser:
         return best
 
     def _compute_time_s(self, op, shards: int) -> float:
+        whole = self._whole_compute_s.get(op)
+        if whole is None:  # every strategy of ``op`` asks; only ``shards`` differs
+            whole = self._whole_compute_s[op] = self._whole_time_s(op)
+        return whole / shards
+
+    def _whole_time_s(self, op) -> float:
         opdef = get_op(op.op_type)
         cost = opdef.cost_rule(
             CostContext(
                 tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs), op.attributes
             )
         )
-        t = max(cost.flops / self.peak_flops, (cost.bytes_read + cost.bytes_written) / self.mem_bw)
-        return t / shards
+        return max(
+            cost.flops / self.peak_flops, (cost.bytes_read + cost.bytes_written) / self.mem_bw
+        )
 
     def _cost(self, op, rule, strategy, ins, outs) -> float:
         total = 0.0
@@ -309,22 +317,24 @@ class _Materialiser:
         """
         if op.subfunctions:
             return None
-        key = (
-            op.op_type,
-            tuple(v.type for v in op.inputs),
-            tuple(v.type for v in op.outputs),
-            attributes_key(op.attributes),
-            tuple(
-                (self.dist[v].layout, *(w.layout for w in self.views.get(v, {}).values()))
-                for v in op.inputs
-            ),
-            tuple(self.desired.get(v) for v in op.outputs),
+        views = self.views
+        return hashed_key(  # hashed once for the look-up and the insertion
+            (
+                op.op_type,
+                tuple([v.type for v in op.inputs]),
+                tuple([v.type for v in op.outputs]),
+                attributes_key(op.attributes),
+                tuple(
+                    [
+                        (self.dist[v].layout, *[w.layout for w in views[v].values()])
+                        if v in views
+                        else (self.dist[v].layout,)
+                        for v in op.inputs
+                    ]
+                ),
+                tuple([self.desired.get(v) for v in op.outputs]),
+            )
         )
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
 
     def _choose(self, op) -> tuple:
         """The rule of ``op`` and its cheapest locally valid strategy, with its placements."""
