@@ -122,15 +122,14 @@ class _Materialiser:
         self._choices: dict[tuple, _Decision] = {}
         self._layouts: dict[tuple, Layout] = {}
         self._whole_compute_s: dict[Op, float] = {}
+        # (input type, layout) -> the op that distributes it: (op type, attributes, types)
+        self._distributions: dict[tuple, tuple[str, Mapping, tuple[Type, ...]]] = {}
         self._local_type_lists: dict[tuple, list[Type]] = {}
         self._fitting: dict[tuple, bool] = {}
         self.report = PropagationReport(mesh)
         peak = topology.device(mesh.devices[0])
         self.peak_flops = peak.peak_flops
         self.mem_bw = peak.mem_bandwidth_bytes_per_s
-
-    def layout(self, v: Value) -> Layout:
-        return Layout(self.mesh, self.desired.get(v, (R,) * self.mesh.ndim))
 
     def run(self) -> tuple[Function, PropagationReport]:
         for x in self.f.inputs:
@@ -156,16 +155,24 @@ class _Materialiser:
                 "sequential program (unroll or gather it first)"
             )
         nx = self.b.input(x.name, x.type)
-        layout = self.layout(x)
-        devices = list(self.mesh.devices)
-        ps = layout.placements
-        if self.mesh.ndim == 1 and isinstance(ps[0], Shard):
-            xs = self.b.call("Scatter", nx, dim=ps[0].dim, devices=devices, name=f"{x.name}_s")
-        elif layout.is_replicated:
-            xs = self.b.call("Broadcast", nx, devices=devices, name=f"{x.name}_s")
+        layout = self._layout_of(self.desired.get(x, (R,) * self.mesh.ndim))
+        names = [f"{x.name}_s"]
+        known = self._distributions.get((x.type, layout))
+        if known is not None:  # inputs of one type and layout (every layer's weights) alike
+            xs = self.b.add_inferred(known[0], [nx], known[1], known[2], names).outputs[0]
         else:
-            xs = self.b.call("Shard", nx, **layout.attributes(), name=f"{x.name}_s")
-        locs = self.b.unpack(xs, [f"{x.name}_{d}" for d in devices])
+            devices = list(self.mesh.devices)
+            ps = layout.placements
+            if self.mesh.ndim == 1 and isinstance(ps[0], Shard):
+                op_type, attrs = "Scatter", {"dim": ps[0].dim, "devices": devices}
+            elif layout.is_replicated:
+                op_type, attrs = "Broadcast", {"devices": devices}
+            else:
+                op_type, attrs = "Shard", layout.attributes()
+            op = self.b.add_op(op_type, [nx], attrs, names=names)
+            self._distributions[x.type, layout] = (op_type, op.attributes, (op.outputs[0].type,))
+            xs = op.outputs[0]
+        locs = self.b.unpack(xs, [f"{x.name}_{d}" for d in self.mesh.devices])
         return DistValue(locs, layout, x.type)
 
     def _collect(self, v: Value) -> Value:
