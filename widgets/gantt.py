@@ -110,15 +110,14 @@ def _op_texts(ops: tuple[Op, ...], paths: dict[Op, str]) -> dict[Op, tuple[str, 
                 + ", ".join(labels[id(t)] for t in types[k:])
             )
         path = paths.get(op)
-        outs = ", ".join(v.name for v in op.outputs).translate(_ESCAPE)
+        outs = ", ".join([v.name for v in op.outputs])
+        if "<" in outs or "&" in outs or ">" in outs:  # names are hints: any text is allowed
+            outs = html.escape(outs, quote=False)
         texts[op] = (
             "" if path is None else f"op-{path}",  # ids.op_id, inlined: thousands of calls
             f"<b>{op.op_type} → {outs}</b><br>{shape}",  # op types are registry identifiers
         )
     return texts
-
-
-_ESCAPE = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#x27;"})
 
 
 def _bars(y, kind, numbers, texts, unit, prefix) -> dict[str, Any]:
