@@ -9,6 +9,7 @@ no browser, no kernel.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -138,10 +139,7 @@ class Drawing:
     def _level(self, fn: Function, prefix: str, env: _Env, indent: str, budget: int | None) -> None:
         folded: dict[int, str] = {}
         if self.fold and budget is not None:
-            sigs = [_signature(op) for op in fn.ops]
-            found = find_repeats(
-                sigs, budget=budget, min_count=self.options.min_repeats, min_gain=8
-            )
+            found = _repeats(fn, budget, self.options.min_repeats)
             opened: set[int] = set()  # in a fold the user opened: stays open
             for r in found:
                 hidden = [f"{prefix}{i}" for i in r.folded]
@@ -483,6 +481,22 @@ class Drawing:
 
 def _slug(node_id: str) -> str:
     return node_id.replace("group-", "g")
+
+
+_REPEATS: weakref.WeakKeyDictionary[Function, dict[tuple[int, int], list]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _repeats(fn: Function, budget: int, min_count: int) -> list:
+    """``find_repeats`` of ``fn``'s op signatures, memoised per Function: the workbench
+    redraws the same program with new placements after every click."""
+    per_function = _REPEATS.setdefault(fn, {})
+    key = (budget, min_count)
+    if key not in per_function:
+        sigs = [_signature(op) for op in fn.ops]
+        per_function[key] = find_repeats(sigs, budget=budget, min_count=min_count, min_gain=8)
+    return per_function[key]
 
 
 def _signature(op: Op) -> tuple:

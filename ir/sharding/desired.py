@@ -71,11 +71,13 @@ def desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):
         changed = False
         for backward in (False, True):
             for op in reversed(ops) if backward else ops:
+                values = (*op.inputs, *op.outputs)
+                if all(v in desired for v in values):  # most ops after the first sweep
+                    continue
                 rule = rules[op]
                 known_in = [(i, desired[v]) for i, v in enumerate(op.inputs) if v in desired]
                 known_out = [(j, desired[v]) for j, v in enumerate(op.outputs) if v in desired]
-                unknown = [v for v in (*op.inputs, *op.outputs) if v not in desired]
-                if not unknown or not (known_in or known_out):
+                if not (known_in or known_out):
                     continue
                 strategy = [
                     _axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)
