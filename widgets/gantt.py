@@ -93,29 +93,28 @@ def gantt_traces(
 def _op_texts(ops: tuple[Op, ...], paths: dict[Op, str]) -> dict[Op, tuple[str, str]]:
     """(op id, hover text) of every distinct op; per-device copies share shape labels."""
     labels: dict[int, str] = {}  # id(type) -> label: ops share their type objects
-    shapes: dict[tuple[int, ...], str] = {}
+
+    def label(t: Any) -> str:
+        found = labels.get(id(t))
+        if found is None:
+            found = labels[id(t)] = shape_label(t)
+        return found
+
     texts: dict[Op, tuple[str, str]] = {}
     for op in dict.fromkeys(ops):
-        types = [v.type for v in op.inputs] + [v.type for v in op.outputs]
-        key = (len(op.inputs), *map(id, types))
-        shape = shapes.get(key)
-        if shape is None:
-            for t in types:
-                if id(t) not in labels:
-                    labels[id(t)] = shape_label(t)
-            k = len(op.inputs)
-            shape = shapes[key] = (
-                ", ".join(labels[id(t)] for t in types[:k])
-                + " → "
-                + ", ".join(labels[id(t)] for t in types[k:])
-            )
+        outs = op.outputs
+        shape = (
+            ", ".join([label(v.type) for v in op.inputs])
+            + " → "
+            + ", ".join([label(v.type) for v in outs])
+        )
+        names = ", ".join([v.name for v in outs])
+        if "<" in names or "&" in names or ">" in names:  # names are hints: any text is allowed
+            names = html.escape(names, quote=False)
         path = paths.get(op)
-        outs = ", ".join([v.name for v in op.outputs])
-        if "<" in outs or "&" in outs or ">" in outs:  # names are hints: any text is allowed
-            outs = html.escape(outs, quote=False)
         texts[op] = (
-            "" if path is None else f"op-{path}",  # ids.op_id, inlined: thousands of calls
-            f"<b>{op.op_type} → {outs}</b><br>{shape}",  # op types are registry identifiers
+            "" if path is None else "op-" + path,  # ids.op_id, inlined: thousands of calls
+            f"<b>{op.op_type} → {names}</b><br>{shape}",  # op types are registry identifiers
         )
     return texts
 
