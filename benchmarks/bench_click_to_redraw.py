@@ -30,6 +30,21 @@ from workbench import Workbench
 MESHES = ("8", "2x4", "4x2", "1x8", "8x1")  # all of the 8 devices, five different meshes
 
 
+def reference_loop_ms() -> float:
+    """A fixed pure-Python workload (best of 3): how fast this host runs Python right now.
+
+    Shared machines drift by 1.5x within minutes; compare runs through this figure.
+    """
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        table: dict[int, int] = {}
+        for i in range(300_000):
+            table[i % 1000] = table.get(i % 1000, 0) + i
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layers", type=int, default=24)
@@ -83,7 +98,7 @@ def main() -> None:
         f"click -> propagate -> simulate -> redraw over {len(rows)} meshes (target 300 ms): "
         f"wall median {statistics.median(wall):.0f} ms (best {min(wall):.0f}), "
         f"CPU median {statistics.median(cpu):.0f} ms (best {min(cpu):.0f}); "
-        f"load average {os.getloadavg()[0]:.2f}"
+        f"load average {os.getloadavg()[0]:.2f}; reference loop {reference_loop_ms():.1f} ms"
     )
 
 
