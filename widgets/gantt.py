@@ -78,8 +78,7 @@ def gantt_traces(
         traces.append(_bars(row_of_bar[idx], kind, numbers[idx], described, unit, prefix))
     idle_rows, idle_numbers = [], []
     for d in result.devices:
-        mine = bars.device == d
-        for lo, hi in _gaps(bars.start_s[mine], bars.start_s[mine] + bars.dur_s[mine], result):
+        for lo, hi in idle_intervals(result, d):
             idle_rows.append(position[d])
             idle_numbers.append((lo, hi - lo, 0.0, 0.0, d))
     numbers = np.array(idle_numbers, dtype=np.float64).reshape(-1, 5)
