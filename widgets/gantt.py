@@ -69,56 +69,73 @@ def gantt_traces(
         np.fromiter((position[d] for d in bars.device.tolist()), dtype=np.int64, count=len(bars))
         + bars.stream
     )
-    texts = _op_texts(bars.ops, op_paths(function) if function is not None else {})
+    ids, texts = _bar_texts(bars.ops, function)
     numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
     traces = []
     for stream, kind in enumerate(STREAMS):
         (idx,) = np.nonzero(bars.stream == stream)
-        described = [texts[bars.ops[i]] for i in idx.tolist()]
-        traces.append(_bars(row_of_bar[idx], kind, numbers[idx], described, unit, prefix))
+        traces.append(
+            _bars(row_of_bar[idx], kind, numbers[idx], ids[idx], texts[idx], unit, prefix)
+        )
     idle_rows, idle_numbers = [], []
     for d in result.devices:
         for lo, hi in idle_intervals(result, d):
             idle_rows.append(position[d])
             idle_numbers.append((lo, hi - lo, 0.0, 0.0, d))
     numbers = np.array(idle_numbers, dtype=np.float64).reshape(-1, 5)
-    idle = [("", "idle")] * len(numbers)
-    traces.append(_bars(np.array(idle_rows, dtype=np.int64), "idle", numbers, idle, unit, prefix))
+    idle_ids = np.full(len(numbers), "", dtype=object)
+    idle = np.full(len(numbers), "idle", dtype=object)
+    traces.append(
+        _bars(np.array(idle_rows, dtype=np.int64), "idle", numbers, idle_ids, idle, unit, prefix)
+    )
     for trace in traces:
         trace["showlegend"] = showlegend
     return traces, rows
 
 
-def _op_texts(ops: tuple[Op, ...], paths: dict[Op, str]) -> dict[Op, tuple[str, str]]:
-    """(op id, hover text) of every distinct op; per-device copies share shape labels."""
+def _bar_texts(ops: tuple[Op, ...], function: Function | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per bar, its op id (``""`` when unknown) and hover text, as object arrays.
+
+    Each distinct op is described once; per-device copies of an op share their
+    type objects' shape labels. Both are built per op, then spread over the
+    bars by index: thousands of bars, a few microseconds each counts.
+    """
+    unique = list(dict.fromkeys(ops))
+    index = dict(zip(unique, range(len(unique))))
+    of_bar = np.fromiter(map(index.__getitem__, ops), dtype=np.int64, count=len(ops))
+    paths = op_paths(function) if function is not None else {}
+    ids = np.array(
+        ["" if (p := paths.get(op)) is None else "op-" + p for op in unique], dtype=object
+    )
+    return ids[of_bar], np.array(_op_texts(unique), dtype=object)[of_bar]
+
+
+def _op_texts(ops: list[Op]) -> list[str]:
+    """The hover text of each op: its type, result names, operand and result shapes."""
     labels: dict[int, str] = {}  # id(type) -> label: ops share their type objects
 
-    def label(t: Any) -> str:
-        found = labels.get(id(t))
-        if found is None:
-            found = labels[id(t)] = shape_label(t)
-        return found
+    def shapes(values: tuple[Any, ...]) -> str:
+        out = []
+        for v in values:
+            t = v.type
+            found = labels.get(id(t))
+            if found is None:
+                found = labels[id(t)] = shape_label(t)
+            out.append(found)
+        return ", ".join(out)
 
-    texts: dict[Op, tuple[str, str]] = {}
-    for op in dict.fromkeys(ops):
+    texts = []
+    for op in ops:
         outs = op.outputs
-        shape = (
-            ", ".join([label(v.type) for v in op.inputs])
-            + " → "
-            + ", ".join([label(v.type) for v in outs])
-        )
         names = ", ".join([v.name for v in outs])
         if "<" in names or "&" in names or ">" in names:  # names are hints: any text is allowed
             names = html.escape(names, quote=False)
-        path = paths.get(op)
-        texts[op] = (
-            "" if path is None else "op-" + path,  # ids.op_id, inlined: thousands of calls
-            f"<b>{op.op_type} → {names}</b><br>{shape}",  # op types are registry identifiers
-        )
+        # op types are registry identifiers: no escaping
+        texts.append(f"<b>{op.op_type} → {names}</b><br>{shapes(op.inputs)} → {shapes(outs)}")
     return texts
 
 
-def _bars(y, kind, numbers, texts, unit, prefix) -> dict[str, Any]:
+def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
     # Only numeric arrays and one string array per trace: numeric arrays travel to
     # the browser as binary buffers; every string list is walked item by item.
     where = f"<extra>{html.escape(prefix)}dev %{{customdata[{DEVICE}]}} · {_STREAM_LABEL[kind]}"
@@ -129,7 +146,7 @@ def _bars(y, kind, numbers, texts, unit, prefix) -> dict[str, Any]:
         base=numbers[:, 0] / unit[1],
         x=numbers[:, 1] / unit[1],
         customdata=typed_array(numbers),
-        hovertext=np.array([text for _, text in texts], dtype=str),
+        hovertext=texts,
         hovertemplate=(_HOVER if kind != "idle" else _IDLE_HOVER) + where + "</extra>",
         marker={
             "color": _KIND_COLOR[kind],
@@ -139,7 +156,7 @@ def _bars(y, kind, numbers, texts, unit, prefix) -> dict[str, Any]:
         name=kind,
         legendgroup=kind,
         # one string, not a list of thousands: see op_id_at
-        meta={"kind": kind, "op_ids": "\n".join(op for op, _ in texts)},
+        meta={"kind": kind, "op_ids": "\n".join(ids)},
     )
 
 
