@@ -16,6 +16,7 @@ element more.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -174,6 +175,50 @@ def _bounds(shape, mesh_shape, placements, coord) -> tuple[tuple[int, int], ...]
     return tuple(p2p.local_bounds(shape, mesh_shape, texts, coord))
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def block_shapes(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], placements: tuple[Placement, ...]
+) -> tuple[tuple[int, ...], ...]:
+    """The shape of the block each device holds, in row-major mesh order.
+
+    ``split_sizes`` arithmetic per sharded axis, without the blocks' bounds: what
+    ``Layout.local_shape`` gives device by device. Depends on the mesh's shape, not
+    its devices, so it is memoised across meshes (bounded).
+    """
+    rank = len(shape)
+    splits = [(k, p.dim % rank) for k, p in enumerate(placements) if isinstance(p, Shard)]
+    count = math.prod(mesh_shape)
+    if not splits:
+        return (shape,) * count
+    out = []
+    for coord in itertools.product(*[range(n) for n in mesh_shape]):
+        dims = list(shape)
+        for k, axis in splits:
+            base, extra = divmod(dims[axis], mesh_shape[k])
+            dims[axis] = base + 1 if coord[k] < extra else base
+        out.append(tuple(dims))
+    return tuple(out)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def shape_fits(
+    shape: tuple[int, ...], mesh_shape: tuple[int, ...], placements: tuple[Placement, ...]
+) -> bool:
+    """Whether ``Layout.check`` accepts ``shape`` (same rules, no message, memoised)."""
+    rank = len(shape)
+    pieces = list(shape)
+    for k, p in enumerate(placements):
+        if not isinstance(p, Shard):
+            continue
+        if not -rank <= p.dim < rank:
+            return False
+        axis = p.dim % rank
+        if mesh_shape[k] > pieces[axis]:
+            return False
+        pieces[axis] //= mesh_shape[k]  # the last (smallest) shard's size
+    return True
+
+
 @dataclass(frozen=True)
 class Layout:
     """A mesh and one placement per mesh axis: where every block of a tensor lives."""
@@ -231,6 +276,14 @@ class Layout:
 
     def local_shape(self, shape: Sequence[int], device: int) -> tuple[int, ...]:
         return tuple(b - a for a, b in self.local_bounds(shape, device))
+
+    def local_shapes(self, shape: Sequence[int]) -> tuple[tuple[int, ...], ...]:
+        """Every device's block shape, in mesh device order (``local_shape`` per device)."""
+        return block_shapes(tuple(shape), self.mesh.shape, self.placements)
+
+    def fits(self, shape: Sequence[int]) -> bool:
+        """Whether :meth:`check` accepts ``shape``."""
+        return shape_fits(tuple(shape), self.mesh.shape, self.placements)
 
     def local_bounds(self, shape: Sequence[int], device: int) -> list[tuple[int, int]]:
         """``[start, stop)`` per tensor axis of the block ``device`` holds."""

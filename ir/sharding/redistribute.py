@@ -18,6 +18,7 @@ Times come from ``ir.collectives.collective_time_s`` on the given topology
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -28,7 +29,7 @@ from ..ops.communication import split_sizes
 from ..types import TensorType, TupleType, Type
 from ..value import Value
 from .errors import PropagationError
-from .mesh import Layout, Partial, Placement, R, Replicate, Shard
+from .mesh import Layout, Mesh, Partial, Placement, R, Replicate, S, Shard, block_shapes
 
 
 @dataclass(frozen=True)
@@ -67,12 +68,17 @@ def local_types(t: Type, layout: Layout) -> list[Type]:
 def _local_types(t: Type, layout: Layout) -> tuple[Type, ...]:
     # Memoised (types and layouts are frozen): propagation asks it the same questions
     # for every strategy of every op of every layer.
-    def one(x: Type, d: int) -> Type:
-        if isinstance(x, TupleType):
-            return TupleType(tuple(one(e, d) for e in x.elements))
-        return TensorType(layout.local_shape(x.shape, d), x.dtype, d)
+    devices = layout.mesh.devices
+    if isinstance(t, TensorType):  # the common case: one table of block shapes
+        shapes = layout.local_shapes(t.shape)
+        return tuple([TensorType(s, t.dtype, d) for s, d in zip(shapes, devices)])
 
-    return tuple(one(t, d) for d in layout.mesh.devices)
+    def one(x: Type, i: int, d: int) -> Type:
+        if isinstance(x, TupleType):
+            return TupleType(tuple(one(e, i, d) for e in x.elements))
+        return TensorType(layout.local_shapes(x.shape)[i], x.dtype, d)
+
+    return tuple(one(t, i, d) for i, d in enumerate(devices))
 
 
 def plan(shape: Sequence[int], src: Layout, dst: Layout) -> list[Step]:
@@ -86,17 +92,37 @@ def _plan(shape: tuple[int, ...], src: Layout, dst: Layout) -> tuple[Step, ...]:
     # the same redistributions for every strategy of every op of every layer.
     if src.mesh != dst.mesh:
         raise PropagationError(f"cannot redistribute between meshes {src.mesh} and {dst.mesh}")
+    try:
+        return _steps(shape, src.mesh.shape, src.placements, dst.placements)
+    except _StuckError as e:
+        raise PropagationError(
+            f"no redistribution from {src} to {dst} (stuck at {e.args[0]})"
+        ) from None
+
+
+class _StuckError(Exception):
+    """``_steps`` found no way; ``_plan`` says so with the layouts' texts."""
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _steps(
+    shape: tuple[int, ...],
+    mesh_shape: tuple[int, ...],
+    src: tuple[Placement, ...],
+    dst: tuple[Placement, ...],
+) -> tuple[Step, ...]:
+    # A function of the mesh's shape, not its devices: memoised across meshes.
     rank = len(shape)
-    cur = list(src.normalized(rank).placements)
-    want = list(dst.normalized(rank).placements)
-    mesh = src.mesh
+    cur: list[Placement] = [S(p.dim % rank) if isinstance(p, Shard) and rank else p for p in src]
+    want: list[Placement] = [S(p.dim % rank) if isinstance(p, Shard) and rank else p for p in dst]
+    ndim = len(mesh_shape)
     steps: list[Step] = []
 
     def sharded_elsewhere(dim: int, k: int) -> bool:
         return any(isinstance(p, Shard) and p.dim == dim for m, p in enumerate(cur) if m != k)
 
     # Axes whose shard must be undone because an outer axis needs to re-slice that dim.
-    for k in reversed(range(mesh.ndim)):
+    for k in reversed(range(ndim)):
         c, w = cur[k], want[k]
         inner_block = isinstance(c, Shard) and any(
             isinstance(want[m], Shard) and want[m].dim == c.dim and cur[m] != want[m]
@@ -117,13 +143,13 @@ def _plan(shape: tuple[int, ...], src: Layout, dst: Layout) -> tuple[Step, ...]:
                 and not inner_block
                 and not sharded_elsewhere(c.dim, k)
                 and not sharded_elsewhere(w.dim, k)
-                and _even_alltoall(shape, mesh, cur, k, w.dim)
+                and _even_alltoall(shape, mesh_shape, cur, k, w.dim)
             ):
                 steps.append(Step("alltoall", k, c, w))
                 cur[k] = w
             else:
                 # Gather inner axes sharding the same dim first.
-                for m in reversed(range(k + 1, mesh.ndim)):
+                for m in reversed(range(k + 1, ndim)):
                     if isinstance(cur[m], Shard) and cur[m].dim == c.dim:  # type: ignore[union-attr]
                         steps.append(Step("allgather", m, cur[m], R))
                         cur[m] = R
@@ -131,25 +157,29 @@ def _plan(shape: tuple[int, ...], src: Layout, dst: Layout) -> tuple[Step, ...]:
                 cur[k] = R
         elif isinstance(w, Partial):
             raise PropagationError(f"cannot make a Partial ({w}) value out of {c}")
-    for k in range(mesh.ndim):
+    for k in range(ndim):
         if isinstance(cur[k], Replicate) and isinstance(want[k], Shard):
             steps.append(Step("slice", k, R, want[k]))
             cur[k] = want[k]
     if cur != want:
-        raise PropagationError(f"no redistribution from {src} to {dst} (stuck at {cur})")
+        raise _StuckError(cur)
     return tuple(steps)
 
 
-def _even_alltoall(shape, mesh, cur, k: int, dim: int) -> bool:
-    layout = Layout(mesh, cur)
-    blocks = {layout.local_shape(shape, d) for d in mesh.devices}
-    return len(blocks) == 1 and next(iter(blocks))[dim] % mesh.shape[k] == 0
+def _even_alltoall(shape, mesh_shape, cur, k: int, dim: int) -> bool:
+    blocks = block_shapes(shape, mesh_shape, tuple(cur))
+    first = blocks[0]
+    return all(b == first for b in blocks) and first[dim] % mesh_shape[k] == 0
 
 
 def _after(layout: Layout, step: Step) -> Layout:
-    ps = list(layout.placements)
+    return Layout(layout.mesh, _after_placements(layout.placements, step))
+
+
+def _after_placements(placements: tuple[Placement, ...], step: Step) -> tuple[Placement, ...]:
+    ps = list(placements)
     ps[step.axis] = step.dst
-    return Layout(layout.mesh, ps)
+    return tuple(ps)
 
 
 _COLLECTIVE = {
@@ -164,14 +194,31 @@ def step_bytes(t: Type, layout: Layout, step: Step) -> int:
     """Bytes the collective of ``step`` moves per group (``collective_time_s``'s size)."""
     if step.kind == "slice":
         return 0
+    ps = layout.placements
     if step.kind == "allgather":
-        return _largest_block_bytes(t, _after(layout, step))
-    return _largest_block_bytes(t, layout)
+        ps = _after_placements(ps, step)
+    return _largest_block_bytes(t, layout.mesh.shape, ps)
 
 
-@functools.lru_cache(maxsize=1 << 12)
-def _largest_block_bytes(t: Type, layout: Layout) -> int:
-    return max(x.size_bytes for x in _local_types(t, layout))
+@functools.lru_cache(maxsize=1 << 14)
+def _largest_block_bytes(
+    t: Type, mesh_shape: tuple[int, ...], placements: tuple[Placement, ...]
+) -> int:
+    """The largest block's bytes over the mesh's devices (a function of the mesh's shape)."""
+    return max(_block_bytes(t, mesh_shape, placements))
+
+
+def _block_bytes(
+    t: Type, mesh_shape: tuple[int, ...], placements: tuple[Placement, ...]
+) -> list[int]:
+    # Per device (mesh order), ``size_bytes`` of its block: a tuple's adds its elements'.
+    if isinstance(t, TupleType):
+        total = [0] * math.prod(mesh_shape)
+        for e in t.elements:
+            total = [a + b for a, b in zip(total, _block_bytes(e, mesh_shape, placements))]
+        return total
+    item = t.dtype.itemsize_bytes
+    return [math.prod(s) * item for s in block_shapes(t.shape, mesh_shape, placements)]
 
 
 def step_time_s(t: Type, layout: Layout, step: Step, topology: Topology) -> float:
@@ -198,21 +245,28 @@ class RedistributionCosts:
     def step_time_s(self, t: Type, layout: Layout, step: Step) -> float:
         if step.kind == "slice":
             return 0.0
-        size = step_bytes(t, layout, step)
-        key = (step.kind, size, layout.mesh, step.axis)
+        return self._time_s(step.kind, step_bytes(t, layout, step), layout.mesh, step.axis)
+
+    def _time_s(self, kind: str, size: int, mesh: Mesh, axis: int) -> float:
+        key = (kind, size, mesh, axis)
         found = self._collective_s.get(key)
         if found is None:
             found = self._collective_s[key] = max(
-                collective_time_s(_COLLECTIVE[step.kind], size, group, self.topology)
-                for group in layout.mesh.groups(step.axis)
+                collective_time_s(_COLLECTIVE[kind], size, group, self.topology)
+                for group in mesh.groups(axis)
             )
         return found
 
     def plan_time_s(self, t: Type, src: Layout, dst: Layout) -> float:
-        total, layout = 0.0, src
-        for step in plan(_elem(t).shape, src, dst):
-            total += self.step_time_s(t, layout, step)
-            layout = _after(layout, step)
+        total, ps, mesh = 0.0, src.placements, src.mesh
+        for step in _plan(_elem(t).shape, src, dst):
+            after = _after_placements(ps, step)
+            if step.kind != "slice":
+                size = _largest_block_bytes(
+                    t, mesh.shape, after if step.kind == "allgather" else ps
+                )
+                total += self._time_s(step.kind, size, mesh, step.axis)
+            ps = after
         return total
 
 
