@@ -14,26 +14,24 @@
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ..builder import FunctionBuilder
 from ..device import Topology
-from ..errors import VerifyError
 from ..function import Function
 from ..op import Op
-from ..registry import CostContext, get_op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
-from ..verify import attributes_key, describe_op, hashed_key, infer_types
+from ..verify import attributes_key, describe_op, hashed_key
 from . import annotations as ann
 from . import halo
+from .choice import Chooser
 from .desired import desired_layouts
-from .errors import AnnotationError, PropagationError
+from .errors import PropagationError
 from .mesh import Layout, Mesh, Partial, R, Shard
-from .redistribute import DistValue, RedistributionCosts, emit, local_types, plan, step_bytes
-from .rules import Rule, describe, placements_for, rule_for, strategies
+from .redistribute import DistValue, emit, plan, step_bytes
+from .rules import Rule, describe
 
 
 @dataclass(frozen=True)
@@ -107,7 +105,7 @@ def propagate(
 # -- phase 2: materialisation -----------------------------------------------------------
 
 
-class _Materialiser:
+class _Materialiser(Chooser):
     def __init__(self, function, mesh, topology, fixed, desired) -> None:
         self.f = function
         self.mesh = mesh
@@ -117,15 +115,10 @@ class _Materialiser:
         self.b = FunctionBuilder(f"{function.name}_sharded")
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
-        self._plan_times: dict[tuple, float | PropagationError] = {}
-        self._costs = RedistributionCosts(topology)
+        self.init_choice()
         self._choices: dict[tuple, _Decision] = {}
-        self._layouts: dict[tuple, Layout] = {}
-        self._whole_compute_s: dict[Op, float] = {}
         # (input type, layout) -> the op that distributes it: (op type, attributes, types)
         self._distributions: dict[tuple, tuple[str, Mapping, tuple[Type, ...]]] = {}
-        self._local_type_lists: dict[tuple, list[Type]] = {}
-        self._fitting: dict[tuple, bool] = {}
         self.report = PropagationReport(mesh)
         peak = topology.device(mesh.devices[0])
         self.peak_flops = peak.peak_flops
@@ -236,61 +229,6 @@ class _Materialiser:
 
     # -- ops -------------------------------------------------------------------------------
 
-    def _plan_time_s(self, t: Type, src: Layout, dst: Layout) -> float:
-        key = (t, src, dst)
-        if key not in self._plan_times:  # strategies of many ops ask the same question
-            try:
-                self._plan_times[key] = self._costs.plan_time_s(t, src, dst)
-            except PropagationError as e:
-                self._plan_times[key] = e
-        found = self._plan_times[key]
-        if isinstance(found, PropagationError):
-            raise found
-        return found
-
-    def _source(self, v: Value, target: Layout) -> tuple[float, DistValue]:
-        """The cheapest layout ``v`` already has to redistribute from, and its time."""
-        best = None
-        for have in (self.dist[v], *self.views.get(v, {}).values()):
-            t = self._plan_time_s(v.type, have.layout, target)
-            if best is None or t < best[0]:
-                best = (t, have)
-        assert best is not None
-        return best
-
-    def _compute_time_s(self, op, shards: int) -> float:
-        whole = self._whole_compute_s.get(op)
-        if whole is None:  # every strategy of ``op`` asks; only ``shards`` differs
-            whole = self._whole_compute_s[op] = self._whole_time_s(op)
-        return whole / shards
-
-    def _whole_time_s(self, op) -> float:
-        opdef = get_op(op.op_type)
-        cost = opdef.cost_rule(
-            CostContext(
-                tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs), op.attributes
-            )
-        )
-        return max(
-            cost.flops / self.peak_flops, (cost.bytes_read + cost.bytes_written) / self.mem_bw
-        )
-
-    def _cost(self, op, rule, strategy, ins, outs) -> float:
-        total = 0.0
-        for v, ps in zip(op.inputs, ins):
-            total += self._source(v, self._layout_of(ps))[0]
-        for v, ps in zip(op.outputs, outs):
-            want = self._layout_of(self.desired.get(v, ps))
-            with contextlib.suppress(PropagationError):
-                total += self._plan_time_s(v.type, self._layout_of(ps), want)
-        shards = 1
-        for k, c in enumerate(strategy):
-            if c[0] in ("shard", "halo"):
-                shards *= self.mesh.shape[k]
-        if any(c[0] == "halo" for c in strategy):
-            total += halo.exchange_time_s(op, rule, self.mesh, strategy, self.topology)
-        return total + self._compute_time_s(op, shards)
-
     def _op(self, op) -> None:
         key = self._choice_key(op)
         decision = self._choices.get(key) if key is not None else None
@@ -307,14 +245,6 @@ class _Materialiser:
             if key is not None:
                 self._choices[key] = decision
         self._emit(op, decision)
-
-    def _layout_of(self, placements) -> Layout:
-        """``Layout(self.mesh, placements)``, one object per placements: layouts key memos."""
-        placements = tuple(placements)
-        found = self._layouts.get(placements)
-        if found is None:
-            found = self._layouts[placements] = Layout(self.mesh, placements)
-        return found
 
     def _choice_key(self, op) -> tuple | None:
         """What the choice of ``op``'s strategy depends on, or None when it cannot be hashed.
@@ -342,80 +272,6 @@ class _Materialiser:
                 tuple([self.desired.get(v) for v in op.outputs]),
             )
         )
-
-    def _choose(self, op) -> tuple:
-        """The rule of ``op`` and its cheapest locally valid strategy, with its placements."""
-        rule = rule_for(op)
-        current = [self.dist[v].layout.placements for v in op.inputs]
-        candidates = []
-        for n, strategy in enumerate(strategies(rule, self.mesh, current)):
-            pl = placements_for(rule, strategy)
-            if pl is None or not self._fits(op, pl):
-                continue
-            try:
-                cost = self._cost(op, rule, strategy, *pl)
-            except PropagationError:
-                continue
-            candidates.append((cost, n, strategy, pl))
-        for _, _, strategy, (ins, outs) in sorted(candidates, key=lambda c: (c[0], c[1])):
-            if self._locally_valid(op, rule, strategy, ins, outs):
-                return rule, strategy, ins, outs
-        raise PropagationError(
-            f"no sharding strategy places {describe_op(op)} on mesh {list(self.mesh.shape)} "
-            f"(operands are {[str(Layout(self.mesh, c)) for c in current]})"
-        )
-
-    def _fits(self, op, pl) -> bool:
-        ins, outs = pl
-        for v, ps in [*zip(op.inputs, ins), *zip(op.outputs, outs)]:
-            key = (tuple(ann.shape_of(v)), tuple(ps))
-            fits = self._fitting.get(key)
-            if fits is None:  # many strategies of many ops ask about the same shapes
-                try:
-                    Layout(self.mesh, ps).check(key[0], v.name)
-                    fits = True
-                except AnnotationError:
-                    fits = False
-                self._fitting[key] = fits
-            if not fits:
-                return False
-        return True
-
-    def _local_inputs(self, op, ins) -> list[list[Type]]:
-        per_operand = [local_types(v.type, self._layout_of(ps)) for v, ps in zip(op.inputs, ins)]
-        return [[t[i] for t in per_operand] for i in range(self.mesh.size)]
-
-    def _locally_valid(self, op, rule, strategy, ins, outs) -> bool:
-        if any(c[0] == "halo" for c in strategy):
-            return halo.valid(op, rule, self.mesh, strategy, ins, outs)
-        expected = [local_types(v.type, self._layout_of(ps)) for v, ps in zip(op.outputs, outs)]
-        opdef = get_op(op.op_type)
-        for i, local_in in enumerate(self._local_inputs(op, ins)):
-            want = [e[i] for e in expected]
-            attrs = self._local_attrs(op, rule, local_in, want, self.mesh.devices[i])
-            try:
-                got, _ = infer_types(opdef, local_in, attrs, op.subfunctions)
-            except VerifyError:
-                return False
-            if [_shapes(t) for t in got] != [_shapes(t) for t in want]:
-                return False
-        return True
-
-    def _local_attrs(self, op, rule, local_in, local_out, device) -> dict:
-        attrs = dict(op.attributes)
-        if rule.local_attributes is not None:
-            attrs = dict(rule.local_attributes(attrs, local_in, local_out))
-        if not op.inputs and "device" in attrs:
-            attrs["device"] = device
-        return attrs
-
-    def _local_types(self, t: Type, placements) -> list[Type]:
-        """``local_types`` memoised: a repeated layer's results ask it the same question."""
-        key = (t, tuple(placements))
-        found = self._local_type_lists.get(key)
-        if found is None:
-            found = self._local_type_lists[key] = local_types(t, self._layout_of(placements))
-        return found
 
     def _emit(self, op, decision: _Decision) -> None:
         self.report.op_strategies.append((op, decision.how))
@@ -492,7 +348,3 @@ class _Decision:
 
 def _has_partial(layout: Layout) -> bool:
     return any(isinstance(p, Partial) for p in layout.placements)
-
-
-def _shapes(t: Type):
-    return tuple(_shapes(e) for e in t.elements) if hasattr(t, "elements") else t.shape

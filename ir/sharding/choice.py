@@ -1,0 +1,175 @@
+"""Choosing an op's sharding strategy: each strategy's predicted time, the cheapest valid one.
+
+A strategy's time is the redistribution of its operands from the cheapest layout
+they already have (``ir.sharding.redistribute``'s plans on the topology), the
+redistribution of its results to their desired layouts, a halo exchange where it
+has one, and the op's compute divided over its shards. The cheapest strategy whose
+local ops type-check on every device wins (ties: the first enumerated).
+
+:class:`Chooser` is the part of propagation's materialiser that does this; the
+materialiser (``ir.sharding.propagate``) sets the state it reads: ``mesh``,
+``topology``, ``desired``, ``dist``, ``views``, ``peak_flops``, ``mem_bw`` and
+the memo tables made by :meth:`Chooser.init_choice`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from ..errors import VerifyError
+from ..registry import CostContext, get_op
+from ..types import Type
+from ..value import Value
+from ..verify import describe_op, infer_types
+from . import halo
+from .annotations import shape_of
+from .errors import PropagationError
+from .mesh import Layout, shape_fits
+from .redistribute import DistValue, RedistributionCosts, local_types
+from .rules import placements_for, rule_for, strategies
+
+
+class Chooser:
+    """Strategy choice and costing, memoised per propagation (one mesh, one topology)."""
+
+    def init_choice(self) -> None:
+        """The memo tables; call once the mesh and topology are set."""
+        self._plan_times: dict[tuple, float | PropagationError] = {}
+        self._costs = RedistributionCosts(self.topology)
+        self._layouts: dict[tuple, Layout] = {}
+        self._whole_compute_s: dict = {}
+        self._local_type_lists: dict[tuple, list[Type]] = {}
+
+    def _plan_time_s(self, t: Type, src: Layout, dst: Layout) -> float:
+        key = (t, src, dst)
+        if key not in self._plan_times:  # strategies of many ops ask the same question
+            try:
+                self._plan_times[key] = self._costs.plan_time_s(t, src, dst)
+            except PropagationError as e:
+                self._plan_times[key] = e
+        found = self._plan_times[key]
+        if isinstance(found, PropagationError):
+            raise found
+        return found
+
+    def _source(self, v: Value, target: Layout) -> tuple[float, DistValue]:
+        """The cheapest layout ``v`` already has to redistribute from, and its time."""
+        best = None
+        for have in (self.dist[v], *self.views.get(v, {}).values()):
+            t = self._plan_time_s(v.type, have.layout, target)
+            if best is None or t < best[0]:
+                best = (t, have)
+        assert best is not None
+        return best
+
+    def _compute_time_s(self, op, shards: int) -> float:
+        whole = self._whole_compute_s.get(op)
+        if whole is None:  # every strategy of ``op`` asks; only ``shards`` differs
+            whole = self._whole_compute_s[op] = self._whole_time_s(op)
+        return whole / shards
+
+    def _whole_time_s(self, op) -> float:
+        opdef = get_op(op.op_type)
+        cost = opdef.cost_rule(
+            CostContext(
+                tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs), op.attributes
+            )
+        )
+        return max(
+            cost.flops / self.peak_flops, (cost.bytes_read + cost.bytes_written) / self.mem_bw
+        )
+
+    def _cost(self, op, rule, strategy, ins, outs) -> float:
+        total = 0.0
+        for v, ps in zip(op.inputs, ins):
+            total += self._source(v, self._layout_of(ps))[0]
+        for v, ps in zip(op.outputs, outs):
+            want = self._layout_of(self.desired.get(v, ps))
+            with contextlib.suppress(PropagationError):
+                total += self._plan_time_s(v.type, self._layout_of(ps), want)
+        shards = 1
+        for k, c in enumerate(strategy):
+            if c[0] in ("shard", "halo"):
+                shards *= self.mesh.shape[k]
+        if any(c[0] == "halo" for c in strategy):
+            total += halo.exchange_time_s(op, rule, self.mesh, strategy, self.topology)
+        return total + self._compute_time_s(op, shards)
+
+    def _layout_of(self, placements) -> Layout:
+        """``Layout(self.mesh, placements)``, one object per placements: layouts key memos."""
+        placements = tuple(placements)
+        found = self._layouts.get(placements)
+        if found is None:
+            found = self._layouts[placements] = Layout(self.mesh, placements)
+        return found
+
+    def _choose(self, op) -> tuple:
+        """The rule of ``op`` and its cheapest locally valid strategy, with its placements."""
+        rule = rule_for(op)
+        current = [self.dist[v].layout.placements for v in op.inputs]
+        candidates = []
+        for n, strategy in enumerate(strategies(rule, self.mesh, current)):
+            pl = placements_for(rule, strategy)
+            if pl is None or not self._fits(op, pl):
+                continue
+            try:
+                cost = self._cost(op, rule, strategy, *pl)
+            except PropagationError:
+                continue
+            candidates.append((cost, n, strategy, pl))
+        for _, _, strategy, (ins, outs) in sorted(candidates, key=lambda c: (c[0], c[1])):
+            if self._locally_valid(op, rule, strategy, ins, outs):
+                return rule, strategy, ins, outs
+        raise PropagationError(
+            f"no sharding strategy places {describe_op(op)} on mesh {list(self.mesh.shape)} "
+            f"(operands are {[str(Layout(self.mesh, c)) for c in current]})"
+        )
+
+    def _fits(self, op, pl) -> bool:
+        """Whether every operand and result can hold its placements (``Layout.check``)."""
+        ins, outs = pl
+        mesh_shape = self.mesh.shape
+        return all(
+            shape_fits(shape_of(v), mesh_shape, ps)
+            for v, ps in (*zip(op.inputs, ins), *zip(op.outputs, outs))
+        )
+
+    def _local_inputs(self, op, ins) -> list[list[Type]]:
+        per_operand = [local_types(v.type, self._layout_of(ps)) for v, ps in zip(op.inputs, ins)]
+        return [[t[i] for t in per_operand] for i in range(self.mesh.size)]
+
+    def _locally_valid(self, op, rule, strategy, ins, outs) -> bool:
+        if any(c[0] == "halo" for c in strategy):
+            return halo.valid(op, rule, self.mesh, strategy, ins, outs)
+        expected = [local_types(v.type, self._layout_of(ps)) for v, ps in zip(op.outputs, outs)]
+        opdef = get_op(op.op_type)
+        for i, local_in in enumerate(self._local_inputs(op, ins)):
+            want = [e[i] for e in expected]
+            attrs = self._local_attrs(op, rule, local_in, want, self.mesh.devices[i])
+            try:
+                got, _ = infer_types(opdef, local_in, attrs, op.subfunctions)
+            except VerifyError:
+                return False
+            if [_shapes(t) for t in got] != [_shapes(t) for t in want]:
+                return False
+        return True
+
+    def _local_attrs(self, op, rule, local_in, local_out, device) -> dict:
+        attrs = dict(op.attributes)
+        if rule.local_attributes is not None:
+            attrs = dict(rule.local_attributes(attrs, local_in, local_out))
+        if not op.inputs and "device" in attrs:
+            attrs["device"] = device
+        return attrs
+
+    def _local_types(self, t: Type, placements) -> list[Type]:
+        """``local_types`` memoised: a repeated layer's results ask it the same question."""
+        key = (t, tuple(placements))
+        found = self._local_type_lists.get(key)
+        if found is None:
+            found = self._local_type_lists[key] = local_types(t, self._layout_of(placements))
+        return found
+
+
+def _shapes(t: Type):
+    return tuple(_shapes(e) for e in t.elements) if hasattr(t, "elements") else t.shape
