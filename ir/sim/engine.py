@@ -99,15 +99,22 @@ class _Scope(dict):
 
 
 class Engine:
-    """One simulation run; :func:`ir.simulate` builds one and wraps its lists in a SimResult."""
+    """One simulation run; :func:`ir.simulate` builds one and wraps its lists in a SimResult.
 
-    def __init__(self, topology: Topology, combine: str = "roofline") -> None:
+    ``shared_records=False`` walks the top level as a pmap body is walked (each op
+    prepared on its own): the reference the shared-record walk is tested against.
+    """
+
+    def __init__(
+        self, topology: Topology, combine: str = "roofline", *, shared_records: bool = True
+    ) -> None:
         if combine not in COMBINE_MODES:
             raise SimulationError(
                 f"combine must be one of {', '.join(COMBINE_MODES)}, got {combine!r}"
             )
         self.topology = topology
         self.additive = combine == "additive"
+        self.shared_records = shared_records
         self.index_of = {d.device_id: i for i, d in enumerate(topology.devices)}
         self.peak_flops = [d.peak_flops for d in topology.devices]
         self.mem_bandwidth = [d.mem_bandwidth_bytes_per_s for d in topology.devices]
@@ -134,9 +141,14 @@ class Engine:
         self.use_count: list[int] = []
         self.use_slots: list[int] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
+        self.comm_instances: list[int] = []  # the instances whose ``where`` is a tuple
         self._prepared: dict[Op, tuple] = {}
-        self._prepared_by_key: dict[tuple, tuple] = {}
-        self._prepared_by_type: dict[str, tuple] = {}  # structural ops
+        # the top-level walk's records (see walk.py), by identity and by structure
+        self._records_by_identity: dict[tuple, tuple] = {}
+        self._records_by_structure: dict[tuple, tuple] = {}
+        self._structural_by_type: dict[str, Any] = {}  # op type -> structural handler
+        self._type_descriptors: dict[int, Any] = {}  # id(type) -> hashable structure
+        self._attribute_keys: dict[int, Any] = {}  # id(attributes) -> hashable items
         self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
         self._comm_cache: dict[tuple, tuple] = {}  # by collective, size, devices, root
@@ -158,7 +170,12 @@ class Engine:
                 ) from None
             env[v] = slots
             self.pinned.extend(_leaves(slots))
-        self._run_ops(function.ops, env, scope, top=True)
+        if self.shared_records:
+            from .walk import run_top_level
+
+            run_top_level(self, function.ops, env, scope)
+        else:
+            self._run_ops(function.ops, env, scope)
         for v in function.outputs:
             self.pinned.extend(_leaves(env[v]))
 
@@ -168,11 +185,11 @@ class Engine:
 
     # -- the walk -------------------------------------------------------------
 
-    def _run_ops(
-        self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope, top: bool = False
-    ) -> None:
-        # The hot loop: locals for everything it touches, one append per instance and per
-        # slot, C-level map/max over operands, last uses settled later with numpy.
+    def _run_ops(self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope) -> None:
+        # The general walk (pmap bodies; the top level when shared_records is off): each op
+        # prepared once, its devices and comm timing resolved per pmap iteration. Locals for
+        # everything it touches, one append per instance and per slot, C-level map/max over
+        # operands, last uses settled later with numpy.
         prepared = self._prepared
         slot_ready = self.slot_ready
         new_ready, new_bytes = slot_ready.append, self.slot_bytes.append
@@ -189,60 +206,10 @@ class Engine:
         ready_of, value_of = slot_ready.__getitem__, env.__getitem__
         compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
         prepare = self._prepare
-        prepared_by_key, attributes_key, tensor_type = (
-            self._prepared_by_key,
-            _attributes_key,
-            TensorType,
-        )
-        prepared_by_type, control_kind = self._prepared_by_type, _CONTROL_KIND
         for op in ops:
-            if top:
-                # each top-level op runs once: its preparation is shared by the ops with its
-                # type, device, attributes and operand and result types (shape, dtype name,
-                # device: an enum member's own hash runs Python code, its name's does not)
-                key = [op.op_type, op.device]
-                for v in op.inputs:
-                    t = v.type
-                    if t.__class__ is not tensor_type:
-                        key = None  # a tuple operand: prepared on its own
-                        break
-                    key += (t.shape, t.dtype._name_, t.device)
-                if key is not None:
-                    key.append(None)  # operands | results
-                    for v in op.outputs:
-                        t = v.type
-                        if t.__class__ is not tensor_type:
-                            key = None
-                            break
-                        key += (t.shape, t.dtype._name_, t.device)
-                if key is None:  # structural ops share theirs by type
-                    prep = prepared_by_type.get(op.op_type)
-                    if prep is None:
-                        # tuple-typed values (a collective): keyed by the types' identity,
-                        # which the function, alive all run, keeps from being reused
-                        key = (
-                            op.op_type,
-                            op.device,
-                            tuple([id(v.type) for v in op.inputs]),
-                            tuple([id(v.type) for v in op.outputs]),
-                            attributes_key(op) if op.attributes else (),
-                        )
-                        prep = prepared_by_key.get(key)
-                        if prep is None:
-                            prep = prepared_by_key[key] = prepare(op)
-                            if prep[0] is control_kind:
-                                prepared_by_type[op.op_type] = prep
-                else:
-                    if op.attributes:
-                        key.append(attributes_key(op))
-                    key = tuple(key)
-                    prep = prepared_by_key.get(key)
-                    if prep is None:
-                        prep = prepared_by_key[key] = prepare(op)
-            else:
-                prep = prepared.get(op)
-                if prep is None:
-                    prep = prepared[op] = prepare(op)
+            prep = prepared.get(op)
+            if prep is None:
+                prep = prepared[op] = prepare(op)
             kind = prep[0]
             try:
                 if kind is compute_kind:
@@ -263,13 +230,12 @@ class Engine:
                 elif kind is comm_kind:
                     ins = _leaves(list(map(value_of, op.inputs)))
                     ready = max(map(ready_of, ins)) if ins else 0.0
-                    # a top-level op's key fixes its types and attributes: the comm rule's
-                    # answer too
-                    where, dur, cost = self._collective(op, scope, prep, key if top else None)
+                    where, dur, cost = self._collective(op, scope, prep)
                     start = max([ready, *(comm_free[d] for d in where)])
                     end = start + dur
                     for d in where:
                         comm_free[d] = end
+                    self.comm_instances.append(len(inst_op))
                     templates, size = prep[1], None
                 else:
                     prep[1](self, op, env, scope)
@@ -402,7 +368,7 @@ class Engine:
         return out
 
     def _collective(
-        self, op: Op, scope: _Scope, prep: tuple, key: tuple | None = None
+        self, op: Op, scope: _Scope, prep: tuple, key: Any = None
     ) -> tuple[tuple[int, ...], float, tuple[float, float]]:
         opdef = prep[2]
         if key is None:

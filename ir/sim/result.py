@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -90,13 +91,23 @@ class SimResult:
         return np.asarray(self._c["dur"], dtype=np.float64)
 
     @cached_property
+    def _where(self) -> tuple[np.ndarray, list[tuple[int, ...]]]:
+        """Each instance's compute device index (-1 for a collective), and the participants
+        of each collective (in ``comm_instances`` order)."""
+        e = self._e
+        where = list(e.inst_where)
+        participants = [where[i] for i in e.comm_instances]
+        for i in e.comm_instances:
+            where[i] = -1
+        return np.asarray(where, dtype=np.int64).reshape(-1), participants
+
+    @cached_property
     def _used(self) -> list[int]:
+        where, participants = self._where
         used = set(self._c["slot_device"])
-        for where in self._c["where"]:
-            if where.__class__ is int:
-                used.add(where)
-            else:
-                used.update(where)
+        used.update(np.unique(where[where >= 0]).tolist())
+        for devices in participants:
+            used.update(devices)
         return sorted(used)
 
     @cached_property
@@ -148,32 +159,34 @@ class SimResult:
     def bars(self) -> Bars:
         """The events as numpy columns (see :class:`Bars`); cheaper than :attr:`events`."""
         e = self._e
-        ops: list[Op] = []
-        where_of: list[int] = []
-        index: list[int] = []  # the instance of each bar
-        for i, (op, where) in enumerate(zip(e.inst_op, e.inst_where)):
-            if where.__class__ is int:
-                ops.append(op)
-                where_of.append(where)
-                index.append(i)
-            else:
-                ops.extend([op] * len(where))
-                where_of.extend(where)
-                index.extend([i] * len(where))
-        rows = np.asarray(index, dtype=np.int64)
-        compute = np.fromiter(
-            (w.__class__ is int for w in e.inst_where), dtype=bool, count=len(e.inst_where)
-        )[rows]
-        cost = np.asarray([c[:2] for c in e.inst_cost], dtype=np.float64).reshape(-1, 2)[rows]
+        where, participants = self._where
+        n = len(where)
+        comm = np.asarray(e.comm_instances, dtype=np.int64)
+        counts = np.ones(n, dtype=np.int64)
+        counts[comm] = [len(devices) for devices in participants]
+        rows = np.repeat(np.arange(n), counts)  # the instance of each bar
+        device = where[rows]
+        compute = device >= 0
+        if participants:
+            device[~compute] = np.concatenate([np.asarray(p, np.int64) for p in participants])
+        ops: list[Op] = []  # runs of compute instances, a collective once per participant
+        done = 0
+        for i, devices in zip(e.comm_instances, participants):
+            ops += e.inst_op[done:i]
+            ops += [e.inst_op[i]] * len(devices)
+            done = i + 1
+        ops += e.inst_op[done:]
+        flops = np.fromiter(map(itemgetter(0), e.inst_cost), dtype=np.float64, count=n)
+        nbytes = np.fromiter(map(itemgetter(1), e.inst_cost), dtype=np.float64, count=n)
         ids = np.asarray(self.topology.device_ids, dtype=np.int64)
         return Bars(
             ops=tuple(ops),
-            device=ids[np.asarray(where_of, dtype=np.int64)],
+            device=ids[device],
             stream=(~compute).astype(np.int8),
             start_s=self._start[rows],
             dur_s=self._dur[rows],
-            flops=np.where(compute, cost[:, 0], 0.0),
-            bytes=cost[:, 1],
+            flops=np.where(compute, flops[rows], 0.0),
+            bytes=nbytes[rows],
         )
 
     def events_on(self, device: int, stream: str | None = None) -> list[Event]:

@@ -1,0 +1,225 @@
+"""The top-level walk: each op runs once, so its timing is resolved once per op signature.
+
+A top-level op's device, duration, cost and output sizes depend only on its
+type, device, attributes and operand and result types. A propagated program
+shares type objects and attribute mappings between its layers' (and devices')
+copies, so ops are first looked up by the identity of those objects (the
+function, alive all run, keeps them from being reused); on a miss, by their
+structure (shapes, dtype names, devices, attribute values), and only a
+structural miss prepares the op (cost rule, comm rule, device lookups).
+
+The walk itself does what :meth:`Engine._run_ops` does for an op in a pmap body,
+with the per-op data already resolved into a record::
+
+    (kind, where, dur, cost, size, out)
+
+``where`` is the compute device index (int) or the participants (tuple); ``size``
+and ``out`` are the bytes and device index of a single tensor result, or ``size``
+is None and ``out`` lists the resolved output templates (see :func:`_resolved`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..op import Op
+from ..types import TensorType, TupleType, Type
+from ..value import Value
+from .engine import (
+    _COMPUTE_KIND,
+    _CONTROL_KIND,
+    Engine,
+    _attributes_key,
+    _leaves,
+    _Scope,
+    _tuple_get,
+    _UnknownDeviceError,
+)
+
+
+class _FlatTuple(tuple):
+    """A resolved tuple template whose elements are all tensors: (bytes..., devices...)."""
+
+
+def run_top_level(
+    engine: Engine, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope
+) -> None:
+    """Walk the top-level ``ops`` of a function, appending to ``engine``'s columns."""
+    records = engine._records_by_identity
+    structural = engine._structural_by_type
+    slot_ready = engine.slot_ready
+    new_ready, new_bytes = slot_ready.append, engine.slot_bytes.append
+    new_device, new_producer = engine.slot_device.append, engine.slot_producer.append
+    inst_op = engine.inst_op
+    add_op, add_where = inst_op.append, engine.inst_where.append
+    add_start, add_dur, add_cost = (
+        engine.inst_start.append,
+        engine.inst_dur.append,
+        engine.inst_cost.append,
+    )
+    add_count, add_uses = engine.use_count.append, engine.use_slots.extend
+    compute_free, comm_free = engine.compute_free, engine.comm_free
+    ready_of, value_of = slot_ready.__getitem__, env.__getitem__
+    compute_kind, tuple_get, flat_tuple = _COMPUTE_KIND, _tuple_get, _FlatTuple
+    for op in ops:
+        try:
+            op_type = op.op_type
+            handler = structural.get(op_type)
+            if handler is not None:
+                if handler is tuple_get:  # the most common structural op, inlined
+                    env[op.outputs[0]] = value_of(op.inputs[0])[op.attributes["index"]]
+                else:
+                    handler(engine, op, env, scope)
+                continue
+            ins, outs = op.inputs, op.outputs
+            # the identity key: no hashing of shapes or attribute values
+            if len(outs) == 1 and 0 < len(ins) < 3:
+                if len(ins) == 2:
+                    key = (
+                        op_type,
+                        op.device,
+                        id(op.attributes),
+                        id(ins[0].type),
+                        id(ins[1].type),
+                        id(outs[0].type),
+                    )
+                else:
+                    key = (op_type, op.device, id(op.attributes), id(ins[0].type), id(outs[0].type))
+            else:
+                key = (
+                    op_type,
+                    op.device,
+                    id(op.attributes),
+                    None,
+                    tuple([id(v.type) for v in ins]),
+                    tuple([id(v.type) for v in outs]),
+                )
+            record = records.get(key)
+            if record is None:
+                record = _record(engine, op, scope)
+                if record.__class__ is not tuple:  # a structural op: run it, dispatch by type
+                    structural[op_type] = record
+                    record(engine, op, env, scope)
+                    continue
+                records[key] = record
+            uses = list(map(value_of, ins))
+            try:
+                ready = max(map(ready_of, uses)) if uses else 0.0
+            except TypeError:  # a tuple operand (a collective's, Concat's)
+                uses = _leaves(uses)
+                ready = max(map(ready_of, uses)) if uses else 0.0
+            kind, where, dur, cost, size, out = record
+            if kind is compute_kind:
+                start = compute_free[where]
+                if ready > start:
+                    start = ready
+                end = start + dur
+                compute_free[where] = end
+            else:
+                start = max([ready, *[comm_free[d] for d in where]])
+                end = start + dur
+                for d in where:
+                    comm_free[d] = end
+                engine.comm_instances.append(len(inst_op))
+            producer = len(inst_op)
+            add_op(op)
+            add_where(where)
+            add_start(start)
+            add_dur(dur)
+            add_cost(cost)
+            add_count(len(uses))
+            add_uses(uses)
+            if size is not None:  # the common case: one tensor result
+                env[outs[0]] = len(slot_ready)
+                new_ready(end)
+                new_bytes(size)
+                new_device(out)
+                new_producer(producer)
+                continue
+            for v, template in zip(outs, out):
+                if template.__class__ is flat_tuple:  # a tuple of tensors (a collective's)
+                    n = len(template) // 2
+                    first = len(slot_ready)
+                    slot_ready.extend([end] * n)
+                    engine.slot_bytes.extend(template[:n])
+                    engine.slot_device.extend(template[n:])
+                    engine.slot_producer.extend([producer] * n)
+                    env[v] = tuple(range(first, first + n))
+                else:
+                    env[v] = _allocate(engine, template, end, producer)
+        except _UnknownDeviceError as e:
+            raise engine._device_error(op, e.ref) from None
+
+
+def _record(engine: Engine, op: Op, scope: _Scope) -> Any:
+    """The op's resolved record, shared by structure; a structural op's handler instead."""
+    descriptors = engine._type_descriptors
+    ins = [descriptors.get(id(v.type)) or _describe(engine, v.type) for v in op.inputs]
+    outs = [descriptors.get(id(v.type)) or _describe(engine, v.type) for v in op.outputs]
+    attributes = engine._attribute_keys.get(id(op.attributes))
+    if attributes is None:
+        attributes = engine._attribute_keys[id(op.attributes)] = _attributes_key(op)
+    key = (op.op_type, op.device, attributes, tuple(ins), tuple(outs))
+    record = engine._records_by_structure.get(key)
+    if record is not None:
+        return record
+    prep = engine._prepare(op)
+    kind = prep[0]
+    if kind is _CONTROL_KIND:
+        return prep[1]
+    if kind is _COMPUTE_KIND:
+        _, cost, dev_ref, templates, size, out_ref = prep
+        where = scope[dev_ref]
+        dur = cost[2][where]
+        if size is not None:
+            record = (kind, where, dur, cost, size, scope[out_ref])
+        else:
+            record = (kind, where, dur, cost, None, [_resolved(t, scope) for t in templates])
+    else:
+        # the structural key fixes the types and attributes: the comm rule's answer too
+        where, dur, cost = engine._collective(op, scope, prep, key)
+        out = [_resolved(t, scope) for t in prep[1]]
+        if len(out) == 1 and out[0].__class__ is tuple:
+            record = (kind, where, dur, cost, out[0][0], out[0][1])
+        else:
+            record = (kind, where, dur, cost, None, out)
+    engine._records_by_structure[key] = record
+    return record
+
+
+def _describe(engine: Engine, t: Type) -> Any:
+    """A hashable stand-in for ``t`` equal for equal types (enum hashes run Python code)."""
+    if t.__class__ is TensorType:
+        found: Any = (t.shape, t.dtype._name_, t.device)
+    elif t.__class__ is TupleType:
+        found = ("tuple", *[_describe(engine, e) for e in t.elements])
+    else:
+        found = (t,)
+    engine._type_descriptors[id(t)] = found
+    return found
+
+
+def _resolved(template: Any, scope: _Scope) -> Any:
+    """A template with device refs replaced by topology indices (tuples of tensors flat)."""
+    if template.__class__ is tuple:
+        return (template[0], scope[template[1]])
+    elements = [_resolved(t, scope) for t in template]
+    if all(e.__class__ is tuple for e in elements):
+        return _FlatTuple([*[e[0] for e in elements], *[e[1] for e in elements]])
+    return elements
+
+
+def _allocate(engine: Engine, template: Any, ready: float, producer: int) -> Any:
+    """Slots for a value of a resolved template's structure."""
+    if template.__class__ is tuple:
+        engine.slot_ready.append(ready)
+        engine.slot_bytes.append(template[0])
+        engine.slot_device.append(template[1])
+        engine.slot_producer.append(producer)
+        return len(engine.slot_ready) - 1
+    if template.__class__ is _FlatTuple:
+        n = len(template) // 2
+        return tuple(
+            _allocate(engine, (template[k], template[n + k]), ready, producer) for k in range(n)
+        )
+    return tuple(_allocate(engine, t, ready, producer) for t in template)
