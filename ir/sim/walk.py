@@ -61,6 +61,7 @@ def run_top_level(
     compute_free, comm_free = engine.compute_free, engine.comm_free
     ready_of, value_of = slot_ready.__getitem__, env.__getitem__
     compute_kind, tuple_get, flat_tuple = _COMPUTE_KIND, _tuple_get, _FlatTuple
+    produced, slots = len(inst_op), len(slot_ready)  # kept in step with the columns
     for op in ops:
         try:
             op_type = op.op_type
@@ -70,21 +71,22 @@ def run_top_level(
                     env[op.outputs[0]] = value_of(op.inputs[0])[op.attributes["index"]]
                 else:
                     handler(engine, op, env, scope)
+                    produced, slots = len(inst_op), len(slot_ready)
                 continue
             ins, outs = op.inputs, op.outputs
             # the identity key: no hashing of shapes or attribute values
-            if len(outs) == 1 and 0 < len(ins) < 3:
-                if len(ins) == 2:
-                    key = (
-                        op_type,
-                        op.device,
-                        id(op.attributes),
-                        id(ins[0].type),
-                        id(ins[1].type),
-                        id(outs[0].type),
-                    )
-                else:
-                    key = (op_type, op.device, id(op.attributes), id(ins[0].type), id(outs[0].type))
+            n = len(ins)
+            if n == 2 and len(outs) == 1:
+                key = (
+                    op_type,
+                    op.device,
+                    id(op.attributes),
+                    id(ins[0].type),
+                    id(ins[1].type),
+                    id(outs[0].type),
+                )
+            elif n == 1 and len(outs) == 1:
+                key = (op_type, op.device, id(op.attributes), id(ins[0].type), id(outs[0].type))
             else:
                 key = (
                     op_type,
@@ -100,14 +102,16 @@ def run_top_level(
                 if record.__class__ is not tuple:  # a structural op: run it, dispatch by type
                     structural[op_type] = record
                     record(engine, op, env, scope)
+                    produced, slots = len(inst_op), len(slot_ready)
                     continue
                 records[key] = record
-            uses = list(map(value_of, ins))
+            uses = [*map(value_of, ins)]
             try:
-                ready = max(map(ready_of, uses)) if uses else 0.0
+                ready = max(map(ready_of, uses)) if n else 0.0
             except TypeError:  # a tuple operand (a collective's, Concat's)
                 uses = _leaves(uses)
                 ready = max(map(ready_of, uses)) if uses else 0.0
+                n = len(uses)
             kind, where, dur, cost, size, out = record
             if kind is compute_kind:
                 start = compute_free[where]
@@ -120,17 +124,19 @@ def run_top_level(
                 end = start + dur
                 for d in where:
                     comm_free[d] = end
-                engine.comm_instances.append(len(inst_op))
-            producer = len(inst_op)
+                engine.comm_instances.append(produced)
+            producer = produced
+            produced += 1
             add_op(op)
             add_where(where)
             add_start(start)
             add_dur(dur)
             add_cost(cost)
-            add_count(len(uses))
+            add_count(n)
             add_uses(uses)
             if size is not None:  # the common case: one tensor result
-                env[outs[0]] = len(slot_ready)
+                env[outs[0]] = slots
+                slots += 1
                 new_ready(end)
                 new_bytes(size)
                 new_device(out)
@@ -147,6 +153,7 @@ def run_top_level(
                     env[v] = tuple(range(first, first + n))
                 else:
                     env[v] = _allocate(engine, template, end, producer)
+            slots = len(slot_ready)
         except _UnknownDeviceError as e:
             raise engine._device_error(op, e.ref) from None
 
