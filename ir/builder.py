@@ -151,6 +151,64 @@ class FunctionBuilder:
         self._defined.update(outputs)
         return op
 
+    def add_inferred_rows(
+        self,
+        op_type: str,
+        inputs: Sequence[Sequence[Value]],
+        signatures: Sequence[tuple[Mapping[str, Any], Sequence[Type]]],
+        names: Sequence[Sequence[str]],
+    ) -> list[tuple[Value, ...]]:
+        """``add_inferred`` once per row, in one call; return each new op's results.
+
+        Row ``i`` appends ``op_type`` on ``inputs[i]`` with ``signatures[i]`` (its frozen
+        attributes and result types, under ``add_inferred``'s contract) and result names
+        ``names[i]``: the same ops, in the same order, as that many ``add_inferred``
+        calls (one op per device of a distributed op). Every row is checked before any op
+        is added, so a row may not read another row's results; a bad row raises the error
+        its ``add_inferred`` call would, and then nothing is added.
+        """
+        self._check_open()
+        try:
+            opdef = get_op(op_type)
+        except UnknownOpError as e:
+            raise VerifyError(str(e)) from None
+        name = opdef.name
+        if not len(inputs) == len(signatures) == len(names):
+            raise VerifyError(
+                f"{name}: {len(inputs)} operand rows, {len(signatures)} signatures and "
+                f"{len(names)} name rows: give one of each per op"
+            )
+        defined = self._defined
+        arities: set[int] = set()
+        for row, (_, types), row_names in zip(inputs, signatures, names):
+            if len(row) not in arities:
+                problem = opdef.check_arity(len(row))
+                if problem:
+                    raise VerifyError(problem)
+                arities.add(len(row))
+            try:
+                known = defined.issuperset(row)  # Values only: one C-level pass
+            except TypeError:  # not hashable, so not a Value
+                known = False
+            if not known:
+                self._check_operands(name, row)
+            if len(row_names) != len(types):
+                raise VerifyError(f"{name} has {len(types)} result(s), got {len(row_names)} names")
+        ops, results = self._ops, []
+        for row, (attributes, types), row_names in zip(inputs, signatures, names):
+            if len(types) == 1:
+                outputs: tuple[Value, ...] = (Value(row_names[0], types[0]),)
+                t = types[0]
+                device = t.device if type(t) is TensorType else _common_device(types)
+            else:
+                outputs = tuple([Value(n, t) for n, t in zip(row_names, types)])
+                device = _common_device(types)
+            ops.append(Op(name, tuple(row), outputs, attributes, device, (), ""))
+            results.append(outputs)
+        for outputs in results:
+            defined.update(outputs)
+        return results
+
     def unpack(self, value: Value, names: Sequence[str]) -> tuple[Value, ...]:
         """Append one ``TupleGet`` per element of the tuple ``value``; return the elements.
 

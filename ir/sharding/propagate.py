@@ -116,6 +116,7 @@ class _Materialiser(Chooser):
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
         self.init_choice()
+        self._suffixes = [f"_{d}" for d in mesh.devices]
         self._choices: dict[tuple, _Decision] = {}
         # (input type, layout) -> the op that distributes it: (op type, attributes, types)
         self._distributions: dict[tuple, tuple[str, Mapping, tuple[Type, ...]]] = {}
@@ -295,13 +296,14 @@ class _Materialiser(Chooser):
         elif decision.local_ops is not None and not op.subfunctions:
             # The same decision means the same local operand types (its key holds the
             # operands' types and layouts): the type rules' answers for the first op hold.
-            add, op_type, local_ops = self.b.add_inferred, op.op_type, decision.local_ops
-            results = []
-            for i, d in enumerate(self.mesh.devices):
-                attrs, types = local_ops[i]
-                names = [f"{v.name}_{d}" for v in op.outputs]
-                new = add(op_type, [x.locals[i] for x in operands], attrs, types, names)
-                results.append(new.outputs)
+            suffixes = self._suffixes  # "_<device>" per device: names as f"{name}_{d}"
+            if len(op.outputs) == 1:
+                name = op.outputs[0].name
+                names = [[name + s] for s in suffixes]
+            else:
+                names = [[v.name + s for v in op.outputs] for s in suffixes]
+            rows = list(zip(*[x.locals for x in operands])) if operands else [()] * len(names)
+            results = self.b.add_inferred_rows(op.op_type, rows, decision.local_ops, names)
         else:
             results = self._emit_checked(op, decision, operands)
         for j, v in enumerate(op.outputs):

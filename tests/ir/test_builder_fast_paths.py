@@ -127,3 +127,102 @@ def test_get_op_is_case_insensitive_and_names_unknown_ops():
     assert get_op("matmul") is get_op("MatMul")
     with pytest.raises(ir.errors.UnknownOpError, match="did you mean MatMul"):
         get_op("MatMull")
+
+
+def _rows_program(batched: bool, devices=(0, 1, 2)) -> ir.Function:
+    """MatMul then Split on per-device operands: one op per device, batched or one by one."""
+    b = FunctionBuilder("f")
+    xs = [b.input(f"x_{d}", T(4, 6, device=d)) for d in devices]
+    ws = [b.input(f"w_{d}", T(6, 2, device=d)) for d in devices]
+    sig = []
+    for d in devices:
+        types, full = infer_types(get_op("MatMul"), [T(4, 6, device=d), T(6, 2, device=d)], {})
+        sig.append((freeze_attributes(full), types))
+    rows = list(zip(xs, ws))
+    names = [[f"y_{d}"] for d in devices]
+    if batched:
+        ys = [out[0] for out in b.add_inferred_rows("matmul", rows, sig, names)]
+    else:
+        ys = [
+            b.add_inferred("matmul", list(r), a, t, n).outputs[0]
+            for r, (a, t), n in zip(rows, sig, names)
+        ]
+    grads = []  # MatMulGrad: two results per op
+    for x, w, y in zip(xs, ws, ys):
+        types, full = infer_types(get_op("MatMulGrad"), [x.type, w.type, y.type], {})
+        grads.append((freeze_attributes(full), types))
+    two_names = [[f"dw_{d}", f"dx_{d}"] for d in devices]
+    grad_rows = [[x, w, y] for x, w, y in zip(xs, ws, ys)]
+    if batched:
+        parts = b.add_inferred_rows("MatMulGrad", grad_rows, grads, two_names)
+    else:
+        parts = [
+            b.add_inferred("MatMulGrad", r, a, t, n).outputs
+            for r, (a, t), n in zip(grad_rows, grads, two_names)
+        ]
+    return b.finish([v for p in parts for v in p])
+
+
+def test_add_inferred_rows_builds_what_one_add_inferred_per_row_builds():
+    batched, single = _rows_program(True), _rows_program(False)
+    assert str(batched) == str(single)
+    for a, c in zip(batched.ops, single.ops, strict=True):
+        assert (a.op_type, a.device, a.name, a.subfunctions) == (
+            c.op_type,
+            c.device,
+            c.name,
+            c.subfunctions,
+        )
+        assert a.attributes is not None and dict(a.attributes) == dict(c.attributes)
+        assert [(v.name, v.type) for v in a.outputs] == [(v.name, v.type) for v in c.outputs]
+        assert [v.name for v in a.inputs] == [v.name for v in c.inputs]
+    assert [op.device for op in batched.ops] == [0, 1, 2] * 2
+    ir.verify(batched)
+
+
+def _rows_error(batched: bool, rows, signatures, names, op_type="Relu") -> str:
+    b = FunctionBuilder("f")
+    x = b.input("x", T(4, 3))
+    rows = [[x if v == "x" else v for v in row] for row in rows]
+    with pytest.raises(VerifyError) as e:
+        if batched:
+            b.add_inferred_rows(op_type, rows, signatures, names)
+        else:
+            for row, (a, t), n in zip(rows, signatures, names):
+                b.add_inferred(op_type, row, a, t, n)
+    if batched:
+        assert b.ops == ()  # a failed call adds nothing
+    return str(e.value)
+
+
+@pytest.mark.parametrize(
+    "rows, names, op_type",
+    [
+        ([["x"], ["x", "x"]], [["y"], ["z"]], "Relu"),  # second row: wrong arity
+        ([["x"], ["stray"]], [["y"], ["z"]], "Relu"),  # not a Value
+        ([["x"], ["x"]], [["y"], ["z", "w"]], "Relu"),  # second row: two names
+        ([["x"]], [["y"]], "Rleu"),  # unknown op
+    ],
+)
+def test_add_inferred_rows_refuses_a_bad_row_as_its_add_inferred_would(rows, names, op_type):
+    sig = [(freeze_attributes({}), [T(4, 3)])] * len(rows)
+    assert _rows_error(True, rows, sig, names, op_type) == _rows_error(
+        False, rows, sig, names, op_type
+    )
+
+
+def test_add_inferred_rows_refuses_operands_from_elsewhere_and_mismatched_rows():
+    other = FunctionBuilder("other")
+    stray = other.input("stray", T(4, 3))
+    b = FunctionBuilder("f")
+    x = b.input("x", T(4, 3))
+    sig = (freeze_attributes({}), [T(4, 3)])
+    with pytest.raises(VerifyError, match=r"operand 0 of Relu \('stray'\) is not defined in "):
+        b.add_inferred_rows("Relu", [[x], [stray]], [sig, sig], [["y"], ["z"]])
+    with pytest.raises(VerifyError, match="2 operand rows, 1 signatures and 2 name rows"):
+        b.add_inferred_rows("Relu", [[x], [x]], [sig], [["y"], ["z"]])
+    (y,) = b.add_inferred_rows("Relu", [[x]], [sig], [["y"]])[0]
+    assert b.ops[-1].outputs == (y,) and len(b.ops) == 1
+    b.finish([y])
+    with pytest.raises(VerifyError, match="is finished"):
+        b.add_inferred_rows("Relu", [[x]], [sig], [["z"]])

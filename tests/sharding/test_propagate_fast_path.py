@@ -45,6 +45,14 @@ def checking_add_inferred(self, op_type, inputs, attributes, output_types, names
     return op
 
 
+def checking_add_inferred_rows(self, op_type, inputs, signatures, names):
+    """``add_inferred_rows`` as one checked ``add_op`` per row."""
+    return [
+        checking_add_inferred(self, op_type, row, attrs, types, row_names).outputs
+        for row, (attrs, types), row_names in zip(inputs, signatures, names, strict=True)
+    ]
+
+
 def checking_unpack(self, value, names):
     return tuple(self.call("TupleGet", value, index=i, name=name) for i, name in enumerate(names))
 
@@ -70,17 +78,24 @@ def test_fast_path_program_equals_the_checked_one(monkeypatch, training, shape):
     annotations = {"tokens": (Mesh(shape), [S(0)] + [R] * (len(shape) - 1))}
     trusted = []
     real_add_inferred = FunctionBuilder.add_inferred
+    real_add_inferred_rows = FunctionBuilder.add_inferred_rows
 
     def counting(self, *args, **kwargs):
         trusted.append(args[0])
         return real_add_inferred(self, *args, **kwargs)
 
+    def counting_rows(self, op_type, inputs, *args):
+        trusted.extend([op_type] * len(inputs))
+        return real_add_inferred_rows(self, op_type, inputs, *args)
+
     monkeypatch.setattr(FunctionBuilder, "add_inferred", counting)
+    monkeypatch.setattr(FunctionBuilder, "add_inferred_rows", counting_rows)
     g, report = propagate(f, annotations)
     # Layers after the first trust the first one's answers: most local ops take the fast path.
     assert len(trusted) > g.num_ops() / 3
 
     monkeypatch.setattr(FunctionBuilder, "add_inferred", checking_add_inferred)
+    monkeypatch.setattr(FunctionBuilder, "add_inferred_rows", checking_add_inferred_rows)
     monkeypatch.setattr(FunctionBuilder, "unpack", checking_unpack)
     h, checked = propagate(f, annotations)
     assert str(g) == str(h)
