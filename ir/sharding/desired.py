@@ -16,9 +16,9 @@ import functools
 from ..function import Function
 from ..value import Value
 from .annotations import shape_of
-from .errors import AnnotationError
-from .mesh import Layout, Mesh, Partial, Placement, R, Shard
-from .rules import Rule, placements_for, rule_for
+from .facts import op_rules
+from .mesh import Layout, Mesh, Partial, Placement, R, Shard, shape_fits
+from .rules import Rule, placements_for
 
 
 def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
@@ -66,58 +66,75 @@ def _is_halo(rule: Rule, p: Placement, index: int, which: str, axis_key: str) ->
 def desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):
     desired: dict[Value, tuple[Placement, ...]] = {v: lay.placements for v, lay in fixed.items()}
     ops = [op for op in function.ops if op.op_type != "ShardAnnotate"]
-    rules = {op: rule_for(op) for op in ops}
+    rules = op_rules(function, ops)  # kept per Function: the same for every mesh
+    # An op's placements follow from its rule, its known values' placements and the sweep's
+    # direction: a repeated layer asks the same question per layer.
+    answers: dict[tuple, tuple | None] = {}
+    pending = ops  # ops with a value still unplaced (placed values stay placed)
     for _ in range(2 * len(ops) + 2):
         changed = False
         for backward in (False, True):
-            for op in reversed(ops) if backward else ops:
-                values = (*op.inputs, *op.outputs)
-                if all(v in desired for v in values):  # most ops after the first sweep
+            for op in reversed(pending) if backward else pending:
+                if all(v in desired for v in op.inputs) and all(v in desired for v in op.outputs):
                     continue
                 rule = rules[op]
-                known_in = [(i, desired[v]) for i, v in enumerate(op.inputs) if v in desired]
-                known_out = [(j, desired[v]) for j, v in enumerate(op.outputs) if v in desired]
+                known_in = tuple([(i, desired[v]) for i, v in enumerate(op.inputs) if v in desired])
+                known_out = tuple(
+                    [(j, desired[v]) for j, v in enumerate(op.outputs) if v in desired]
+                )
                 if not (known_in or known_out):
                     continue
-                strategy = [
-                    _axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)
-                ]
-                pl = placements_for(rule, strategy)
+                key = (id(rule), known_in, known_out, backward)  # ``rules`` keeps them alive
+                if key in answers:
+                    pl = answers[key]
+                else:
+                    pl = answers[key] = _placements(rule, known_in, known_out, backward, mesh)
                 if pl is None:
                     continue
                 ins, outs = pl
-                for v, ps, is_input in [
-                    *((v, ins[i], True) for i, v in enumerate(op.inputs)),
-                    *((v, outs[j], False) for j, v in enumerate(op.outputs)),
-                ]:
-                    if v in desired:
-                        continue
-                    if is_input:
-                        ps = tuple(R if isinstance(p, Partial) else p for p in ps)
-                    desired[v] = _valid_or_replicated(v, ps, mesh)
-                    changed = True
+                for i, v in enumerate(op.inputs):
+                    if v not in desired:
+                        desired[v] = _fitted(tuple(shape_of(v)), ins[i], mesh.shape)
+                        changed = True
+                for j, v in enumerate(op.outputs):
+                    if v not in desired:
+                        desired[v] = _fitted(tuple(shape_of(v)), outs[j], mesh.shape)
+                        changed = True
+            pending = [
+                op
+                for op in pending
+                if not all(v in desired for v in op.inputs)
+                or not all(v in desired for v in op.outputs)
+            ]
         if not changed:
             break
     return desired
 
 
-def _valid_or_replicated(v: Value, ps, mesh: Mesh) -> tuple[Placement, ...]:
-    return _fitted(tuple(shape_of(v)), tuple(ps), mesh)
+def _placements(rule: Rule, known_in, known_out, backward: bool, mesh: Mesh):
+    """The operands' and results' placements the known ones imply (operands never Partial),
+    or None when the implied strategy is invalid."""
+    strategy = [_axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)]
+    pl = placements_for(rule, strategy)
+    if pl is None:
+        return None
+    ins, outs = pl
+    ins = [tuple(R if isinstance(p, Partial) else p for p in ps) for ps in ins]
+    return ins, [tuple(ps) for ps in outs]
 
 
 @functools.lru_cache(maxsize=1 << 12)
-def _fitted(shape: tuple[int, ...], ps: tuple[Placement, ...], mesh: Mesh) -> tuple[Placement, ...]:
-    # Memoised: a repeated layer asks about the same shapes and placements per layer.
+def _fitted(
+    shape: tuple[int, ...], ps: tuple[Placement, ...], mesh_shape: tuple[int, ...]
+) -> tuple[Placement, ...]:
+    """``ps``, with ``R`` on the offending axes (first to last) until ``shape`` fits; all
+    ``R`` if it never does. Memoised (by the mesh's shape): layers ask alike."""
     out = list(ps)
     for k in range(len(out)):
-        try:
-            Layout(mesh, out).check(shape)
+        if shape_fits(shape, mesh_shape, tuple(out)):
             break
-        except AnnotationError:
-            if isinstance(out[k], Shard):
-                out[k] = R
-    try:
-        Layout(mesh, out).check(shape)
-    except AnnotationError:
-        out = [R] * mesh.ndim
+        if isinstance(out[k], Shard):
+            out[k] = R
+    if not shape_fits(shape, mesh_shape, tuple(out)):
+        out = [R] * len(mesh_shape)
     return tuple(out)

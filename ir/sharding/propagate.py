@@ -23,12 +23,13 @@ from ..function import Function
 from ..op import Op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
-from ..verify import attributes_key, describe_op, hashed_key
+from ..verify import describe_op, hashed_key
 from . import annotations as ann
 from . import halo
 from .choice import Chooser
 from .desired import desired_layouts
 from .errors import PropagationError
+from .facts import op_signatures
 from .mesh import Layout, Mesh, Partial, R, Shard
 from .redistribute import DistValue, emit, plan, step_bytes
 from .rules import Rule, describe
@@ -117,6 +118,7 @@ class _Materialiser(Chooser):
         self.views: dict[Value, dict[Layout, DistValue]] = {}
         self.init_choice()
         self._suffixes = [f"_{d}" for d in mesh.devices]
+        self._signatures = op_signatures(function)
         self._choices: dict[tuple, _Decision] = {}
         # (input type, layout) -> the op that distributes it: (op type, attributes, types)
         self._distributions: dict[tuple, tuple[str, Mapping, tuple[Type, ...]]] = {}
@@ -253,15 +255,13 @@ class _Materialiser(Chooser):
         A layer repeated many times asks the same question per layer: its op's types and
         attributes, the layouts its operands already have and its results' desired layouts.
         """
-        if op.subfunctions:
+        signature = self._signatures.get(op)  # op type, types and attributes, as an int
+        if signature is None:  # a body, or an attribute that cannot be hashed
             return None
         views = self.views
         return hashed_key(  # hashed once for the look-up and the insertion
             (
-                op.op_type,
-                tuple([v.type for v in op.inputs]),
-                tuple([v.type for v in op.outputs]),
-                attributes_key(op.attributes),
+                signature,
                 tuple(
                     [
                         (self.dist[v].layout, *[w.layout for w in views[v].values()])

@@ -1,0 +1,188 @@
+"""Per-Function facts (rules, op signatures) and the memoised desired-layout sweeps change no
+answer: they equal a plain sweep that asks every rule afresh, for any mesh."""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+
+import numpy as np
+import pytest
+
+import ir
+import ir.models
+import ir.registry as registry
+from ir import FunctionBuilder, TensorType
+from ir.sharding import Layout, Mesh, R, S
+from ir.sharding import annotations as ann
+from ir.sharding.desired import _axis_choice, desired_layouts
+from ir.sharding.errors import AnnotationError, PropagationError
+from ir.sharding.facts import _FACTS, op_rules, op_signatures
+from ir.sharding.mesh import Partial
+from ir.sharding.rules import placements_for, rule_for
+
+
+def plain_desired(function, fixed, mesh):
+    """The sweeps without memos: every op asks its rule each time (the reference)."""
+    desired = {v: lay.placements for v, lay in fixed.items()}
+    ops = [op for op in function.ops if op.op_type != "ShardAnnotate"]
+    for _ in range(2 * len(ops) + 2):
+        changed = False
+        for backward in (False, True):
+            for op in reversed(ops) if backward else ops:
+                if all(v in desired for v in (*op.inputs, *op.outputs)):
+                    continue
+                rule = rule_for(op)
+                known_in = [(i, desired[v]) for i, v in enumerate(op.inputs) if v in desired]
+                known_out = [(j, desired[v]) for j, v in enumerate(op.outputs) if v in desired]
+                if not (known_in or known_out):
+                    continue
+                strategy = [
+                    _axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)
+                ]
+                pl = placements_for(rule, strategy)
+                if pl is None:
+                    continue
+                for v, ps, is_input in [
+                    *((v, pl[0][i], True) for i, v in enumerate(op.inputs)),
+                    *((v, pl[1][j], False) for j, v in enumerate(op.outputs)),
+                ]:
+                    if v in desired:
+                        continue
+                    if is_input:
+                        ps = tuple(R if isinstance(p, Partial) else p for p in ps)
+                    desired[v] = fitted(ann.shape_of(v), list(ps), mesh)
+                    changed = True
+        if not changed:
+            break
+    return desired
+
+
+def fitted(shape, out, mesh):
+    for k in range(len(out)):
+        try:
+            Layout(mesh, out).check(shape)
+            break
+        except AnnotationError:
+            if isinstance(out[k], S):
+                out[k] = R
+    try:
+        Layout(mesh, out).check(shape)
+    except AnnotationError:
+        out = [R] * mesh.ndim
+    return tuple(out)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_desired_layouts_equal_a_plain_sweep_on_every_mesh(training):
+    f = ir.models.gpt(batch=6, seq=8, hidden=12, heads=2, vocab=30, layers=3, training=training)
+    cases = [
+        ((2,), [S(0)]),
+        ((4,), [S(1)]),
+        ((3,), [S(0)]),  # uneven: 6 rows and 8 columns over 3
+        ((2, 2), [S(0), R]),
+        ((2, 3), [R, S(1)]),
+        ((4, 2), [S(0), S(1)]),  # 12 hidden over 4 then heads 2 over ...: some fall back to R
+        ((2, 2, 2), [S(0), R, S(1)]),
+    ]
+    for shape, placements in cases:
+        fixed, mesh = ann.collect(f, {"tokens": (Mesh(shape), placements)}, None)
+        assert desired_layouts(f, fixed, mesh) == plain_desired(f, fixed, mesh), shape
+
+
+def test_op_rules_are_rule_for_kept_per_function_and_reread_after_a_registry_change(
+    monkeypatch,
+):
+    f = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=16, layers=2)
+    ops = list(f.ops)
+    rules = op_rules(f, ops)
+    assert list(rules) == ops and all(rules[op] == rule_for(op) for op in ops)
+    again = op_rules(f, ops)
+    assert all(again[op] is rules[op] for op in ops)  # from the Function's facts
+    # A new record for MatMul (another sharding rule): its ops' rules are read afresh.
+    matmul = registry.get_op("MatMul")
+
+    def replicated_only(ctx):
+        rule = matmul.sharding_rule(ctx)
+        return {**rule, "operands": [[None] * len(o) for o in rule["operands"]]}
+
+    changed = dataclasses.replace(matmul, sharding_rule=replicated_only)
+    monkeypatch.setitem(registry._LOOKUP, "matmul", changed)
+    monkeypatch.setitem(registry._REGISTRY, "MatMul", changed)
+    fresh = op_rules(f, ops)
+    for op in ops:
+        if op.op_type == "MatMul":
+            assert fresh[op] != rules[op]
+            assert all(f is None for o in fresh[op].operands for f in o)
+        else:
+            assert fresh[op] is rules[op]
+
+
+def test_op_rules_raise_rule_for_error_at_the_first_op_without_a_rule(monkeypatch):
+    f = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=16, layers=1)
+    bare = dataclasses.replace(registry.get_op("Gelu"), sharding_rule=None)
+    monkeypatch.setitem(registry._LOOKUP, "gelu", bare)
+    first = next(op for op in f.ops if op.op_type == "Gelu")
+    with pytest.raises(PropagationError) as want:
+        rule_for(first)
+    with pytest.raises(PropagationError) as got:
+        op_rules(f, list(f.ops))
+    assert str(got.value) == str(want.value)
+
+
+def test_op_signatures_name_equal_ops_alike_and_others_apart():
+    b = FunctionBuilder("f")
+    x = b.input("x", TensorType((4, 6), device=0))
+    w = b.input("w", TensorType((6, 6), device=0))
+    y1 = b.call("MatMul", x, w, name="y1")
+    y2 = b.call("MatMul", y1, w, name="y2")  # the same types: the same signature
+    y3 = b.call("Transpose", y2, perm=[1, 0], name="y3")
+    y4 = b.call("Transpose", y3, perm=(1, 0), name="y4")  # a tuple, not a list: apart
+    y5 = b.call("Mul", y4, y4, name="y5")  # another op type
+    f = b.finish([y5])
+    s = op_signatures(f)
+    a, c, t1, t2, m = (s[op] for op in f.ops)
+    assert a == c and isinstance(a, int)
+    assert len({a, t1, t2, m}) == 4
+    assert op_signatures(f) is s  # computed once per Function
+
+
+def test_op_signatures_are_none_for_unhashable_attributes(monkeypatch):
+    b = FunctionBuilder("f")
+    x = b.input("x", TensorType((2, 2), device=0))
+    y = b.call("Relu", x, name="y")
+    f = b.finish([y])
+    op = f.ops[0]
+    odd = dataclasses.replace(op)
+    object.__setattr__(odd, "attributes", {"table": np.zeros(2)})
+    g = dataclasses.replace(f, ops=(odd,))
+    assert op_signatures(g)[odd] is None
+    assert isinstance(op_signatures(f)[op], int)
+
+
+def test_facts_go_with_their_function():
+    f = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=16, layers=1)
+    op_signatures(f)
+    assert f in _FACTS
+    before = len(_FACTS)
+    del f
+    gc.collect()
+    assert len(_FACTS) == before - 1
+
+
+def test_propagate_with_warm_facts_gives_the_answer_a_fresh_function_gets():
+    def gpt():
+        return ir.models.gpt(batch=4, seq=8, hidden=16, heads=2, vocab=32, layers=2, training=True)
+
+    def run(f, shape):
+        g, report = ir.sharding.propagate(
+            f, {"tokens": (Mesh(shape), [S(0)] + [R] * (len(shape) - 1))}
+        )
+        return str(g), report.strategies, [str(c) for c in report.collectives]
+
+    f = gpt()
+    shapes = [(2,), (2, 2), (4,)]
+    for shape in shapes:
+        run(f, shape)  # warms f's facts
+    for shape in shapes:
+        assert run(f, shape) == run(gpt(), shape)
