@@ -7,6 +7,7 @@ capacity drawn thick and red with the op that ran out of memory named.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -32,6 +33,7 @@ def memory_traces(
     prefix: str = "",
     dash: str = "solid",
     end_s: float | None = None,
+    devices: Sequence[int] | None = None,
 ) -> list[dict[str, Any]]:
     """Curve, peak marker and (if any) out-of-memory segment per device, and capacity lines.
 
@@ -39,17 +41,29 @@ def memory_traces(
     lines run to ``end_s`` (default: the step time). Every trace's ``meta`` says
     what it is: ``{"kind": "live"|"peak"|"oom"|"capacity", "device": id}``, with
     y in ``bytes_unit`` and x in ``time_unit_``.
+
+    ``devices`` (default: the ones the result uses) lists the devices to give a
+    curve and a peak marker; those the result does not use get empty, hidden
+    ones. A live view passes every device of the topology, so that programs on
+    one topology have the same traces and it can redraw them in place.
     """
     t_name, t_size = time_unit_ or time_unit(result.step_time_s)
     b_name, b_size = bytes_unit or byte_unit(max(result.peak_memory_bytes.values(), default=1))
     traces: list[dict[str, Any]] = []
     highest = max(result.devices, key=lambda d: result.peak_memory_bytes[d], default=None)
     capacities: dict[float, list[int]] = {}
-    for device in result.devices:
+    used = set(result.devices)
+    slots = list(result.devices if devices is None else devices)
+    listed = set(slots)
+    slots += [d for d in result.devices if d not in listed]  # never leave one out
+    for device in slots:
         color = device_color(device)
-        times, live = result.memory_timeline(device)
         capacity = result.topology.device(device).memory_bytes
         capacities.setdefault(capacity, []).append(device)
+        if device not in used:
+            traces += _hidden_device(device, color, dash, prefix)
+            continue
+        times, live = result.memory_timeline(device)
         traces.append(
             dict(
                 type="scatter",
@@ -61,6 +75,7 @@ def memory_traces(
                 legendgroup=f"{prefix}device {device}",
                 hovertemplate=f"%{{y:.4g}} {b_name} at %{{x:.4g}} {t_name}<extra>{prefix}"
                 f"device {device}</extra>",
+                visible=True,
                 meta={"kind": "live", "device": device},
             )
         )
@@ -79,6 +94,7 @@ def memory_traces(
                 legendgroup=f"{prefix}device {device}",
                 showlegend=False,
                 hovertemplate=f"peak {format_bytes(peak)} at {format_time(at)}<extra></extra>",
+                visible=True,
                 meta={"kind": "peak", "device": device},
             )
         )
@@ -115,6 +131,41 @@ def memory_traces(
     return traces
 
 
+def _hidden_device(device: int, color: str, dash: str, prefix: str) -> list[dict[str, Any]]:
+    """The curve and peak traces of a device the program does not use: empty, hidden,
+    with the keys of the visible ones (a live update sets every one of them)."""
+    name = f"{prefix}device {device}"
+    return [
+        dict(
+            type="scatter",
+            x=np.zeros(0),
+            y=np.zeros(0),
+            mode="lines",
+            line={"shape": "hv", "color": color, "dash": dash},
+            name=name,
+            legendgroup=name,
+            hovertemplate="",
+            visible=False,
+            meta={"kind": "live", "device": device},
+        ),
+        dict(
+            type="scatter",
+            x=[],
+            y=[],
+            mode="markers+text",
+            marker={"symbol": "triangle-down", "size": 11, "color": color},
+            text=[],
+            textposition="top center",
+            name=f"{prefix}peak, device {device}",
+            legendgroup=name,
+            showlegend=False,
+            hovertemplate="",
+            visible=False,
+            meta={"kind": "peak", "device": device},
+        ),
+    ]
+
+
 def y_top_bytes(peak_bytes: float, capacity_bytes: float) -> float:
     """Top of the memory axis: the capacity if it is near the peak, else the peak
     (a 80 GB line would flatten a 10 MB curve)."""
@@ -130,13 +181,16 @@ def memory_figure(result: SimResult, *, title: str | None = None) -> go.Figure:
 
 
 def memory_spec(
-    result: SimResult, *, title: str | None = None
+    result: SimResult, *, title: str | None = None, devices: Sequence[int] | None = None
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """The memory view as plain plotly dicts (traces, layout without a template)."""
+    """The memory view as plain plotly dicts (traces, layout without a template).
+
+    ``devices``: as in :func:`memory_traces` (a live view passes the topology's).
+    """
     t_unit = time_unit(result.step_time_s)
     peak = max(result.peak_memory_bytes.values(), default=0.0)
     b_unit = byte_unit(peak or 1)
-    traces = memory_traces(result, time_unit_=t_unit, bytes_unit=b_unit)
+    traces = memory_traces(result, time_unit_=t_unit, bytes_unit=b_unit, devices=devices)
     capacity = min(result.topology.device(d).memory_bytes for d in result.devices)
     top = y_top_bytes(peak, capacity)
     ooms = [d for d, op in result.oom.items() if op is not None]

@@ -260,7 +260,7 @@ class Workbench(w.VBox):
         elif not show(self.gantt, *gantt):
             connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
         gantt_done = time.perf_counter()
-        memory = memory_spec(d.result)
+        memory = memory_spec(d.result, devices=self.session.topology.device_ids)
         if self.memory is None:
             self.memory = live_figure(*memory)
             self.memory_box.children = [self.memory]

@@ -53,3 +53,25 @@ def test_show_replaces_traces_when_their_structure_changes():
     assert len(widget.data) == 7
     assert _plotted(widget) == _plotted(memory_figure(b))
     assert show(widget, *memory_spec(b))  # the same structure again: in place
+
+
+def test_memory_traces_for_every_topology_device_redraw_in_place():
+    topology = ir.Topology.uniform(3)
+    one = deep_mlp(2, device_of_layer=lambda i: 0, width=8)
+    three = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
+    a, b = ir.simulate(one, topology), ir.simulate(three, topology)
+    assert a.devices == (0,) and b.devices == (0, 1, 2)
+    devices = topology.device_ids
+    widget = live_figure(*memory_spec(a, devices=devices))
+    traces = list(widget.data)
+    hidden = [t for t in traces if t.visible is False]
+    assert {t.meta["device"] for t in hidden} == {1, 2}  # a curve and a peak each, empty
+    assert all(len(t.x) == 0 and len(t.y) == 0 for t in hidden)
+    assert show(widget, *memory_spec(b, devices=devices))  # one device, then three: in place
+    assert list(widget.data) == traces
+    assert _plotted(widget) == _plotted(memory_figure(b))  # what a new figure of b shows
+    assert show(widget, *memory_spec(a, devices=devices))  # and back
+    shown = [t.meta for t in widget.data if t.visible is not False]
+    alone = [t.meta for t in memory_figure(a).data]
+    assert [m for m in shown if m["kind"] != "capacity"] == alone[:-1]  # device 0's
+    assert shown[-1] == {"kind": "capacity", "devices": [0, 1, 2]}  # every device's line
