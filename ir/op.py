@@ -58,17 +58,16 @@ class Op:
         subfunctions: tuple[Function, ...] = (),
         name: str = "",
     ) -> None:
-        # One dict update, not a frozen dataclass's object.__setattr__ per field: builders
+        # Item stores, not a frozen dataclass's object.__setattr__ per field: builders
         # create an op for every device of every op of a distributed program.
-        self.__dict__.update(
-            op_type=op_type,
-            inputs=inputs,
-            outputs=outputs,
-            attributes=attributes,
-            device=device,
-            subfunctions=subfunctions,
-            name=name,
-        )
+        d = self.__dict__
+        d["op_type"] = op_type
+        d["inputs"] = inputs
+        d["outputs"] = outputs
+        d["attributes"] = attributes
+        d["device"] = device
+        d["subfunctions"] = subfunctions
+        d["name"] = name
 
     def __repr__(self) -> str:
         ins = ", ".join(v.name for v in self.inputs)

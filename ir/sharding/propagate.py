@@ -168,7 +168,7 @@ class _Materialiser(Chooser):
             op = self.b.add_op(op_type, [nx], attrs, names=names)
             self._distributions[x.type, layout] = (op_type, op.attributes, (op.outputs[0].type,))
             xs = op.outputs[0]
-        locs = self.b.unpack(xs, [f"{x.name}_{d}" for d in self.mesh.devices])
+        locs = self.b.unpack(xs, [x.name + s for s in self._suffixes])
         return DistValue(locs, layout, x.type)
 
     def _collect(self, v: Value) -> Value:
@@ -306,9 +306,8 @@ class _Materialiser(Chooser):
             results = self.b.add_inferred_rows(op.op_type, rows, decision.local_ops, names)
         else:
             results = self._emit_checked(op, decision, operands)
-        for j, v in enumerate(op.outputs):
-            locs = tuple(r[j] for r in results)
-            value = DistValue(locs, decision.out_layouts[j], v.type)
+        for v, locs, layout in zip(op.outputs, zip(*results), decision.out_layouts):
+            value = DistValue(locs, layout, v.type)
             if v in self.fixed and value.layout != self.fixed[v]:
                 value = self.redistribute(value, self.fixed[v], f"user annotation on {v.name!r}")
             self.dist[v] = value

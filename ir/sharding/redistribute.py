@@ -42,13 +42,20 @@ class Step:
     dst: Placement
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class DistValue:
     """A logical value in the distributed program: one local Value per mesh device."""
 
     locals: tuple[Value, ...]
     layout: Layout
     type: Type  # the logical (whole) type
+
+    def __init__(self, locals: tuple[Value, ...], layout: Layout, type: Type) -> None:
+        # Item stores, not object.__setattr__ per field: one per result of every op.
+        d = self.__dict__
+        d["locals"] = locals
+        d["layout"] = layout
+        d["type"] = type
 
     @property
     def shape(self) -> tuple[int, ...]:
