@@ -87,6 +87,16 @@ def run_top_level(
                 )
             elif n == 1 and len(outs) == 1:
                 key = (op_type, op.device, id(op.attributes), id(ins[0].type), id(outs[0].type))
+            elif n == 3 and len(outs) == 1:  # LayerNorm
+                key = (
+                    op_type,
+                    op.device,
+                    id(op.attributes),
+                    id(ins[0].type),
+                    id(ins[1].type),
+                    id(ins[2].type),
+                    id(outs[0].type),
+                )
             else:
                 key = (
                     op_type,
@@ -107,7 +117,14 @@ def run_top_level(
                 records[key] = record
             uses = [*map(value_of, ins)]
             try:
-                ready = max(map(ready_of, uses)) if n else 0.0
+                if n == 1:
+                    ready = slot_ready[uses[0]]
+                elif n == 2:  # max() of two, inlined: the first unless the second is larger
+                    ready, other = slot_ready[uses[0]], slot_ready[uses[1]]
+                    if other > ready:
+                        ready = other
+                else:
+                    ready = max(map(ready_of, uses)) if n else 0.0
             except TypeError:  # a tuple operand (a collective's, Concat's)
                 uses = _leaves(uses)
                 ready = max(map(ready_of, uses)) if uses else 0.0
