@@ -32,7 +32,7 @@ from .errors import PropagationError
 from .mesh import Layout, Mesh, Partial, Placement, R, Replicate, S, Shard, block_shapes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, init=False)
 class Step:
     """One collective (or local slice) along one mesh axis."""
 
@@ -40,6 +40,14 @@ class Step:
     axis: int
     src: Placement
     dst: Placement
+
+    def __init__(self, kind: str, axis: int, src: Placement, dst: Placement) -> None:
+        # Item stores, not object.__setattr__ per field: plans of a new mesh make many.
+        d = self.__dict__
+        d["kind"] = kind
+        d["axis"] = axis
+        d["src"] = src
+        d["dst"] = dst
 
 
 @dataclass(frozen=True, init=False)
@@ -118,59 +126,72 @@ def _steps(
     src: tuple[Placement, ...],
     dst: tuple[Placement, ...],
 ) -> tuple[Step, ...]:
-    # A function of the mesh's shape, not its devices: memoised across meshes.
-    rank = len(shape)
-    cur: list[Placement] = [S(p.dim % rank) if isinstance(p, Shard) and rank else p for p in src]
-    want: list[Placement] = [S(p.dim % rank) if isinstance(p, Shard) and rank else p for p in dst]
+    # A function of the mesh's shape, not its devices: memoised across meshes. Runs once
+    # per question of a new mesh's propagation, so written for speed: shard axes are read
+    # from a list kept beside the placements (None where a placement is no shard).
+    cur, want = _normal(src, len(shape)), _normal(dst, len(shape))
     ndim = len(mesh_shape)
+    cur_dims = [p.dim if type(p) is Shard else None for p in cur]
+    want_dims = [p.dim if type(p) is Shard else None for p in want]
     steps: list[Step] = []
 
     def sharded_elsewhere(dim: int, k: int) -> bool:
-        return any(isinstance(p, Shard) and p.dim == dim for m, p in enumerate(cur) if m != k)
+        return cur_dims.count(dim) > (cur_dims[k] == dim)  # on an axis other than k
 
     # Axes whose shard must be undone because an outer axis needs to re-slice that dim.
     for k in reversed(range(ndim)):
         c, w = cur[k], want[k]
-        inner_block = isinstance(c, Shard) and any(
-            isinstance(want[m], Shard) and want[m].dim == c.dim and cur[m] != want[m]
-            for m in range(k)
-        )
-        if c == w and not inner_block:
+        c_dim = cur_dims[k]
+        inner_block = False
+        if c_dim is not None:
+            for m in range(k):
+                if want_dims[m] == c_dim and cur[m] != want[m]:
+                    inner_block = True
+                    break
+        if not inner_block and (c is w or c == w):
             continue
         if isinstance(c, Partial):
-            if isinstance(w, Shard) and not sharded_elsewhere(w.dim, k):
+            if want_dims[k] is not None and not sharded_elsewhere(want_dims[k], k):
                 steps.append(Step("reducescatter", k, c, w))
-                cur[k] = w
+                cur[k], cur_dims[k] = w, want_dims[k]
             else:
                 steps.append(Step("allreduce", k, c, R))
-                cur[k] = R
-        elif isinstance(c, Shard):
+                cur[k], cur_dims[k] = R, None
+        elif c_dim is not None:
+            w_dim = want_dims[k]
             if (
-                isinstance(w, Shard)
+                w_dim is not None
                 and not inner_block
-                and not sharded_elsewhere(c.dim, k)
-                and not sharded_elsewhere(w.dim, k)
-                and _even_alltoall(shape, mesh_shape, cur, k, w.dim)
+                and not sharded_elsewhere(c_dim, k)
+                and not sharded_elsewhere(w_dim, k)
+                and _even_alltoall(shape, mesh_shape, cur, k, w_dim)
             ):
                 steps.append(Step("alltoall", k, c, w))
-                cur[k] = w
+                cur[k], cur_dims[k] = w, w_dim
             else:
                 # Gather inner axes sharding the same dim first.
                 for m in reversed(range(k + 1, ndim)):
-                    if isinstance(cur[m], Shard) and cur[m].dim == c.dim:  # type: ignore[union-attr]
+                    if cur_dims[m] == c_dim:
                         steps.append(Step("allgather", m, cur[m], R))
-                        cur[m] = R
+                        cur[m], cur_dims[m] = R, None
                 steps.append(Step("allgather", k, c, R))
-                cur[k] = R
+                cur[k], cur_dims[k] = R, None
         elif isinstance(w, Partial):
             raise PropagationError(f"cannot make a Partial ({w}) value out of {c}")
     for k in range(ndim):
-        if isinstance(cur[k], Replicate) and isinstance(want[k], Shard):
+        if isinstance(cur[k], Replicate) and want_dims[k] is not None:
             steps.append(Step("slice", k, R, want[k]))
-            cur[k] = want[k]
+            cur[k], cur_dims[k] = want[k], want_dims[k]
     if cur != want:
         raise _StuckError(cur)
     return tuple(steps)
+
+
+def _normal(placements: tuple[Placement, ...], rank: int) -> list[Placement]:
+    """``Layout.normalized``'s placements: shard axes taken modulo the rank."""
+    if rank and any(type(p) is Shard and not 0 <= p.dim < rank for p in placements):
+        return [S(p.dim % rank) if isinstance(p, Shard) else p for p in placements]
+    return list(placements)
 
 
 def _even_alltoall(shape, mesh_shape, cur, k: int, dim: int) -> bool:
