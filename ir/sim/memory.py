@@ -43,44 +43,47 @@ def memory_curves(
     dev = np.asarray(slot_device, dtype=np.int64)
     # a slot's last use: the latest end among the instances that read it (-1: none)
     last = np.full(len(size), -1.0)
-    if use_slots:
+    if len(use_slots):
         reader = np.repeat(np.arange(len(use_count)), np.asarray(use_count, dtype=np.int64))
         np.maximum.at(last, np.asarray(use_slots, dtype=np.int64), inst_end[reader])
     producer = np.asarray(slot_producer, dtype=np.int64)
-    keep = np.zeros(len(size), dtype=bool)
-    if pinned:
-        keep[np.asarray(pinned, dtype=np.int64)] = True
+    freed = np.ones(len(size), dtype=bool)
+    if len(pinned):
+        freed[np.asarray(pinned, dtype=np.int64)] = False
     made = producer >= 0
     safe = np.maximum(producer, 0)
     alloc = np.where(made, inst_start[safe] if len(inst_start) else 0.0, 0.0)
     produced_end = np.where(made, inst_end[safe] if len(inst_end) else 0.0, 0.0)
     free = np.where(last >= 0, last, produced_end)
-    freed = ~keep
-    # events: allocations (kind 1) for every slot, frees (kind 0) for the unpinned ones
-    ev_dev = np.concatenate([dev, dev[freed]])
-    ev_t = np.concatenate([alloc, free[freed]])
-    ev_delta = np.concatenate([size, -size[freed]])
-    ev_kind = np.concatenate([np.ones(len(size), np.int8), np.zeros(int(freed.sum()), np.int8)])
-    ev_inst = np.concatenate([producer, np.full(int(freed.sum()), -1, np.int64)])
-    order = np.lexsort((ev_kind, ev_t, ev_dev))
+    # events: frees of the unpinned slots, then allocations of every slot; a stable sort
+    # by device and time keeps frees before allocations at equal times
+    n_freed = int(freed.sum())
+    ev_dev = np.concatenate([dev[freed], dev])
+    ev_t = np.concatenate([free[freed], alloc])
+    ev_delta = np.concatenate([-size[freed], size])
+    ev_inst = np.concatenate([np.full(n_freed, -1, np.int64), producer])
+    order = np.lexsort((ev_t, ev_dev))
     ev_dev, ev_t, ev_delta, ev_inst = ev_dev[order], ev_t[order], ev_delta[order], ev_inst[order]
     times: dict[int, np.ndarray] = {}
     live: dict[int, np.ndarray] = {}
     peaks: dict[int, float] = {}
     ooms: dict[int, int | None] = {}
-    bounds = np.searchsorted(ev_dev, np.asarray(devices, dtype=np.int64), side="left")
-    ends = np.searchsorted(ev_dev, np.asarray(devices, dtype=np.int64), side="right")
+    wanted = np.asarray(devices, dtype=np.int64)
+    bounds = np.searchsorted(ev_dev, wanted, side="left").tolist()
+    ends = np.searchsorted(ev_dev, wanted, side="right").tolist()
     for d, lo, hi in zip(devices, bounds, ends):
         t, level, inst = ev_t[lo:hi], np.cumsum(ev_delta[lo:hi]), ev_inst[lo:hi]
         # one point per distinct time: the level after every event at that time
-        last_at_time = np.append(t[1:] != t[:-1], True) if len(t) else np.zeros(0, bool)
+        last_at_time = np.empty(len(t), dtype=bool)
+        np.not_equal(t[1:], t[:-1], out=last_at_time[:-1])
+        last_at_time[-1:] = True
         t_points, level_points = t[last_at_time], level[last_at_time]
         if not len(t_points) or t_points[0] > 0:
-            t_points = np.insert(t_points, 0, 0.0)
-            level_points = np.insert(level_points, 0, 0.0)
+            t_points = np.concatenate([[0.0], t_points])
+            level_points = np.concatenate([[0.0], level_points])
         if t_points[-1] < step_time_s:
-            t_points = np.append(t_points, step_time_s)
-            level_points = np.append(level_points, level_points[-1])
+            t_points = np.concatenate([t_points, [step_time_s]])
+            level_points = np.concatenate([level_points, level_points[-1:]])
         times[d], live[d] = t_points, np.maximum(level_points, 0.0)
         peaks[d] = float(live[d].max())
         over = np.flatnonzero(level > capacity_bytes[d])
