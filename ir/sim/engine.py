@@ -325,7 +325,7 @@ class Engine:
             )
         # Ops of one type on equal shapes cost the same: key the cost rule's answer (and the
         # output sizes) by type and shapes, so a long program evaluates each rule a few times.
-        key = [opdef.name, _attributes_key(op)]
+        key = [opdef.name, self._attributes_of(op)]
         for v in (*op.inputs, *op.outputs):
             t = v.type
             if t.__class__ is TensorType:
@@ -358,6 +358,14 @@ class Engine:
         single = templates[0] if len(templates) == 1 and templates[0].__class__ is tuple else None
         size, out_ref = single if single is not None else (None, None)
         return (_COMPUTE_KIND, cost, dev_ref, templates, size, out_ref)
+
+    def _attributes_of(self, op: Op) -> Any:
+        """:func:`_attributes_key` once per attribute mapping (ops share theirs); the ops,
+        alive all run, keep the mappings' ids from being reused."""
+        key = self._attribute_keys.get(id(op.attributes))
+        if key is None:
+            key = self._attribute_keys[id(op.attributes)] = _attributes_key(op)
+        return key
 
     def _durations(self, flops: float, nbytes: float) -> list[float]:
         """The time of a compute op on each device: launch + roofline (or additive)."""

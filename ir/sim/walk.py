@@ -29,7 +29,6 @@ from .engine import (
     _COMPUTE_KIND,
     _CONTROL_KIND,
     Engine,
-    _attributes_key,
     _leaves,
     _Scope,
     _tuple_get,
@@ -180,10 +179,7 @@ def _record(engine: Engine, op: Op, scope: _Scope) -> Any:
     descriptors = engine._type_descriptors
     ins = [descriptors.get(id(v.type)) or _describe(engine, v.type) for v in op.inputs]
     outs = [descriptors.get(id(v.type)) or _describe(engine, v.type) for v in op.outputs]
-    attributes = engine._attribute_keys.get(id(op.attributes))
-    if attributes is None:
-        attributes = engine._attribute_keys[id(op.attributes)] = _attributes_key(op)
-    key = (op.op_type, op.device, attributes, tuple(ins), tuple(outs))
+    key = (op.op_type, op.device, engine._attributes_of(op), tuple(ins), tuple(outs))
     record = engine._records_by_structure.get(key)
     if record is not None:
         return record
