@@ -14,7 +14,7 @@ the memo tables made by :meth:`Chooser.init_choice`.
 
 from __future__ import annotations
 
-import contextlib
+import heapq
 
 from ..errors import VerifyError
 from ..registry import CostContext, get_op
@@ -80,20 +80,39 @@ class Chooser:
         )
 
     def _cost(self, op, rule, strategy, ins, outs) -> float:
+        """The predicted time of ``op`` under ``strategy``: its terms, summed in order."""
         total = 0.0
-        for v, ps in zip(op.inputs, ins):
-            total += self._source(v, self._layout_of(ps))[0]
-        for v, ps in zip(op.outputs, outs):
+        for i in range(self._term_count(op, strategy)):
+            total += self._term_s(op, rule, strategy, (ins, outs), i)
+        return total + self._compute_time_s(op, self._shards(strategy))
+
+    def _term_count(self, op, strategy) -> int:
+        halo_term = any(c[0] == "halo" for c in strategy)
+        return len(op.inputs) + len(op.outputs) + halo_term
+
+    def _term_s(self, op, rule, strategy, pl, i: int) -> float:
+        """Term ``i`` of a strategy's time, compute aside: redistributing operand ``i`` from
+        its cheapest current layout, then each result to its desired layout (0 where it
+        cannot), then the halo exchange. Raises PropagationError for an impossible operand."""
+        ins, outs = pl
+        if i < len(op.inputs):
+            return self._source(op.inputs[i], self._layout_of(ins[i]))[0]
+        j = i - len(op.inputs)
+        if j < len(op.outputs):
+            v, ps = op.outputs[j], outs[j]
             want = self._layout_of(self.desired.get(v, ps))
-            with contextlib.suppress(PropagationError):
-                total += self._plan_time_s(v.type, self._layout_of(ps), want)
+            try:
+                return self._plan_time_s(v.type, self._layout_of(ps), want)
+            except PropagationError:  # cannot reach its desired layout: no cost counted
+                return 0.0
+        return halo.exchange_time_s(op, rule, self.mesh, strategy, self.topology)
+
+    def _shards(self, strategy) -> int:
         shards = 1
         for k, c in enumerate(strategy):
             if c[0] in ("shard", "halo"):
                 shards *= self.mesh.shape[k]
-        if any(c[0] == "halo" for c in strategy):
-            total += halo.exchange_time_s(op, rule, self.mesh, strategy, self.topology)
-        return total + self._compute_time_s(op, shards)
+        return shards
 
     def _layout_of(self, placements) -> Layout:
         """``Layout(self.mesh, placements)``, one object per placements: layouts key memos."""
@@ -104,22 +123,39 @@ class Chooser:
         return found
 
     def _choose(self, op) -> tuple:
-        """The rule of ``op`` and its cheapest locally valid strategy, with its placements."""
+        """The rule of ``op`` and its cheapest locally valid strategy, with its placements.
+
+        The candidates in order of (time, enumeration index), first the cheapest, as if all
+        were costed and sorted; but lazily: a candidate's time is a sum of non-negative
+        terms (``_term_s``) then its compute, and every partial sum is a lower bound of it
+        (rounding is monotone), so a heap of (bound, index) refines the least-bound
+        candidate one term at a time and only a candidate whose time is complete is taken.
+        Candidates costlier than the winner stop after a term or two.
+        """
         rule = rule_for(op)
         current = [self.dist[v].layout.placements for v in op.inputs]
-        candidates = []
+        heap: list[tuple] = []  # (bound or time, index, terms summed or _DONE, strategy, pl)
         for n, strategy in enumerate(strategies(rule, self.mesh, current)):
             pl = placements_for(rule, strategy)
             if pl is None or not self._fits(op, pl):
                 continue
-            try:
-                cost = self._cost(op, rule, strategy, *pl)
-            except PropagationError:
+            heap.append((0.0, n, 0, strategy, pl))
+        heapq.heapify(heap)  # (indices differ: entries never compare further)
+        while heap:
+            total, n, done, strategy, pl = heapq.heappop(heap)
+            if done == _DONE:  # its whole time, and no other candidate can come before it
+                if self._locally_valid(op, rule, strategy, *pl):
+                    return (rule, strategy, *pl)
                 continue
-            candidates.append((cost, n, strategy, pl))
-        for _, _, strategy, (ins, outs) in sorted(candidates, key=lambda c: (c[0], c[1])):
-            if self._locally_valid(op, rule, strategy, ins, outs):
-                return rule, strategy, ins, outs
+            try:
+                if done < self._term_count(op, strategy):
+                    total += self._term_s(op, rule, strategy, pl, done)
+                    heapq.heappush(heap, (total, n, done + 1, strategy, pl))
+                else:
+                    total += self._compute_time_s(op, self._shards(strategy))
+                    heapq.heappush(heap, (total, n, _DONE, strategy, pl))
+            except PropagationError:  # an operand cannot be redistributed so: not a candidate
+                continue
         raise PropagationError(
             f"no sharding strategy places {describe_op(op)} on mesh {list(self.mesh.shape)} "
             f"(operands are {[str(Layout(self.mesh, c)) for c in current]})"
@@ -169,6 +205,9 @@ class Chooser:
         if found is None:
             found = self._local_type_lists[key] = local_types(t, self._layout_of(placements))
         return found
+
+
+_DONE = -1  # a heap entry whose time is complete (below every count of terms done)
 
 
 def _shapes(t: Type):

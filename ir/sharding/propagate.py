@@ -280,7 +280,9 @@ class _Materialiser(Chooser):
         for v, target in zip(op.inputs, decision.in_layouts):
             views = self.views.setdefault(v, {})
             if target not in views:  # redistribute a value once per layout, then reuse it
-                source = self._source(v, target)[1]
+                source = self.dist[v]
+                if views or (source.layout is not target and source.layout != target):
+                    source = self._source(v, target)[1]  # (else the one candidate fits)
                 if source.layout != target:  # (the printer is not free: only when needed)
                     need = (
                         f"{describe_op(op)} runs as ({decision.how}), "

@@ -153,13 +153,35 @@ def strategies(
 
 def placements_for(
     rule: Rule, strategy: Sequence[Choice]
-) -> tuple[list[tuple[Placement, ...]], list[tuple[Placement, ...]]] | None:
-    """Per operand and per result, the placement tuple (one per mesh axis) of ``strategy``."""
+) -> tuple[tuple[tuple[Placement, ...], ...], tuple[tuple[Placement, ...], ...]] | None:
+    """Per operand and per result, the placement tuple (one per mesh axis) of ``strategy``.
+
+    Memoised on the rule (rules are kept per op signature and per Function, so the
+    strategies of a new mesh ask again what earlier meshes asked); the answer is read-only.
+    """
+    key = tuple(strategy)
+    memo = rule.__dict__.get("_placements")
+    if memo is None:  # a cache beside the rule's fields: not part of its value
+        memo = {}
+        object.__setattr__(rule, "_placements", memo)
+    try:
+        found = memo.get(key, _MISSING)
+    except TypeError:  # a choice that cannot be hashed
+        return _placements_for(rule, key)
+    if found is _MISSING:
+        found = memo[key] = _placements_for(rule, key)
+    return found
+
+
+_MISSING = object()
+
+
+def _placements_for(rule: Rule, strategy: tuple[Choice, ...]):
     per_axis = [axis_placements(rule, c) for c in strategy]
     if any(p is None for p in per_axis):
         return None
-    ins = [tuple(p[0][i] for p in per_axis) for i in range(len(rule.operands))]  # type: ignore[index]
-    outs = [tuple(p[1][j] for p in per_axis) for j in range(len(rule.results))]  # type: ignore[index]
+    ins = tuple([tuple([p[0][i] for p in per_axis]) for i in range(len(rule.operands))])  # type: ignore[index]
+    outs = tuple([tuple([p[1][j] for p in per_axis]) for j in range(len(rule.results))])  # type: ignore[index]
     return ins, outs
 
 

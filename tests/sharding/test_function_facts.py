@@ -19,7 +19,7 @@ from ir.sharding.desired import _axis_choice, desired_layouts
 from ir.sharding.errors import AnnotationError, PropagationError
 from ir.sharding.facts import _FACTS, op_rules, op_signatures
 from ir.sharding.mesh import Partial
-from ir.sharding.rules import placements_for, rule_for
+from ir.sharding.rules import _placements_for, rule_for
 
 
 def plain_desired(function, fixed, mesh):
@@ -40,7 +40,7 @@ def plain_desired(function, fixed, mesh):
                 strategy = [
                     _axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)
                 ]
-                pl = placements_for(rule, strategy)
+                pl = _placements_for(rule, tuple(strategy))  # not memoised
                 if pl is None:
                     continue
                 for v, ps, is_input in [
