@@ -65,10 +65,9 @@ def gantt_traces(
     bars = result.bars
     rows = [row_label(d, s, prefix) for d in result.devices for s in STREAMS]
     position = {d: 2 * i for i, d in enumerate(result.devices)}
-    row_of_bar = (
-        np.fromiter((position[d] for d in bars.device.tolist()), dtype=np.int64, count=len(bars))
-        + bars.stream
-    )
+    row_of_device = np.zeros(max(result.devices, default=0) + 1, dtype=np.int64)
+    row_of_device[list(position)] = list(position.values())
+    row_of_bar = row_of_device[bars.device] + bars.stream
     ids, texts = _bar_texts(bars.ops, function)
     numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
     traces = []
@@ -137,12 +136,13 @@ def _op_texts(ops: list[Op]) -> list[str]:
 
 def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
     # Only numeric arrays and one string array per trace: numeric arrays travel to
-    # the browser as binary buffers; every string list is walked item by item.
+    # the browser as binary buffers; every string list is walked item by item. Rows
+    # go as int32: plotly sends int64 arrays (no such typed array in plotly.js) as lists.
     where = f"<extra>{html.escape(prefix)}dev %{{customdata[{DEVICE}]}} · {_STREAM_LABEL[kind]}"
     return dict(
         type="bar",
         orientation="h",
-        y=y,
+        y=np.asarray(y, dtype=np.int32),
         base=numbers[:, 0] / unit[1],
         x=numbers[:, 1] / unit[1],
         customdata=typed_array(numbers),
