@@ -178,14 +178,17 @@ class FunctionBuilder:
                 f"{name}: {len(inputs)} operand rows, {len(signatures)} signatures and "
                 f"{len(names)} name rows: give one of each per op"
             )
-        defined = self._defined
-        arities: set[int] = set()
-        for row, (_, types), row_names in zip(inputs, signatures, names):
-            if len(row) not in arities:
-                problem = opdef.check_arity(len(row))
+        defined, check_arity = self._defined, opdef.check_arity
+        arity = -1  # the last operand count found right
+        new_ops: list[Op] = []
+        results: list[tuple[Value, ...]] = []
+        values: list[Value] = []
+        for row, (attributes, types), row_names in zip(inputs, signatures, names):
+            if len(row) != arity:
+                problem = check_arity(len(row))
                 if problem:
                     raise VerifyError(problem)
-                arities.add(len(row))
+                arity = len(row)
             try:
                 known = defined.issuperset(row)  # Values only: one C-level pass
             except TypeError:  # not hashable, so not a Value
@@ -194,19 +197,20 @@ class FunctionBuilder:
                 self._check_operands(name, row)
             if len(row_names) != len(types):
                 raise VerifyError(f"{name} has {len(types)} result(s), got {len(row_names)} names")
-        ops, results = self._ops, []
-        for row, (attributes, types), row_names in zip(inputs, signatures, names):
             if len(types) == 1:
-                outputs: tuple[Value, ...] = (Value(row_names[0], types[0]),)
                 t = types[0]
+                out = Value(row_names[0], t)
+                outputs: tuple[Value, ...] = (out,)
+                values.append(out)
                 device = t.device if type(t) is TensorType else _common_device(types)
             else:
                 outputs = tuple([Value(n, t) for n, t in zip(row_names, types)])
+                values.extend(outputs)
                 device = _common_device(types)
-            ops.append(Op(name, tuple(row), outputs, attributes, device, (), ""))
+            new_ops.append(Op(name, tuple(row), outputs, attributes, device, (), ""))
             results.append(outputs)
-        for outputs in results:
-            defined.update(outputs)
+        self._ops.extend(new_ops)  # every row checked: all or nothing
+        defined.update(values)
         return results
 
     def unpack(self, value: Value, names: Sequence[str]) -> tuple[Value, ...]:
