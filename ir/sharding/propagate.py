@@ -138,8 +138,13 @@ class _Materialiser(Chooser):
                 continue
             self._op(op)
         outs = [self._collect(v) for v in self.f.outputs]
+        texts: dict[Layout, tuple[str, ...]] = {}  # each layout's texts printed once
+        layouts = self.report.layouts
         for v, d in self.dist.items():
-            self.report.layouts.setdefault(v.name, tuple(d.layout.texts))
+            found = texts.get(d.layout)
+            if found is None:
+                found = texts[d.layout] = tuple(d.layout.texts)
+            layouts.setdefault(v.name, found)
         return self.b.finish(outs), self.report
 
     # -- inputs and outputs --------------------------------------------------------------
