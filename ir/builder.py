@@ -231,14 +231,15 @@ class FunctionBuilder:
         inputs, indices = (value,), self._indices
         while len(indices) < len(elements):  # read-only, so shared by this builder's ops
             indices.append(MappingProxyType({"index": len(indices)}))
-        outs = []
-        for i, (n, t) in enumerate(zip(names, elements)):
-            v = Value(n, t)
-            device = t.device if isinstance(t, TensorType) else None
-            self._ops.append(Op("TupleGet", inputs, (v,), indices[i], device))
-            outs.append(v)
+        outs = tuple([Value(n, t) for n, t in zip(names, elements)])
+        self._ops.extend(
+            [
+                Op("TupleGet", inputs, (v,), index, t.device if isinstance(t, TensorType) else None)
+                for v, t, index in zip(outs, elements, indices)
+            ]
+        )
         self._defined.update(outs)
-        return tuple(outs)
+        return outs
 
     def _check_operands(self, op_type: str, inputs: Sequence[Value]) -> None:
         defined = self._defined

@@ -284,7 +284,8 @@ class _Materialiser(Chooser):
         operands = []
         for v, target in zip(op.inputs, decision.in_layouts):
             views = self.views.setdefault(v, {})
-            if target not in views:  # redistribute a value once per layout, then reuse it
+            source = views.get(target)
+            if source is None:  # redistribute a value once per layout, then reuse it
                 source = self.dist[v]
                 if views or (source.layout is not target and source.layout != target):
                     source = self._source(v, target)[1]  # (else the one candidate fits)
@@ -295,7 +296,7 @@ class _Materialiser(Chooser):
                     )
                     source = self.redistribute(source, target, need)
                 views[target] = source
-            operands.append(views[target])
+            operands.append(source)
         if decision.halo:
             outs = [lay.placements for lay in decision.out_layouts]
             expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
