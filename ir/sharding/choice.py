@@ -165,10 +165,11 @@ class Chooser:
         """Whether every operand and result can hold its placements (``Layout.check``)."""
         ins, outs = pl
         mesh_shape = self.mesh.shape
-        return all(
-            shape_fits(shape_of(v), mesh_shape, ps)
-            for v, ps in (*zip(op.inputs, ins), *zip(op.outputs, outs))
-        )
+        for values, placements in ((op.inputs, ins), (op.outputs, outs)):
+            for v, ps in zip(values, placements):
+                if not shape_fits(shape_of(v), mesh_shape, ps):
+                    return False
+        return True
 
     def _local_inputs(self, op, ins) -> list[list[Type]]:
         per_operand = [local_types(v.type, self._layout_of(ps)) for v, ps in zip(op.inputs, ins)]

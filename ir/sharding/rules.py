@@ -176,8 +176,24 @@ def placements_for(
 _MISSING = object()
 
 
+def _axis_placements(rule: Rule, choice: Choice):
+    # ``axis_placements`` memoised beside ``placements_for``'s answers (read-only lists):
+    # the strategies of a several-axis mesh combine the same few choices per axis.
+    memo = rule.__dict__.get("_axis")
+    if memo is None:
+        memo = {}
+        object.__setattr__(rule, "_axis", memo)
+    try:
+        found = memo.get(choice, _MISSING)
+    except TypeError:  # a choice that cannot be hashed
+        return axis_placements(rule, choice)
+    if found is _MISSING:
+        found = memo[choice] = axis_placements(rule, choice)
+    return found
+
+
 def _placements_for(rule: Rule, strategy: tuple[Choice, ...]):
-    per_axis = [axis_placements(rule, c) for c in strategy]
+    per_axis = [_axis_placements(rule, c) for c in strategy]
     if any(p is None for p in per_axis):
         return None
     ins = tuple([tuple([p[0][i] for p in per_axis]) for i in range(len(rule.operands))])  # type: ignore[index]

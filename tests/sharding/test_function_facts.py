@@ -19,7 +19,7 @@ from ir.sharding.desired import _axis_choice, desired_layouts
 from ir.sharding.errors import AnnotationError, PropagationError
 from ir.sharding.facts import _FACTS, op_rules, op_signatures
 from ir.sharding.mesh import Partial
-from ir.sharding.rules import _placements_for, rule_for
+from ir.sharding.rules import axis_placements, placements_for, rule_for, strategies
 
 
 def plain_desired(function, fixed, mesh):
@@ -40,7 +40,7 @@ def plain_desired(function, fixed, mesh):
                 strategy = [
                     _axis_choice(rule, known_in, known_out, k, backward) for k in range(mesh.ndim)
                 ]
-                pl = _placements_for(rule, tuple(strategy))  # not memoised
+                pl = plain_placements(rule, strategy)
                 if pl is None:
                     continue
                 for v, ps, is_input in [
@@ -56,6 +56,16 @@ def plain_desired(function, fixed, mesh):
         if not changed:
             break
     return desired
+
+
+def plain_placements(rule, strategy):
+    """``placements_for`` without its memos."""
+    per_axis = [axis_placements(rule, c) for c in strategy]
+    if any(p is None for p in per_axis):
+        return None
+    ins = [tuple(p[0][i] for p in per_axis) for i in range(len(rule.operands))]
+    outs = [tuple(p[1][j] for p in per_axis) for j in range(len(rule.results))]
+    return ins, outs
 
 
 def fitted(shape, out, mesh):
@@ -186,3 +196,22 @@ def test_propagate_with_warm_facts_gives_the_answer_a_fresh_function_gets():
         run(f, shape)  # warms f's facts
     for shape in shapes:
         assert run(f, shape) == run(gpt(), shape)
+
+
+def test_placements_for_answers_as_axis_placements_do_on_every_mesh():
+    f = ir.models.gpt(batch=4, seq=8, hidden=16, heads=2, vocab=32, layers=1, training=True)
+    checked = 0
+    for mesh in (Mesh((2,)), Mesh((2, 2)), Mesh((2, 1, 2))):
+        for op in f.ops:
+            rule = rule_for(op)
+            current = [(R,) * mesh.ndim for _ in op.inputs]
+            for strategy in strategies(rule, mesh, current):
+                want = plain_placements(rule, strategy)
+                for _ in range(2):  # computed, then from the rule's memo
+                    got = placements_for(rule, strategy)
+                    if want is None:
+                        assert got is None
+                    else:
+                        assert [list(x) for x in got] == [list(x) for x in want]
+                checked += 1
+    assert checked > 500
