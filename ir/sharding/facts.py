@@ -22,6 +22,8 @@ from .rules import Rule, rule_for
 
 @dataclass
 class _Facts:
+    """One Function's facts: each op's (registry record, rule) and the ops' signatures."""
+
     rules: dict[Op, tuple[OpDef, Rule]] = field(default_factory=dict)
     signatures: dict[Op, int | None] | None = None
 
