@@ -8,7 +8,6 @@ view) so a click can select the op in the graph.
 
 from __future__ import annotations
 
-import base64
 import html
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +19,7 @@ from ir.function import Function
 from ir.op import Op
 
 from .ids import op_paths, shape_label
-from .live import TEMPLATE, live_figure
+from .live import TEMPLATE, from_typed_array, live_figure, typed_array
 from .palette import COMMUNICATION_BAR, COMPUTE_BAR, IDLE_BAR
 from .units import format_time, time_unit
 
@@ -160,25 +159,11 @@ def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
     )
 
 
-def typed_array(array: np.ndarray) -> dict[str, str]:
-    """A float64 array as plotly.js's typed-array spec (base64, with its shape).
-
-    Plotly sends a 2-D numpy array to a live widget as nested lists (thousands of
-    small lists to walk and encode); this is one string.
-    """
-    array = np.ascontiguousarray(array, dtype="<f8")
-    spec = {"dtype": "f8", "bdata": base64.b64encode(array.tobytes()).decode("ascii")}
-    if array.ndim > 1:
-        spec["shape"] = ", ".join(map(str, array.shape))
-    return spec
-
-
 def bar_numbers(trace: Any) -> np.ndarray:
     """The ``customdata`` of a Gantt trace as an ``(n, 5)`` array (see :data:`START_S`)."""
     data = trace["customdata"] if isinstance(trace, dict) else trace.customdata
     if isinstance(data, dict):
-        flat = np.frombuffer(base64.b64decode(data["bdata"]), dtype="<f8")
-        return flat.reshape(-1, DEVICE + 1)
+        data = from_typed_array(data)
     return np.asarray(data, dtype=np.float64).reshape(-1, DEVICE + 1)
 
 
@@ -235,7 +220,6 @@ def gantt_spec(
             "tickvals": list(range(len(rows))),
             "ticktext": rows,
             "autorange": "reversed",
-            "title": {"text": None},
         },
         "height": max(220, 60 + 28 * len(rows)),
         "margin": {"l": 10, "r": 10, "t": 40, "b": 40},

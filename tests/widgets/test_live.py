@@ -2,26 +2,18 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
-import plotly.io as pio
 from plotly.callbacks import Points
 
 import ir
 from widgets.gantt import connect_clicks, gantt_figure, gantt_spec
-from widgets.live import live_figure, show
+from widgets.live import live_figure, plotted, show
 from widgets.memory import memory_figure, memory_spec
 
 sys.path.insert(0, str(Path(__file__).parent))
 from widget_programs import data_parallel_matmul, deep_mlp
-
-
-def _plotted(figure) -> tuple:
-    spec = json.loads(pio.to_json(figure))
-    spec["layout"].pop("template", None)
-    return spec["data"], spec["layout"]
 
 
 def test_show_updates_in_place_and_matches_a_new_figure():
@@ -35,7 +27,7 @@ def test_show_updates_in_place_and_matches_a_new_figure():
     traces = list(widget.data)
     assert show(widget, *gantt_spec(b, second))  # three bar traces both times: in place
     assert list(widget.data) == traces  # the same trace objects, so their handlers too
-    assert _plotted(widget) == _plotted(gantt_figure(b, second))
+    assert plotted(widget) == plotted(gantt_figure(b, second))
     # what the browser's click on the first compute bar calls (a handler from before)
     widget.data[0]._dispatch_on_click(Points(point_inds=[0], trace_index=0), None)
     assert clicked == [str(widget.data[0].meta["op_ids"]).split("\n")[0]]
@@ -51,7 +43,7 @@ def test_show_replaces_traces_when_their_structure_changes():
     assert len(widget.data) == 3  # one device: curve, peak, capacity
     assert not show(widget, *memory_spec(b))  # three devices: new traces
     assert len(widget.data) == 7
-    assert _plotted(widget) == _plotted(memory_figure(b))
+    assert plotted(widget) == plotted(memory_figure(b))
     assert show(widget, *memory_spec(b))  # the same structure again: in place
 
 
@@ -69,7 +61,7 @@ def test_memory_traces_for_every_topology_device_redraw_in_place():
     assert all(len(t.x) == 0 and len(t.y) == 0 for t in hidden)
     assert show(widget, *memory_spec(b, devices=devices))  # one device, then three: in place
     assert list(widget.data) == traces
-    assert _plotted(widget) == _plotted(memory_figure(b))  # what a new figure of b shows
+    assert plotted(widget) == plotted(memory_figure(b))  # what a new figure of b shows
     assert show(widget, *memory_spec(a, devices=devices))  # and back
     shown = [t.meta for t in widget.data if t.visible is not False]
     alone = [t.meta for t in memory_figure(a).data]

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import numpy as np
-import plotly.io as pio
 import pytest
 
 import ir
 from ir import models
 from ir.sharding import Mesh, R, S
 from widgets import gantt_figure, memory_figure, op_id_at
+from widgets.live import plotted
 from workbench import Session, Strategy
 from workbench.__main__ import lab_command, main, parser
 from workbench.dashboard import Workbench, base_name, build_payloads
@@ -165,16 +164,9 @@ def test_dashboard_redraws_every_view_after_a_click_and_apply(mlp, topology):
         (wb.gantt, gantt_figure(d.result, d.function)),
         (wb.memory, memory_figure(d.result)),
     ):
-        assert _plotted(widget) == _plotted(fresh)
+        assert plotted(widget) == plotted(fresh)
     wb.graph.clicked = {"id": "in-0", "n": 2}
     assert wb.editor.value_name == "wA"
-
-
-def _plotted(figure) -> tuple:
-    """What the browser draws: data and layout as JSON, the template aside."""
-    spec = json.loads(pio.to_json(figure))
-    spec["layout"].pop("template", None)
-    return spec["data"], spec["layout"]
 
 
 def test_dashboard_maps_per_device_copies_back_to_original_values():
