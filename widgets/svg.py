@@ -8,10 +8,11 @@ so the SVG can sit inline in HTML.
 
 from __future__ import annotations
 
+import html
+import re
 import shutil
 import subprocess
 import threading
-import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
 from ir.errors import DistIRError
@@ -85,30 +86,56 @@ class DotJob:
 
 
 def postprocess_svg(svg: str, tooltips: Mapping[str, str]) -> str:
-    """Widen edge hit areas, set tooltips by element id, return inline-ready SVG."""
-    root = ET.fromstring(svg)
-    for el in root.iter():
-        if isinstance(el.tag, str) and el.tag.startswith("{"):
-            el.tag = el.tag.split("}", 1)[1]
-    for g in root.iter("g"):
-        gid = g.get("id", "")
-        title = g.find("title")
-        if title is not None and gid in tooltips:
-            title.text = tooltips[gid]
-        if g.get("class") == "edge":
-            path = g.find("path")
-            if path is not None:
-                hit = ET.SubElement(g, "path")
-                hit.attrib.update(
-                    {
-                        "d": path.get("d", ""),
-                        "class": "hit",
-                        "fill": "none",
-                        "stroke": "transparent",
-                        "stroke-width": str(EDGE_HIT_WIDTH),
-                        "pointer-events": "stroke",
-                    }
-                )
-    root.set("xmlns", SVG_NS)
-    root.set("class", "distir-graph")
-    return ET.tostring(root, encoding="unicode")
+    """Widen edge hit areas, set tooltips by element id, return inline-ready SVG.
+
+    One pass over the text graphviz wrote (each group opens with
+    ``<g id=".." class="..">`` and its ``<title>``; an edge's first ``<path>`` is
+    its line), not a parse and re-serialisation of the whole document: on a few
+    hundred nodes that took longer than building the drawing.
+    """
+    start = svg.find("<svg")
+    if start < 0:
+        raise GraphvizError(f"dot wrote no <svg> element: {svg[:200]!r}")
+    head, *groups = _COMMENT.sub("", svg[start:]).split('<g id="')
+    out = [_SVG_TAG.sub(_root_tag, head, count=1)]
+    for group in groups:
+        out.append('<g id="')
+        out.append(_group(group, tooltips))
+    return "".join(out)
+
+
+_COMMENT = re.compile(r"<!--.*?-->\n?", re.S)
+_SVG_TAG = re.compile(r"<svg\b([^>]*)>")
+_HIT = (
+    f'<path d="{{}}" class="hit" fill="none" stroke="transparent" '
+    f'stroke-width="{EDGE_HIT_WIDTH}" pointer-events="stroke"/>\n'
+)
+
+
+def _root_tag(m: re.Match[str]) -> str:
+    attrs = re.sub(r'\s(?:xmlns|class)="[^"]*"', "", m.group(1))
+    return f'<svg{attrs} xmlns="{SVG_NS}" class="distir-graph">'
+
+
+def _group(text: str, tooltips: Mapping[str, str]) -> str:
+    """One group's text after ``<g id="``: its id as the drawing named it (graphviz
+    writes ``op-1`` as ``op&#45;1``), its tooltip, and for an edge a hit path."""
+    end_id = text.index('"')
+    gid = html.unescape(text[:end_id])
+    rest = text[end_id:]
+    tip = tooltips.get(gid)
+    if tip is not None:
+        lo, hi = rest.find("<title>"), rest.find("</title>")
+        if 0 <= lo < hi:
+            rest = f"{rest[: lo + 7]}{html.escape(tip, quote=False)}{rest[hi:]}"
+    if rest.startswith('" class="edge"'):
+        line = _PATH_D.search(rest)
+        close = rest.find("</g>")
+        if close < 0:  # a nested group (a link) follows: the hit path goes before it
+            close = len(rest)
+        if line is not None and line.start() < close:
+            rest = rest[:close] + _HIT.format(line.group(1)) + rest[close:]
+    return html.escape(gid) + rest
+
+
+_PATH_D = re.compile(r'<path\b[^>]*?\sd="([^"]*)"')
