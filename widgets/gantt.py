@@ -64,9 +64,10 @@ def gantt_traces(
     bars = result.bars
     rows = [row_label(d, s, prefix) for d in result.devices for s in STREAMS]
     position = {d: 2 * i for i, d in enumerate(result.devices)}
-    row_of_device = np.zeros(max(result.devices, default=0) + 1, dtype=np.int64)
-    row_of_device[list(position)] = list(position.values())
-    row_of_bar = row_of_device[bars.device] + bars.stream
+    # each bar's device among the result's (any ids: negative, sparse, huge)
+    order = np.argsort(np.asarray(result.devices, dtype=np.int64), kind="stable")
+    rank = np.searchsorted(np.asarray(result.devices, dtype=np.int64), bars.device, sorter=order)
+    row_of_bar = 2 * order[rank] + bars.stream
     ids, texts = _bar_texts(bars.ops, function)
     numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
     traces = []

@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 import pytest
 
 import ir
+from ir.device import Device
 from widgets.compare import compare_figure
 from widgets.gantt import (
     BYTES,
@@ -20,6 +21,7 @@ from widgets.gantt import (
     START_S,
     bar_numbers,
     gantt_figure,
+    gantt_traces,
     gantt_widget,
     op_id_at,
 )
@@ -206,3 +208,22 @@ def test_static_pages_are_self_contained(dp):
     assert "<svg" in report and 'id="op-2.0"' in report
     assert render_graph(f).svg in report
     assert "<svg" in pages["graph"] and "Plotly" not in pages["graph"]
+
+
+@pytest.mark.parametrize("ids", [(-1, 0, 1), (5, 0, 10**12)])
+def test_gantt_rows_follow_the_devices_whatever_their_ids(ids):
+    topology = ir.Topology(
+        tuple(Device(i) for i in ids),
+        tuple(tuple(1e9 for _ in ids) for _ in ids),
+        tuple(tuple(0.0 for _ in ids) for _ in ids),
+    )
+    b = ir.FunctionBuilder("f")
+    xs = [b.input(f"x{k}", ir.TensorType((64, 64), device=d)) for k, d in enumerate(ids)]
+    f = b.finish([b.call("MatMul", x, x, name=f"y{k}") for k, x in enumerate(xs)])
+    result = ir.simulate(f, topology)
+    traces, rows = gantt_traces(result, f)
+    compute = traces[0]
+    devices = bar_numbers(compute)[:, DEVICE]
+    labels = [rows[int(y)] for y in compute["y"]]
+    assert labels == [f"dev {int(d)} · compute" for d in devices]
+    assert sorted(set(int(d) for d in devices)) == sorted(ids)
