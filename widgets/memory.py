@@ -44,8 +44,9 @@ def memory_traces(
 
     ``devices`` (default: the ones the result uses) lists the devices to give a
     curve and a peak marker; those the result does not use get empty, hidden
-    ones. A live view passes every device of the topology, so that programs on
-    one topology have the same traces and it can redraw them in place.
+    ones, and nothing else (capacity lines are those of the devices used). A
+    live view passes the devices of every program it has shown, so that it can
+    redraw in place when the next program uses fewer.
     """
     t_name, t_size = time_unit_ or time_unit(result.step_time_s)
     b_name, b_size = bytes_unit or byte_unit(max(result.peak_memory_bytes.values(), default=1))
@@ -58,11 +59,11 @@ def memory_traces(
     slots += [d for d in result.devices if d not in listed]  # never leave one out
     for device in slots:
         color = device_color(device)
-        capacity = result.topology.device(device).memory_bytes
-        capacities.setdefault(capacity, []).append(device)
         if device not in used:
             traces += _hidden_device(device, color, dash, prefix)
             continue
+        capacity = result.topology.device(device).memory_bytes
+        capacities.setdefault(capacity, []).append(device)
         times, live = result.memory_timeline(device)
         traces.append(
             dict(

@@ -179,6 +179,7 @@ class Workbench(w.VBox):
         self.compare_box = w.Box(layout={"width": "100%"})
         self.gantt: go.FigureWidget | None = None
         self.memory: go.FigureWidget | None = None
+        self._memory_devices: tuple[int, ...] = ()  # curve slots of the memory view
         self.last_redraw_s = 0.0
         self.redraw_s: dict[str, float] = {}  # time per view of the last redraw
         self._shown: Derived | None = None
@@ -260,7 +261,10 @@ class Workbench(w.VBox):
         elif not show(self.gantt, *gantt):
             connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
         gantt_done = time.perf_counter()
-        memory = memory_spec(d.result, devices=self.session.topology.device_ids)
+        # a curve slot for every device shown so far: the next program redraws in place
+        seen = set(self._memory_devices) | set(d.result.devices)
+        self._memory_devices = tuple(x for x in self.session.topology.device_ids if x in seen)
+        memory = memory_spec(d.result, devices=self._memory_devices)
         if self.memory is None:
             self.memory = live_figure(*memory)
             self.memory_box.children = [self.memory]

@@ -5,9 +5,11 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
 from plotly.callbacks import Points
 
 import ir
+from ir.device import Device
 from widgets.gantt import connect_clicks, gantt_figure, gantt_spec
 from widgets.live import live_figure, plotted, show
 from widgets.memory import memory_figure, memory_spec
@@ -47,23 +49,28 @@ def test_show_replaces_traces_when_their_structure_changes():
     assert show(widget, *memory_spec(b))  # the same structure again: in place
 
 
-def test_memory_traces_for_every_topology_device_redraw_in_place():
-    topology = ir.Topology.uniform(3)
+@pytest.mark.parametrize("third_gb", [16, 8])
+def test_memory_view_with_slots_for_more_devices_redraws_in_place(third_gb):
+    # devices 0-1 have 16 GB; capacity lines follow the devices a program uses, so with
+    # an 8 GB device 2 the line count changes with the program and the traces are replaced
+    devices = (Device(0), Device(1), Device(2, memory_bytes=third_gb * 1e9))
+    topology = ir.Topology(devices, ((1e10,) * 3,) * 3, ((1e-6,) * 3,) * 3)
     one = deep_mlp(2, device_of_layer=lambda i: 0, width=8)
     three = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
     a, b = ir.simulate(one, topology), ir.simulate(three, topology)
     assert a.devices == (0,) and b.devices == (0, 1, 2)
-    devices = topology.device_ids
-    widget = live_figure(*memory_spec(a, devices=devices))
+    slots = topology.device_ids
+    widget = live_figure(*memory_spec(a, devices=slots))
     traces = list(widget.data)
     hidden = [t for t in traces if t.visible is False]
-    assert {t.meta["device"] for t in hidden} == {1, 2}  # a curve and a peak each, empty
+    assert {t.meta["kind"] for t in hidden} == {"live", "peak"}  # a curve and a peak each
+    assert {t.meta["device"] for t in hidden} == {1, 2}
     assert all(len(t.x) == 0 and len(t.y) == 0 for t in hidden)
-    assert show(widget, *memory_spec(b, devices=devices))  # one device, then three: in place
-    assert list(widget.data) == traces
+    shown = [t.meta for t in traces if t.visible is not False]
+    assert shown == [t.meta for t in memory_figure(a).data]  # what a figure of a alone shows
+    same_lines = third_gb == 16
+    assert show(widget, *memory_spec(b, devices=slots)) == same_lines  # one device, then three
+    assert (list(widget.data) == traces) == same_lines
     assert plotted(widget) == plotted(memory_figure(b))  # what a new figure of b shows
-    assert show(widget, *memory_spec(a, devices=devices))  # and back
-    shown = [t.meta for t in widget.data if t.visible is not False]
-    alone = [t.meta for t in memory_figure(a).data]
-    assert [m for m in shown if m["kind"] != "capacity"] == alone[:-1]  # device 0's
-    assert shown[-1] == {"kind": "capacity", "devices": [0, 1, 2]}  # every device's line
+    assert show(widget, *memory_spec(a, devices=slots)) == same_lines  # and back
+    assert plotted(widget) == plotted(live_figure(*memory_spec(a, devices=slots)))
