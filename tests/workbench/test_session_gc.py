@@ -4,11 +4,13 @@ without disturbing the user's collector settings or frozen objects."""
 from __future__ import annotations
 
 import gc
+import weakref
 from collections.abc import Iterator
 
 import pytest
 
 import ir
+import workbench.session as session_module
 from ir import models
 from ir.sharding import Mesh, S
 from workbench import Session
@@ -64,3 +66,24 @@ def test_a_collector_the_user_turned_off_stays_off(session):
         assert not _in_generation(op, 2)  # nothing was moved either
     finally:
         gc.enable()
+
+
+class _Node:
+    """An object in a reference cycle (only the cyclic collector can free it)."""
+
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_cycles_a_change_leaves_behind_are_freed_by_a_later_full_collection(session, monkeypatch):
+    promotions = session_module._Promotions(limit=10**12)  # no full collection yet
+    monkeypatch.setattr(session_module, "_PROMOTIONS", promotions)
+    with session_module.long_lived_allocations():
+        garbage = weakref.ref(_Node())  # a cycle nothing else refers to
+    assert garbage() is not None  # moved to the oldest generation with the rest
+    assert promotions.since_full > 0
+    promotions.limit = promotions.since_full  # the next change crosses the limit
+    assert session.annotate("wA", (Mesh((4,)), [S(1)]))
+    assert garbage() is None  # collected in full
+    assert promotions.since_full == 0
+    assert promotions.limit >= promotions.at_least
