@@ -170,12 +170,17 @@ class Engine:
                 ) from None
             env[v] = slots
             self.pinned.extend(_leaves(slots))
-        if self.shared_records:
-            from .walk import run_top_level
+        try:
+            if self.shared_records:
+                from .walk import run_top_level
 
-            run_top_level(self, function.ops, env, scope)
-        else:
-            self._run_ops(function.ops, env, scope)
+                run_top_level(self, function.ops, env, scope)
+            else:
+                self._run_ops(function.ops, env, scope)
+        finally:  # keyed by the ids of objects only ``function`` keeps alive: not beyond it
+            self._records_by_identity.clear()
+            self._type_descriptors.clear()
+            self._attribute_keys.clear()
         for v in function.outputs:
             self.pinned.extend(_leaves(env[v]))
 

@@ -160,3 +160,13 @@ def test_bars_stay_columns_of_numbers():
     bars = _simulate(_gpt((2, 4)), ir.Topology.preset("a100-hgx", 8), "roofline", True).bars
     assert bars.device.dtype == np.int64 and bars.stream.dtype == np.int8
     assert len(bars.ops) == len(bars.start_s) == len(bars.flops)
+
+
+def test_a_result_keeps_no_table_keyed_by_the_ids_of_the_programs_objects():
+    # the ids could be reused by new objects once the program is gone
+    f = _gpt((2, 4))
+    engine = _simulate(f, ir.Topology.preset("a100-hgx", 8), "roofline", shared=True)._e
+    assert engine.inst_op  # it ran
+    assert not engine._records_by_identity
+    assert not engine._type_descriptors
+    assert not engine._attribute_keys
