@@ -46,7 +46,11 @@ def show(widget: go.FigureWidget, traces: Sequence[dict[str, Any]], layout: dict
     """Make ``widget`` show ``traces`` and ``layout``; True when updated in place.
 
     Properties a trace dict leaves out keep their current values, so trace
-    builders give every trace of a kind the same keys.
+    builders give every trace of a kind the same keys. An in-place update passes
+    values on as given (as ``plotly_update`` does, unvalidated, arrays by
+    reference): give it what a builder makes, whose dicts are validated
+    whenever a figure is built from them (:func:`live_figure`, the static
+    figures, new traces here).
     """
     in_place = _signature(widget.data) == [_kind(t) for t in traces]
     sent_traces, sent_layout = getattr(widget, "_distir_sent", ([{}] * len(traces), {}))
@@ -62,7 +66,7 @@ def show(widget: go.FigureWidget, traces: Sequence[dict[str, Any]], layout: dict
             widget.plotly_update(
                 restyle_data=restyle, relayout_data=relayout, trace_indexes=indexes
             )
-    else:  # new traces (validated as they are added), then the layout
+    else:  # the layout, then new traces (validated as they are added)
         with widget.batch_update():
             if relayout:
                 widget.layout.update(relayout, overwrite=True)
