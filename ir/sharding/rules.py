@@ -15,7 +15,7 @@ A *strategy* says, per mesh axis, what an op does along that axis:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -159,17 +159,22 @@ def placements_for(
     Memoised on the rule (rules are kept per op signature and per Function, so the
     strategies of a new mesh ask again what earlier meshes asked); the answer is read-only.
     """
-    key = tuple(strategy)
-    memo = rule.__dict__.get("_placements")
-    if memo is None:  # a cache beside the rule's fields: not part of its value
+    return _memoised(rule, "_placements", tuple(strategy), _placements_for)
+
+
+def _memoised(rule: Rule, table: str, key: Any, compute: Callable[[Rule, Any], Any]) -> Any:
+    """``compute(rule, key)``, remembered in a table beside the rule's fields (not part
+    of its value); keys that cannot be hashed are computed each time."""
+    memo = rule.__dict__.get(table)
+    if memo is None:
         memo = {}
-        object.__setattr__(rule, "_placements", memo)
+        object.__setattr__(rule, table, memo)
     try:
         found = memo.get(key, _MISSING)
-    except TypeError:  # a choice that cannot be hashed
-        return _placements_for(rule, key)
+    except TypeError:
+        return compute(rule, key)
     if found is _MISSING:
-        found = memo[key] = _placements_for(rule, key)
+        found = memo[key] = compute(rule, key)
     return found
 
 
@@ -179,17 +184,7 @@ _MISSING = object()
 def _axis_placements(rule: Rule, choice: Choice):
     # ``axis_placements`` memoised beside ``placements_for``'s answers (read-only lists):
     # the strategies of a several-axis mesh combine the same few choices per axis.
-    memo = rule.__dict__.get("_axis")
-    if memo is None:
-        memo = {}
-        object.__setattr__(rule, "_axis", memo)
-    try:
-        found = memo.get(choice, _MISSING)
-    except TypeError:  # a choice that cannot be hashed
-        return axis_placements(rule, choice)
-    if found is _MISSING:
-        found = memo[choice] = axis_placements(rule, choice)
-    return found
+    return _memoised(rule, "_axis", choice, axis_placements)
 
 
 def _placements_for(rule: Rule, strategy: tuple[Choice, ...]):
