@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import gc
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ir.device import Topology
 from ir.errors import DistIRError
 from ir.function import Function
+from ir.sim.engine import paused_gc
 
 Annotation = Any
 """``(ir.sharding.Mesh, placements)`` or an ``ir.sharding.ShardingSpec``."""
@@ -224,8 +225,7 @@ def _cache_key(state: State) -> Any:
     return state
 
 
-@contextmanager
-def long_lived_allocations() -> Iterator[None]:
+def long_lived_allocations() -> AbstractContextManager[None]:
     """Run a change without the cyclic garbage collector scanning what it allocates.
 
     A derivation creates tens of thousands of IR objects that live as long as the
@@ -244,15 +244,7 @@ def long_lived_allocations() -> Iterator[None]:
     has frozen objects (``gc.get_freeze_count()``), they stay frozen and nothing
     is moved; if the collector was off, it stays off.
     """
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            if gc.get_freeze_count() == 0:
-                _PROMOTIONS.promote_young()
-            gc.enable()
+    return paused_gc(before_resuming=_PROMOTIONS.promote_young)
 
 
 @dataclass
@@ -269,6 +261,8 @@ class _Promotions:
     at_least: int = 2_000_000
 
     def promote_young(self) -> None:
+        if gc.get_freeze_count():  # others' frozen objects: unfreezing would thaw them
+            return
         self.since_full += gc.get_count()[0]  # tracked objects made since the young collection
         if self.limit is None:
             self.limit = self._next_limit()
