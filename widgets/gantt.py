@@ -65,9 +65,9 @@ def gantt_traces(
     rows = [row_label(d, s, prefix) for d in result.devices for s in STREAMS]
     position = {d: 2 * i for i, d in enumerate(result.devices)}
     # each bar's device among the result's (any ids: negative, sparse, huge)
-    order = np.argsort(np.asarray(result.devices, dtype=np.int64), kind="stable")
-    rank = np.searchsorted(np.asarray(result.devices, dtype=np.int64), bars.device, sorter=order)
-    row_of_bar = 2 * order[rank] + bars.stream
+    devices = np.asarray(result.devices, dtype=np.int64)
+    order = np.argsort(devices, kind="stable")
+    row_of_bar = 2 * order[np.searchsorted(devices, bars.device, sorter=order)] + bars.stream
     ids, texts = _bar_texts(bars.ops, function)
     numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
     traces = []
