@@ -112,8 +112,6 @@ class FunctionBuilder:
         attributes: Mapping[str, Any],
         output_types: Sequence[Type],
         names: Sequence[str],
-        *,
-        op_name: str = "",
     ) -> Op:
         """Append an op whose result types were already inferred; trust them.
 
@@ -128,28 +126,8 @@ class FunctionBuilder:
         and there is one name per result. ``finish()`` does not re-check the rest;
         :func:`ir.verify.verify` does.
         """
-        self._check_open()
-        try:
-            opdef = get_op(op_type)
-        except UnknownOpError as e:
-            raise VerifyError(str(e)) from None
-        problem = opdef.check_arity(len(inputs))
-        if problem:
-            raise VerifyError(problem)
-        self._check_operands(opdef.name, inputs)
-        if len(names) != len(output_types):
-            raise VerifyError(
-                f"{opdef.name} has {len(output_types)} result(s), got {len(names)} names"
-            )
-        if len(names) == 1:  # the common case, without the generic loop
-            outputs: tuple[Value, ...] = (Value(names[0], output_types[0]),)
-        else:
-            outputs = tuple([Value(n, t) for n, t in zip(names, output_types)])
-        device = _common_device(output_types)
-        op = Op(opdef.name, tuple(inputs), outputs, attributes, device, (), op_name)
-        self._ops.append(op)
-        self._defined.update(outputs)
-        return op
+        self.add_inferred_rows(op_type, [inputs], [(attributes, output_types)], [names])
+        return self._ops[-1]
 
     def add_inferred_rows(
         self,
