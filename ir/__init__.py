@@ -21,6 +21,7 @@ from .errors import (
 )
 from .execute import execute, random_inputs
 from .function import Function
+from .layout import LayoutError, collect, distribute
 from .op import Op
 from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
 from .sim import SimResult, simulate
@@ -40,6 +41,7 @@ __all__ = [
     "ExecutionError",
     "Function",
     "FunctionBuilder",
+    "LayoutError",
     "Op",
     "OpDef",
     "OpKind",
@@ -56,6 +58,8 @@ __all__ = [
     "Value",
     "VerifyError",
     "all_ops",
+    "collect",
+    "distribute",
     "execute",
     "format",
     "get_op",

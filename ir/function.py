@@ -23,6 +23,10 @@ class Function:
     inputs: tuple[Value, ...]
     ops: tuple[Op, ...]
     outputs: tuple[Value, ...]
+    # Steady-state steps: how each distributed input / output relates to the sequential
+    # program's value (per tuple level, "R" or "S(k)"; None or () for none). See ir/layout.py.
+    input_layouts: tuple[tuple[str, ...] | None, ...] = ()
+    output_layouts: tuple[tuple[str, ...] | None, ...] = ()
 
     # -- derived views (computed once; the Function never changes) ------------
 
