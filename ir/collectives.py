@@ -56,17 +56,27 @@ class Collective:
     size_bytes: float
     devices: tuple[int, ...]
     root: int | None = None
+    # A grouped op (one collective per group of a device mesh, all at once, as frameworks
+    # run the data-parallel all-reduce of each tensor-parallel shard): every group, the
+    # first being ``devices``. Empty for a single group.
+    groups: tuple[tuple[int, ...], ...] = ()
 
     @property
     def participants(self) -> tuple[int, ...]:
         """Every device whose communication stream the op occupies, in first-mention order."""
         seen = dict.fromkeys(self.devices)
+        for group in self.groups:
+            seen.update(dict.fromkeys(group))
         if self.root is not None:
             seen[self.root] = None
         return tuple(seen)
 
     def time_s(self, topology: Topology) -> float:
-        """Predicted time of this transfer on ``topology``."""
+        """Predicted time of this transfer on ``topology`` (the slowest group of a grouped op)."""
+        if self.groups:
+            return max(
+                collective_time_s(self.kind, self.size_bytes, g, topology) for g in self.groups
+            )
         if self.kind == "send":
             return send_time_s(self.size_bytes, self.devices[0], self.devices[-1], topology)
         return collective_time_s(self.kind, self.size_bytes, self.devices, topology, self.root)

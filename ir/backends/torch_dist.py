@@ -268,6 +268,12 @@ def _collective_groups(function: Function) -> list[tuple[int, ...]]:
     seen: dict[tuple[int, ...], None] = {}
     for op in function.ops:
         if op.op_type in ("AllReduce", "AllGather", "ReduceScatter"):
+            groups = op.attributes.get("groups")
+            if groups is not None and len(groups) > 1:
+                raise BackendError(
+                    f"the torch.distributed backend runs {op.op_type} over one group; this "
+                    f"one has {len(groups)} groups (a 3D-parallel step): {describe_op(op)}"
+                )
             seen[tuple(sorted(op.inputs[0].type.devices))] = None
     return list(seen)
 

@@ -102,6 +102,54 @@ def _check_reduction(ctx: TypeContext) -> str:
     return op
 
 
+def element_groups(groups, n: int) -> list[list[int]]:
+    """The ``groups`` attribute of a grouped collective checked against a tuple of ``n``:
+    lists of element positions, disjoint, covering ``0..n-1``; ``None`` is one group."""
+    if groups is None:
+        return [list(range(n))]
+    try:
+        out = [[int(i) for i in g] for g in groups]
+    except TypeError:
+        raise TypeRuleError(f"groups must be lists of tuple positions, got {groups!r}") from None
+    seen = sorted(i for g in out for i in g)
+    if seen != list(range(n)) or any(not g for g in out):
+        raise TypeRuleError(
+            f"groups {groups!r} must split the {n} tuple positions 0..{n - 1} into "
+            "non-empty disjoint groups"
+        )
+    return out
+
+
+def _per_group(xs: TupleType, groups, fn) -> TupleType:
+    """The tuple whose group members get ``fn(members' types)`` (a list, in member order)."""
+    out: list = [None] * len(xs.elements)
+    for g in element_groups(groups, len(xs.elements)):
+        for i, t in zip(g, fn(TupleType(tuple(xs.elements[i] for i in g)))):
+            out[i] = t
+    return TupleType(tuple(out))
+
+
+def _grouped_kernel(fn):
+    """A kernel on a tuple run on each group (``fn(parts, attributes) -> parts``)."""
+
+    def kernel(xs, a):
+        parts = xs[0]
+        out: list = [None] * len(parts)
+        for g in element_groups(a.get("groups"), len(parts)):
+            for i, y in zip(g, fn([parts[i] for i in g], a)):
+                out[i] = y
+        return [tuple(out)]
+
+    return kernel
+
+
+_GROUPS = Attr(
+    "groups",
+    None,
+    "element positions of each group (one collective per group, all at once); None: one group",
+)
+
+
 def _comm(
     name: str,
     operands,
@@ -146,6 +194,35 @@ _comm(
     (_TO_DEVICE,),
     "Copy a tensor to another device.",
     examples=lambda s: [ctx(t(2 * s, 3), to_device=1), ctx(t(s), to_device=2)],
+)
+
+
+def _send_each_types(ctx: TypeContext):
+    xs = tuple_operand(ctx, 0)
+    to = list(ctx.attributes["to_devices"])
+    if len(to) != len(xs.elements):
+        raise TypeRuleError(f"to_devices lists {len(to)} devices for a tuple of {len(xs.elements)}")
+    if len(set(to)) != len(to):
+        raise TypeRuleError(f"to_devices lists a device twice: {to}")
+    for e in xs.elements:
+        if not isinstance(e, TensorType):
+            raise TypeRuleError(f"tuple elements must be tensors, got {e}")
+    return [TupleType(tuple(e.with_device(d) for e, d in zip(xs.elements, to)))]
+
+
+_comm(
+    "SendEach",
+    ("xs",),
+    ("ys",),
+    _send_each_types,
+    lambda xs, a: [tuple(x.copy() for x in xs[0])],
+    (Attr("to_devices", doc="destination of each element, in tuple order"),),
+    "Send element i of a per-device tuple to to_devices[i], all pairs at once (a pipeline "
+    "stage's activations to the next stage's devices).",
+    examples=lambda s: [
+        ctx(per_device(s, 3), to_devices=(2, 3)),
+        ctx(per_device(2 * s, devices=(1, 2, 3)), to_devices=(4, 5, 6)),
+    ],
 )
 
 # -- one to many -----------------------------------------------------------------
@@ -226,6 +303,7 @@ def _allreduce_types(ctx: TypeContext):
     xs = _uniform_tuple(ctx)
     _same_shapes(xs, "allreduce")
     _check_reduction(ctx)
+    element_groups(ctx.attributes.get("groups"), len(xs))
     return [xs]
 
 
@@ -234,8 +312,8 @@ _comm(
     ("xs",),
     ("ys",),
     _allreduce_types,
-    lambda xs, a: [tuple(_reduce(xs[0], a["op"]) for _ in xs[0])],
-    (_OP,),
+    _grouped_kernel(lambda parts, a: [_reduce(parts, a["op"]) for _ in parts]),
+    (_OP, _GROUPS),
     "Every device gets the elementwise reduction of all devices' tensors.",
     examples=lambda s: [
         ctx(per_device(2 * s, 3)),
@@ -246,8 +324,12 @@ _comm(
 
 def _allgather_types(ctx: TypeContext):
     xs = _uniform_tuple(ctx)
-    shape = _concat_shape(xs, ctx.attributes["dim"])
-    return [TupleType(tuple(e.with_shape(shape) for e in xs.elements))]
+
+    def gathered(group: TupleType) -> list:
+        shape = _concat_shape(group, ctx.attributes["dim"])
+        return [e.with_shape(shape) for e in group.elements]
+
+    return [_per_group(xs, ctx.attributes.get("groups"), gathered)]
 
 
 _comm(
@@ -255,8 +337,8 @@ _comm(
     ("xs",),
     ("ys",),
     _allgather_types,
-    lambda xs, a: [tuple(np.concatenate(xs[0], axis=a["dim"]) for _ in xs[0])],
-    (_DIM,),
+    _grouped_kernel(lambda parts, a: [np.concatenate(parts, axis=a["dim"]) for _ in parts]),
+    (_DIM, _GROUPS),
     "Every device gets the concatenation of all devices' shards along dim.",
     examples=lambda s: [ctx(per_device(s, 3)), ctx(per_device(2, s, devices=(1, 2, 3)), dim=1)],
 )
@@ -266,8 +348,12 @@ def _reducescatter_types(ctx: TypeContext):
     xs = _uniform_tuple(ctx)
     _same_shapes(xs, "reducescatter")
     _check_reduction(ctx)
-    devices = xs.devices
-    return [_shards(xs.elements[0], ctx.attributes["dim"], devices, "reducescatter")]
+
+    def scattered(group: TupleType) -> list:
+        shards = _shards(group.elements[0], ctx.attributes["dim"], group.devices, "reducescatter")
+        return list(shards.elements)
+
+    return [_per_group(xs, ctx.attributes.get("groups"), scattered)]
 
 
 _comm(
@@ -275,8 +361,8 @@ _comm(
     ("xs",),
     ("ys",),
     _reducescatter_types,
-    lambda xs, a: [tuple(split_array(_reduce(xs[0], a["op"]), len(xs[0]), a["dim"]))],
-    (_DIM, _OP),
+    _grouped_kernel(lambda parts, a: split_array(_reduce(parts, a["op"]), len(parts), a["dim"])),
+    (_DIM, _OP, _GROUPS),
     "Reduce across devices, then device i keeps shard i along dim.",
     examples=lambda s: [ctx(per_device(2 * s, 3)), ctx(per_device(3, 2 * s + 1), dim=1)],
 )
@@ -361,12 +447,27 @@ def _ring_comm(kind: str, full_size_from_output: bool):
     def rule(c: CostContext) -> Collective:
         (xs,), (ys,) = c.input_types, c.output_types
         full = ys.elements[0] if full_size_from_output else xs.elements[0]
-        return Collective(kind, full.size_bytes, _tensor_devices(xs))
+        devices = _tensor_devices(xs)
+        groups = c.attributes.get("groups")
+        if groups is None or len(groups) == 1:
+            return Collective(kind, full.size_bytes, devices)
+        by_group = tuple(tuple(devices[i] for i in g) for g in groups)
+        return Collective(kind, full.size_bytes, by_group[0], groups=by_group)
 
     return rule
 
 
 attach_rule("Send", "comm_rule", _send_comm)
+
+
+def _send_each_comm(c: CostContext) -> Collective:
+    (xs,), (ys,) = c.input_types, c.output_types
+    pairs = tuple((x.device, y.device) for x, y in zip(xs.elements, ys.elements))
+    size = max(x.size_bytes for x in xs.elements)
+    return Collective("send", size, pairs[0], pairs[0][1], groups=pairs if len(pairs) > 1 else ())
+
+
+attach_rule("SendEach", "comm_rule", _send_each_comm)
 attach_rule("Scatter", "comm_rule", _one_to_many_comm("scatter"))
 attach_rule("Broadcast", "comm_rule", _one_to_many_comm("broadcast"))
 attach_rule("Gather", "comm_rule", _gather_comm)
@@ -438,18 +539,26 @@ def _attach_gradient_rules() -> None:
             dy = b.call("Scale", dy, factor=1.0 / len(xs.type), name=f"{gname(xs)}_mean")
         return [b.call("Broadcast", dy, devices=xs.type.devices, name=gname(xs))]
 
+    def send_each(b, op, ins, outs, dys):
+        (dys_,), (xs,) = dys, ins
+        if dys_ is None:
+            return [None]
+        return [b.call("SendEach", dys_, to_devices=list(xs.type.devices), name=gname(xs))]
+
     def allreduce(b, op, ins, outs, dys):
         (dys_,), (xs,) = dys, ins
         if dys_ is None:
             return [None]
-        return [b.call("AllReduce", dys_, op=linear_only(op), name=gname(xs))]
+        groups = op.attributes.get("groups")
+        return [b.call("AllReduce", dys_, op=linear_only(op), groups=groups, name=gname(xs))]
 
     def allgather(b, op, ins, outs, dys):
         (dys_,), (xs,) = dys, ins
         if dys_ is None:
             return [None]
         dim = op.attributes["dim"]
-        return [b.call("ReduceScatter", dys_, dim=dim, op="sum", name=gname(xs))]
+        groups = op.attributes.get("groups")
+        return [b.call("ReduceScatter", dys_, dim=dim, op="sum", groups=groups, name=gname(xs))]
 
     def reducescatter(b, op, ins, outs, dys):
         (dys_,), (xs,) = dys, ins
@@ -457,7 +566,9 @@ def _attach_gradient_rules() -> None:
             return [None]
         if linear_only(op) != "sum":
             raise DistIRError("ReduceScatter(op='mean') has no gradient rule; use sum")
-        return [b.call("AllGather", dys_, dim=op.attributes["dim"], name=gname(xs))]
+        groups = op.attributes.get("groups")
+        dim = op.attributes["dim"]
+        return [b.call("AllGather", dys_, dim=dim, groups=groups, name=gname(xs))]
 
     def alltoall(b, op, ins, outs, dys):
         (dys_,), (xs,) = dys, ins
@@ -476,6 +587,7 @@ def _attach_gradient_rules() -> None:
 
     for name, rule in [
         ("Send", send),
+        ("SendEach", send_each),
         ("Scatter", scatter),
         ("Broadcast", broadcast),
         ("Gather", gather),

@@ -28,7 +28,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from ..collectives import collective_time_s
 from ..device import Topology
 from ..errors import DistIRError, UnknownOpError
 from ..function import Function
@@ -407,7 +406,7 @@ class Engine:
                 participants = tuple(self.index_of[d] for d in c.participants)
             except KeyError as e:
                 raise _UnknownDeviceError(e.args[0]) from None
-            dur = collective_time_s(c.kind, c.size_bytes, c.devices, self.topology, c.root)
+            dur = c.time_s(self.topology)
             timing = self._comm_cache[ckey] = (participants, dur, (0.0, float(c.size_bytes)))
         self._comm_by_op[key] = timing
         return timing
