@@ -11,6 +11,15 @@ outermost first:
 * ``"S(k)"``: the elements are the value split along axis ``k`` (uneven splits
   follow ``split_sizes``: the first ``n % k`` pieces get one row more).
 
+* ``"P"``: the elements are partial sums of the value (outputs only: a loss
+  each data-parallel replica computed on its rows).
+
+A level written ``"R@4"`` or ``"S(1)@2"`` is one axis of a device mesh laid
+flat in one tuple level: a run of consecutive ``@`` levels (sizes multiplying
+to the tuple's length) covers one tuple, row-major, the last axis fastest. A 3D
+parallel stage's weight on a (data 2 x tensor 2) mesh is a flat tuple of 4
+with layout ``("R@2", "S(1)@2")``.
+
 For example a data-parallel replica of a weight on 4 devices is
 ``Tuple[T@0, T@1, T@2, T@3]`` with layout ``("R",)``; a column-split weight
 of a D-over-H program (2 replicas of 2 tensor-parallel shards) is a tuple of
@@ -38,71 +47,120 @@ from .errors import DistIRError
 from .types import TensorType, TupleType, Type
 
 Levels = tuple[str, ...]
-_SPLIT = re.compile(r"^S\((\d+)\)$")
+_LEVEL = re.compile(r"^(R|P|S\((\d+)\))(?:@(\d+))?$")
 
 
 class LayoutError(DistIRError):
     """A layout that does not fit its value, or values that do not fit a layout."""
 
 
-def check_levels(levels: Sequence[str], t: Type, what: str = "value") -> Levels:
-    """``levels`` checked against the nested tuple type ``t`` (one level per tuple depth)."""
-    levels = tuple(levels)
-    depth, inner = 0, t
-    while isinstance(inner, TupleType):
-        depth += 1
-        inner = inner.elements[0]
-    if len(levels) != depth:
+def _parse(level: str, what: str) -> tuple[str, int | None, int | None]:
+    """(kind "R" | "P" | "S", split axis or None, mesh-axis size or None)."""
+    match = _LEVEL.match(level) if isinstance(level, str) else None
+    if match is None:
+        raise LayoutError(f"layout level {level!r} of {what} is not 'R', 'P' or 'S(k)' (@n)")
+    kind = match.group(1)[0]
+    axis = int(match.group(2)) if match.group(2) is not None else None
+    size = int(match.group(3)) if match.group(3) is not None else None
+    return kind, axis, size
+
+
+def _take(levels: Levels, n: int, what: str) -> tuple[list[tuple[str, int | None, int]], Levels]:
+    """The levels one tuple of ``n`` elements consumes (one plain level, or ``@`` levels
+    whose sizes multiply to ``n``), with each level's size; and the rest."""
+    if not levels:
+        raise LayoutError(f"layout of {what} has fewer levels than its type has tuples")
+    kind, axis, size = _parse(levels[0], what)
+    if size is None:
+        return [(kind, axis, n)], levels[1:]
+    taken, product, i = [], 1, 0
+    while i < len(levels):  # a run of @ levels covers one tuple
+        kind, axis, size = _parse(levels[i], what)
+        if size is None:
+            break
+        taken.append((kind, axis, size))
+        product *= size
+        i += 1
+    if product != n:
         raise LayoutError(
-            f"layout {list(levels)} of {what} has {len(levels)} level(s) but its type "
-            f"{t} nests {depth} tuple(s)"
+            f"layout levels {list(levels[:i])} of {what} multiply to {product}, but the "
+            f"tuple has {n} elements"
         )
-    for level in levels:
-        if level != "R" and not _SPLIT.match(level):
-            raise LayoutError(f"layout level {level!r} of {what} is neither 'R' nor 'S(k)'")
+    return taken, levels[i:]
+
+
+def check_levels(levels: Sequence[str], t: Type, what: str = "value") -> Levels:
+    """``levels`` checked against the nested tuple type ``t`` (one or more per tuple depth)."""
+    levels = tuple(levels)
+    rest, inner = levels, t
+    while isinstance(inner, TupleType):
+        _, rest = _take(rest, len(inner.elements), what)
+        inner = inner.elements[0]
+    if rest:
+        raise LayoutError(
+            f"layout {list(levels)} of {what} has more levels than its type {t} has tuples"
+        )
     return levels
 
 
-def _split_axis(level: str) -> int | None:
-    match = _SPLIT.match(level)
-    return int(match.group(1)) if match else None
+def _pieces(x: np.ndarray, axes: list[tuple[str, int | None, int]], what: str) -> list:
+    """``x`` laid out over the mesh ``axes`` (row-major list of per-element arrays)."""
+    if not axes:
+        return [x]
+    (kind, axis, n), rest = axes[0], axes[1:]
+    if kind == "P":
+        raise LayoutError(f"{what}: a partial ('P') layout describes outputs, not inputs")
+    if kind == "R":
+        parts = [x] * n
+    else:
+        if axis >= x.ndim or x.shape[axis] < n:
+            raise LayoutError(f"{what}: cannot split axis {axis} of shape {x.shape} {n} ways")
+        base, extra = divmod(x.shape[axis], n)
+        bounds = np.cumsum([0] + [base + (1 if i < extra else 0) for i in range(n)])
+        parts = [np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=axis) for i in range(n)]
+    return [q for p in parts for q in _pieces(p, rest, what)]
 
 
 def distribute_value(x: Any, t: Type, levels: Levels, what: str = "value") -> Any:
     """The sequential array ``x`` laid out as ``t`` by ``levels`` (nested tuples of arrays)."""
+    array = np.asarray(x)
     if isinstance(t, TensorType):
-        array = np.asarray(x)
         if tuple(array.shape) != t.shape:
             raise LayoutError(f"{what}: a piece of shape {array.shape} where {t} is expected")
         return array
-    level, rest = levels[0], levels[1:]
-    n = len(t.elements)
-    axis = _split_axis(level)
-    if axis is None:
-        return tuple(distribute_value(x, e, rest, what) for e in t.elements)
-    array = np.asarray(x)
-    if axis >= array.ndim or array.shape[axis] < n:
-        raise LayoutError(f"{what}: cannot split axis {axis} of shape {array.shape} {n} ways")
-    base, extra = divmod(array.shape[axis], n)
-    bounds = np.cumsum([0] + [base + (1 if i < extra else 0) for i in range(n)])
-    pieces = [np.take(array, np.arange(bounds[i], bounds[i + 1]), axis=axis) for i in range(n)]
-    return tuple(distribute_value(p, e, rest, what) for p, e in zip(pieces, t.elements))
+    axes, rest = _take(levels, len(t.elements), what)
+    parts = _pieces(array, axes, what)
+    return tuple(distribute_value(p, e, rest, what) for p, e in zip(parts, t.elements))
+
+
+def _whole(parts: list, axes: list[tuple[str, int | None, int]], what: str, rtol: float):
+    """The inverse of ``_pieces``: replicas checked, splits joined, partials summed."""
+    if not axes:
+        (only,) = parts
+        return only
+    (kind, axis, n), rest = axes[0], axes[1:]
+    step = len(parts) // n
+    subs = [_whole(parts[i * step : (i + 1) * step], rest, what, rtol) for i in range(n)]
+    if kind == "S":
+        return np.concatenate(subs, axis=axis)
+    if kind == "P":
+        total = subs[0]
+        for other in subs[1:]:
+            total = total + other
+        return total
+    for k, other in enumerate(subs[1:], start=1):
+        if not np.allclose(subs[0], other, rtol=rtol, atol=0.0, equal_nan=True):
+            raise LayoutError(f"{what}: replica {k} differs from replica 0")
+    return subs[0]
 
 
 def collect_value(y: Any, t: Type, levels: Levels, what: str = "value", rtol: float = 0.0) -> Any:
     """The whole array from pieces laid out by ``levels``; replicas must agree (to ``rtol``)."""
     if isinstance(t, TensorType):
         return np.asarray(y)
-    level, rest = levels[0], levels[1:]
+    axes, rest = _take(levels, len(t.elements), what)
     parts = [collect_value(p, e, rest, what, rtol) for p, e in zip(y, t.elements)]
-    axis = _split_axis(level)
-    if axis is not None:
-        return np.concatenate(parts, axis=axis)
-    first = parts[0]
-    for k, other in enumerate(parts[1:], start=1):
-        if not np.allclose(first, other, rtol=rtol, atol=0.0, equal_nan=True):
-            raise LayoutError(f"{what}: replica {k} differs from replica 0")
-    return first
+    return _whole(parts, axes, what, rtol)
 
 
 def distribute(step: Any, inputs: Mapping[str, Any] | Sequence[Any], source: Any = None) -> list:

@@ -124,8 +124,8 @@ def _per_group(xs: TupleType, groups, fn) -> TupleType:
     """The tuple whose group members get ``fn(members' types)`` (a list, in member order)."""
     out: list = [None] * len(xs.elements)
     for g in element_groups(groups, len(xs.elements)):
-        for i, t in zip(g, fn(TupleType(tuple(xs.elements[i] for i in g)))):
-            out[i] = t
+        for i, typ in zip(g, fn(TupleType(tuple(xs.elements[i] for i in g)))):
+            out[i] = typ
     return TupleType(tuple(out))
 
 

@@ -11,9 +11,8 @@ Recursive: one style's pmap bodies are parallelised by another over sub-devices
 ``d.0, d.1, ...`` resolved by the outer pmap's ``device_map`` (seed 002):
 ``nested(f, ("dp", 2), ("hp", 2))`` is D over H, and so on for H over D, D over
 P and H over P. A body the inner style cannot split (an optimizer-only update
-body under H, for instance) stays as it is. ``parallelize`` is the D x H x P
-product on a mesh of ``dp * hp * pp`` devices, device ``(i, j, s)`` being
-``(i * hp + j) * pp + s``.
+body under H, for instance) stays as it is. These are the seeds' teaching
+forms; ``parallelize`` is the 3D step real systems run (``megatron.py``).
 """
 
 from __future__ import annotations
@@ -244,21 +243,17 @@ def parallelize(
     hp: int = 1,
     pp: int = 1,
     microbatches: int = 1,
-    schedule: str = "gpipe",
+    schedule: str = "1f1b",
     *,
+    chunks: int = 1,
     topology: Any = None,
 ) -> Function:
-    """The D x H x P product: data parallel over horizontal parallel over pipeline stages.
+    """The D x H x P step as Megatron-LM runs it: :func:`ir.transforms.megatron` with
+    ``tp=hp`` (a steady-state step on ``dp * hp * pp`` devices; the seed-003 nested
+    compositions are :func:`nested`)."""
+    from .megatron import megatron
 
-    Degrees of 1 drop their level (with ``pp=1`` and ``microbatches > 1`` the
-    pipeline level still accumulates gradients over microbatches on one stage).
-    """
-    levels = [(k, n) for k, n in (("dp", dp), ("hp", hp)) if n != 1]
-    if pp != 1 or microbatches != 1:
-        levels.append(("pp", pp))
-    if not levels:
-        return verify(f)
-    return nested(f, *levels, microbatches=microbatches, schedule=schedule, topology=topology)
+    return megatron(f, dp, hp, pp, microbatches, schedule, chunks=chunks, topology=topology)
 
 
 __all__ = [

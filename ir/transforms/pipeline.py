@@ -96,13 +96,20 @@ def stage_assignment(f: Function, stages: int) -> dict[Op, int]:
     backward = backward_ops(f)
     producer = f.producers
     stage: dict[Op, int] = {}
+    # A weight lives where the forward op that reads it runs (an op reading weights of two
+    # groups runs on the later one); its gradient and optimizer step follow it there.
+    home: dict[Value, int] = {}
     for op in f.ops:
-        wstages = [weight_stage[v] for v in op.inputs if v in weight_stage]
+        wstages = [home.get(v, weight_stage[v]) for v in op.inputs if v in weight_stage]
         made = [stage[producer[v]] for v in op.inputs if v in producer]
         if is_optimizer(op):
-            stage[op] = weight_stage.get(op.inputs[0], max(made, default=0))
+            w = op.inputs[0]
+            stage[op] = home.get(w, weight_stage.get(w, max(made, default=0)))
         elif op not in backward:
             stage[op] = max(wstages + made, default=0)
+            for v in op.inputs:
+                if v in weight_stage:
+                    home.setdefault(v, stage[op])
         else:
             s = max(wstages) if wstages else min(made, default=0)
             grads = [stage[producer[v]] for v in op.inputs if producer.get(v) in backward]

@@ -108,7 +108,8 @@ def test_parallel_training_step_matches_on_real_processes(dp, hp):
     from ir import models, transforms
 
     f = models.mlp(8, 4, 8, 4, layers=2, training=True)
-    g = transforms.parallelize(f, dp=dp, hp=hp, pp=1)
+    levels = [("dp", dp)] + ([("hp", hp)] if hp > 1 else [])
+    g = transforms.nested(f, *levels)  # the seed-003 form (grouped collectives: issue 16)
     inputs = ir.random_inputs(g, seed=4)
     got = torch_dist.run(g, inputs)
     _same(got, ir.execute(g, inputs))

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 from _parallel_programs import MODELS, assert_same, biased_mlp, mlp, model
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 import ir
 import ir.models
@@ -14,7 +12,6 @@ from ir.transforms import (
     data_then_horizontal,
     horizontal_then_data,
     nested,
-    parallelize,
     unroll_pmap,
 )
 
@@ -25,7 +22,9 @@ COMPOSITIONS = {
     "H over D": lambda f: nested(f, ("hp", 2), ("dp", 2)),
     "D over P": lambda f: nested(f, ("dp", 2), ("pp", 2), microbatches=2),
     "H over P": lambda f: nested(f, ("hp", 2), ("pp", 2), microbatches=2),
-    "DxHxP": lambda f: parallelize(f, dp=2, hp=2, pp=2, microbatches=2, schedule="1f1b"),
+    "D over H over P": lambda f: nested(
+        f, ("dp", 2), ("hp", 2), ("pp", 2), microbatches=2, schedule="1f1b"
+    ),
 }
 
 
@@ -83,31 +82,6 @@ def test_recursive_levels_nest_pmaps_over_a_mesh(levels, depth: int, devices: in
     assert_same(f, g)
 
 
-def test_parallelize_drops_levels_of_degree_one() -> None:
-    f = model("mlp_sgd")
-    assert parallelize(f) is f or parallelize(f).is_equivalent(f)
-    g = parallelize(f, dp=3)
-    assert _depth(g) == 1 and _devices(g) == [0, 1, 2]
-    g = parallelize(f, microbatches=2)  # gradient accumulation on one device
-    assert _kinds(g).count("Split") == 2 and _devices(g) == [0]
-    assert_same(f, g)
-
-
-@settings(max_examples=12, deadline=None)
-@given(
-    batch=st.integers(4, 9),
-    hidden=st.integers(2, 7),
-    dp=st.integers(1, 2),
-    hp=st.integers(1, 2),
-    pp=st.integers(1, 2),
-    k=st.integers(1, 2),
-    schedule=st.sampled_from(["gpipe", "1f1b"]),
-)
-def test_product_matches_sequential_over_draws(batch, hidden, dp, hp, pp, k, schedule) -> None:
-    f = ir.models.mlp(batch, 3, hidden, 4, layers=2, training=True, dtype=ir.DType.float64)
-    assert_same(f, parallelize(f, dp, hp, pp, k, schedule))
-
-
 def test_errors() -> None:
     f = model("mlp_sgd")
     with pytest.raises(TransformError, match="innermost"):
@@ -115,9 +89,9 @@ def test_errors() -> None:
     with pytest.raises(TransformError, match="unknown parallelism"):
         nested(f, ("tp", 2))
     with pytest.raises(TransformError, match="positive integer"):
-        parallelize(f, dp=0)
+        nested(f, ("dp", 0))
     with pytest.raises(TransformError, match="not in the topology"):
-        parallelize(f, dp=2, hp=2, topology=ir.Topology.uniform(2))
+        nested(f, ("dp", 2), ("hp", 2), topology=ir.Topology.uniform(2))
     with pytest.raises(TransformError, match="larger than"):
         data_then_horizontal(mlp(8, 4, 6, 3), 4)
     with pytest.raises(TransformError, match="at least two weights"):
@@ -127,9 +101,9 @@ def test_errors() -> None:
 def test_bad_inner_degrees_are_errors_not_silent_fallbacks() -> None:
     f = ir.models.mlp(8, 3, 4, 4, layers=2, training=True, dtype=ir.DType.float64)
     with pytest.raises(TransformError, match="rows per replica"):
-        parallelize(f, dp=2, pp=2, microbatches=5)
+        nested(f, ("dp", 2), ("pp", 2), microbatches=5)
     with pytest.raises(TransformError, match="stages more than layers"):
-        parallelize(f, dp=2, pp=3, microbatches=2)
+        nested(f, ("dp", 2), ("pp", 3), microbatches=2)
     with pytest.raises(TransformError, match="larger than dim"):
         nested(f, ("dp", 2), ("hp", 5))
     with pytest.raises(TransformError, match="larger than the batch size"):

@@ -12,7 +12,6 @@ from ir.transforms import (
     device_programs,
     horizontal_parallel,
     nested,
-    parallelize,
     pipeline_parallel,
     place,
     unroll_pmap,
@@ -24,7 +23,7 @@ TRANSFORMED = {
     "pp": lambda f: pipeline_parallel(f, 2, 2, "1f1b"),
     "place": lambda f: place(f, {"wB": 1}),
     "D over H": lambda f: nested(f, ("dp", 2), ("hp", 2)),
-    "DxHxP": lambda f: parallelize(f, 2, 2, 2, 2),
+    "DxHxP": lambda f: nested(f, ("dp", 2), ("hp", 2), ("pp", 2), microbatches=2),
 }
 
 

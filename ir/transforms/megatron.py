@@ -1,0 +1,621 @@
+"""3D parallelism as Megatron-LM and DeepSpeed arrange it: one steady-state training step.
+
+``megatron(t, dp, tp, pp, microbatches, schedule)`` cuts the model into ``pp``
+consecutive layer groups (pipeline stages; ``pp * chunks`` with the
+interleaved schedule), runs tensor (Megatron column/row) parallelism inside
+each stage over ``tp`` devices, and data parallelism over ``dp`` replicas.
+Devices are numbered as Megatron-LM numbers ranks: tensor-parallel peers are
+adjacent (they share NVLink), then data-parallel replicas, then stages:
+device ``base + s * dp * tp + i * tp + j`` is stage ``s``, replica ``i``, tensor
+rank ``j``.
+
+The program is *logical*: every value of a stage is one flat tuple over the
+stage's ``dp * tp`` devices, each (stage, microbatch, phase) task runs as
+``Pmap`` s over those devices (one body, written once, whatever the number of
+devices), tensor-parallel conversions are *grouped* collectives
+(``AllReduce(..., groups=[[0, 1], [2, 3]])``: one collective per replica, all at
+once), activations move to the next stage with one ``SendEach``, and each
+weight's gradient, summed over microbatches, is all-reduced among the replicas
+that hold the same shard (``groups=[[0, 2], [1, 3]]``) as soon as its last
+microbatch's backward has made it, so it overlaps the rest of the backward
+pass. The optimizer then steps every shard on its own device. The op count
+grows with layers x microbatches, not with devices.
+
+The step is steady state (DESIGN.md): weights and optimizer state are inputs
+on the devices that own them (layouts ``("R@dp", "S(k)@tp")`` or
+``("R@dp", "R@tp")``), each batch input arrives split into microbatches and
+replicas on the stage that reads it (``("S(0)", "S(0)@dp", "R@tp")``), and the
+outputs are the updated shards in the same layouts, the loss as per-replica
+partial sums (``"P@dp"``) and batch-shaped outputs in their inputs' layout.
+``ir.distribute`` / ``ir.collect`` turn sequential values into these and back.
+
+Limits (each raises a TransformError naming the level): the batch must divide
+into ``dp * microbatches`` equal pieces, tensor-parallel splits must be even,
+a weight may be read by one stage only (no tied embeddings across stages), and
+ops that need the whole batch before the backward pass (batch norm) cannot be
+pipelined.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..builder import FunctionBuilder, rebuild_op
+from ..function import Function
+from ..layout import with_layouts
+from ..op import Op
+from ..types import DeviceVar, TensorType, TupleType
+from ..value import Value
+from ..verify import verify
+from ._rewrite import (
+    TransformError,
+    batch_inputs,
+    batch_size,
+    check_devices,
+    is_optimizer,
+    localize_op,
+)
+from ._rules import data_rule
+from ._spmd import P, R, Shard
+from ._spmd import Plan as _Plan
+from .data_parallel import data_plan
+from .horizontal import horizontal_plan
+from .pipeline import SCHEDULES, _device_sequence, backward_ops, stage_assignment
+
+_VAR = "e"
+
+
+def _positive(name: str, n: Any) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TransformError(f"{name} must be a positive integer, got {n!r}")
+    return n
+
+
+def _level(state: Shard | None, n: int) -> str:
+    if state is None or state == R:
+        return f"R@{n}"
+    return f"P@{n}" if state == P else f"S({state.dim})@{n}"
+
+
+@dataclass
+class _Item:
+    """One step of the tensor-parallel plan: a local op, or a conversion (collective)."""
+
+    index: int
+    op: Op | None  # the local (per-device) op, or None for a conversion
+    keys: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    stage: int = 0
+    phase: str = "F"
+    src: Shard = R
+    dst: Shard = R
+    grads: list[Value] = field(default_factory=list)  # summed keys this item completes
+
+
+class _Megatron:
+    def __init__(
+        self,
+        t: Function,
+        dp: int,
+        tp: int,
+        pp: int,
+        m: int,
+        schedule: str,
+        chunks: int,
+        base: int,
+    ) -> None:
+        self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
+        self.v, self.n = chunks, dp * tp
+        self.stages = pp * chunks
+        self.base = base
+        self._analyse(schedule)
+
+    # -- analysis --------------------------------------------------------------------------
+
+    def _analyse(self, schedule: str) -> None:
+        t, dp, m = self.t, self.dp, self.m
+        batch = batch_inputs(t)
+        if not batch:
+            raise TransformError(f"{t.name} has no batch input to split over replicas")
+        rows = batch_size(t, batch)
+        if rows % (dp * m):
+            raise TransformError(
+                f"data level: the batch of {rows} rows does not split into {dp} replicas x "
+                f"{m} microbatches of equal size; choose dp * microbatches dividing {rows}"
+            )
+        # Data plan over dp * m pieces: the per-piece program (global loss denominators),
+        # the gradients it leaves partial, and the optimizer steps after their all-reduce.
+        dplan = data_plan(t, dp * m, what="dp x microbatches")
+        self.dplan = dplan
+        late: set[Value] = {st.keys[1] for st in dplan.steps if st.op is None}
+        self.post: list[Op] = []
+        self.post_keys: dict[Op, tuple[Value, ...]] = {}
+        piece_ops: list[tuple[int, Op]] = []
+        for i, st in enumerate(dplan.steps):
+            if st.op is None:
+                continue
+            if any(k in late for k in st.keys):
+                if any(dplan.state[k] != R for k in st.keys if k not in late):
+                    raise TransformError(
+                        f"pipeline level: {st.op.op_type} needs a value summed over the whole "
+                        "batch before the batch is done; it cannot be pipelined"
+                    )
+                late.update(st.op.outputs)
+                self.post.append(st.op)
+                self.post_keys[st.op] = st.keys
+            else:
+                piece_ops.append((i, st.op))
+        if any(not is_optimizer(op) for op in self.post):
+            shown = sorted({op.op_type for op in self.post if not is_optimizer(op)})
+            raise TransformError(
+                f"3D parallelism runs only optimizer steps after the gradient all-reduce; "
+                f"{t.name} also runs {shown} there"
+            )
+        self.conv_dst = {st.keys[1]: st for st in dplan.steps if st.op is None}
+        # The per-piece program: the local ops of the data plan (batch / (dp m) rows).
+        loc = dplan.local
+        b = FunctionBuilder(f"{t.name}_piece")
+        env: dict[Value, Value] = {}
+        self.source_of: dict[Value, Value] = {}  # piece input -> source key
+        for i, _ in piece_ops:
+            local = loc.step_ops[i]
+            ins = []
+            for k, lv in zip(dplan.steps[i].keys, local.inputs):
+                if lv not in env:
+                    env[lv] = b.input(k.name, lv.type)
+                    self.source_of[env[lv]] = k
+                ins.append(env[lv])
+            for x, y in zip(local.outputs, rebuild_op(b, local, ins)):
+                env[x] = y
+        self.key_of = {env[loc.env[k]]: k for k in loc.env if loc.env[k] in env}
+        needed = [st.keys[0] for st in self.conv_dst.values()]
+        needed += [dplan.current[v] for v in t.outputs if dplan.current[v] not in late]
+        self.piece_out = list(dict.fromkeys(env[loc.env[k]] for k in needed))
+        self.piece = b.finish(self.piece_out)
+        self.summed = {env[loc.env[st.keys[0]]] for st in self.conv_dst.values() if st.src == P}
+        self.summed |= {
+            env[loc.env[dplan.current[v]]]
+            for v in t.outputs
+            if dplan.state[dplan.current[v]] == P and dplan.current[v] not in late
+        }
+        # Stages (of the source program's ops) and the tensor-parallel plan of the piece.
+        stage_of_op = stage_assignment(t, self.stages)
+        backward = backward_ops(t)
+        piece_stage = {
+            loc.step_ops[i]: (stage_of_op[op], "B" if op in backward else "F")
+            for i, op in piece_ops
+        }
+        rebuilt = dict(zip([loc.step_ops[i] for i, _ in piece_ops], self.piece.ops))
+        self.stage_of_post = {op: stage_of_op[op] for op in self.post}
+        if self.tp > 1:
+            hplan = horizontal_plan(self.piece, self.tp, _VAR)
+            if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
+                raise TransformError(
+                    f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
+                    "parallelism splits MatMul pairs and attention heads)"
+                )
+        else:
+            hplan = _Plan(self.piece, 1, {}, data_rule, _VAR)
+        self.hplan = hplan
+        stage_of_piece = {rebuilt[k]: v for k, v in piece_stage.items()}
+        self.items: list[_Item] = []
+        for i, st in enumerate(hplan.steps):
+            if st.op is None:
+                self.items.append(
+                    _Item(i, None, (st.keys[0],), (st.keys[1],), src=st.src, dst=st.dst)
+                )
+            else:
+                s, ph = stage_of_piece[st.op]
+                local = hplan.local.step_ops[i]
+                self.items.append(_Item(i, local, st.keys, st.op.outputs, s, ph))
+        # A conversion runs in the stage and phase of its first user.
+        users: dict[Value, _Item] = {}
+        for item in self.items:
+            for k in item.keys:
+                users.setdefault(k, item)
+        for item in reversed(self.items):
+            if item.op is None:
+                user = users.get(item.outputs[0])
+                if user is None:  # an output: the stage of its producer
+                    user = next(x for x in self.items if item.keys[0] in x.outputs)
+                item.stage, item.phase = user.stage, user.phase
+        self.tasks: dict[tuple[int, str], list[_Item]] = {}
+        for item in self.items:
+            self.tasks.setdefault((item.stage, item.phase), []).append(item)
+        has_backward = any(ph == "B" for _, ph in self.tasks)
+        self.sequences = [
+            [
+                (s, mb, ph)
+                for s, mb, ph in _device_sequence(
+                    schedule, d, self.pp, self.v, self.m, has_backward
+                )
+                if (s, ph) in self.tasks
+            ]
+            for d in range(self.pp)
+        ]
+        self.final = {k: hplan.current[k] for k in self.piece_out}
+
+    # -- devices ---------------------------------------------------------------------------
+
+    def devices(self, stage: int) -> list[int]:
+        rank = stage % self.pp
+        first = self.base + rank * self.n
+        return list(range(first, first + self.n))
+
+    def tp_groups(self) -> list[list[int]]:
+        return [[i * self.tp + j for j in range(self.tp)] for i in range(self.dp)]
+
+    def dp_groups(self) -> list[list[int]]:
+        return [[i * self.tp + j for i in range(self.dp)] for j in range(self.tp)]
+
+    def flat_type(self, local: TensorType, stage: int) -> TupleType:
+        return TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
+
+    # -- emission --------------------------------------------------------------------------
+
+    def run(self) -> Function:
+        t, hplan, dplan = self.t, self.hplan, self.dplan
+        b = self.b = FunctionBuilder(t.name)
+        self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
+        self.acc: dict[Value, Value] = {}
+        self.layouts: dict[str, tuple[str, ...]] = {}
+        self.stage_of_key: dict[Value, int] = {}
+        for item in self.items:
+            for k in item.keys:
+                self.stage_of_key.setdefault(k, item.stage)
+        # Steady-state inputs: weights replicated over dp and laid out over tp on their
+        # stage; batch inputs split into microbatches and replicas on their stage.
+        self.inputs: dict[Value, Value] = {}
+        self.weight_input: dict[Value, Value] = {}
+        self.batch_split: dict[Value, Value] = {}
+        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        for v in t.inputs:
+            p = piece_inputs.get(v)
+            post_users = [op for op in self.post if v in self.post_keys[op]]
+            if p is None and not post_users:
+                if v in t.outputs:
+                    raise TransformError(f"input {v.name!r} is returned unchanged; not supported")
+                continue
+            if dplan.state[v] == R:
+                stage = self._weight_stage(v, p, post_users)
+                for op in self.post:
+                    if self.post_keys[op][0] is v:
+                        self.stage_of_post[op] = stage
+                state = hplan.state.get(p, R) if p is not None else self._post_state(v)
+                local = self._local_type(v.type, state, stage)
+                x = b.input(v.name, self.flat_type(local, stage))
+                self.layouts[v.name] = (f"R@{self.dp}", _level(state, self.tp))
+                self.weight_input[v] = x
+                if p is not None:
+                    for mb in range(self.m):
+                        self.vals[(p, mb, stage)] = x
+            else:
+                stage = self.stage_of_key[p]
+                state = hplan.state[p] if p is not None else R
+                local = hplan.local.value(p).type.with_device(None)
+                per_mb = self.flat_type(local, stage)
+                x = b.input(v.name, TupleType((per_mb,) * self.m))
+                self.layouts[v.name] = ("S(0)", f"S(0)@{self.dp}", _level(state, self.tp))
+                for mb in range(self.m):
+                    self.vals[(p, mb, stage)] = b.call(
+                        "TupleGet", x, index=mb, name=f"{v.name}_mb{mb}"
+                    )
+        self._merge()
+        outs, out_layouts = self._optimizer_and_outputs()
+        g = b.finish(outs)
+        return with_layouts(verify(g), self.layouts, out_layouts)
+
+    def _weight_stage(self, v: Value, p: Value | None, post_users: list[Op]) -> int:
+        """The stage whose ops read weight ``v``; its optimizer steps run there too."""
+        stages = set()
+        if p is not None:
+            stages |= {item.stage for item in self.items if p in item.keys}
+        if not stages:
+            stages |= {self.stage_of_post[op] for op in post_users}
+        if len(stages) > 1:
+            raise TransformError(
+                f"pipeline level: weight {v.name!r} is read by stages {sorted(stages)}; a "
+                "weight shared between stages (tied embeddings) is not supported"
+            )
+        return stages.pop() if stages else 0
+
+    def _post_state(self, v: Value) -> Shard:
+        """The tensor-parallel state of an optimizer-only input: its weight's."""
+        for op in self.post:
+            if v in self.post_keys[op]:
+                w = self.post_keys[op][0]
+                p = next((q for q, k in self.source_of.items() if k == w), None)
+                if p is not None:
+                    return self.hplan.state.get(p) or R
+        return R
+
+    def _local_type(self, t: TensorType, state: Shard | None, stage: int) -> TensorType:
+        if state is not None and state.kind == "S":
+            n = t.shape[state.dim]
+            if n % self.tp:
+                raise TransformError(
+                    f"tensor level: dim {state.dim} of size {n} does not split evenly "
+                    f"over {self.tp} devices"
+                )
+            shape = list(t.shape)
+            shape[state.dim] = n // self.tp
+            t = t.with_shape(tuple(shape))
+        return t.with_device(None)
+
+    def value(self, key: Value, mb: int, stage: int) -> Value:
+        """``key`` of microbatch ``mb`` on ``stage``'s devices (sent there once)."""
+        if (key, mb, stage) in self.vals:
+            return self.vals[(key, mb, stage)]
+        home = next((s for (k, m, s) in self.vals if k is key and m == mb), None)
+        if home is None:
+            raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
+        src = self.vals[(key, mb, home)]
+        moved = self.b.call(
+            "SendEach", src, to_devices=self.devices(stage), name=f"{key.name}_mb{mb}_s{stage}"
+        )
+        self.vals[(key, mb, stage)] = moved
+        return moved
+
+    def _merge(self) -> None:
+        done: set[tuple[int, int, str]] = set()
+        pos = [0] * self.pp
+        producer: dict[Value, tuple[int, str]] = {}
+        for key, items in self.tasks.items():
+            for item in items:
+                for v in item.outputs:
+                    producer[v] = key
+        deps = {
+            key: {producer[k] for it in items for k in it.keys if k in producer} - {key}
+            for key, items in self.tasks.items()
+        }
+        while any(pos[d] < len(self.sequences[d]) for d in range(self.pp)):
+            progress = False
+            for d in range(self.pp):
+                if pos[d] >= len(self.sequences[d]):
+                    continue
+                s, mb, ph = self.sequences[d][pos[d]]
+                if all((mb, *dep) in done for dep in deps[(s, ph)]):
+                    self._emit_task(s, mb, ph)
+                    done.add((mb, s, ph))
+                    pos[d] += 1
+                    progress = True
+            if not progress:
+                raise TransformError("pipeline level: the schedule deadlocks")
+
+    def _emit_task(self, s: int, mb: int, phase: str) -> None:
+        items = self.tasks[(s, phase)]
+        run: list[_Item] = []
+        for item in items:
+            if item.op is None:
+                self._emit_ops(run, s, mb)
+                run = []
+                self._emit_conversion(item, s, mb)
+                continue
+            run.append(item)
+            # End the body where a gradient is complete, so that its all-reduce can start
+            # while the rest of the backward pass runs.
+            if mb == self.m - 1 and any(v in self.summed for v in item.outputs):
+                self._emit_ops(run, s, mb)
+                run = []
+        self._emit_ops(run, s, mb)
+
+    def _emit_ops(self, run: list[_Item], s: int, mb: int) -> None:
+        if not run:
+            return
+        b = self.b
+        made = {v for item in run for v in item.outputs}
+        inputs: list[Value] = []
+        for item in run:
+            for k in item.keys:
+                if k not in made and k not in inputs:
+                    inputs.append(k)
+        later = self._used_later(run)
+        results = [v for item in run for v in item.outputs if v in later]
+        if not results:
+            return
+        body_b = FunctionBuilder(f"{self.t.name}_s{s}")
+        env: dict[Value, Value] = {}
+        for k in inputs:
+            env[k] = body_b.input(k.name, self.hplan.local.value(k).type)
+        for item in run:
+            outs = rebuild_op(body_b, item.op, [env[k] for k in item.keys])
+            for v, y in zip(item.outputs, outs):
+                env[v] = y
+        body = body_b.finish([env[v] for v in results])
+        operands = [self.value(k, mb, s) for k in inputs]
+        op = b.add_op(
+            "Pmap",
+            operands,
+            {"device_var": _VAR},
+            names=[f"{v.name}_mb{mb}" for v in results],
+            subfunctions=[body],
+        )
+        for v, out in zip(results, op.outputs):
+            self._made(v, mb, s, out)
+
+    def _used_later(self, run: list[_Item]) -> set[Value]:
+        inside = {id(item) for item in run}
+        out = {k for item in self.items if id(item) not in inside for k in item.keys}
+        return out | set(self.final.values()) | self.summed
+
+    def _made(self, v: Value, mb: int, s: int, out: Value) -> None:
+        self.vals[(v, mb, s)] = out
+        final = {h: p for p, h in self.final.items()}
+        piece_value = final.get(v)
+        if piece_value is None or piece_value not in self.summed:
+            return
+        prev = self.acc.get(v)
+        if prev is not None:
+            out = self._pmap_add(prev, out, v, mb)
+        self.acc[v] = out
+        if mb == self.m - 1:
+            self._reduce_gradient(v, s)
+
+    def _pmap_add(self, a: Value, x: Value, v: Value, mb: int) -> Value:
+        body_b = FunctionBuilder(f"{v.name}_acc")
+        t = self.hplan.local.value(v).type if v in self.hplan.local.env else None
+        elem = t if t is not None else a.type.elements[0].with_device(DeviceVar(_VAR))
+        p = body_b.input(f"{v.name}_acc", elem)
+        q = body_b.input(v.name, elem)
+        body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
+        op = self.b.add_op(
+            "Pmap", [a, x], {"device_var": _VAR}, names=[f"{v.name}_acc{mb}"], subfunctions=[body]
+        )
+        return op.outputs[0]
+
+    def _reduce_gradient(self, v: Value, s: int) -> None:
+        """All-reduce a weight gradient among the replicas holding the same shard."""
+        piece_value = next(p for p, h in self.final.items() if h is v)
+        source = self.dplan_source(piece_value)
+        if source is None or self.dp == 1:
+            return
+        self.acc[v] = self.b.call(
+            "AllReduce", self.acc[v], op="sum", groups=self.dp_groups(), name=f"{v.name}_dp"
+        )
+
+    def dplan_source(self, piece_value: Value) -> Value | None:
+        """The data-plan key a piece output stands for, if it is converted (a gradient)."""
+        key = self.key_of.get(piece_value)
+        if key is None:
+            return None
+        for st in self.conv_dst.values():
+            if st.keys[0] is key and st.src == P:
+                return key
+        return None
+
+    def _emit_conversion(self, item: _Item, s: int, mb: int) -> None:
+        src, dst = item.src, item.dst
+        xs = self.value(item.keys[0], mb, s)
+        name = f"{item.outputs[0].name}_mb{mb}"
+        groups = self.tp_groups()
+        if dst == R and src.kind == "S":
+            out = self.b.call("AllGather", xs, dim=src.dim, groups=groups, name=name)
+        elif dst == R and src == P:
+            out = self.b.call("AllReduce", xs, op="sum", groups=groups, name=name)
+        elif dst.kind == "S" and src == P:
+            out = self.b.call("ReduceScatter", xs, dim=dst.dim, op="sum", groups=groups, name=name)
+        else:
+            raise TransformError(
+                f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
+            )
+        self._made(item.outputs[0], mb, s, out)
+
+    # -- optimizer and outputs -------------------------------------------------------------
+
+    def _optimizer_and_outputs(self) -> tuple[list[Value], list]:
+        t, dplan = self.t, self.dplan
+        glob: dict[Value, Value] = {}
+        for dst, st in self.conv_dst.items():
+            src = st.keys[0]
+            piece_value = next(
+                (p for p, k in self.key_of.items() if k is src and p in self.final), None
+            )
+            if piece_value is None:
+                continue
+            h = self.final[piece_value]
+            if st.src == P:
+                glob[dst] = self.acc[h]
+        for v in t.inputs:
+            if v in self.weight_input:
+                glob[v] = self.weight_input[v]
+        by_stage: dict[int, list[Op]] = {}
+        for op in self.post:
+            by_stage.setdefault(self.stage_of_post[op], []).append(op)
+        for s, ops in sorted(by_stage.items()):
+            inputs: list[Value] = []
+            made: set[Value] = set()
+            for op in ops:
+                for k in self.post_keys[op]:
+                    if k not in made and k not in inputs:
+                        inputs.append(k)
+                made.update(op.outputs)
+            body_b = FunctionBuilder(f"{t.name}_update_s{s}")
+            env = {
+                k: body_b.input(k.name, glob[k].type.elements[0].with_device(DeviceVar(_VAR)))
+                for k in inputs
+            }
+            for op in ops:
+                ins = [env[k] for k in self.post_keys[op]]
+                outs = localize_op(body_b, op, ins, DeviceVar(_VAR))
+                env.update(zip(op.outputs, outs))
+            results = [v for op in ops for v in op.outputs]
+            body = body_b.finish([env[v] for v in results])
+            pm = self.b.add_op(
+                "Pmap",
+                [glob[k] for k in inputs],
+                {"device_var": _VAR},
+                names=[v.name for v in results],
+                subfunctions=[body],
+            )
+            glob.update(zip(results, pm.outputs))
+        outs, layouts = [], []
+        for v in t.outputs:
+            key = dplan.current[v]
+            if key in glob:
+                outs.append(glob[key])
+                w = next((self.post_keys[op][0] for op in self.post if key in op.outputs), None)
+                layouts.append(self.layouts.get(w.name) if w is not None else None)
+                continue
+            piece_value = next(p for p in self.piece_out if self._piece_key(p) is key)
+            h = self.final[piece_value]
+            hstate = self.hplan.state[h]
+            if piece_value in self.summed:
+                outs.append(self.acc[h])
+                layouts.append((f"P@{self.dp}", _level(hstate, self.tp)))
+            else:
+                per_mb = [self.vals[(h, mb, self._home(h, mb))] for mb in range(self.m)]
+                outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
+                layouts.append(("S(0)", f"S(0)@{self.dp}", _level(hstate, self.tp)))
+        return outs, layouts
+
+    def _piece_key(self, p: Value) -> Value | None:
+        return self.key_of.get(p)
+
+    def _home(self, h: Value, mb: int) -> int:
+        return next(s for (k, m, s) in self.vals if k is h and m == mb)
+
+
+def megatron(
+    t: Function,
+    dp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    microbatches: int = 1,
+    schedule: str = "1f1b",
+    *,
+    chunks: int = 1,
+    devices: Sequence[int] | None = None,
+    topology: Any = None,
+) -> Function:
+    """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
+    on ``dp * tp * pp`` devices (see the module docstring).
+
+    ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``chunks`` model chunks
+    per pipeline rank, microbatches a multiple of ``pp``). ``devices``: the first device
+    id is the base of the numbering (default 0).
+    """
+    dp = _positive("the data-parallel degree (dp)", dp)
+    tp = _positive("the tensor-parallel degree (tp)", tp)
+    pp = _positive("the pipeline degree (pp)", pp)
+    m = _positive("microbatches", microbatches)
+    chunks = _positive("chunks", chunks)
+    if schedule not in SCHEDULES:
+        raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if chunks > 1 and schedule != "interleaved":
+        raise TransformError(f"chunks={chunks} needs schedule='interleaved', got {schedule!r}")
+    if schedule == "interleaved" and m % pp:
+        raise TransformError(
+            f"pipeline level: the interleaved schedule takes microbatches in groups of the "
+            f"{pp} stages; {m} is not a multiple of {pp}"
+        )
+    total = dp * tp * pp
+    ids = check_devices(devices, total, topology, what="number of devices (dp x tp x pp)")
+    base = ids[0]
+    if list(ids) != list(range(base, base + total)):
+        raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
+    return _Megatron(t, dp, tp, pp, m, schedule, chunks, base).run()
+
+
+__all__ = ["megatron"]
