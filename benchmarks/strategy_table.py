@@ -1,0 +1,39 @@
+"""Print the README's strategy table: a GPT training step on 8 simulated A100s.
+
+Every program is the steady-state step its transform builds (weights and optimizer
+state resident on their devices; no distribution from device 0 inside the step).
+"""
+
+from __future__ import annotations
+
+import ir
+from ir import models
+from ir import transforms as T
+
+
+def main() -> None:
+    topology = ir.Topology.preset("a100-hgx", 8)
+    f = models.gpt(batch=64, seq=256, hidden=1024, heads=16, vocab=1024, layers=4)
+    t = T.training(f)
+    programs = {
+        "sequential (1 device)": lambda: t,
+        "DP 8": lambda: T.data_parallel(t, 8),
+        "HP 8": lambda: T.horizontal_parallel(t, 8),
+        "PP 4, K=8, GPipe": lambda: T.pipeline_parallel(t, 4, 8, "gpipe"),
+        "PP 4, K=8, 1F1B": lambda: T.pipeline_parallel(t, 4, 8, "1f1b"),
+        "3D: DP 8 (Megatron step)": lambda: T.megatron(t, 8, 1, 1, 1),
+        "3D: DP 4 x TP 2": lambda: T.megatron(t, 4, 2, 1, 1),
+        "3D: DP 2 x TP 2 x PP 2, K=4, 1F1B": lambda: T.megatron(t, 2, 2, 2, 4, "1f1b"),
+        "3D: DP 1 x TP 2 x PP 4, K=8, 1F1B": lambda: T.megatron(t, 1, 2, 4, 8, "1f1b"),
+    }
+    print("| program | step ms | max peak MiB | ops (logical) |")
+    print("| --- | --- | --- | --- |")
+    for name, make in programs.items():
+        g = make()
+        r = ir.simulate(g, topology)
+        peak = max(r.peak_memory_bytes.values()) / 2**20
+        print(f"| {name} | {r.step_time_s * 1e3:.1f} | {peak:.0f} | {g.num_ops()} |")
+
+
+if __name__ == "__main__":
+    main()
