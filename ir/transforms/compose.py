@@ -259,12 +259,18 @@ def parallelize(
 
     Degrees of 1 drop their level (with ``pp=1`` and ``microbatches > 1`` the
     pipeline level still accumulates gradients over microbatches on one stage).
+    A single D or H level is the steady-state step of :func:`data_parallel` or
+    :func:`horizontal_parallel`; products are the nested (distributing) form.
     """
     levels = [(k, n) for k, n in (("dp", dp), ("hp", hp)) if n != 1]
     if pp != 1 or microbatches != 1:
         levels.append(("pp", pp))
     if not levels:
         return verify(f)
+    if len(levels) == 1 and levels[0][0] != "pp":
+        kind, n = levels[0]
+        transform = data_parallel if kind == "dp" else horizontal_parallel
+        return transform(f, n, topology=topology)
     return nested(f, *levels, microbatches=microbatches, schedule=schedule, topology=topology)
 
 

@@ -109,13 +109,12 @@ def test_parallel_training_step_matches_on_real_processes(dp, hp):
 
     f = models.mlp(8, 4, 8, 4, layers=2, training=True)
     g = transforms.parallelize(f, dp=dp, hp=hp, pp=1)
-    inputs = ir.random_inputs(g, seed=4)
-    got = torch_dist.run(g, inputs)
-    _same(got, ir.execute(g, inputs))
+    inputs = ir.random_inputs(f, seed=4)
+    step_inputs = ir.distribute(g, inputs, source=f)  # as they are where g has no layouts
+    got = torch_dist.run(g, step_inputs)
+    _same(got, ir.execute(g, step_inputs))
     want = ir.execute(f, inputs)  # the parallel program returns what the sequential one does
-    np.testing.assert_allclose(
-        np.asarray(got[0][0] if isinstance(got[0], tuple) else got[0]), want[0], rtol=1e-5
-    )
+    np.testing.assert_allclose(ir.collect(g, got, rtol=1e-5)[0], want[0], rtol=1e-5)
 
 
 @pytest.mark.parametrize("transform", ["data_parallel", "horizontal_parallel"])

@@ -116,6 +116,9 @@ def test_parallelize_drops_levels_of_degree_one() -> None:
     assert parallelize(f) is f or parallelize(f).is_equivalent(f)
     g = parallelize(f, dp=3)
     assert _depth(g) == 1 and _devices(g) == [0, 1, 2]
+    assert g.input_layouts  # one level: the steady-state step
+    assert_same(f, g)
+    assert parallelize(f, hp=2).input_layouts
     g = parallelize(f, microbatches=2)  # gradient accumulation on one device
     assert _kinds(g).count("Split") == 2 and _devices(g) == [0]
     assert_same(f, g)
