@@ -224,6 +224,14 @@ def with_layouts(
     return replace(function, input_layouts=in_layouts, output_layouts=out_layouts)
 
 
+def layouts_of(function: Any, like: Any) -> Any:
+    """``function`` with the layouts of ``like``, a program it rebuilds with the same
+    inputs and outputs (a pass such as unrolling or recomputation)."""
+    from dataclasses import replace
+
+    return replace(function, input_layouts=like.input_layouts, output_layouts=like.output_layouts)
+
+
 __all__ = [
     "LayoutError",
     "check_levels",
@@ -231,5 +239,6 @@ __all__ = [
     "collect_value",
     "distribute",
     "distribute_value",
+    "layouts_of",
     "with_layouts",
 ]

@@ -47,7 +47,8 @@ class Binding:
     ``layout`` is None when a single rank holds the whole tensor. ``positions``
     maps rank -> index among that rank's inputs (outputs); ``padded`` gives the
     padded block shape per rank when inputs are padded. A per-device tuple
-    output lists its elements' ``(rank, index)`` in ``elements``.
+    input or output (a steady-state step's resident state) lists its elements'
+    ``(rank, index)`` in ``elements``.
     """
 
     name: str
@@ -165,12 +166,25 @@ class _Lowering:
     # -- inputs and outputs --------------------------------------------------------------
 
     def _whole_input(self, x: Value) -> None:
-        if not isinstance(x.type, TensorType):
-            raise LoweringError(f"input {x.name!r}: tuple inputs are not supported by lowering")
+        if isinstance(x.type, TupleType):
+            self._tuple_input(x)
+            return
         b = self.rank(x.type.device)
         pos = len(b._inputs)
         self.rep[x] = (x.type.device, b.input(x.name, x.type.with_device(None)))
         self.inputs.append(Binding(x.name, None, {x.type.device: pos}))
+
+    def _tuple_input(self, x: Value) -> None:
+        """A per-device tuple input: element i is an input of the rank that holds it."""
+        reps, elements = [], []
+        for e in x.type.elements:
+            if not isinstance(e, TensorType):
+                raise LoweringError(f"input {x.name!r}: nested tuple inputs are not supported")
+            b = self.rank(e.device)
+            elements.append((e.device, len(b._inputs)))
+            reps.append((e.device, b.input(x.name, e.with_device(None))))
+        self.rep[x] = tuple(reps)
+        self.inputs.append(Binding(x.name, None, {}, elements=tuple(elements)))
 
     def _distributed_input(self, op) -> None:
         x = op.inputs[0]

@@ -222,6 +222,10 @@ def run_ranked(ranked: RankedProgram, inputs: Sequence[Any] | Mapping[str, Any])
         raise ExecutionError(f"ranked program takes {len(ranked.inputs)} inputs, got {len(inputs)}")
     args: dict[int, list] = {r: [None] * len(p.inputs) for r, p in ranked.programs.items()}
     for binding, x in zip(ranked.inputs, inputs):
+        if binding.elements:  # a per-device tuple: one element per rank
+            for (r, pos), part in zip(binding.elements, x, strict=True):
+                args[r][pos] = part
+            continue
         x = np.asarray(x)
         if binding.layout is None:
             ((r, pos),) = binding.positions.items()

@@ -1,10 +1,18 @@
-"""Emission of an SPMD plan (``_spmd.Plan``) as a program like the seeds'.
+"""Emission of an SPMD plan (``_spmd.Plan``) as a program: a steady-state step by default.
 
-The inputs are scattered or broadcast, runs of per-device ops become ``Pmap``s,
-collectives sit between them on per-device tuples, and the outputs are gathered
-(``S``), reduced (``P``) or kept as replicated tuples (``R``). Devices whose
-shards have equal shapes share one pmap; uneven splits give one pmap per shape
-group.
+Steady state (``inputs="resident"``, DESIGN.md "steady-state steps"): each input
+is the per-device tuple of its planned state (``S(k)`` shards, ``R`` replicas),
+runs of per-device ops become ``Pmap``s, collectives sit between them on
+per-device tuples, and the outputs stay where they are: split (``S``) and
+replicated (``R``) ones as per-device tuples, partial sums (``P``, a loss)
+reduced onto the output device. An updated parameter or optimizer state comes
+back in its input's layout, so that the next step can take it. Layouts are
+recorded on the step (``ir.layout``).
+
+``inputs="distribute"`` is the seeds' form: the step takes the whole inputs
+where the source has them, scatters or broadcasts them, and gathers split
+outputs. Devices whose shards have equal shapes share one pmap; uneven splits
+give one pmap per shape group.
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ from collections.abc import Callable, Sequence
 
 from ..builder import FunctionBuilder, rebuild_op
 from ..function import Function
-from ..types import DeviceRef
+from ..layout import with_layouts
+from ..ops.communication import split_sizes
+from ..types import DeviceRef, TensorType, TupleType, Type
 from ..value import Value
-from ._rewrite import TransformError, device_of, sub_tuple
+from ._rewrite import TransformError, device_of, is_optimizer, sub_tuple
 from ._spmd import LocalProgram, P, Plan, R, Shard
 
 
@@ -41,33 +51,72 @@ def _collective(
     raise TransformError(f"no collective turns {src} into {dst}")
 
 
+INPUT_MODES = ("resident", "distribute")
+
+
+def resident_type(t: Type, state: Shard, devices: Sequence[DeviceRef]) -> TupleType:
+    """The per-device tuple that holds a value of type ``t`` in ``state`` on ``devices``."""
+    if not isinstance(t, TensorType):
+        raise TransformError(f"cannot lay a {t} out over devices (tensors only)")
+    if state.kind != "S":
+        return TupleType(tuple(t.with_device(d) for d in devices))
+    shape, n = list(t.shape), len(devices)
+    pieces = []
+    for d, size in zip(devices, split_sizes(shape[state.dim], n)):
+        shape[state.dim] = size
+        pieces.append(TensorType(tuple(shape), t.dtype, d))
+    return TupleType(tuple(pieces))
+
+
+def carried_inputs(f: Function) -> dict[Value, Value]:
+    """Outputs of ``f`` that are the next step's value of an input: input, or an optimizer
+    op's new parameter (result 0, operand 0) or new state (result 1 + i, operand 2 + i)."""
+    inputs = set(f.inputs)
+    out: dict[Value, Value] = {v: v for v in f.outputs if v in inputs}
+    for op in f.ops:
+        if not is_optimizer(op):
+            continue
+        sources = [op.inputs[0], *op.inputs[2:]]
+        for result, source in zip(op.outputs, sources):
+            if source in inputs and result in f.outputs:
+                out[result] = source
+    return out
+
+
 def emit(
     plan: Plan,
     devices: Sequence[DeviceRef],
     *,
+    inputs: str = "resident",
     replicated: str = "tuple",
     output_device: DeviceRef | str = "same",
     device_map: dict | None = None,
     name: str | None = None,
     inner: Callable[[Function, list[Shard]], Function] | None = None,
 ) -> Function:
-    """The plan as a program with the source's inputs (see the module docstring).
+    """The plan as a program with the source's input names (see the module docstring).
 
-    ``replicated``: ``"tuple"`` returns an ``R`` output as its per-device tuple,
-    ``"send"`` sends the first copy to the output device. ``output_device``:
-    where gathered outputs go (``"same"``: the source output's device).
+    ``inputs``: ``"resident"`` (a steady-state step) or ``"distribute"`` (whole
+    inputs, scattered and broadcast by the step). ``replicated``: ``"tuple"``
+    returns an ``R`` output as its per-device tuple, ``"send"`` sends the first
+    copy to the output device. ``output_device``: where gathered and reduced
+    outputs go (``"same"``: the source output's device).
     ``inner`` rewrites each pmap body (recursive composition) given the states of
     its inputs.
     """
+    if inputs not in INPUT_MODES:
+        raise TransformError(f"inputs must be one of {INPUT_MODES}, got {inputs!r}")
+    resident = inputs == "resident"
     f = plan.f
     devices = tuple(devices)
     b = FunctionBuilder(name or f.name)
     outer: dict[Value, Value] = {}
     for v in f.inputs:
-        outer[v] = b.input(v.name, v.type)
+        t = resident_type(v.type, plan.state[v], devices) if resident else v.type
+        outer[v] = b.input(v.name, t)
     for v in f.inputs:
         s = plan.state[v]
-        if not any(v in st.keys for st in plan.steps) and v not in f.outputs:
+        if resident or (not any(v in st.keys for st in plan.steps) and v not in f.outputs):
             continue
         if s.kind == "S":
             outer[v] = b.call(
@@ -106,24 +155,41 @@ def emit(
             inner,
         )
         pos = end
-    outs = []
+    outs, out_layouts = [], []
+    carried = carried_inputs(f) if resident else {}
     for v in f.outputs:
         key, s = plan.current[v], plan.state[plan.current[v]]
         if s.kind != "R" and (key, R) in plan.converted:  # already whole on every device
             key, s = plan.converted[(key, R)], R
+        value = outer[key]
+        if v in carried and s != plan.state[carried[v]]:  # back in its input's layout
+            want = plan.state[carried[v]]
+            key = plan.converted.get((plan.current[v], want))
+            if key is None:
+                src = plan.state[plan.current[v]]
+                value = _collective(b, outer[plan.current[v]], src, want, devices, f"{v.name}s")
+            else:
+                value = outer[key]
+            s = want
         where = device_of(v.type) if output_device == "same" else output_device
-        if s.kind == "S":
-            outs.append(b.call("Gather", outer[key], dim=s.dim, to_device=where, name=v.name))
+        layout: tuple[str, ...] | None = None
+        if s.kind == "S" and resident:
+            layout = (str(s),)
+        elif s.kind == "S":
+            value = b.call("Gather", value, dim=s.dim, to_device=where, name=v.name)
         elif s == P:
-            outs.append(b.call("Reduce", outer[key], op="sum", to_device=where, name=v.name))
+            value = b.call("Reduce", value, op="sum", to_device=where, name=v.name)
         elif replicated == "send":
-            first = b.call("TupleGet", outer[key], index=0, name=f"{v.name}_0")
-            if device_of(first.type) != where:
-                first = b.call("Send", first, to_device=where, name=v.name)
-            outs.append(first)
+            value = b.call("TupleGet", value, index=0, name=f"{v.name}_0")
+            if device_of(value.type) != where:
+                value = b.call("Send", value, to_device=where, name=v.name)
         else:
-            outs.append(outer[key])
-    return b.finish(outs)
+            layout = ("R",)
+        outs.append(value)
+        out_layouts.append(layout)
+    step = b.finish(outs)
+    in_layouts = {v.name: (str(plan.state[v]),) for v in f.inputs} if resident else None
+    return with_layouts(step, inputs=in_layouts, outputs=out_layouts)
 
 
 def schedule(plan: Plan) -> list[int]:

@@ -58,6 +58,7 @@ def _sequential(
     topology: Any,
     states: dict[Value, Shard | None],
     rule: Callable[[Op, list[Shard | None]], RuleResult | None],
+    inputs: str,
 ) -> Function:
     devices = check_devices(devices, degree, topology)
     for v, s in states.items():
@@ -66,7 +67,7 @@ def _sequential(
                 f"degree {degree} is larger than dim {s.dim} of {v.name!r} ({v.type.shape})"
             )
     plan = _Plan(f, degree, states, rule, "d")
-    return verify(emit(plan, devices))
+    return verify(emit(plan, devices, inputs=inputs))
 
 
 def data_then_horizontal(
@@ -76,13 +77,15 @@ def data_then_horizontal(
     *,
     split_at: int | None = None,
     topology: Any = None,
+    inputs: str = "resident",
 ) -> Function:
     """The first ``split_at`` weights (default half) data-parallel, the rest split by columns."""
     first, rest = _split_weights(f, split_at)
     states: dict[Value, Shard | None] = {v: S(0) for v in batch_inputs(f)}
     states.update({w: R for w in first})
     states.update({w: S(1) if w.type.rank == 2 else R for w in rest})
-    return _sequential(f, degree, devices, topology, states, MegatronRule(degree, frozenset()))
+    hp = MegatronRule(degree, frozenset())
+    return _sequential(f, degree, devices, topology, states, hp, inputs)
 
 
 def horizontal_then_data(
@@ -92,6 +95,7 @@ def horizontal_then_data(
     *,
     split_at: int | None = None,
     topology: Any = None,
+    inputs: str = "resident",
 ) -> Function:
     """The first ``split_at`` weights (default half) split by columns, the rest data-parallel."""
     first, rest = _split_weights(f, split_at)
@@ -124,7 +128,7 @@ def horizontal_then_data(
                 return retry
         return None
 
-    return _sequential(f, degree, devices, topology, states, rule)
+    return _sequential(f, degree, devices, topology, states, rule, inputs)
 
 
 # -- recursive ----------------------------------------------------------------------------
@@ -234,7 +238,10 @@ def _level(
                 return body
 
     transform = data_parallel if kind == "dp" else horizontal_parallel
-    return transform(f, n, devices, var=var, device_map=device_map, inner=inner, **where)
+    # The seed-003 teaching form: every level distributes its inputs itself.
+    return transform(
+        f, n, devices, inputs="distribute", var=var, device_map=device_map, inner=inner, **where
+    )
 
 
 def parallelize(

@@ -1,15 +1,18 @@
 """Data parallelism: split the batch over devices, replicate the weights (seed 000).
 
-The batch inputs are scattered along dim 0, every other input is broadcast, the
+The result is a steady-state step (DESIGN.md): the batch inputs are per-device
+shards (layout ``S(0)``), every other input a per-device replica (``R``); the
 per-device part of the program runs in a ``Pmap``, weight gradients (operand 1
 of the optimizer ops) are all-reduced, and the optimizer steps run in a second
 ``Pmap``. Each device's ``Loss``/``LossGrad`` divides by the *global* batch
 (``denominator``), so the per-device gradients and losses sum to the
 sequential ones; uneven splits work (one pmap per shard shape).
 
-Outputs: batch-shaped ones (``y``) are gathered onto the original output's
-device, losses are reduced (sum) there, and values every device holds whole
-(the updated weights) are returned as per-device tuples, one copy per device.
+Outputs: batch-shaped ones (``y``) stay split, losses are reduced (sum) onto
+the original output's device, and the updated weights and optimizer state are
+returned as per-device replicas, the layout they came in (the next step's
+inputs). ``inputs="distribute"`` gives the seeds' form instead: whole inputs on
+their devices scattered and broadcast by the step, batch-shaped outputs gathered.
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ def data_parallel(
     *,
     batch_inputs: Sequence[str] | None = None,
     topology: Any = None,
+    inputs: str = "resident",
     replicated: str = "tuple",
     output_device: DeviceRef | str = "same",
     var: str = "d",
@@ -69,10 +73,14 @@ def data_parallel(
     >>> x = b.input("x", ir.TensorType((6, 4), ir.DType.float64, 0))
     >>> f = b.finish(b.call("MatMul", x, w, name="y"))
     >>> g = data_parallel(f, 2)
-    >>> [op.op_type for op in g.ops]
+    >>> [op.op_type for op in g.ops], g.input_layouts
+    (['Pmap'], (('R',), ('S(0)',)))
+    >>> [op.op_type for op in data_parallel(f, 2, inputs="distribute").ops]
     ['Broadcast', 'Scatter', 'Pmap', 'Gather']
 
-    ``batch_inputs`` names the inputs to split (default: the inputs that are not
+    ``inputs``: ``"resident"`` (default, a steady-state step whose layouts
+    ``ir.distribute`` / ``ir.collect`` read) or ``"distribute"`` (see the module
+    docstring). ``batch_inputs`` names the inputs to split (default: the inputs that are not
     weights and share the batch size). ``topology``: check the devices exist.
     ``replicated="send"`` sends the first copy of a replicated output to
     ``output_device`` instead of returning the tuple; ``var``, ``device_map`` and
@@ -83,6 +91,7 @@ def data_parallel(
     out = emit(
         plan,
         devices,
+        inputs=inputs,
         replicated=replicated,
         output_device=output_device,
         device_map=device_map,

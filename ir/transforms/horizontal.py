@@ -15,9 +15,14 @@ came from are kept whole and the plan is made again. Everything else runs
 replicated. Attention splits by heads when the local hidden size is a multiple
 of the head size (the heads divide evenly); otherwise it stays replicated.
 
-Outputs: split weights (and their optimizer state) are gathered onto the
-original output's device; replicated outputs (``y``, the loss) are returned as
-per-device tuples, one copy per device.
+The result is a steady-state step (DESIGN.md): a split weight is the tuple of
+its shards (layout ``S(1)`` by columns, ``S(0)`` by rows), every other input a
+per-device replica (``R``). Outputs: the updated weights and their optimizer
+state come back in their inputs' layouts (the next step's inputs); replicated
+outputs (``y``, the loss) are returned as per-device tuples, one copy per
+device, partial sums reduced onto the output device. ``inputs="distribute"``
+gives the seeds' form: whole inputs scattered and broadcast by the step, split
+outputs gathered.
 """
 
 from __future__ import annotations
@@ -88,6 +93,7 @@ def horizontal_parallel(
     devices: Sequence[DeviceRef] | None = None,
     *,
     topology: Any = None,
+    inputs: str = "resident",
     replicated: str = "tuple",
     output_device: DeviceRef | str = "same",
     var: str = "d",
@@ -106,14 +112,15 @@ def horizontal_parallel(
     >>> x = b.input("x", ir.TensorType((6, 4), ir.DType.float64, 0))
     >>> h = b.call("Relu", b.call("MatMul", x, w1, name="a"), name="h")
     >>> g = horizontal_parallel(b.finish(b.call("MatMul", h, w2, name="y")), 2)
-    >>> [op.op_type for op in g.ops]
-    ['Scatter', 'Scatter', 'Broadcast', 'Pmap', 'Reduce']
+    >>> [op.op_type for op in g.ops], g.input_layouts
+    (['Pmap', 'Reduce'], (('S(1)',), ('S(0)',), ('R',)))
     """
     devices = check_devices(devices, degree, topology)
     plan = horizontal_plan_checked(f, degree, var)
     out = emit(
         plan,
         devices,
+        inputs=inputs,
         replicated=replicated,
         output_device=output_device,
         device_map=device_map,

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 from ..builder import FunctionBuilder, rebuild_op
 from ..errors import DistIRError
 from ..function import Function
+from ..layout import layouts_of
 from ..op import Op
 from ..registry import OpKind, get_op
 from ..types import TensorType, TupleType, Type
@@ -159,7 +160,7 @@ def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Funct
         read = env.__getitem__ if i < start else recomputed
         outs = rebuild_op(b, op, [read(v) for v in op.inputs])
         env.update(zip(op.outputs, outs))
-    return verify(b.finish([env[v] for v in f.outputs]))
+    return verify(layouts_of(b.finish([env[v] for v in f.outputs]), f))
 
 
 def _has_backward(f: Function) -> bool:
@@ -188,7 +189,7 @@ def _recompute_bodies(f: Function, values: Sequence[str | Value] | None) -> Func
         else:
             outs = rebuild_op(b, op, ins)
         env.update(zip(op.outputs, outs))
-    return verify(b.finish([env[v] for v in f.outputs]))
+    return verify(layouts_of(b.finish([env[v] for v in f.outputs]), f))
 
 
 # -- liveness --------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..builder import FunctionBuilder
 from ..function import Function
+from ..layout import layouts_of
 from ..op import Op
 from ..types import DeviceRef, DeviceVar, TupleType, bind_device, format_device
 from ..value import Value
@@ -35,13 +36,15 @@ def unroll_pmap(f: Function) -> Function:
     >>> w = b.input("w", ir.TensorType((4, 3), ir.DType.float64, 0))
     >>> x = b.input("x", ir.TensorType((6, 4), ir.DType.float64, 0))
     >>> g = unroll_pmap(data_parallel(b.finish(b.call("MatMul", x, w, name="y")), 2))
-    >>> sorted({op.op_type for op in g.ops})
-    ['Broadcast', 'Gather', 'MakeTuple', 'MatMul', 'Scatter', 'TupleGet']
+    >>> sorted({op.op_type for op in g.ops}), g.input_layouts
+    (['MakeTuple', 'MatMul', 'TupleGet'], (('R',), ('S(0)',)))
+
+    Inputs and outputs keep their types, so a steady-state step keeps its layouts.
     """
     b = FunctionBuilder(f.name)
     env = {v: b.input(v.name, v.type) for v in f.inputs}
     _inline(b, f.ops, env, lambda ref: ref, "")
-    return verify(b.finish([env[v] for v in f.outputs]))
+    return verify(layouts_of(b.finish([env[v] for v in f.outputs]), f))
 
 
 def _inline(b: FunctionBuilder, ops, env: dict[Value, Value], bind: Binder, suffix: str) -> None:

@@ -241,7 +241,8 @@ def test_unrolled_transform_outputs_lower_and_run_like_the_global_program(transf
     g = transforms.unroll_pmap(getattr(transforms, transform)(f, 2))
     ranked = lower_to_ranks(g)
     assert ranked.num_unique == 1  # both ranks run the same SPMD program
-    inputs = ir.random_inputs(f, 0)
+    # a steady-state step: each rank's resident weights and batch slice are its inputs
+    inputs = ir.distribute(g, ir.random_inputs(f, 0), source=f)
     for want, got in zip(_flat(ir.execute(g, inputs)), _flat(run_ranked(ranked, inputs))):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 

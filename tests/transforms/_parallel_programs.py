@@ -65,16 +65,36 @@ def inputs_for(f: ir.Function, seed: int = 0) -> list:
     return [np.abs(a) if v.name.startswith("v") else a for v, a in zip(f.inputs, args)]
 
 
-def assert_same(f: ir.Function, g: ir.Function, seed: int = 0, rtol: float = 1e-5) -> None:
-    """``g`` computes ``f``'s outputs on the same inputs; tuple outputs hold one copy per device."""
+def assert_same(
+    f: ir.Function, g: ir.Function, seed: int = 0, rtol: float = 1e-5, steps: int = 2
+) -> None:
+    """Step ``g`` computes ``f``'s outputs: the sequential inputs laid out by ``g``'s layouts
+    (``ir.distribute``), the outputs collected (replicas must agree). Each further step
+    runs ``g`` on its own outputs as they are (a steady-state step's updated weights stay
+    where they live; a distributing program's are collected) and ``f`` likewise."""
     args = inputs_for(f, seed)
-    want = ir.execute(f, args)
-    got = ir.execute(g, args)
-    assert len(want) == len(got)
-    for i, (w, o) in enumerate(zip(want, got)):
-        copies = o if isinstance(o, tuple) else (o,)
-        for c in copies:
-            np.testing.assert_allclose(c, w, rtol=rtol, atol=1e-10, err_msg=f"output {i}")
+    got_args = ir.distribute(g, args, source=f)
+    for step in range(steps):
+        want = ir.execute(f, args)
+        out = ir.execute(g, got_args)
+        got = ir.collect(g, out, rtol=rtol)
+        assert len(want) == len(got)
+        for i, (w, o) in enumerate(zip(want, got)):
+            copies = o if isinstance(o, tuple) else (o,)
+            for c in copies:
+                np.testing.assert_allclose(
+                    c, w, rtol=rtol, atol=1e-10, err_msg=f"step {step}, output {i}"
+                )
+        carried_out = out if g.input_layouts else got
+        args, got_args = next_inputs(f, args, want), next_inputs(f, got_args, carried_out)
+
+
+def next_inputs(f: ir.Function, inputs: list, outputs: list) -> list:
+    """The next step's inputs: each input replaced by the output that updates it."""
+    from ir.transforms._emit import carried_inputs
+
+    carried = {source: f.outputs.index(out) for out, source in carried_inputs(f).items()}
+    return [outputs[carried[v]] if v in carried else x for v, x in zip(f.inputs, inputs)]
 
 
 def transformer_block(batch: int, seq: int, hidden: int, heads: int) -> ir.Function:

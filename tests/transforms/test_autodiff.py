@@ -318,7 +318,10 @@ def test_training_of_a_distributed_forward_equals_sequential_training(model, tra
     )
     apply = {"data_parallel": data_parallel, "horizontal": horizontal_parallel}[transform]
     params = [p.name for p in ir.transforms.default_params(f)]
-    t = ir.transforms.training(apply(f, 2), params=params, return_gradients=True)
+    # Differentiating a distributed forward needs whole weights: the distributing form.
+    t = ir.transforms.training(
+        apply(f, 2, inputs="distribute"), params=params, return_gradients=True
+    )
     args = float64_inputs(f, seed=1)
     got = ir.execute(t, args)
     want = ir.execute(ir.transforms.training(f, return_gradients=True), args)
@@ -335,7 +338,7 @@ def test_unrolled_data_parallel_program_trains_with_linear_gradient_bookkeeping(
     want = ir.execute(ir.transforms.training(f, return_gradients=True), float64_inputs(f, 2))
     sizes = []
     for n in (2, 8):
-        g = unroll_pmap(data_parallel(f, n))
+        g = unroll_pmap(data_parallel(f, n, inputs="distribute"))
         t = ir.transforms.training(g, params=["wA", "wB"], return_gradients=True)
         got = ir.execute(t, float64_inputs(f, 2))
         for a, b in zip(got, want, strict=True):

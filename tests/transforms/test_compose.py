@@ -14,6 +14,7 @@ from ir.transforms import (
     nested,
     unroll_pmap,
 )
+from ir.transforms._emit import carried_inputs
 
 COMPOSITIONS = {
     "D then H": lambda f: data_then_horizontal(f, 2),
@@ -51,15 +52,42 @@ def test_compositions_match_sequential(name: str, how: str) -> None:
 
 def test_data_then_horizontal_has_the_seed_shape() -> None:
     g = data_then_horizontal(mlp(8, 4, 6, 6), 2)
-    assert _kinds(g) == ["Broadcast", "Scatter", "Scatter", "Pmap", "AllGather", "Pmap", "Gather"]
-    assert g.ops[1].attributes["dim"] == 1  # wB by columns
-    assert g.ops[-1].attributes["dim"] == 1  # y gathered along its columns
+    assert _kinds(g) == ["Pmap", "AllGather", "Pmap"]
+    # wA replicated, wB by columns, x by rows; y stays split along its columns
+    assert g.input_layouts == (("R",), ("S(1)",), ("S(0)",))
+    assert g.output_layouts == (("S(1)",),)
+    d = data_then_horizontal(mlp(8, 4, 6, 6), 2, inputs="distribute")
+    assert _kinds(d) == ["Broadcast", "Scatter", "Scatter", "Pmap", "AllGather", "Pmap", "Gather"]
+    assert d.ops[1].attributes["dim"] == 1  # wB by columns
+    assert d.ops[-1].attributes["dim"] == 1  # y gathered along its columns
+    assert_same(mlp(8, 4, 6, 6), d)
 
 
 def test_horizontal_then_data_switches_split_with_an_all_to_all() -> None:
     g = horizontal_then_data(mlp(8, 4, 6, 6), 2)
-    assert _kinds(g) == ["Scatter", "Broadcast", "Broadcast", "Pmap", "AllToAll", "Pmap", "Gather"]
-    assert g.ops[-1].attributes["dim"] == 0
+    assert _kinds(g) == ["Pmap", "AllToAll", "Pmap"]
+    assert g.input_layouts == (("S(1)",), ("R",), ("R",))
+    assert g.output_layouts == (("S(0)",),)
+    d = horizontal_then_data(mlp(8, 4, 6, 6), 2, inputs="distribute")
+    assert _kinds(d) == ["Scatter", "Broadcast", "Broadcast", "Pmap", "AllToAll", "Pmap", "Gather"]
+    assert d.ops[-1].attributes["dim"] == 0
+
+
+@pytest.mark.parametrize("how", ["D then H", "H then D"])
+@pytest.mark.parametrize("batch", [8, 7])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_sequential_training_steps_keep_their_state(how: str, batch: int, optimizer: str) -> None:
+    """Three steps in a row on the step's own outputs equal three sequential steps; the
+    updated weights and optimizer state come back in their inputs' layouts."""
+    forward = ir.models.mlp(batch, 3, 6, 4, layers=4, dtype=ir.DType.float64)
+    f = ir.transforms.training(forward, optimizer=optimizer)
+    g = COMPOSITIONS[how](f)
+    carried = carried_inputs(f)
+    assert len(carried) == (12 if optimizer == "adam" else 4)
+    for out, source in carried.items():
+        i, j = f.outputs.index(out), f.inputs.index(source)
+        assert g.output_layouts[i] == g.input_layouts[j] and g.outputs[i].type == g.inputs[j].type
+    assert_same(f, g, steps=3)
 
 
 @pytest.mark.parametrize(

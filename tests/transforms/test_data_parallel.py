@@ -27,17 +27,35 @@ def test_adam_and_gelu(degree: int) -> None:
     assert_same(f, data_parallel(f, degree))
 
 
-def test_forward_program_scatters_pmaps_and_gathers() -> None:
+def test_forward_step_is_one_pmap_on_resident_inputs() -> None:
+    """Steady state: the weights are replicas and the batch shards where they live; y stays
+    split (layout S(0)); nothing is scattered, broadcast or gathered."""
     f = mlp(6, 4, 5, 3)
     g = data_parallel(f, 3)
-    assert [op.op_type for op in g.ops] == ["Broadcast", "Broadcast", "Scatter", "Pmap", "Gather"]
+    assert [op.op_type for op in g.ops] == ["Pmap"]
+    assert g.input_layouts == (("R",), ("R",), ("S(0)",))
+    assert g.output_layouts == (("S(0)",),)
+    assert [v.name for v in g.inputs] == [v.name for v in f.inputs]
     assert_same(f, g)
+
+
+def test_distribute_keeps_the_seed_form() -> None:
+    f = mlp(6, 4, 5, 3)
+    g = data_parallel(f, 3, inputs="distribute")
+    assert [op.op_type for op in g.ops] == ["Broadcast", "Broadcast", "Scatter", "Pmap", "Gather"]
+    assert g.input_layouts == ()
+    assert_same(f, g)
+
+
+def test_unknown_input_mode_is_an_error() -> None:
+    with pytest.raises(TransformError, match="inputs must be one of"):
+        data_parallel(mlp(6, 4, 5, 3), 3, inputs="whole")
 
 
 def test_training_program_has_the_seed_shape() -> None:
     """Seed 000: scatter/broadcast, pmap(forward + backward), all-reduce grads, pmap(update)."""
     f = mlp(8, 4, 6, 5, training=True)
-    g = data_parallel(f, 4, devices=[1, 2, 3, 4])
+    g = data_parallel(f, 4, devices=[1, 2, 3, 4], inputs="distribute")
     kinds = [op.op_type for op in g.ops]
     assert kinds == [
         "Broadcast",
@@ -57,6 +75,19 @@ def test_training_program_has_the_seed_shape() -> None:
     assert g.ops[2].outputs[0].type.devices == (1, 2, 3, 4)
     updated = ir.execute(g, ir.random_inputs(f))[0]
     assert isinstance(updated, tuple) and len(updated) == 4
+
+
+def test_training_step_keeps_weights_where_they_live() -> None:
+    """The steady-state step: pmap(forward + backward), all-reduce grads, pmap(update), the
+    loss reduced; the updated weights come back as the replicas they came in as."""
+    f = mlp(8, 4, 6, 5, training=True)
+    g = data_parallel(f, 4, devices=[1, 2, 3, 4])
+    assert [op.op_type for op in g.ops] == ["Pmap", "AllReduce", "AllReduce", "Pmap", "Reduce"]
+    assert g.input_layouts == (("R",), ("R",), ("S(0)",), ("S(0)",))
+    assert g.output_layouts == (("R",), ("R",), ("S(0)",), None)
+    for v, w in zip(g.inputs[:2], g.outputs[:2]):
+        assert v.type == w.type and v.type.devices == (1, 2, 3, 4)
+    assert_same(f, g, steps=3)
 
 
 def test_uneven_split_uses_one_pmap_per_shard_shape() -> None:
@@ -115,6 +146,6 @@ def test_any_degree_up_to_the_batch(batch: int, hidden: int, layers: int, degree
 def test_devices_default_to_the_topology() -> None:
     topo = ir.Topology.uniform(3, first_id=4)
     g = data_parallel(mlp(6, 3, 5, 4), 3, topology=topo)
-    assert g.ops[-2].outputs[0].type.devices == (4, 5, 6)
+    assert g.inputs[-1].type.devices == (4, 5, 6)
     with pytest.raises(TransformError, match="only 3 devices"):
         data_parallel(mlp(6, 3, 5, 4), 4, topology=topo)

@@ -17,6 +17,15 @@ def _kinds(g) -> list[str]:
     return [op.op_type for op in g.ops]
 
 
+def _split(g) -> dict[str, str]:
+    """The step's split inputs and their layouts (``S(1)``: by columns, ``S(0)``: by rows)."""
+    return {
+        v.name: levels[0]
+        for v, levels in zip(g.inputs, g.input_layouts)
+        if levels and levels[0] != "R"
+    }
+
+
 @pytest.mark.parametrize("degree", [1, 2, 3, 4, 6])
 @pytest.mark.parametrize("layers", [2, 3, 4])
 def test_training_mlp_matches_sequential(degree: int, layers: int) -> None:
@@ -32,8 +41,11 @@ def test_adam_gelu_mlp(degree: int) -> None:
 
 def test_forward_pair_is_column_then_row_with_one_allreduce_at_the_end() -> None:
     g = horizontal_parallel(mlp(8, 4, 6, 5), 2)
-    assert _kinds(g) == ["Scatter", "Scatter", "Broadcast", "Pmap", "Reduce"]
-    assert g.ops[0].attributes["dim"] == 1 and g.ops[1].attributes["dim"] == 0
+    assert _kinds(g) == ["Pmap", "Reduce"]
+    assert g.input_layouts == (("S(1)",), ("S(0)",), ("R",))
+    d = horizontal_parallel(mlp(8, 4, 6, 5), 2, inputs="distribute")
+    assert _kinds(d) == ["Scatter", "Scatter", "Broadcast", "Pmap", "Reduce"]
+    assert d.ops[0].attributes["dim"] == 1 and d.ops[1].attributes["dim"] == 0
 
 
 def test_training_pair_has_one_allreduce_forward_none_needed_backward() -> None:
@@ -41,29 +53,32 @@ def test_training_pair_has_one_allreduce_forward_none_needed_backward() -> None:
     f = mlp(8, 4, 6, 5, training=True)
     g = horizontal_parallel(f, 2)
     assert _kinds(g).count("AllReduce") == 1
-    assert _kinds(g)[-2:] == ["Gather", "Gather"]  # the updated weight shards
+    # the updated weight shards stay where they live, in their inputs' layouts
+    assert "Gather" not in _kinds(g)
+    assert g.output_layouts[:2] == g.input_layouts[:2] == (("S(1)",), ("S(0)",))
+    assert_same(f, g, steps=3)
+    d = horizontal_parallel(f, 2, inputs="distribute")
+    assert _kinds(d)[-2:] == ["Gather", "Gather"]
 
 
 def test_four_layers_make_two_pairs() -> None:
     f = mlp(8, 4, 6, 5, layers=4, training=True)
     g = horizontal_parallel(f, 2)
-    scatters = [op.inputs[0].name for op in g.ops if op.op_type == "Scatter"]
-    assert scatters == ["w0", "w1", "w2", "w3"]
+    assert list(_split(g)) == ["w0", "w1", "w2", "w3"]
     # forward: one per pair; backward: the second pair's dx feeds the first pair
     assert _kinds(g).count("AllReduce") == 3
 
 
 def test_odd_layer_count_keeps_the_last_layer_whole() -> None:
     g = horizontal_parallel(mlp(8, 4, 6, 5, layers=3, training=True), 3)
-    assert [op.inputs[0].name for op in g.ops if op.op_type == "Broadcast"][:1] == ["w2"]
+    assert g.input_layouts[2] == ("R",) and "w2" not in _split(g)
 
 
 @pytest.mark.parametrize("degree", [2, 4])
 def test_attention_splits_by_heads(degree: int) -> None:
     f = transformer_block(2, 4, 8, 4)
     g = horizontal_parallel(f, degree)
-    split = {op.inputs[0].name for op in g.ops if op.op_type == "Scatter"}
-    assert split == {"wq", "wk", "wv", "wo", "wfc", "wproj"}
+    assert set(_split(g)) == {"wq", "wk", "wv", "wo", "wfc", "wproj"}
     assert _kinds(g).count("AllReduce") == 2  # one after attention, one after the MLP
     assert_same(f, g)
 
@@ -71,8 +86,7 @@ def test_attention_splits_by_heads(degree: int) -> None:
 def test_heads_that_do_not_divide_keep_attention_whole() -> None:
     f = transformer_block(2, 4, 8, 4)
     g = horizontal_parallel(f, 3)
-    split = {op.inputs[0].name for op in g.ops if op.op_type == "Scatter"}
-    assert split == {"wfc", "wproj"}
+    assert set(_split(g)) == {"wfc", "wproj"}
     assert_same(f, g)
 
 
@@ -95,7 +109,7 @@ def test_models_match_sequential(name: str) -> None:
 def test_gpt_training_splits_every_block_and_sums_twice_per_block_each_way() -> None:
     f = model("gpt_sgd")
     g = horizontal_parallel(f, 2)
-    split = {op.inputs[0].name for op in g.ops if op.op_type == "Scatter"}
+    split = set(_split(g))
     for i in range(1):
         assert {f"h{i}_attn_w{c}" for c in "qkvo"} <= split
         assert {f"h{i}_mlp_w1", f"h{i}_mlp_w2"} <= split
@@ -119,5 +133,5 @@ def test_any_degree_up_to_the_hidden_size(hidden: int, layers: int, degree: int)
 def test_column_bias_is_split_with_its_weight(training: bool) -> None:
     f = biased_mlp(training)
     g = horizontal_parallel(f, 3)
-    assert [op.inputs[0].name for op in g.ops if op.op_type == "Scatter"] == ["w1", "b1", "w2"]
+    assert _split(g) == {"w1": "S(1)", "b1": "S(0)", "w2": "S(0)"}
     assert_same(f, g)

@@ -119,5 +119,12 @@ def test_recompute_then_parallelize_matches(parallel):
     t = xf.training(ir.models.mlp(16, 8, 32, 4, layers=3))
     g = getattr(xf, parallel)(xf.recompute(t), 2)
     args = ir.random_inputs(t, seed=1)
-    for a, b in zip(ir.execute(g, args), ir.execute(t, args), strict=True):
-        np.testing.assert_allclose(a[0] if isinstance(a, tuple) else a, b, rtol=1e-5, atol=1e-6)
+    got = ir.collect(g, ir.execute(g, ir.distribute(g, args, source=t)), rtol=1e-6)
+    for a, b in zip(got, ir.execute(t, args), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_recompute_keeps_a_steady_state_steps_layouts():
+    g = xf.data_parallel(xf.training(ir.models.mlp(8, 4, 6, 4, layers=3)), 2)
+    r = xf.recompute(g)
+    assert r.input_layouts == g.input_layouts and r.output_layouts == g.output_layouts

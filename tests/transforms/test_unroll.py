@@ -50,10 +50,12 @@ def test_unroll_binds_sub_devices_through_the_device_map() -> None:
 
 
 def test_device_programs_lists_each_device() -> None:
-    view = device_programs(data_parallel(model("mlp"), 2))
+    view = device_programs(data_parallel(model("mlp"), 2, inputs="distribute"))
     assert set(view) == {"*", "0", "1"}
     assert sum("MatMul" in line for line in view["1"]) == 3
     assert any("Scatter" in line for line in view["*"])
+    # a forward steady-state step needs no communication at all
+    assert set(device_programs(data_parallel(model("mlp"), 2))) == {"0", "1"}
 
 
 def test_unroll_of_a_program_without_pmap_is_equivalent() -> None:

@@ -1,0 +1,97 @@
+"""The setup program of a steady-state step: the one-time distribution of its state.
+
+A steady-state step (DESIGN.md) takes each input where it lives: a per-device
+tuple laid out as its recorded layout says (``ir.layout``), or a plain tensor,
+possibly on another device than the sequential program has it (a pipeline
+stage's weights). ``setup_program(source, step)`` is the program that gets
+there from the sequential program's inputs: ``Scatter`` for an ``S(k)`` level,
+``Broadcast`` for ``R``, nested tuples level by level (``Slice`` pieces or
+copies, each laid out in turn), ``Send`` for a plain tensor that changes
+device, nothing for one that stays. Executing it and then the step equals
+executing the source; simulating it gives the one-time distribution cost,
+never part of a step's time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ..builder import FunctionBuilder
+from ..function import Function
+from ..layout import check_levels
+from ..ops.communication import split_sizes
+from ..types import TensorType, TupleType, Type
+from ..value import Value
+from ..verify import verify
+from ._rewrite import TransformError
+
+
+def setup_program(source: Function, step: Function) -> Function:
+    """The program from ``source``'s inputs (by name, on their devices) to ``step``'s inputs.
+
+    >>> import ir
+    >>> from ir.transforms import data_parallel, setup_program
+    >>> b = ir.FunctionBuilder("mlp")
+    >>> w = b.input("w", ir.TensorType((4, 3), ir.DType.float64, 0))
+    >>> x = b.input("x", ir.TensorType((6, 4), ir.DType.float64, 0))
+    >>> f = b.finish(b.call("MatMul", x, w, name="y"))
+    >>> [op.op_type for op in setup_program(f, data_parallel(f, 2)).ops]
+    ['Broadcast', 'Scatter']
+    """
+    b = FunctionBuilder(f"{step.name}_setup")
+    given = {v.name: b.input(v.name, v.type) for v in source.inputs}
+    missing = [v.name for v in step.inputs if v.name not in given]
+    if missing:
+        raise TransformError(
+            f"step input(s) {missing} are not inputs of {source.name} (its inputs are "
+            f"{list(given)}); a step keeps its source's input names"
+        )
+    layouts = step.input_layouts or (None,) * len(step.inputs)
+    outs = []
+    for v, levels in zip(step.inputs, layouts):
+        if levels is None and isinstance(v.type, TupleType):
+            raise TransformError(
+                f"step input {v.name!r} is a tuple without a layout: record one with "
+                f"ir.layout.with_layouts"
+            )
+        levels = () if levels is None else check_levels(levels, v.type, f"input {v.name!r}")
+        out = _lay_out(b, given[v.name], v.type, levels, f"{v.name}s")
+        if out.type != v.type:
+            raise TransformError(
+                f"laying out {v.name!r} gives {out.type}, but {step.name} takes {v.type}"
+            )
+        outs.append(out)
+    return verify(b.finish(outs))
+
+
+def _lay_out(b: FunctionBuilder, x: Value, t: Type, levels: Sequence[str], name: str) -> Value:
+    """``x`` (a whole tensor) as a value of type ``t`` laid out by ``levels``."""
+    if isinstance(t, TensorType):
+        if x.type.shape != t.shape:
+            raise TransformError(f"{name}: a piece of shape {x.type.shape} where {t} is taken")
+        if x.type.device != t.device:
+            return b.call("Send", x, to_device=t.device, name=name)
+        return x
+    level, rest = levels[0], levels[1:]
+    axis = int(level[2:-1]) if level != "R" else None
+    if not rest:  # the elements are tensors: one collective
+        devices = list(t.devices)
+        if axis is None:
+            return b.call("Broadcast", x, devices=devices, name=name)
+        return b.call("Scatter", x, dim=axis, devices=devices, name=name)
+    pieces: list[Value] = []
+    starts = [0]
+    if axis is not None:
+        for size in split_sizes(x.type.shape[axis], len(t.elements)):
+            starts.append(starts[-1] + size)
+    for i, e in enumerate(t.elements):
+        piece = x
+        if axis is not None:
+            piece = b.call(
+                "Slice", x, axis=axis, start=starts[i], end=starts[i + 1], name=f"{name}_{i}"
+            )
+        pieces.append(_lay_out(b, piece, e, rest, f"{name}_{i}"))
+    return b.call("MakeTuple", *pieces, name=name)
+
+
+__all__ = ["setup_program"]
