@@ -7,24 +7,23 @@ state resident on their devices; no distribution from device 0 inside the step).
 from __future__ import annotations
 
 import ir
-from ir import models
-from ir import transforms as T
+from ir import models, transforms
 
 
 def main() -> None:
     topology = ir.Topology.preset("a100-hgx", 8)
     f = models.gpt(batch=64, seq=256, hidden=1024, heads=16, vocab=1024, layers=4)
-    t = T.training(f)
+    t = transforms.training(f)
     programs = {
         "sequential (1 device)": lambda: t,
-        "DP 8": lambda: T.data_parallel(t, 8),
-        "HP 8": lambda: T.horizontal_parallel(t, 8),
-        "PP 4, K=8, GPipe": lambda: T.pipeline_parallel(t, 4, 8, "gpipe"),
-        "PP 4, K=8, 1F1B": lambda: T.pipeline_parallel(t, 4, 8, "1f1b"),
-        "3D: DP 8 (Megatron step)": lambda: T.megatron(t, 8, 1, 1, 1),
-        "3D: DP 4 x TP 2": lambda: T.megatron(t, 4, 2, 1, 1),
-        "3D: DP 2 x TP 2 x PP 2, K=4, 1F1B": lambda: T.megatron(t, 2, 2, 2, 4, "1f1b"),
-        "3D: DP 1 x TP 2 x PP 4, K=8, 1F1B": lambda: T.megatron(t, 1, 2, 4, 8, "1f1b"),
+        "DP 8": lambda: transforms.data_parallel(t, 8),
+        "HP 8": lambda: transforms.horizontal_parallel(t, 8),
+        "PP 4, K=8, GPipe": lambda: transforms.pipeline_parallel(t, 4, 8, "gpipe"),
+        "PP 4, K=8, 1F1B": lambda: transforms.pipeline_parallel(t, 4, 8, "1f1b"),
+        "3D: DP 8 (Megatron step)": lambda: transforms.megatron(t, 8, 1, 1, 1),
+        "3D: DP 4 x TP 2": lambda: transforms.megatron(t, 4, 2, 1, 1),
+        "3D: DP 2 x TP 2 x PP 2, K=4, 1F1B": lambda: transforms.megatron(t, 2, 2, 2, 4, "1f1b"),
+        "3D: DP 1 x TP 2 x PP 4, K=8, 1F1B": lambda: transforms.megatron(t, 1, 2, 4, 8, "1f1b"),
     }
     print("| program | step ms | max peak MiB | ops (logical) |")
     print("| --- | --- | --- | --- |")

@@ -111,6 +111,16 @@ def _torch_dtype(t: TensorType):
     return torch.from_numpy(np.zeros((), dtype=t.dtype.numpy)).dtype
 
 
+def _send_each(rank: _Rank, op: Op, xs: list) -> list:
+    """Element k of the tuple goes to to_devices[k], all pairs at once."""
+    t, out = op.inputs[0].type, op.outputs[0].type
+    transfers = [
+        (e.device, o.device, xs[0].get(k), o)
+        for k, (e, o) in enumerate(zip(t.elements, out.elements))
+    ]
+    return [_exchange(rank, transfers)]
+
+
 def _send(rank: _Rank, op: Op, xs: list) -> list:
     t = op.outputs[0].type
     got = _exchange(rank, [(op.inputs[0].type.device, t.device, xs[0], t)])
@@ -237,6 +247,7 @@ def _alltoall(rank: _Rank, op: Op, xs: list) -> list:
 
 _LOWERINGS: dict[str, Callable[[_Rank, Op, list], list]] = {
     "Send": _send,
+    "SendEach": _send_each,
     "Scatter": _one_to_many(split=True),
     "Broadcast": _one_to_many(split=False),
     "Gather": _many_to_one(lambda parts, a: np.concatenate(parts, axis=a["dim"])),

@@ -132,3 +132,15 @@ def test_steady_state_step_runs_on_real_processes(transform):
     _same(got, ir.execute(g, step_inputs))
     for a, b in zip(ir.collect(g, got, rtol=1e-5), ir.execute(f, inputs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_send_each_moves_every_element_to_its_device_on_real_processes():
+    b = ir.FunctionBuilder("send_each")
+    piece = [ir.TensorType((2, 3), ir.DType.float32, d) for d in (0, 1)]
+    xs = b.input("xs", ir.TupleType(tuple(piece)))
+    f = b.finish(b.call("SendEach", xs, to_devices=[3, 2]))
+    parts = (np.ones((2, 3), np.float32), 2 * np.ones((2, 3), np.float32))
+    (got,) = torch_dist.run(f, [parts])
+    (want,) = ir.execute(f, [parts])
+    for a, w in zip(got, want):
+        np.testing.assert_array_equal(a, w)
