@@ -16,6 +16,7 @@ from .horizontal import horizontal_parallel
 from .pipeline import live_microbatches, pipeline_parallel, stage_assignment
 from .placement import place
 from .recompute import RecomputeError, peak_live_bytes, recomputable, recompute
+from .setup import setup_program
 from .unroll import device_programs, unroll_pmap
 
 __all__ = [
@@ -38,6 +39,7 @@ __all__ = [
     "place",
     "recomputable",
     "recompute",
+    "setup_program",
     "stage_assignment",
     "training",
     "unroll_pmap",

@@ -14,6 +14,16 @@ with K, and the optimizer steps once at the end on each weight's stage.
 
 Outputs: batch-shaped ones are concatenated on the last stage, the loss is the
 accumulated sum, updated weights stay on their stage's device.
+
+The program is a steady-state training step (``resident=True``, the default):
+each input is taken on the device of the stage that first reads it, so weights
+and optimizer state live on their stage, the batch on the first stage and the
+labels on the last; there are no per-step weight sends, and step N+1 can take
+step N's updated weights as they are. ``resident=False`` takes every input
+where the source program has it and sends it to its stage every step (the
+seeds' form; the nested compositions use it). The one-time distribution of the
+source program's inputs to a resident step's is :func:`setup_program`
+(``ir/transforms/setup.py``): execute it once, then the step.
 """
 
 from __future__ import annotations
@@ -154,8 +164,10 @@ class _Pipeline:
         devices: Sequence[DeviceRef],
         batch: Sequence[str] | None,
         chunks: int = 1,
+        resident: bool = True,
     ) -> None:
         self.f, self.p, self.k, self.v = f, len(devices), k, chunks
+        self.resident = resident
         # model stage s runs on device s % p (several stages per device when interleaved)
         self.devices = [devices[s % len(devices)] for s in range(stages)]
         rows = batch_size(f, batch_inputs(f, batch)) if batch_inputs(f, batch) else 1
@@ -163,6 +175,7 @@ class _Pipeline:
         # States come from a split in two at least: with one part, whole and partial look alike.
         self.plan = data_plan(f, max(k, min(2, rows)), batch, what="number of microbatches")
         self.stage = stage_assignment(f, stages)
+        self.position = {op: i for i, op in enumerate(f.ops)}
         self.backward = backward_ops(f)
         self.b = FunctionBuilder(f.name)
         self.move = Mover(self.b)
@@ -253,7 +266,7 @@ class _Pipeline:
     def run(self, output_device: DeviceRef | None = None) -> Function:
         b, plan = self.b, self.plan
         for v in self.f.inputs:
-            self.glob[v] = b.input(v.name, v.type)
+            self.glob[v] = b.input(v.name, self._input_type(v))
         for v in self.f.inputs:
             s = plan.state[v]
             if s is not None and s.kind == "S":
@@ -281,6 +294,15 @@ class _Pipeline:
         if output_device is not None:
             outs = [self.move.at(v, output_device) for v in outs]
         return verify(b.finish(outs))
+
+    def _input_type(self, v: Value) -> Any:
+        """``v``'s type in the step: on the stage of its first reader when resident."""
+        t = v.type
+        readers = self.f.consumers.get(v, [])
+        if not self.resident or not isinstance(t, TensorType) or not readers:
+            return t
+        first = min(readers, key=self.position.__getitem__)
+        return t.with_device(self.devices[self.stage[first]])
 
     def _concat(self, key: Value, dim: int, name: str = "") -> Value:
         parts = [self.piece(key, m) for m in range(self.k)]
@@ -328,8 +350,14 @@ def pipeline_parallel(
     topology: Any = None,
     output_device: DeviceRef | None = None,
     chunks: int = 1,
+    resident: bool = True,
 ) -> Function:
     """``f`` pipelined over ``stages`` devices with ``microbatches`` microbatches.
+
+    ``resident=True`` (the default): a steady-state step, each input taken on the
+    device of the stage that first reads it (weights and optimizer state on their
+    stage, no per-step weight sends; see :func:`setup_program`). ``resident=False``:
+    inputs where ``f`` has them, sent to their stages every step.
 
     ``schedule="interleaved"`` (Megatron-LM's interleaved 1F1B) cuts the model into
     ``stages * chunks`` stages, stage ``c * stages + d`` on device ``d``; the
@@ -348,6 +376,8 @@ def pipeline_parallel(
     >>> g = pipeline_parallel(b.finish(b.call("MatMul", a, w2, name="y")), 2, 2)
     >>> [op.op_type for op in g.ops][:4]
     ['Split', 'TupleGet', 'MatMul', 'Send']
+    >>> [(v.name, v.type.device) for v in g.inputs]
+    [('w1', 0), ('w2', 1), ('x', 0)]
     """
     if schedule not in SCHEDULES:
         raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -364,7 +394,14 @@ def pipeline_parallel(
             f"{microbatches} is not a multiple of {stages}"
         )
     pipe = _Pipeline(
-        f, stages * chunks, microbatches, schedule, devices, batch_inputs, chunks=chunks
+        f,
+        stages * chunks,
+        microbatches,
+        schedule,
+        devices,
+        batch_inputs,
+        chunks=chunks,
+        resident=resident,
     )
     return pipe.run(output_device)
 
