@@ -4,8 +4,10 @@ The weights are cut into ``stages`` consecutive groups (in order of first use);
 each op runs on the stage of the weights it reads, forward ops never before the
 stage of their operands, backward ops never after the stage their gradient
 comes from. The batch inputs are ``Split`` into K microbatches; every op that
-touches the batch is copied once per microbatch, with ``Send`` between stages
-right after the producer. The op order *is* the schedule (the simulator
+touches the batch is copied once per microbatch; a ``Send`` carries a value to
+another stage just before the first task there that reads it (as Megatron-LM
+receives the next forward's input after a backward), so in program order 1F1B
+stage ``s`` holds at most ``p - s`` microbatches. The op order *is* the schedule (the simulator
 follows it): GPipe runs all forwards then all backwards on each stage; 1F1B
 runs ``p - s - 1`` warm-up forwards on stage ``s``, then alternates one
 forward and one backward. Gradients (and the loss) are accumulated into a
@@ -209,10 +211,6 @@ class _Pipeline:
         outs = {plan.current[v] for v in self.f.outputs}
         self.summed = {k for k in outs if plan.state[k] == P}
         self.summed |= {st.keys[0] for st in conv if st.src == P}
-        self.consumer_devices: dict[Value, set[DeviceRef]] = {}
-        for op in self.per_mb:
-            for k in self.keys[op]:
-                self.consumer_devices.setdefault(k, set()).add(self.devices[self.stage[op]])
         tasks: dict[tuple[int, str], list[Op]] = {}
         for op in self.f.ops:
             if op in self.per_mb:
@@ -260,8 +258,6 @@ class _Pipeline:
                     prev = self.acc.get(v)
                     name = f"{v.name}_acc{m}"
                     self.acc[v] = out if prev is None else self.b.call("Add", prev, out, name=name)
-                for d in sorted(self.consumer_devices.get(v, ()), key=str):
-                    self.move.at(out, d)
 
     def run(self, output_device: DeviceRef | None = None) -> Function:
         b, plan = self.b, self.plan
