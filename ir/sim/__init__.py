@@ -13,13 +13,15 @@ from __future__ import annotations
 
 from ..device import Topology
 from ..function import Function
-from .engine import COMBINE_MODES, Engine, SimulationError, paused_gc
+from .engine import COMBINE_MODES, COMM_MODES, Engine, SimulationError, paused_gc
 from .result import Event, SimResult
 
-__all__ = ["COMBINE_MODES", "Event", "SimResult", "SimulationError", "simulate"]
+__all__ = ["COMBINE_MODES", "COMM_MODES", "Event", "SimResult", "SimulationError", "simulate"]
 
 
-def simulate(function: Function, topology: Topology, *, combine: str = "roofline") -> SimResult:
+def simulate(
+    function: Function, topology: Topology, *, combine: str = "roofline", comm: str = "channels"
+) -> SimResult:
     """Simulate one run of ``function`` on ``topology``.
 
     Compute ops take ``launch_overhead_s + max(flops / peak_flops, bytes /
@@ -27,9 +29,15 @@ def simulate(function: Function, topology: Topology, *, combine: str = "roofline
     default: one kernel is bound by whichever of arithmetic and memory traffic
     is slower), or the sum of the two (``combine="additive"``, for small,
     latency-bound CPU kernels that overlap neither). Communication ops take the
-    alpha-beta time of :mod:`ir.collectives`. See ``docs/simulator.md``.
+    alpha-beta time of :mod:`ir.collectives`.
+
+    ``comm="channels"`` (the default) runs each point-to-point transfer on the
+    FIFO channel of its (source, destination) pair and each collective on the
+    channel of its group, so independent transfers overlap; ``comm="serial"``
+    gives each device one FIFO communication stream, which every transfer it
+    takes part in waits for. See ``docs/simulator.md``.
     """
-    engine = Engine(topology, combine)
+    engine = Engine(topology, combine, comm=comm)
     with paused_gc():
         engine.run(function)
     return SimResult(engine)

@@ -1,12 +1,18 @@
 """The event engine: one deterministic pass over the program's ops.
 
-Each device has two FIFO streams, compute and communication. An op waits until
-its inputs are ready and its stream is free (a collective waits for the
-communication streams of all its participants, a send for those of its source
-and destination), runs for the time the cost model gives, then frees its
-stream(s) and makes its outputs ready. Streams take ops in program order, as
-CUDA streams and NCCL communicators do, so the program order is the schedule:
-a pipeline transform chooses GPipe or 1F1B by the order it writes ops in.
+Each device has a FIFO compute stream; communication runs on FIFO channels.
+With ``comm="channels"`` (the default) there is one channel per directed peer
+pair for point-to-point sends and one per communicator group (the set of
+participants) for collectives, as NCCL gives each its own communicator and
+stream: transfers on different channels run concurrently, transfers on one
+channel in program order. With ``comm="serial"`` each device has one
+communication stream, and a transfer waits for those of all its participants.
+An op waits until its inputs are ready and its stream (channel) is free, runs
+for the time the cost model gives, then frees it and makes its outputs ready.
+Streams take ops in program order, as CUDA streams and NCCL communicators do,
+so the program order is the schedule: a pipeline transform chooses GPipe or
+1F1B by the order it writes ops in. Concurrent channels do not share link
+bandwidth (no contention is modelled): each transfer takes its alpha-beta time.
 
 Because program order is a topological order of both the data edges and the
 stream-order edges, the event calendar of a discrete-event simulator (a heap of
@@ -38,6 +44,7 @@ from ..value import Value
 from ..verify import describe_op
 
 COMBINE_MODES = ("roofline", "additive")
+COMM_MODES = ("channels", "serial")
 
 COMPUTE, COMMUNICATION = 0, 1  # stream numbers in the trace
 
@@ -110,12 +117,24 @@ class Engine:
     """
 
     def __init__(
-        self, topology: Topology, combine: str = "roofline", *, shared_records: bool = True
+        self,
+        topology: Topology,
+        combine: str = "roofline",
+        *,
+        comm: str = "channels",
+        shared_records: bool = True,
     ) -> None:
         if combine not in COMBINE_MODES:
             raise SimulationError(
                 f"combine must be one of {', '.join(COMBINE_MODES)}, got {combine!r}"
             )
+        if comm not in COMM_MODES:
+            raise SimulationError(
+                f"comm must be one of {', '.join(COMM_MODES)} ('channels': one FIFO channel "
+                f"per peer pair and per collective group; 'serial': one FIFO communication "
+                f"stream per device), got {comm!r}"
+            )
+        self.serial_comm = comm == "serial"
         self.topology = topology
         self.additive = combine == "additive"
         self.shared_records = shared_records
@@ -125,7 +144,11 @@ class Engine:
         self.launch_s = [d.launch_overhead_s for d in topology.devices]
         n = len(topology.devices)
         self.compute_free = [0.0] * n
-        self.comm_free = [0.0] * n
+        # when each communication channel is next free (see _channel): with comm="serial",
+        # channel d is device d's one stream; with "channels", one per peer link / group
+        self.comm_free = [0.0] * n if self.serial_comm else []
+        self.channel_keys: list[tuple] = []  # ("send", src, dst) or ("group", *devices)
+        self._channel_of: dict[tuple, int] = {}
         # Flat columns of numbers and shared objects, no per-op containers: the cyclic GC,
         # paused during the walk, would otherwise scan every one of them once it resumes.
         # values: one slot per tensor (tuple values are nested tuples of slots); a slot is
@@ -146,6 +169,7 @@ class Engine:
         self.use_slots: list[int] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
         self.comm_instances: list[int] = []  # the instances whose ``where`` is a tuple
+        self.comm_channels: list[tuple[int, ...]] = []  # their channels, in the same order
         self._prepared: dict[Op, tuple] = {}
         # the top-level walk's records (see walk.py), by identity and by structure
         self._records_by_identity: dict[tuple, tuple] = {}
@@ -239,12 +263,13 @@ class Engine:
                 elif kind is comm_kind:
                     ins = _leaves(list(map(value_of, op.inputs)))
                     ready = max(map(ready_of, ins)) if ins else 0.0
-                    where, dur, cost = self._collective(op, scope, prep)
-                    start = max([ready, *(comm_free[d] for d in where)])
+                    where, dur, cost, channels = self._collective(op, scope, prep)
+                    start = max([ready, *(comm_free[c] for c in channels)])
                     end = start + dur
-                    for d in where:
-                        comm_free[d] = end
+                    for c in channels:
+                        comm_free[c] = end
                     self.comm_instances.append(len(inst_op))
+                    self.comm_channels.append(channels)
                     templates, size = prep[1], None
                 else:
                     prep[1](self, op, env, scope)
@@ -386,7 +411,8 @@ class Engine:
 
     def _collective(
         self, op: Op, scope: _Scope, prep: tuple, key: Any = None
-    ) -> tuple[tuple[int, ...], float, tuple[float, float]]:
+    ) -> tuple[tuple[int, ...], float, tuple[float, float], tuple[int, ...]]:
+        """(participants, duration, cost entry, channels) of a communication op."""
         opdef = prep[2]
         if key is None:
             key = (op, scope.key)
@@ -407,9 +433,37 @@ class Engine:
             except KeyError as e:
                 raise _UnknownDeviceError(e.args[0]) from None
             dur = c.time_s(self.topology)
-            timing = self._comm_cache[ckey] = (participants, dur, (0.0, float(c.size_bytes)))
+            channels = self._channels(c.kind, participants, c.groups)
+            timing = (participants, dur, (0.0, float(c.size_bytes)), channels)
+            self._comm_cache[ckey] = timing
         self._comm_by_op[key] = timing
         return timing
+
+    def _channels(
+        self, kind: str, participants: tuple[int, ...], groups: tuple = ()
+    ) -> tuple[int, ...]:
+        """The FIFO channels a transfer occupies (indices into ``comm_free``).
+
+        ``serial``: the communication stream of every participant. ``channels``: one
+        channel, as NCCL has one communicator (and stream) per peer pair for
+        point-to-point and per process group for collectives: a send's is its
+        (source, destination) pair, one per direction; a collective's is its group,
+        the set of its participants (whatever the root or ring order).
+        """
+        if self.serial_comm:
+            return participants
+        if groups:  # a grouped op: one communicator per group, one stream for the op's groups
+            key: tuple = ("groups", kind == "send", groups)
+        elif kind == "send":
+            key = ("send", participants[0], participants[-1])
+        else:
+            key = ("group", *sorted(participants))
+        channel = self._channel_of.get(key)
+        if channel is None:
+            channel = self._channel_of[key] = len(self.comm_free)
+            self.comm_free.append(0.0)
+            self.channel_keys.append(key)
+        return (channel,)
 
     def _device_error(self, op: Op, ref: Any) -> SimulationError:
         if ref is None or isinstance(ref, DeviceVar):

@@ -24,7 +24,11 @@ class Event:
 
     ``op`` is the Op (for a pmap body op, the same Op on every device); ``label``
     its text. A collective gives one event per participating device, a send
-    one on its source and one on its destination.
+    one on its source and one on its destination. ``channel`` names the
+    communication channel of a communication event (``"send 0->1"``, ``"group
+    0,1,2,3"`` in device ids; ``"communication"`` with ``comm="serial"``), and
+    is ``""`` for a compute event. Events of different channels of one device
+    may overlap in time.
     """
 
     op: Op
@@ -35,6 +39,7 @@ class Event:
     flops: float
     bytes: float
     kind: str  # the op's kind: "compute" or "communication"
+    channel: str = ""
 
     @property
     def end_s(self) -> float:
@@ -139,6 +144,8 @@ class SimResult:
         ids = self.topology.device_ids
         out: list[Event] = []
         e = self._e
+        names = self.channel_names
+        channels = iter(e.comm_channels)
         for op, where, start, dur, cost in zip(
             e.inst_op, e.inst_where, e.inst_start, e.inst_dur, e.inst_cost
         ):
@@ -147,13 +154,37 @@ class SimResult:
                     Event(op, ids[where], "compute", start, dur, cost[0], cost[1], "compute")
                 )
             else:
+                channel = names[next(channels)[0]]
                 for d in where:
                     out.append(
                         Event(
-                            op, ids[d], "communication", start, dur, 0.0, cost[1], "communication"
+                            op,
+                            ids[d],
+                            "communication",
+                            start,
+                            dur,
+                            0.0,
+                            cost[1],
+                            "communication",
+                            channel,
                         )
                     )
         return out
+
+    @cached_property
+    def channel_names(self) -> list[str]:
+        """The name of each communication channel (see :attr:`Event.channel`), by index."""
+        e = self._e
+        if e.serial_comm:
+            return ["communication"] * len(e.comm_free)
+        ids = self.topology.device_ids
+        names = []
+        for kind, *devices in e.channel_keys:
+            if kind == "send":
+                names.append(f"send {ids[devices[0]]}->{ids[devices[1]]}")
+            else:
+                names.append(f"group {','.join(str(ids[d]) for d in devices)}")
+        return names
 
     @cached_property
     def bars(self) -> Bars:
@@ -203,12 +234,15 @@ class SimResult:
     @cached_property
     def _stream_busy(self) -> dict[tuple[int, int], float]:
         busy: dict[tuple[int, int], float] = {}
-        for where, dur in zip(self._c["where"], self._c["dur"]):
+        spans: dict[int, list[tuple[float, float]]] = {}
+        for where, start, dur in zip(self._c["where"], self._c["start"], self._c["dur"]):
             if where.__class__ is int:
                 busy[(where, COMPUTE)] = busy.get((where, COMPUTE), 0.0) + dur
             else:
                 for d in where:
-                    busy[(d, COMMUNICATION)] = busy.get((d, COMMUNICATION), 0.0) + dur
+                    spans.setdefault(d, []).append((start, start + dur))
+        for d, found in spans.items():  # channels of one device may overlap: their union
+            busy[(d, COMMUNICATION)] = _covered_s(found)
         return busy
 
     @cached_property
@@ -219,7 +253,7 @@ class SimResult:
 
     @cached_property
     def communication_s(self) -> dict[int, float]:
-        """Time each device's communication stream is busy."""
+        """Time each device has communication running (on any of its channels)."""
         ids = self.topology.device_ids
         return {ids[d]: self._stream_busy.get((d, COMMUNICATION), 0.0) for d in self._used}
 
@@ -231,16 +265,7 @@ class SimResult:
         for where, start, dur in zip(self._c["where"], self._c["start"], self._c["dur"]):
             for d in (where,) if where.__class__ is int else where:
                 intervals[d].append((start, start + dur))
-        idle = {}
-        for d, spans in intervals.items():
-            covered, reach = 0.0, 0.0
-            for lo, hi in sorted(spans):
-                lo = max(lo, reach)
-                if hi > lo:
-                    covered += hi - lo
-                    reach = hi
-            idle[ids[d]] = self.step_time_s - covered
-        return idle
+        return {ids[d]: self.step_time_s - _covered_s(spans) for d, spans in intervals.items()}
 
     def idle_fraction(self, device: int) -> float:
         """``idle_s[device] / step_time_s`` (0 for an empty program)."""
@@ -324,3 +349,14 @@ class SimResult:
         from .trace import chrome_trace
 
         return chrome_trace(self)
+
+
+def _covered_s(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of ``[lo, hi)`` spans."""
+    covered, reach = 0.0, 0.0
+    for lo, hi in sorted(spans):
+        lo = max(lo, reach)
+        if hi > lo:
+            covered += hi - lo
+            reach = hi
+    return covered

@@ -1,8 +1,11 @@
 """Chrome-trace (Trace Event Format) export, read by chrome://tracing and ui.perfetto.dev.
 
-One process per device (``pid`` = device id), one thread per stream (``tid`` 0
-compute, 1 communication), complete events (``ph: "X"``) with microsecond
-timestamps, and a counter track (``ph: "C"``) of live memory per device.
+One process per device (``pid`` = device id), one thread per stream: ``tid`` 0
+compute, then one per communication channel the device uses (``tid`` 1, 2, ...
+in order of first use; with ``comm="serial"`` the one stream, ``tid`` 1), so
+that transfers which overlap in time sit on separate tracks; complete events
+(``ph: "X"``) with microsecond timestamps, and a counter track (``ph: "C"``) of
+live memory per device.
 """
 
 from __future__ import annotations
@@ -14,7 +17,6 @@ from ..verify import describe_op
 if TYPE_CHECKING:
     from .result import SimResult
 
-_TID = {"compute": 0, "communication": 1}
 _US = 1e6
 
 
@@ -25,20 +27,27 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
         kind = result.topology.device(device).device_type
         events.append(_meta("process_name", device, 0, {"name": f"device {device} ({kind})"}))
         events.append(_meta("process_sort_index", device, 0, {"sort_index": device}))
-        for stream, tid in _TID.items():
-            events.append(_meta("thread_name", device, tid, {"name": stream}))
+        events.append(_meta("thread_name", device, 0, {"name": "compute"}))
+    tids: dict[tuple[int, str], int] = {}
     labels: dict[int, str] = {}
     for ev in result.events:
         label = labels.get(id(ev.op))
         if label is None:
             label = labels[id(ev.op)] = describe_op(ev.op)
+        tid = 0
+        if ev.stream != "compute":
+            tid = tids.get((ev.device, ev.channel), 0)
+            if not tid:
+                tid = tids[(ev.device, ev.channel)] = 1 + sum(d == ev.device for d, _ in tids)
+                name = ev.channel if ev.channel == "communication" else f"comm {ev.channel}"
+                events.append(_meta("thread_name", ev.device, tid, {"name": name}))
         events.append(
             {
                 "name": ev.op.op_type,
                 "cat": ev.kind,
                 "ph": "X",
                 "pid": ev.device,
-                "tid": _TID[ev.stream],
+                "tid": tid,
                 "ts": ev.start_s * _US,
                 "dur": ev.dur_s * _US,
                 "args": {"op": label, "flops": ev.flops, "bytes": ev.bytes},

@@ -11,11 +11,13 @@ structural miss prepares the op (cost rule, comm rule, device lookups).
 The walk itself does what :meth:`Engine._run_ops` does for an op in a pmap body,
 with the per-op data already resolved into a record::
 
-    (kind, where, dur, cost, size, out)
+    (kind, where, dur, cost, size, out, channels)
 
 ``where`` is the compute device index (int) or the participants (tuple); ``size``
 and ``out`` are the bytes and device index of a single tensor result, or ``size``
-is None and ``out`` lists the resolved output templates (see :func:`_resolved`).
+is None and ``out`` lists the resolved output templates (see :func:`_resolved`);
+``channels`` are a communication op's channels (see :meth:`Engine._channels`),
+None for a compute op.
 """
 
 from __future__ import annotations
@@ -128,7 +130,7 @@ def run_top_level(
                 uses = _leaves(uses)
                 ready = max(map(ready_of, uses)) if uses else 0.0
                 n = len(uses)
-            kind, where, dur, cost, size, out = record
+            kind, where, dur, cost, size, out, channels = record
             if kind is compute_kind:
                 start = compute_free[where]
                 if ready > start:
@@ -136,11 +138,12 @@ def run_top_level(
                 end = start + dur
                 compute_free[where] = end
             else:
-                start = max([ready, *[comm_free[d] for d in where]])
+                start = max([ready, *[comm_free[c] for c in channels]])
                 end = start + dur
-                for d in where:
-                    comm_free[d] = end
+                for c in channels:
+                    comm_free[c] = end
                 engine.comm_instances.append(produced)
+                engine.comm_channels.append(channels)
             producer = produced
             produced += 1
             add_op(op)
@@ -192,17 +195,18 @@ def _record(engine: Engine, op: Op, scope: _Scope) -> Any:
         where = scope[dev_ref]
         dur = cost[2][where]
         if size is not None:
-            record = (kind, where, dur, cost, size, scope[out_ref])
+            record = (kind, where, dur, cost, size, scope[out_ref], None)
         else:
-            record = (kind, where, dur, cost, None, [_resolved(t, scope) for t in templates])
+            out = [_resolved(t, scope) for t in templates]
+            record = (kind, where, dur, cost, None, out, None)
     else:
         # the structural key fixes the types and attributes: the comm rule's answer too
-        where, dur, cost = engine._collective(op, scope, prep, key)
+        where, dur, cost, channels = engine._collective(op, scope, prep, key)
         out = [_resolved(t, scope) for t in prep[1]]
         if len(out) == 1 and out[0].__class__ is tuple:
-            record = (kind, where, dur, cost, out[0][0], out[0][1])
+            record = (kind, where, dur, cost, out[0][0], out[0][1], channels)
         else:
-            record = (kind, where, dur, cost, None, out)
+            record = (kind, where, dur, cost, None, out, channels)
     engine._records_by_structure[key] = record
     return record
 

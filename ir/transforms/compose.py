@@ -222,7 +222,9 @@ def _level(
         where = {"replicated": "send", "output_device": DeviceVar(_VARS[depth - 1])}
     if kind == "pp":
         out = where.get("output_device")
-        return pipeline_parallel(f, n, microbatches, schedule, devices, output_device=out)
+        return pipeline_parallel(
+            f, n, microbatches, schedule, devices, output_device=out, resident=False
+        )
     device_map = None
     inner: Callable[[Function, list], Function] | None = None
     if not last:

@@ -4,8 +4,10 @@ The weights are cut into ``stages`` consecutive groups (in order of first use);
 each op runs on the stage of the weights it reads, forward ops never before the
 stage of their operands, backward ops never after the stage their gradient
 comes from. The batch inputs are ``Split`` into K microbatches; every op that
-touches the batch is copied once per microbatch, with ``Send`` between stages
-right after the producer. The op order *is* the schedule (the simulator
+touches the batch is copied once per microbatch; a ``Send`` carries a value to
+another stage just before the first task there that reads it (as Megatron-LM
+receives the next forward's input after a backward), so in program order 1F1B
+stage ``s`` holds at most ``p - s`` microbatches. The op order *is* the schedule (the simulator
 follows it): GPipe runs all forwards then all backwards on each stage; 1F1B
 runs ``p - s - 1`` warm-up forwards on stage ``s``, then alternates one
 forward and one backward. Gradients (and the loss) are accumulated into a
@@ -14,6 +16,16 @@ with K, and the optimizer steps once at the end on each weight's stage.
 
 Outputs: batch-shaped ones are concatenated on the last stage, the loss is the
 accumulated sum, updated weights stay on their stage's device.
+
+The program is a steady-state training step (``resident=True``, the default):
+each input is taken on the device of the stage that first reads it, so weights
+and optimizer state live on their stage, the batch on the first stage and the
+labels on the last; there are no per-step weight sends, and step N+1 can take
+step N's updated weights as they are. ``resident=False`` takes every input
+where the source program has it and sends it to its stage every step (the
+seeds' form; the nested compositions use it). The one-time distribution of the
+source program's inputs to a resident step's is :func:`setup_program`
+(``ir/transforms/setup.py``): execute it once, then the step.
 """
 
 from __future__ import annotations
@@ -161,8 +173,10 @@ class _Pipeline:
         devices: Sequence[DeviceRef],
         batch: Sequence[str] | None,
         chunks: int = 1,
+        resident: bool = True,
     ) -> None:
         self.f, self.p, self.k, self.v = f, len(devices), k, chunks
+        self.resident = resident
         # model stage s runs on device s % p (several stages per device when interleaved)
         self.devices = [devices[s % len(devices)] for s in range(stages)]
         rows = batch_size(f, batch_inputs(f, batch)) if batch_inputs(f, batch) else 1
@@ -170,6 +184,7 @@ class _Pipeline:
         # States come from a split in two at least: with one part, whole and partial look alike.
         self.plan = data_plan(f, max(k, min(2, rows)), batch, what="number of microbatches")
         self.stage = stage_assignment(f, stages)
+        self.position = {op: i for i, op in enumerate(f.ops)}
         self.backward = backward_ops(f)
         self.b = FunctionBuilder(f.name)
         self.move = Mover(self.b)
@@ -203,10 +218,6 @@ class _Pipeline:
         outs = {plan.current[v] for v in self.f.outputs}
         self.summed = {k for k in outs if plan.state[k] == P}
         self.summed |= {st.keys[0] for st in conv if st.src == P}
-        self.consumer_devices: dict[Value, set[DeviceRef]] = {}
-        for op in self.per_mb:
-            for k in self.keys[op]:
-                self.consumer_devices.setdefault(k, set()).add(self.devices[self.stage[op]])
         tasks: dict[tuple[int, str], list[Op]] = {}
         for op in self.f.ops:
             if op in self.per_mb:
@@ -254,13 +265,11 @@ class _Pipeline:
                     prev = self.acc.get(v)
                     name = f"{v.name}_acc{m}"
                     self.acc[v] = out if prev is None else self.b.call("Add", prev, out, name=name)
-                for d in sorted(self.consumer_devices.get(v, ()), key=str):
-                    self.move.at(out, d)
 
     def run(self, output_device: DeviceRef | None = None) -> Function:
         b, plan = self.b, self.plan
         for v in self.f.inputs:
-            self.glob[v] = b.input(v.name, v.type)
+            self.glob[v] = b.input(v.name, self._input_type(v))
         for v in self.f.inputs:
             s = plan.state[v]
             if s is not None and s.kind == "S":
@@ -288,6 +297,15 @@ class _Pipeline:
         if output_device is not None:
             outs = [self.move.at(v, output_device) for v in outs]
         return verify(b.finish(outs))
+
+    def _input_type(self, v: Value) -> Any:
+        """``v``'s type in the step: on the stage of its first reader when resident."""
+        t = v.type
+        readers = self.f.consumers.get(v, [])
+        if not self.resident or not isinstance(t, TensorType) or not readers:
+            return t
+        first = min(readers, key=self.position.__getitem__)
+        return t.with_device(self.devices[self.stage[first]])
 
     def _concat(self, key: Value, dim: int, name: str = "") -> Value:
         parts = [self.piece(key, m) for m in range(self.k)]
@@ -335,8 +353,14 @@ def pipeline_parallel(
     topology: Any = None,
     output_device: DeviceRef | None = None,
     chunks: int = 1,
+    resident: bool = True,
 ) -> Function:
     """``f`` pipelined over ``stages`` devices with ``microbatches`` microbatches.
+
+    ``resident=True`` (the default): a steady-state step, each input taken on the
+    device of the stage that first reads it (weights and optimizer state on their
+    stage, no per-step weight sends; see :func:`setup_program`). ``resident=False``:
+    inputs where ``f`` has them, sent to their stages every step.
 
     ``schedule="interleaved"`` (Megatron-LM's interleaved 1F1B) cuts the model into
     ``stages * chunks`` stages, stage ``c * stages + d`` on device ``d``; the
@@ -355,6 +379,8 @@ def pipeline_parallel(
     >>> g = pipeline_parallel(b.finish(b.call("MatMul", a, w2, name="y")), 2, 2)
     >>> [op.op_type for op in g.ops][:4]
     ['Split', 'TupleGet', 'MatMul', 'Send']
+    >>> [(v.name, v.type.device) for v in g.inputs]
+    [('w1', 0), ('w2', 1), ('x', 0)]
     """
     if schedule not in SCHEDULES:
         raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
@@ -371,7 +397,14 @@ def pipeline_parallel(
             f"{microbatches} is not a multiple of {stages}"
         )
     pipe = _Pipeline(
-        f, stages * chunks, microbatches, schedule, devices, batch_inputs, chunks=chunks
+        f,
+        stages * chunks,
+        microbatches,
+        schedule,
+        devices,
+        batch_inputs,
+        chunks=chunks,
+        resident=resident,
     )
     return pipe.run(output_device)
 

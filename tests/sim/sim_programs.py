@@ -170,10 +170,12 @@ def uniform_pipeline(stages: int, microbatches: int, size: int = 64) -> ir.Funct
 
 
 def assert_streams_never_overlap(result: ir.SimResult) -> None:
-    by_stream: dict[tuple[int, str], list] = {}
+    """No two events of one device's compute stream, or of one communication channel of it,
+    overlap (different channels may)."""
+    by_stream: dict[tuple[int, str, str], list] = {}
     for ev in result.events:
         assert ev.dur_s >= 0
-        by_stream.setdefault((ev.device, ev.stream), []).append(ev)
+        by_stream.setdefault((ev.device, ev.stream, ev.channel), []).append(ev)
     for events in by_stream.values():
         events.sort(key=lambda ev: ev.start_s)
         for a, b in itertools.pairwise(events):

@@ -81,7 +81,7 @@ def test_an_unknown_preset_lists_the_presets():
 
 
 def test_chrome_trace_is_json_with_one_process_per_device_and_one_thread_per_stream():
-    result = ir.simulate(ir.parse(DATA_PARALLEL), ir.Topology.preset("a100-hgx", 3))
+    result = ir.simulate(ir.parse(DATA_PARALLEL), ir.Topology.preset("a100-hgx", 3), comm="serial")
     trace = json.loads(json.dumps(result.to_chrome_trace()))
     events = trace["traceEvents"]
     complete = [e for e in events if e["ph"] == "X"]
@@ -100,6 +100,26 @@ def test_chrome_trace_is_json_with_one_process_per_device_and_one_thread_per_str
     assert {e["pid"] for e in counters} == {0, 1, 2}
     peak = max(e["args"]["live_bytes"] for e in counters if e["pid"] == 1)
     assert peak == result.peak_memory_bytes[1]
+
+
+def test_chrome_trace_gives_each_communication_channel_of_a_device_its_own_thread():
+    result = ir.simulate(ir.parse(DATA_PARALLEL), ir.Topology.preset("a100-hgx", 3))
+    events = result.to_chrome_trace()["traceEvents"]
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    complete = [e for e in events if e["ph"] == "X"]
+    for e, ev in zip(complete, result.events):
+        want = "compute" if ev.stream == "compute" else f"comm {ev.channel}"
+        assert names[(e["pid"], e["tid"])] == want
+    channels = {ev.channel for ev in result.events if ev.stream == "communication"}
+    assert channels and all(c.startswith(("send ", "group ")) for c in channels)
+    for device in (0, 1, 2):  # tids 1, 2, ... one per channel the device uses
+        tids = sorted(t for d, t in names if d == device and t > 0)
+        assert tids == list(range(1, len(tids) + 1))
+
+
+def test_an_unknown_comm_mode_is_refused():
+    with pytest.raises(SimulationError, match="comm must be one of channels, serial"):
+        ir.simulate(ir.parse(SEQUENTIAL), ir.Topology.uniform(1), comm="fifo")
 
 
 def test_events_carry_op_label_flops_and_bytes():

@@ -26,8 +26,10 @@ from ir.sim import SimResult, SimulationError
 from ir.sim.engine import Engine, paused_gc
 
 
-def _simulate(f: ir.Function, topo: ir.Topology, combine: str, shared: bool) -> SimResult:
-    engine = Engine(topo, combine, shared_records=shared)
+def _simulate(
+    f: ir.Function, topo: ir.Topology, combine: str, shared: bool, comm: str = "channels"
+) -> SimResult:
+    engine = Engine(topo, combine, comm=comm, shared_records=shared)
     with paused_gc():
         engine.run(f)
     return SimResult(engine)
@@ -40,7 +42,17 @@ def _observed(r: SimResult) -> dict:
         "devices": r.devices,
         "num_ops": r.num_ops,
         "events": [
-            (ev.op, ev.device, ev.stream, ev.start_s, ev.dur_s, ev.flops, ev.bytes, ev.kind)
+            (
+                ev.op,
+                ev.device,
+                ev.stream,
+                ev.channel,
+                ev.start_s,
+                ev.dur_s,
+                ev.flops,
+                ev.bytes,
+                ev.kind,
+            )
             for ev in r.events
         ],
         "bars": (
@@ -66,9 +78,13 @@ def _observed(r: SimResult) -> dict:
 
 
 def assert_same_results(f: ir.Function, topo: ir.Topology) -> SimResult:
-    for combine in ("roofline", "additive"):
-        shared = _simulate(f, topo, combine, shared=True)
-        general = _simulate(f, topo, combine, shared=False)
+    for combine, comm in (
+        ("roofline", "serial"),
+        ("additive", "channels"),
+        ("roofline", "channels"),
+    ):
+        shared = _simulate(f, topo, combine, shared=True, comm=comm)
+        general = _simulate(f, topo, combine, shared=False, comm=comm)
         assert _observed(shared) == _observed(general)
     return shared
 

@@ -3,8 +3,9 @@ and microbatch count (uneven too); activation memory on stage 0 is K (GPipe) or 
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
-from _parallel_programs import MODELS, assert_same, mlp, model, transformer_block
+from _parallel_programs import MODELS, assert_same, inputs_for, mlp, model, transformer_block
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ import ir
 import ir.models
 from ir.transforms._rewrite import TransformError
 from ir.transforms.pipeline import live_microbatches, pipeline_parallel, stage_assignment
+from ir.transforms.setup import setup_program
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -40,13 +42,15 @@ def test_live_activations_on_stage_zero(stages: int, microbatches: int) -> None:
     assert live_microbatches(one_f_one_b, 0) == min(stages, microbatches)
 
 
-def test_program_has_the_seed_shape() -> None:
+@pytest.mark.parametrize(("resident", "sends"), [(True, 2 + 2), (False, 2 + 2 + 2 + 1)])
+def test_program_has_the_seed_shape(resident: bool, sends: int) -> None:
     """Seed 000: split, per-microbatch forward with sends, backward, sum, one optimizer step."""
-    g = pipeline_parallel(mlp(8, 4, 6, 5, training=True), 2, 2)
+    g = pipeline_parallel(mlp(8, 4, 6, 5, training=True), 2, 2, resident=resident)
     kinds = [op.op_type for op in g.ops]
     assert kinds[:2] == ["Split", "Split"]
     assert kinds.count("SGDOptimizer") == 2 and kinds.count("Loss") == 2
-    assert kinds.count("Send") == 2 + 2 + 2 + 1  # activations, gradients, labels, w1
+    # activations and gradients; moved every step unless resident: the labels, wB
+    assert kinds.count("Send") == sends
     opt = [op for op in g.ops if op.op_type == "SGDOptimizer"]
     assert [op.device for op in opt] == [0, 1]
     adds = [op for op in g.ops if op.op_type == "Add"]
@@ -161,3 +165,49 @@ def test_recomputed_activations_stay_in_the_backward_pass() -> None:
     # microbatch 0's recomputed first-layer activation comes after its loss gradient
     recomputed = [i for i, n in enumerate(order) if n == "a0_mb0"]
     assert len(recomputed) == 2 and recomputed[1] > order.index("dl_mb0")
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b", "interleaved"])
+def test_a_resident_step_takes_each_input_on_its_stage_and_returns_weights_there(
+    schedule: str,
+) -> None:
+    f = mlp(8, 4, 6, 5, layers=4, training=True, optimizer="adam")
+    g = pipeline_parallel(f, 2, 2, schedule, chunks=2 if schedule == "interleaved" else 1)
+    stages = [0, 1, 0, 1] if schedule == "interleaved" else [0, 0, 1, 1]
+    device = {v.name: v.type.device for v in g.inputs}
+    assert [device[f"w{i}"] for i in range(4)] == stages
+    assert [device[f"m{i}"] for i in range(4)] == stages  # Adam's state lives with its weight
+    assert [device[f"v{i}"] for i in range(4)] == stages
+    assert device["x"] == 0 and device["z"] == 1  # the batch on the first stage, labels last
+    sent = {op.inputs[0] for op in g.ops if op.op_type == "Send"}
+    assert not sent & set(g.inputs)  # no per-step weight (or batch) sends
+    outputs = {v.name: v.type for v in g.outputs}
+    for v in g.inputs:  # step N+1 takes step N's updated weights and state as they are
+        if v.name not in ("x", "z"):
+            assert outputs[f"{v.name}_1"] == v.type, v.name
+    assert_same(f, g)
+
+
+def test_setup_then_a_resident_step_computes_the_source_program() -> None:
+    f = mlp(8, 4, 6, 5, layers=4, training=True, optimizer="adam")
+    g = pipeline_parallel(f, 4, 2, "1f1b")
+    setup = setup_program(f, g)
+    assert [v.name for v in setup.inputs] == [v.name for v in f.inputs]
+    assert [v.type for v in setup.outputs] == [v.type for v in g.inputs]
+    assert {op.op_type for op in setup.ops} == {"Send"}
+    args = inputs_for(f, 3)
+    want = ir.execute(f, args)
+    got = ir.execute(g, ir.execute(setup, args))
+    for w, o in zip(want, got, strict=True):
+        np.testing.assert_allclose(o, w, rtol=1e-5, atol=1e-10)
+    unmoved = setup_program(f, pipeline_parallel(f, 4, 2, resident=False))
+    assert unmoved.ops == () and unmoved.outputs == unmoved.inputs
+
+
+def test_setup_program_refuses_what_it_cannot_move() -> None:
+    f = mlp(8, 4, 6, 5, layers=2, training=True)
+    with pytest.raises(TransformError, match="no source input of that name"):
+        setup_program(mlp(8, 4, 6, 5, layers=2), pipeline_parallel(f, 2, 2))
+    other = mlp(8, 4, 7, 5, layers=2, training=True)
+    with pytest.raises(TransformError, match="only moves whole tensors"):
+        setup_program(other, pipeline_parallel(f, 2, 2))
