@@ -182,6 +182,11 @@ class SimResult:
         for kind, *devices in e.channel_keys:
             if kind == "send":
                 names.append(f"send {ids[devices[0]]}->{ids[devices[1]]}")
+            elif kind == "groups":  # a grouped op: (is a send, groups of device ids)
+                is_send, groups = devices
+                sep = "->" if is_send else ","
+                shown = " ".join(sep.join(str(d) for d in g) for g in groups)
+                names.append(f"{'sends' if is_send else 'groups'} {shown}")
             else:
                 names.append(f"group {','.join(str(ids[d]) for d in devices)}")
         return names

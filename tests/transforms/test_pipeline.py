@@ -206,8 +206,6 @@ def test_setup_then_a_resident_step_computes_the_source_program() -> None:
 
 def test_setup_program_refuses_what_it_cannot_move() -> None:
     f = mlp(8, 4, 6, 5, layers=2, training=True)
-    with pytest.raises(TransformError, match="no source input of that name"):
-        setup_program(mlp(8, 4, 6, 5, layers=2), pipeline_parallel(f, 2, 2))
     other = mlp(8, 4, 7, 5, layers=2, training=True)
-    with pytest.raises(TransformError, match="only moves whole tensors"):
+    with pytest.raises(TransformError, match=r"a piece of shape \(4, 7\)"):
         setup_program(other, pipeline_parallel(f, 2, 2))
