@@ -2,13 +2,15 @@
 
 Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 ``format`` for the text format, ``execute`` for the numpy reference executor,
-``Topology`` for hardware, and ``ir.models`` for ready-made models.
+``Topology`` for hardware (``calibrate`` measures this machine), and ``ir.models``
+for ready-made models.
 """
 
 from __future__ import annotations
 
 from . import models, sharding, transforms  # `import ir` is enough for ir.models.mlp(...)
 from .builder import FunctionBuilder
+from .calibration import Calibration, calibrate
 from .device import Device, Topology, TopologyError
 from .errors import (
     DistIRError,
@@ -32,6 +34,7 @@ from .verify import verify
 
 __all__ = [
     "Attr",
+    "Calibration",
     "Cost",
     "DType",
     "Device",
@@ -56,6 +59,7 @@ __all__ = [
     "Value",
     "VerifyError",
     "all_ops",
+    "calibrate",
     "execute",
     "format",
     "get_op",
