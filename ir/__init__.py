@@ -2,13 +2,15 @@
 
 Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 ``format`` for the text format, ``execute`` for the numpy reference executor,
-``Topology`` for hardware, and ``ir.models`` for ready-made models.
+``Topology`` for hardware (``calibrate`` measures this machine), and ``ir.models``
+for ready-made models.
 """
 
 from __future__ import annotations
 
 from . import models, sharding, transforms  # `import ir` is enough for ir.models.mlp(...)
 from .builder import FunctionBuilder
+from .calibration import Calibration, calibrate
 from .device import Device, Topology, TopologyError
 from .errors import (
     DistIRError,
@@ -33,6 +35,7 @@ from .verify import verify
 
 __all__ = [
     "Attr",
+    "Calibration",
     "Cost",
     "DType",
     "Device",
@@ -58,6 +61,7 @@ __all__ = [
     "Value",
     "VerifyError",
     "all_ops",
+    "calibrate",
     "collect",
     "distribute",
     "execute",

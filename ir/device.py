@@ -1,25 +1,76 @@
 """Devices and the Topology that connects them (seed 000's Device and Topology).
 
-A Topology says, per device, its peak flops, memory bandwidth and capacity, and
-per ordered device pair, the link bandwidth and latency. Hardware presets and
-CPU calibration live in ``ir.hardware``.
+A Topology says, per device, its peak flops (per element type, for matrix and
+for vector work), memory bandwidth and capacity, and per ordered device pair,
+the link bandwidth and latency. Hardware presets live in ``ir.hardware``,
+measuring this machine in ``ir.calibrate``.
+
+Peak flops per element type
+---------------------------
+
+``Device.peak_flops`` is one headline figure: the dense half-precision
+(BF16/FP16) matrix peak of a GPU. ``Device.matrix_peak_flops`` and
+``Device.vector_peak_flops`` refine it per element type: *matrix* work (matrix
+products and convolutions, on tensor cores where the chip has them) and
+*vector* work (elementwise arithmetic, reductions: CUDA cores).
+:meth:`Device.peak_flops_for` reads them:
+
+* a device with neither table runs everything at ``peak_flops`` (a plain
+  ``Device(0, peak_flops=...)`` and ``Topology.uniform`` keep their meaning);
+* float32 matrix work runs at the ``"float32"`` figure unless TF32 is allowed
+  (``allow_tf32=True``, which ``Topology.allow_tf32`` passes on) and the chip has
+  a ``"tf32"`` figure: PyTorch runs float32 matmuls in full FP32 by default
+  (``torch.backends.cuda.matmul.allow_tf32`` is False since PyTorch 1.12);
+* an element type the matrix table lacks runs at its vector rate (a V100 has
+  no BF16 units); one the vector table lacks (integers, ``"float8"``) at the
+  vector ``"float32"`` rate.
+
+Names are :class:`ir.types.DType` values plus ``"tf32"`` and ``"float8"``,
+formats the hardware computes in that the IR does not store.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import DistIRError
+
+#: Element-type names a peak-flops table may hold (``DType`` values, ``tf32``, ``float8``).
+PEAK_DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8")
+
+PeakTable = tuple[tuple[str, float], ...]
 
 
 class TopologyError(DistIRError):
     """A topology that cannot be simulated: non-positive bandwidth, unknown device, ..."""
 
 
+def peak_table(table: Mapping[str, float] | PeakTable) -> PeakTable:
+    """``table`` (a mapping or pairs) as sorted (element type, FLOP/s) pairs, checked."""
+    pairs = sorted(dict(table).items())
+    for name, flops in pairs:
+        if name not in PEAK_DTYPES:
+            raise TopologyError(f"unknown element type {name!r}; one of {', '.join(PEAK_DTYPES)}")
+        if not flops > 0:
+            raise TopologyError(f"the {name} peak must be positive, got {flops}")
+    return tuple((name, float(flops)) for name, flops in pairs)
+
+
 @dataclass(frozen=True)
 class Device:
-    """One device and what it can do."""
+    """One device and what it can do.
+
+    ``peak_flops`` is the dense BF16/FP16 matrix peak (the headline figure);
+    ``matrix_peak_flops`` and ``vector_peak_flops`` map element-type names to
+    dense peaks (a mapping is accepted and stored as sorted pairs, so a Device
+    stays hashable). See the module docstring and :meth:`peak_flops_for`.
+
+    >>> d = Device(0, peak_flops=125e12, matrix_peak_flops={"float16": 125e12, "float32": 15.7e12},
+    ...            vector_peak_flops={"float32": 15.7e12})
+    >>> d.peak_flops_for("float32", matrix=True) / 1e12
+    15.7
+    """
 
     device_id: int
     device_type: str = "gpu"
@@ -27,6 +78,8 @@ class Device:
     mem_bandwidth_bytes_per_s: float = 1e11
     memory_bytes: float = 16e9
     launch_overhead_s: float = 0.0
+    matrix_peak_flops: PeakTable = ()
+    vector_peak_flops: PeakTable = ()
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "mem_bandwidth_bytes_per_s", "memory_bytes"):
@@ -36,6 +89,35 @@ class Device:
                 )
         if self.launch_overhead_s < 0:
             raise TopologyError(f"device {self.device_id}: launch_overhead_s is negative")
+        for field in ("matrix_peak_flops", "vector_peak_flops"):
+            try:
+                table = peak_table(getattr(self, field))
+            except TopologyError as e:
+                raise TopologyError(f"device {self.device_id}: {field}: {e}") from None
+            object.__setattr__(self, field, table)
+
+    def peak_flops_for(self, dtype: object, matrix: bool, *, allow_tf32: bool = False) -> float:
+        """Dense peak FLOP/s for work in ``dtype`` (a :class:`ir.DType` or a name).
+
+        ``matrix``: matrix products and convolutions (tensor cores) rather than
+        elementwise work. ``allow_tf32`` lets float32 matrix work run in TF32.
+
+        >>> Device(0, peak_flops=5e12).peak_flops_for("float32", matrix=True)  # no tables
+        5000000000000.0
+        """
+        if not self.matrix_peak_flops and not self.vector_peak_flops:
+            return self.peak_flops
+        name = getattr(dtype, "value", dtype)
+        vector = dict(self.vector_peak_flops)
+        if matrix:
+            table = dict(self.matrix_peak_flops)
+            if name == "float32" and allow_tf32 and "tf32" in table:
+                return table["tf32"]
+            if name in table:
+                return table[name]
+        if name in vector:
+            return vector[name]
+        return vector.get("float32", self.peak_flops)
 
 
 @dataclass(frozen=True)
@@ -46,6 +128,8 @@ class Topology:
     from ``devices[i]`` to ``devices[j]`` (index into ``devices``, not ids).
     ``nodes`` optionally groups device ids by machine (empty: no grouping); the
     hierarchical all-reduce of ``ir.collectives`` runs over these groups.
+    ``allow_tf32``: float32 matrix work runs in TF32 on devices that have it
+    (off by default, as in PyTorch; see :meth:`Device.peak_flops_for`).
     """
 
     devices: tuple[Device, ...]
@@ -53,6 +137,7 @@ class Topology:
     latency_s: tuple[tuple[float, ...], ...]
     name: str = "custom"
     nodes: tuple[tuple[int, ...], ...] = ()
+    allow_tf32: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.devices)
@@ -107,16 +192,21 @@ class Topology:
     def latency(self, src: int, dst: int) -> float:
         return self.latency_s[self.index(src)][self.index(dst)]
 
+    def peak_flops_for(self, device_id: int, dtype: object, matrix: bool) -> float:
+        """:meth:`Device.peak_flops_for` of ``device_id``, with this topology's TF32 setting."""
+        return self.device(device_id).peak_flops_for(dtype, matrix, allow_tf32=self.allow_tf32)
+
     @staticmethod
-    def preset(name: str, num_devices: int) -> Topology:
+    def preset(name: str, num_devices: int, *, allow_tf32: bool = False) -> Topology:
         """A hardware preset (see ``Topology.presets()``) with ``num_devices`` devices.
 
         GPU presets add InfiniBand-linked nodes when ``num_devices`` exceeds one node;
-        sources for every figure are cited in ``ir/hardware.py``.
+        sources for every figure are cited in ``ir/hardware.py``. ``allow_tf32`` runs
+        float32 matmuls in TF32 where the GPU has it (PyTorch's default is not to).
         """
         from .hardware import preset
 
-        return preset(name, num_devices)
+        return preset(name, num_devices, allow_tf32=allow_tf32)
 
     @staticmethod
     def presets() -> tuple[str, ...]:

@@ -6,53 +6,86 @@ than one node holds adds nodes joined by InfiniBand, which makes the topology
 hierarchical (fast links inside a node, slower ones across nodes), as in a
 multi-node cluster.
 
-Figures are per GPU and per direction. Peak flops are the dense tensor-core
-half-precision (FP16/BF16) figures, the precision mixed-precision training runs
-its matmuls in; the IR's float32 programs are costed as if run that way.
+Figures are per GPU and per direction. Each GPU has dense peak FLOP/s per
+element type for matrix work (tensor cores) and for vector work (CUDA cores),
+see ``ir.device``; ``peak_flops`` is the dense BF16/FP16 tensor figure (FP16 on
+the V100, which has no BF16). Sparsity ("2:4") figures are never used: the
+datasheets print them first, the dense figure is half. float32 matmuls run at
+the FP32 figure unless the topology allows TF32 (``preset(..., allow_tf32=True)``),
+as PyTorch does by default since 1.12. Half-precision tensor figures are the
+FP32-accumulate ones, which mixed-precision training uses.
 Link latencies (alpha) are per transfer step: a few microseconds inside a node
 and more across InfiniBand, the magnitudes NCCL's small-message benchmarks show.
 A kernel launch costs a few microseconds on CUDA GPUs.
 
-Sources:
+Sources (TFLOPS dense, per figure):
 
-* V100: "NVIDIA Tesla V100 GPU Architecture" whitepaper (WP-08608-001), and the
-  V100 datasheet: 125 TFLOPS tensor, 900 GB/s HBM2, 16/32 GB, six NVLink 2.0
-  links of 25 GB/s per direction each.
+* V100 SXM2: "NVIDIA Tesla V100 GPU Architecture" whitepaper (WP-08608-001,
+  Table 1) and the V100 datasheet: FP64 7.8, FP32 15.7, FP16 tensor 125;
+  900 GB/s HBM2, 16/32 GB, six NVLink 2.0 links of 25 GB/s per direction each.
+  FP16 vector 31.4 is twice FP32 (packed half2 arithmetic; the whitepaper gives
+  no non-tensor FP16 figure). No BF16 or TF32 units.
+* V100 PCIe: the V100 datasheet's PCIe column: FP64 7, FP32 14, tensor 112
+  (lower boost clock at 250 W); 900 GB/s; FP16 vector 28 (twice FP32).
 * DGX-1: "NVIDIA DGX-1 With Tesla V100 System Architecture" (WP-08437-002):
   eight V100 16 GB in a hybrid cube-mesh (each quad fully linked by NVLink, GPU i
   linked to GPU i+4; other pairs go over PCIe), four 100 Gb/s EDR InfiniBand
   ports per node.
 * DGX-2: "NVIDIA DGX-2 System Architecture" whitepaper: sixteen V100 32 GB on
   NVSwitch (150 GB/s per direction between any pair), eight 100 Gb/s EDR ports.
-* A100: "NVIDIA A100 Tensor Core GPU" datasheet and architecture whitepaper:
-  312 TFLOPS BF16 dense, 2,039 GB/s HBM2e, 80 GB, NVLink 3 600 GB/s total
-  (300 per direction) through NVSwitch on the HGX A100 8-GPU board; DGX A100 has
-  one 200 Gb/s HDR InfiniBand port per GPU.
-* H100: "NVIDIA H100 Tensor Core GPU" datasheet (SXM5): 989 TFLOPS BF16 dense,
-  3.35 TB/s HBM3, 80 GB, NVLink 4 900 GB/s total (450 per direction) on HGX H100;
-  DGX H100 has one 400 Gb/s NDR InfiniBand port per GPU.
+* A100 (SXM4 and PCIe 80 GB): "NVIDIA A100 Tensor Core GPU Architecture"
+  whitepaper (Table 1) and the A100 datasheet: FP64 9.7, FP64 tensor 19.5,
+  FP32 19.5, TF32 156, BF16/FP16 tensor 312; FP16 vector 78, BF16 vector 39;
+  HBM2e 2,039 GB/s (SXM4 80 GB) and 1,935 GB/s (PCIe 80 GB); NVLink 3 600 GB/s
+  total (300 per direction) through NVSwitch on the HGX A100 8-GPU board; DGX
+  A100 has one 200 Gb/s HDR InfiniBand port per GPU.
+* H100 SXM5: "NVIDIA H100 Tensor Core GPU Architecture" whitepaper (Table 3)
+  and the H100 datasheet: FP64 34 (33.5), FP64 tensor 67, FP32 67 (66.9),
+  TF32 494.7, BF16/FP16 tensor 989 (989.4), FP8 1,979 (1,978.9); FP16/BF16
+  vector 133.8; 3.35 TB/s HBM3, 80 GB, NVLink 4 900 GB/s total (450 per
+  direction) on HGX H100; DGX H100 has one 400 Gb/s NDR InfiniBand port per GPU.
+* RTX 4090: "NVIDIA Ada GPU Architecture" whitepaper (Appendix A, Table 9):
+  FP32 82.6, FP16/BF16 vector 82.6, FP64 1.3, TF32 tensor 82.6, FP16/BF16
+  tensor with FP32 accumulate 165.2 (330.3 with FP16 accumulate, which
+  training does not use), FP8 tensor with FP32 accumulate 330.3; 24 GB GDDR6X,
+  1,008 GB/s; PCIe Gen4 x16; no NVLink.
+* PCIe links: PCIe Gen3 x16 is 15.75 GB/s per direction raw (8 GT/s, 128b/130b),
+  Gen4 x16 31.5 GB/s; NCCL's and ``p2pBandwidthLatencyTest``'s measured figures
+  through a PCIe switch are about 80% of raw, so the presets use 12 GB/s (Gen3)
+  and 25 GB/s (Gen4). Assumed: every GPU pair reaches the other through PCIe
+  switches with peer-to-peer on (a server whose pairs cross CPU sockets is
+  slower between sockets; not modelled). GeForce cards have peer-to-peer off, so
+  ``rtx4090`` transfers are staged through pinned host memory (device to host,
+  then host to device, pipelined by NCCL's SHM transport): about half of Gen4's
+  effective 25 GB/s, with a larger latency (10 us inside a node, 15 us across;
+  5 and 8 us on the peer-to-peer PCIe presets). PCIe servers get one NIC per node
+  (100 Gb/s EDR for the V100 and RTX 4090 ones, 200 Gb/s HDR for A100), shared
+  by its eight GPUs.
 * cpu: this machine (2-vCPU Intel Xeon Cascade Lake @ 2.5 GHz with AVX-512, 23 GB,
   numpy on OpenBLAS), figures measured with :func:`calibrate_cpu` on 2026-11-21;
-  rerun it for fresh ones.
+  rerun it (or :func:`ir.calibrate`) for fresh ones.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .device import Device, Topology, TopologyError
+from .device import Device, Topology, TopologyError, peak_table
 
 GB = 1e9
 
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One kind of node: its GPUs and the links inside it and across nodes."""
+    """One kind of node: its GPUs and the links inside it and across nodes.
+
+    ``peak_flops`` is the dense BF16/FP16 matrix peak; ``matrix_peak_flops`` and
+    ``vector_peak_flops`` map element types to dense peaks (see ``ir.device``)."""
 
     device_type: str
     devices_per_node: int
@@ -64,6 +97,8 @@ class NodeSpec:
     intra_latency_s: float
     inter_bandwidth_bytes_per_s: float  # per GPU, across nodes
     inter_latency_s: float
+    matrix_peak_flops: Mapping[str, float] = field(default_factory=dict)
+    vector_peak_flops: Mapping[str, float] = field(default_factory=dict)
 
 
 def _all_to_all(bandwidth: float) -> Callable[[int, int], float]:
@@ -77,7 +112,76 @@ def _dgx1_cube_mesh(i: int, j: int) -> float:
     return 25 * GB if linked else 10 * GB
 
 
-_V100 = dict(peak_flops=125e12, mem_bandwidth_bytes_per_s=900 * GB, launch_overhead_s=4e-6)
+TFLOPS = 1e12
+
+_V100 = dict(
+    peak_flops=125 * TFLOPS,
+    mem_bandwidth_bytes_per_s=900 * GB,
+    launch_overhead_s=4e-6,
+    matrix_peak_flops={"float16": 125 * TFLOPS},
+    vector_peak_flops={"float64": 7.8 * TFLOPS, "float32": 15.7 * TFLOPS, "float16": 31.4 * TFLOPS},
+)
+_V100_PCIE = dict(
+    peak_flops=112 * TFLOPS,
+    mem_bandwidth_bytes_per_s=900 * GB,
+    launch_overhead_s=4e-6,
+    matrix_peak_flops={"float16": 112 * TFLOPS},
+    vector_peak_flops={"float64": 7 * TFLOPS, "float32": 14 * TFLOPS, "float16": 28 * TFLOPS},
+)
+_A100 = dict(
+    peak_flops=312 * TFLOPS,
+    launch_overhead_s=4e-6,
+    matrix_peak_flops={
+        "float64": 19.5 * TFLOPS,
+        "float32": 19.5 * TFLOPS,
+        "tf32": 156 * TFLOPS,
+        "bfloat16": 312 * TFLOPS,
+        "float16": 312 * TFLOPS,
+    },
+    vector_peak_flops={
+        "float64": 9.7 * TFLOPS,
+        "float32": 19.5 * TFLOPS,
+        "bfloat16": 39 * TFLOPS,
+        "float16": 78 * TFLOPS,
+    },
+)
+_H100 = dict(
+    peak_flops=989 * TFLOPS,
+    launch_overhead_s=4e-6,
+    matrix_peak_flops={
+        "float64": 67 * TFLOPS,
+        "float32": 67 * TFLOPS,
+        "tf32": 494.7 * TFLOPS,
+        "bfloat16": 989 * TFLOPS,
+        "float16": 989 * TFLOPS,
+        "float8": 1979 * TFLOPS,
+    },
+    vector_peak_flops={
+        "float64": 34 * TFLOPS,
+        "float32": 67 * TFLOPS,
+        "bfloat16": 133.8 * TFLOPS,
+        "float16": 133.8 * TFLOPS,
+    },
+)
+_RTX4090 = dict(
+    peak_flops=165.2 * TFLOPS,
+    launch_overhead_s=4e-6,
+    matrix_peak_flops={
+        "float32": 82.6 * TFLOPS,  # no FP32 tensor path: the vector rate
+        "tf32": 82.6 * TFLOPS,
+        "bfloat16": 165.2 * TFLOPS,
+        "float16": 165.2 * TFLOPS,
+        "float8": 330.3 * TFLOPS,
+    },
+    vector_peak_flops={
+        "float64": 1.3 * TFLOPS,
+        "float32": 82.6 * TFLOPS,
+        "bfloat16": 82.6 * TFLOPS,
+        "float16": 82.6 * TFLOPS,
+    },
+)
+PCIE3_BYTES_PER_S = 12 * GB  # Gen3 x16 through a switch, effective per direction
+PCIE4_BYTES_PER_S = 25 * GB  # Gen4 x16 through a switch, effective per direction
 
 NODES: dict[str, NodeSpec] = {
     "v100-dgx1": NodeSpec(
@@ -100,29 +204,60 @@ NODES: dict[str, NodeSpec] = {
         inter_latency_s=5e-6,
         **_V100,
     ),
+    "v100-pcie": NodeSpec(
+        "V100-PCIE-32GB",
+        8,
+        memory_bytes=32 * GB,
+        intra_bandwidth_bytes_per_s=_all_to_all(PCIE3_BYTES_PER_S),
+        intra_latency_s=5e-6,
+        inter_bandwidth_bytes_per_s=12.5 * GB / 8,  # one 100 Gb/s EDR NIC per node
+        inter_latency_s=8e-6,  # the NIC sits behind the same PCIe switches
+        **_V100_PCIE,
+    ),
     "a100-hgx": NodeSpec(
         "A100-SXM4-80GB",
         8,
-        peak_flops=312e12,
         mem_bandwidth_bytes_per_s=2039 * GB,
         memory_bytes=80 * GB,
-        launch_overhead_s=4e-6,
         intra_bandwidth_bytes_per_s=_all_to_all(300 * GB),
         intra_latency_s=2e-6,
         inter_bandwidth_bytes_per_s=25 * GB,  # 200 Gb/s HDR per GPU
         inter_latency_s=5e-6,
+        **_A100,
+    ),
+    "a100-pcie": NodeSpec(
+        "A100-PCIE-80GB",
+        8,
+        mem_bandwidth_bytes_per_s=1935 * GB,
+        memory_bytes=80 * GB,
+        intra_bandwidth_bytes_per_s=_all_to_all(PCIE4_BYTES_PER_S),  # NVLink bridges ignored
+        intra_latency_s=5e-6,
+        inter_bandwidth_bytes_per_s=25 * GB / 8,  # one 200 Gb/s HDR NIC per node
+        inter_latency_s=8e-6,
+        **_A100,
     ),
     "h100-hgx": NodeSpec(
         "H100-SXM5-80GB",
         8,
-        peak_flops=989e12,
         mem_bandwidth_bytes_per_s=3350 * GB,
         memory_bytes=80 * GB,
-        launch_overhead_s=4e-6,
         intra_bandwidth_bytes_per_s=_all_to_all(450 * GB),
         intra_latency_s=2e-6,
         inter_bandwidth_bytes_per_s=50 * GB,  # 400 Gb/s NDR per GPU
         inter_latency_s=5e-6,
+        **_H100,
+    ),
+    "rtx4090": NodeSpec(
+        "RTX-4090-24GB",
+        8,
+        mem_bandwidth_bytes_per_s=1008 * GB,
+        memory_bytes=24 * GB,
+        # no peer-to-peer: device -> pinned host memory -> device, about half of Gen4
+        intra_bandwidth_bytes_per_s=_all_to_all(PCIE4_BYTES_PER_S / 2),
+        intra_latency_s=10e-6,
+        inter_bandwidth_bytes_per_s=12.5 * GB / 8,  # one 100 Gb/s NIC per node
+        inter_latency_s=15e-6,  # staged through host memory on both sides
+        **_RTX4090,
     ),
 }
 
@@ -141,26 +276,34 @@ def preset_names() -> tuple[str, ...]:
     return (*NODES, "cpu")
 
 
-def preset(name: str, num_devices: int) -> Topology:
+def preset(name: str, num_devices: int, *, allow_tf32: bool = False) -> Topology:
     """The topology ``name`` with ``num_devices`` devices (ids 0..num_devices-1).
+
+    ``allow_tf32`` runs float32 matmuls in TF32 on GPUs that have it (A100, H100,
+    RTX 4090); off, as in PyTorch, they run at the FP32 figure.
 
     >>> t = preset("a100-hgx", 16)
     >>> t.bandwidth(0, 1) > t.bandwidth(0, 8)  # NVSwitch inside a node, InfiniBand across
     True
+    >>> preset("a100-hgx", 1, allow_tf32=True).peak_flops_for(0, "float32", matrix=True) / 1e12
+    156.0
     """
     if num_devices < 1:
         raise TopologyError(f"a topology needs at least one device, got {num_devices}")
     key = name.lower()
     if key == "cpu":
-        return cpu_topology(num_devices, **CPU_MEASURED, name="cpu")
-    if key not in NODES:
+        topology = cpu_topology(num_devices, **CPU_MEASURED, name="cpu")
+    elif key in NODES:
+        topology = node_topology(NODES[key], num_devices, name=f"{key}-{num_devices}")
+    else:
         raise TopologyError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
-    return node_topology(NODES[key], num_devices, name=f"{key}-{num_devices}")
+    return replace(topology, allow_tf32=allow_tf32) if allow_tf32 else topology
 
 
 def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Topology:
     """``num_devices`` GPUs of ``spec``, filling nodes of ``spec.devices_per_node`` in id order."""
     per = spec.devices_per_node
+    peaks = (peak_table(spec.matrix_peak_flops), peak_table(spec.vector_peak_flops))
     devices = tuple(
         Device(
             i,
@@ -169,6 +312,8 @@ def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Top
             spec.mem_bandwidth_bytes_per_s,
             spec.memory_bytes,
             spec.launch_overhead_s,
+            matrix_peak_flops=peaks[0],
+            vector_peak_flops=peaks[1],
         )
         for i in range(num_devices)
     )

@@ -48,17 +48,25 @@ class Attr:
 
 @dataclass(frozen=True)
 class Cost:
-    """What one execution of an op costs: floating-point operations and memory traffic."""
+    """What one execution of an op costs: floating-point operations and memory traffic.
+
+    ``matrix_flops`` is the part of ``flops`` done as matrix products (MatMul,
+    convolutions): the simulator times it at the device's matrix (tensor-core)
+    peak for the operands' element type and the rest at its vector peak (see
+    ``ir.device``). An op's cost rule is the one place that says so.
+    """
 
     flops: float = 0.0
     bytes_read: float = 0.0
     bytes_written: float = 0.0
+    matrix_flops: float = 0.0
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(
             self.flops + other.flops,
             self.bytes_read + other.bytes_read,
             self.bytes_written + other.bytes_written,
+            self.matrix_flops + other.matrix_flops,
         )
 
 

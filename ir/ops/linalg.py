@@ -39,7 +39,7 @@ def _matmul_cost(ctx: CostContext) -> Cost:
     a, b = ctx.input_types
     (c,) = ctx.output_types
     flops = 2.0 * c.num_elements * a.shape[-1]
-    return Cost(flops, a.size_bytes + b.size_bytes, c.size_bytes)
+    return Cost(flops, a.size_bytes + b.size_bytes, c.size_bytes, matrix_flops=flops)
 
 
 register_op(
@@ -85,7 +85,8 @@ def _matmul_grad_kernel(xs, attrs):
 def _matmul_grad_cost(ctx: CostContext) -> Cost:
     a, b, dy = ctx.input_types
     flops = 2.0 * 2.0 * dy.num_elements * a.shape[-1]
-    return Cost(flops, a.size_bytes + b.size_bytes + dy.size_bytes, a.size_bytes + b.size_bytes)
+    read, written = a.size_bytes + b.size_bytes + dy.size_bytes, a.size_bytes + b.size_bytes
+    return Cost(flops, read, written, matrix_flops=flops)
 
 
 register_op(

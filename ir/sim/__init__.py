@@ -24,11 +24,14 @@ def simulate(
 ) -> SimResult:
     """Simulate one run of ``function`` on ``topology``.
 
-    Compute ops take ``launch_overhead_s + max(flops / peak_flops, bytes /
+    Compute ops take ``launch_overhead_s + max(t_flops, bytes /
     mem_bandwidth_bytes_per_s)`` on their device (``combine="roofline"``, the
     default: one kernel is bound by whichever of arithmetic and memory traffic
     is slower), or the sum of the two (``combine="additive"``, for small,
-    latency-bound CPU kernels that overlap neither). Communication ops take the
+    latency-bound CPU kernels that overlap neither). ``t_flops`` times the cost's
+    ``matrix_flops`` at the device's matrix peak for the op's element type and
+    the rest at its vector peak (``Device.peak_flops_for``; TF32 for float32
+    matmuls only when ``topology.allow_tf32``). Communication ops take the
     alpha-beta time of :mod:`ir.collectives`.
 
     ``comm="channels"`` (the default) runs each point-to-point transfer on the

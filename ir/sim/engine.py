@@ -139,7 +139,7 @@ class Engine:
         self.additive = combine == "additive"
         self.shared_records = shared_records
         self.index_of = {d.device_id: i for i, d in enumerate(topology.devices)}
-        self.peak_flops = [d.peak_flops for d in topology.devices]
+        self._peaks: dict[Any, list[tuple[float, float]]] = {}  # dtype -> (matrix, vector)
         self.mem_bandwidth = [d.mem_bandwidth_bytes_per_s for d in topology.devices]
         self.launch_s = [d.launch_overhead_s for d in topology.devices]
         n = len(topology.devices)
@@ -375,7 +375,9 @@ class Engine:
             c = opdef.cost_rule(CostContext(in_types, out_types, op.attributes))
             nbytes = c.bytes_read + c.bytes_written
             sizes = [_template(t) for t in out_types]  # device refs replaced below
-            cost = (c.flops, nbytes, self._durations(c.flops, nbytes), sizes)
+            dtype = _element_type((*in_types, *out_types))
+            durations = self._durations(c.flops, nbytes, c.matrix_flops, dtype)
+            cost = (c.flops, nbytes, durations, sizes)
             self._cost_by_types[key] = cost
         sizes = cost[3]
         if len(sizes) == 1 and sizes[0].__class__ is tuple:
@@ -401,11 +403,27 @@ class Engine:
             key = self._attribute_keys[id(op.attributes)] = _attributes_key(op)
         return key
 
-    def _durations(self, flops: float, nbytes: float) -> list[float]:
-        """The time of a compute op on each device: launch + roofline (or additive)."""
+    def _durations(
+        self, flops: float, nbytes: float, matrix_flops: float = 0.0, dtype: Any = None
+    ) -> list[float]:
+        """The time of a compute op on each device: launch + roofline (or additive).
+
+        ``matrix_flops`` of the ``flops`` run at the device's matrix peak for ``dtype``,
+        the rest at its vector peak (``Device.peak_flops_for``)."""
+        peaks = self._peaks.get(dtype)
+        if peaks is None:
+            tf32 = self.topology.allow_tf32
+            peaks = self._peaks[dtype] = [
+                (d.peak_flops_for(dtype, True, allow_tf32=tf32), d.peak_flops_for(dtype, False))
+                for d in self.topology.devices
+            ]
+        vector_flops = flops - matrix_flops
         out = []
-        for peak, bandwidth, launch in zip(self.peak_flops, self.mem_bandwidth, self.launch_s):
-            t_flops, t_bytes = flops / peak, nbytes / bandwidth
+        for (matrix_peak, vector_peak), bandwidth, launch in zip(
+            peaks, self.mem_bandwidth, self.launch_s
+        ):
+            t_flops = matrix_flops / matrix_peak + vector_flops / vector_peak
+            t_bytes = nbytes / bandwidth
             out.append(launch + (t_flops + t_bytes if self.additive else max(t_flops, t_bytes)))
         return out
 
@@ -519,6 +537,20 @@ def _template(t: Type) -> Any:
     if isinstance(t, TensorType):
         return (t.size_bytes, t.device)
     return [_template(e) for e in t.elements]
+
+
+def _element_type(types: tuple[Type, ...]) -> Any:
+    """The DType an op computes in: its first floating-point operand's (or result's), else
+    its first tensor's (integer ids, masks), else None."""
+    first = None
+    for t in types:
+        while t.__class__ is TupleType and t.elements:
+            t = t.elements[0]
+        if t.__class__ is TensorType:
+            if t.dtype.is_float:
+                return t.dtype
+            first = first or t.dtype
+    return first
 
 
 def _refs(t: Type) -> list[Any]:

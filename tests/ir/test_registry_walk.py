@@ -127,6 +127,7 @@ def test_cost_is_non_negative_and_grows_with_size(name: str):
                 CostContext(example.input_types, tuple(op.type_rule(example)), example.attributes)
             )
             assert min(cost.flops, cost.bytes_read, cost.bytes_written) >= 0, (name, cost)
+            assert 0 <= cost.matrix_flops <= cost.flops, (name, cost)  # a part of the flops
             total += _total(cost)
         totals.append(total)
     if op.kind is OpKind.CONTROL and not any(totals):

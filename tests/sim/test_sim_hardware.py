@@ -15,6 +15,7 @@ from ir.hardware import calibrate_cpu
 def test_presets_are_listed_and_build():
     names = ir.Topology.presets()
     assert {"v100-dgx1", "v100-dgx2", "a100-hgx", "h100-hgx", "cpu"} <= set(names)
+    assert {"v100-pcie", "a100-pcie", "rtx4090"} <= set(names)
     for name in names:
         for n in (1, 8, 17):
             topology = ir.Topology.preset(name, n)
@@ -22,7 +23,16 @@ def test_presets_are_listed_and_build():
 
 
 @pytest.mark.parametrize(
-    ("name", "per_node"), [("v100-dgx1", 8), ("v100-dgx2", 16), ("a100-hgx", 8), ("h100-hgx", 8)]
+    ("name", "per_node"),
+    [
+        ("v100-dgx1", 8),
+        ("v100-dgx2", 16),
+        ("v100-pcie", 8),
+        ("a100-hgx", 8),
+        ("a100-pcie", 8),
+        ("h100-hgx", 8),
+        ("rtx4090", 8),
+    ],
 )
 def test_gpu_presets_become_hierarchical_beyond_one_node(name, per_node):
     topology = ir.Topology.preset(name, 2 * per_node)
