@@ -62,7 +62,13 @@ from ._spmd import P, R, Shard
 from ._spmd import Plan as _Plan
 from .data_parallel import data_plan
 from .horizontal import horizontal_plan
-from .pipeline import SCHEDULES, _device_sequence, backward_ops, stage_assignment
+from .pipeline import (
+    SCHEDULES,
+    _device_sequence,
+    backward_ops,
+    run_schedule,
+    stage_assignment,
+)
 
 _VAR = "e"
 
@@ -79,7 +85,7 @@ def _level(state: Shard | None, n: int) -> str:
     return f"P@{n}" if state == P else f"S({state.dim})@{n}"
 
 
-@dataclass
+@dataclass(eq=False)
 class _Item:
     """One step of the tensor-parallel plan: a local op, or a conversion (collective)."""
 
@@ -359,8 +365,6 @@ class _Megatron:
         return moved
 
     def _merge(self) -> None:
-        done: set[tuple[int, int, str]] = set()
-        pos = [0] * self.pp
         producer: dict[Value, tuple[int, str]] = {}
         for key, items in self.tasks.items():
             for item in items:
@@ -370,19 +374,7 @@ class _Megatron:
             key: {producer[k] for it in items for k in it.keys if k in producer} - {key}
             for key, items in self.tasks.items()
         }
-        while any(pos[d] < len(self.sequences[d]) for d in range(self.pp)):
-            progress = False
-            for d in range(self.pp):
-                if pos[d] >= len(self.sequences[d]):
-                    continue
-                s, mb, ph = self.sequences[d][pos[d]]
-                if all((mb, *dep) in done for dep in deps[(s, ph)]):
-                    self._emit_task(s, mb, ph)
-                    done.add((mb, s, ph))
-                    pos[d] += 1
-                    progress = True
-            if not progress:
-                raise TransformError("pipeline level: the schedule deadlocks")
+        run_schedule(self.sequences, deps, self._emit_task)
 
     def _emit_task(self, s: int, mb: int, phase: str) -> None:
         items = self.tasks[(s, phase)]
@@ -436,8 +428,8 @@ class _Megatron:
             self._made(v, mb, s, out)
 
     def _used_later(self, run: list[_Item]) -> set[Value]:
-        inside = {id(item) for item in run}
-        out = {k for item in self.items if id(item) not in inside for k in item.keys}
+        inside = set(run)
+        out = {k for item in self.items if item not in inside for k in item.keys}
         return out | set(self.final.values()) | self.summed
 
     def _made(self, v: Value, mb: int, s: int, out: Value) -> None:

@@ -315,8 +315,6 @@ class _Pipeline:
 
     def _merge(self) -> None:
         """Emit the tasks in an order that respects each device's sequence and the data flow."""
-        done: set[tuple[int, int, str]] = set()  # (microbatch, stage, phase)
-        pos = [0] * self.p
         producer_task: dict[Value, tuple[int, str]] = {}
         for (s, ph), ops in self.tasks.items():
             for op in ops:
@@ -327,19 +325,27 @@ class _Pipeline:
             deps[key] = {
                 producer_task[k] for op in ops for k in self.keys[op] if k in producer_task
             } - {key}
-        while any(pos[d] < len(self.sequences[d]) for d in range(self.p)):
-            progress = False
-            for d in range(self.p):
-                if pos[d] >= len(self.sequences[d]):
-                    continue
-                s, m, ph = self.sequences[d][pos[d]]
-                if all((m, *t) in done for t in deps[(s, ph)]):
-                    self.emit_task(s, m, ph)
-                    done.add((m, s, ph))
-                    pos[d] += 1
-                    progress = True
-            if not progress:
-                raise TransformError("the pipeline schedule deadlocks (a stage waits on itself)")
+        run_schedule(self.sequences, deps, self.emit_task)
+
+
+def run_schedule(sequences: list[list], deps: dict, emit) -> None:
+    """Call ``emit(stage, microbatch, phase)`` for every task, each device's ``sequences``
+    in order, a task only after the tasks (same microbatch) that ``deps`` says it reads."""
+    done: set[tuple[int, int, str]] = set()  # (microbatch, stage, phase)
+    pos = [0] * len(sequences)
+    while any(pos[d] < len(seq) for d, seq in enumerate(sequences)):
+        progress = False
+        for d, seq in enumerate(sequences):
+            if pos[d] >= len(seq):
+                continue
+            s, m, ph = seq[pos[d]]
+            if all((m, *t) in done for t in deps[(s, ph)]):
+                emit(s, m, ph)
+                done.add((m, s, ph))
+                pos[d] += 1
+                progress = True
+        if not progress:
+            raise TransformError("the pipeline schedule deadlocks (a stage waits on itself)")
 
 
 def pipeline_parallel(
