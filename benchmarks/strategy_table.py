@@ -2,9 +2,13 @@
 
 Every program is the steady-state step its transform builds (weights and optimizer
 state resident on their devices; no distribution from device 0 inside the step).
+``--switches``: the table of ZeRO, sequence parallelism and gradient accumulation
+(docs/transforms-parallel.md).
 """
 
 from __future__ import annotations
+
+import sys
 
 import ir
 from ir import models, transforms
@@ -25,6 +29,21 @@ def main() -> None:
         "3D: DP 2 x TP 2 x PP 2, K=4, 1F1B": lambda: transforms.megatron(t, 2, 2, 2, 4, "1f1b"),
         "3D: DP 1 x TP 2 x PP 4, K=8, 1F1B": lambda: transforms.megatron(t, 1, 2, 4, 8, "1f1b"),
     }
+    extras = {
+        "DP 8 (Adam)": lambda: transforms.megatron(adam, 8),
+        "DP 8, ZeRO-1 (Adam)": lambda: transforms.megatron(adam, 8, zero=1),
+        "DP 8, K=4, ZeRO-1 (Adam)": lambda: transforms.megatron(adam, 8, 1, 1, 4, zero=1),
+        "DP 8, K=4, ZeRO-2 (Adam)": lambda: transforms.megatron(adam, 8, 1, 1, 4, zero=2),
+        "DP 2 x TP 4": lambda: transforms.megatron(t, 2, 4),
+        "DP 2 x TP 4, sequence parallel": lambda: transforms.megatron(
+            t, 2, 4, sequence_parallel=True
+        ),
+        "sequential (1 device)": lambda: t,
+        "gradient accumulation, K=8 (1 device)": lambda: transforms.gradient_accumulation(t, 8),
+    }
+    adam = transforms.training(f, optimizer="adam")
+    if "--switches" in sys.argv:
+        programs = extras
     print("| program | step ms | max peak MiB | ops (logical) |")
     print("| --- | --- | --- | --- |")
     for name, make in programs.items():

@@ -10,6 +10,8 @@ ring algorithms over the slowest link of the ring:
 * all-to-all: ``(n-1)/n * S / B + (n-1) * alpha`` (``S``: one device's buffer)
 * broadcast, scatter, gather, reduce: the root sends (or receives) each other
   device's part in turn over its own links.
+* local: zero (each device keeps a block of a tensor it already has: the
+  scatter into a sequence-parallel region, a ZeRO replica's parameter shard).
 
 On links that differ, the ring takes the order with the fastest slowest link
 (:func:`ring_order`; NCCL likewise builds its rings along NVLink). On a
@@ -38,6 +40,7 @@ COLLECTIVES = (
     "allgather",
     "reducescatter",
     "alltoall",
+    "local",
 )
 
 
@@ -186,6 +189,8 @@ def collective_time_s(
         return send_time_s(
             size_bytes, devices[0], root if root is not None else devices[-1], topology
         )
+    if kind == "local":  # each device keeps a block of what it has: nothing moves
+        return 0.0
     n = len(devices)
     if kind in ("broadcast", "scatter", "gather", "reduce"):
         root = devices[0] if root is None else root

@@ -219,6 +219,19 @@ def _reducescatter(rank: _Rank, op: Op, xs: list) -> list:
     return [out]
 
 
+def _keepshard(rank: _Rank, op: Op, xs: list) -> list:
+    """Each element keeps its group position's block of its own tensor: nothing moves."""
+    from ..ops.communication import element_groups
+
+    t = op.inputs[0].type
+    out = {}
+    for group in element_groups(op.attributes.get("groups"), len(t)):
+        for position, k in enumerate(group):
+            if rank.has(t.elements[k].device):
+                out[k] = split_array(xs[0][k], len(group), op.attributes["dim"])[position]
+    return [out]
+
+
 def _alltoall(rank: _Rank, op: Op, xs: list) -> list:
     t, out = op.inputs[0].type, op.outputs[0].type
     n = len(t)
@@ -256,6 +269,7 @@ _LOWERINGS: dict[str, Callable[[_Rank, Op, list], list]] = {
     "AllGather": _allgather,
     "ReduceScatter": _reducescatter,
     "AllToAll": _alltoall,
+    "KeepShard": _keepshard,
 }
 
 # -- control ops on one rank ------------------------------------------------------------

@@ -368,6 +368,33 @@ _comm(
 )
 
 
+def _keepshard_types(ctx: TypeContext):
+    xs = _uniform_tuple(ctx)
+    _same_shapes(xs, "keepshard")
+
+    def kept(group: TupleType) -> list:
+        shards = _shards(group.elements[0], ctx.attributes["dim"], group.devices, "keepshard")
+        return list(shards.elements)
+
+    return [_per_group(xs, ctx.attributes.get("groups"), kept)]
+
+
+_comm(
+    "KeepShard",
+    ("xs",),
+    ("ys",),
+    _keepshard_types,
+    _grouped_kernel(
+        lambda parts, a: [split_array(x, len(parts), a["dim"])[i] for i, x in enumerate(parts)]
+    ),
+    (_DIM, _GROUPS),
+    "Each device keeps shard i (its position i in its group) of its own copy of a replicated "
+    "tensor along dim; nothing moves (a scatter into a sequence-parallel region, a ZeRO "
+    "replica's parameter shard).",
+    examples=lambda s: [ctx(per_device(2 * s, 3)), ctx(per_device(3, 2 * s + 1), dim=1)],
+)
+
+
 def _alltoall_types(ctx: TypeContext):
     xs = _uniform_tuple(ctx)
     _same_shapes(xs, "alltoall")
@@ -457,6 +484,16 @@ def _ring_comm(kind: str, full_size_from_output: bool):
     return rule
 
 
+def _keepshard_comm(c: CostContext) -> Collective:
+    devices = _tensor_devices(c.input_types[0])
+    groups = c.attributes.get("groups")
+    if groups is None or len(groups) == 1:
+        return Collective("local", 0, devices)
+    by_group = tuple(tuple(devices[i] for i in g) for g in groups)
+    return Collective("local", 0, by_group[0], groups=by_group)
+
+
+attach_rule("KeepShard", "comm_rule", _keepshard_comm)
 attach_rule("Send", "comm_rule", _send_comm)
 
 

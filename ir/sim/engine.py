@@ -443,7 +443,7 @@ class Engine:
             for ref in _refs(t):
                 scope[ref]  # raises _UnknownDeviceError for a device the topology lacks
         c = opdef.comm_rule(CostContext(in_types, out_types, op.attributes))
-        ckey = (c.kind, c.size_bytes, c.devices, c.root)
+        ckey = (c.kind, c.size_bytes, c.devices, c.root, c.groups)
         timing = self._comm_cache.get(ckey)
         if timing is None:
             try:
@@ -468,6 +468,8 @@ class Engine:
         (source, destination) pair, one per direction; a collective's is its group,
         the set of its participants (whatever the root or ring order).
         """
+        if kind == "local":  # nothing moves: no channel to wait for
+            return ()
         if self.serial_comm:
             return participants
         if groups:  # a grouped op: one communicator per group, one stream for the op's groups

@@ -154,7 +154,8 @@ class SimResult:
                     Event(op, ids[where], "compute", start, dur, cost[0], cost[1], "compute")
                 )
             else:
-                channel = names[next(channels)[0]]
+                used = next(channels)
+                channel = names[used[0]] if used else "local"
                 for d in where:
                     out.append(
                         Event(

@@ -13,7 +13,7 @@ from .autodiff import AutodiffError, default_params, gradients, training
 from .compose import data_then_horizontal, horizontal_then_data, nested, parallelize
 from .data_parallel import data_parallel
 from .horizontal import horizontal_parallel
-from .megatron import megatron
+from .megatron import gradient_accumulation, megatron
 from .pipeline import live_microbatches, pipeline_parallel, stage_assignment
 from .placement import place
 from .recompute import RecomputeError, peak_live_bytes, recomputable, recompute
@@ -29,6 +29,7 @@ __all__ = [
     "data_then_horizontal",
     "default_params",
     "device_programs",
+    "gradient_accumulation",
     "gradients",
     "horizontal_parallel",
     "horizontal_then_data",

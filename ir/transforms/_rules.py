@@ -194,4 +194,81 @@ class MegatronRule:
         return None
 
 
-__all__ = ["Candidate", "MegatronRule", "candidates", "data_rule", "linear_in_all"]
+class SequenceParallelRule:
+    """Megatron sequence parallelism (Korthikanti et al. 2022) over a horizontal rule.
+
+    Between tensor-parallel regions, the ops that work token by token (residual adds,
+    layer norms, their gradients) run on a slice of the tokens each: where such an op
+    meets a partial sum (a row-parallel MatMul's result), the sum is reduce-scattered
+    along the token axis instead of all-reduced, and a replicated activation beside it
+    is sliced (``KeepShard``: no communication). An op that splits a weight (a
+    column-parallel MatMul) first all-gathers its token-split activation. Activations
+    are the values whose leading axes are ``lead`` (the per-device batch input's
+    shape: ``(batch,)`` for an MLP, ``(batch, seq)`` for a transformer); the token axis
+    is the last of them.
+    """
+
+    def __init__(self, inner: MegatronRule, params: frozenset[Value], lead: tuple[int, ...]):
+        self.inner, self.params, self.lead = inner, params, lead
+        self.axis = len(lead) - 1
+        self.token_split: set[Value] = set()  # values this rule left split along tokens
+
+    def is_activation(self, v: Value) -> bool:
+        shape = _shape(v.type)
+        return len(shape) > len(self.lead) and tuple(shape[: len(self.lead)]) == self.lead
+
+    def splits_weight(self, op: Op) -> bool:
+        """Some way of running ``op`` splits one of its weights: a tensor-parallel op."""
+        return any(
+            want.kind == "S" and v in self.params
+            for c in self.inner.candidates(op)
+            for v, want in zip(op.inputs, c.operands)
+        )
+
+    def __call__(self, op: Op, st: list[Shard | None]) -> RuleResult | None:
+        if is_optimizer(op):
+            return self.inner(op, st)
+        token = S(self.axis)
+        # (an operand the engine has already gathered comes back in state R)
+        tokens = [v in self.token_split and s == token for v, s in zip(op.inputs, st)]
+        partial = [s == P for s in st]
+        if not any(tokens) and (
+            all(partial)  # partial sums added up stay partial: one reduce-scatter later
+            or not any(p and self.is_activation(v) for p, v in zip(partial, op.inputs))
+        ):
+            return self.inner(op, st)
+        if self.splits_weight(op):
+            # a tensor-parallel op reads whole activations: gather the token slices first
+            if not any(tokens):
+                return self.inner(op, st)
+            whole = [R if is_token else s for is_token, s in zip(tokens, st)]
+            result = self.inner(op, whole)
+            if result is not None:
+                gather = {i: R for i, is_token in enumerate(tokens) if is_token}
+                result.convert = {**gather, **result.convert}
+            return result
+        for c in self.inner.candidates(op):
+            wanted_ok = all(
+                want == (token if self.is_activation(v) else R)
+                for v, want in zip(op.inputs, c.operands)
+            )
+            if not wanted_ok or any(s is None and want == P for want, s in zip(c.operands, st)):
+                continue
+            convert = {
+                i: want for i, (want, s) in enumerate(zip(c.operands, st)) if s not in (None, want)
+            }
+            self.token_split.update(
+                v for v, r in zip(op.outputs, c.results) if r == token and self.is_activation(v)
+            )
+            return RuleResult(list(c.results), c.decide(st), convert)
+        return None if any(tokens) else self.inner(op, st)
+
+
+__all__ = [
+    "Candidate",
+    "MegatronRule",
+    "SequenceParallelRule",
+    "candidates",
+    "data_rule",
+    "linear_in_all",
+]

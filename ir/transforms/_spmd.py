@@ -197,7 +197,10 @@ class Plan:
         if src is not None and src.kind == "S" and to == R:
             self.gathers.append(key)
         new = Value(f"{key.name}_{to.kind.lower()}", key.type)
-        self.state[new], self.prov[new] = to, self.prov[key] if to != R else frozenset()
+        # a sum made whole (or scattered: sequence parallelism, ZeRO) no longer depends on
+        # which weights were split to make it
+        fresh = to == R or src == P
+        self.state[new], self.prov[new] = to, frozenset() if fresh else self.prov[key]
         step = Step(None, (key, new), src, to)
         self.local.apply(len(self.steps), step)
         self.steps.append(step)

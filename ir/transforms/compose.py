@@ -255,6 +255,8 @@ def parallelize(
     schedule: str = "1f1b",
     *,
     chunks: int = 1,
+    zero: int = 0,
+    sequence_parallel: bool = False,
     topology: Any = None,
 ) -> Function:
     """The D x H x P step as Megatron-LM runs it: :func:`ir.transforms.megatron` with
@@ -262,7 +264,18 @@ def parallelize(
     compositions are :func:`nested`)."""
     from .megatron import megatron
 
-    return megatron(f, dp, hp, pp, microbatches, schedule, chunks=chunks, topology=topology)
+    return megatron(
+        f,
+        dp,
+        hp,
+        pp,
+        microbatches,
+        schedule,
+        chunks=chunks,
+        zero=zero,
+        sequence_parallel=sequence_parallel,
+        topology=topology,
+    )
 
 
 __all__ = [

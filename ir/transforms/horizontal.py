@@ -36,12 +36,18 @@ from ..value import Value
 from ..verify import verify
 from ._emit import emit
 from ._rewrite import TransformError, check_devices, parameter_inputs
-from ._rules import MegatronRule
+from ._rules import MegatronRule, SequenceParallelRule
 from ._spmd import Plan as _Plan
 
 
-def horizontal_plan(f: Function, degree: int, var: str = "d") -> _Plan:
-    """The plan of ``horizontal_parallel``; raises if no weight can be split."""
+def horizontal_plan(
+    f: Function, degree: int, var: str = "d", sequence: tuple[int, ...] | None = None
+) -> _Plan:
+    """The plan of ``horizontal_parallel``; raises if no weight can be split.
+
+    ``sequence``: with Megatron sequence parallelism, the leading shape of activations
+    (see :class:`~ir.transforms._rules.SequenceParallelRule`).
+    """
     params = parameter_inputs(f)
     forced: frozenset[Value] = frozenset()
     cache: dict = {}
@@ -49,8 +55,13 @@ def horizontal_plan(f: Function, degree: int, var: str = "d") -> _Plan:
     # activation output means the split went too far.
     weight_shapes = {v.type.shape for v in params}
     for _ in range(len(params) + 1):
-        plan = _Plan(f, degree, dict.fromkeys(params), MegatronRule(degree, forced, cache), var)
-        bad = list(plan.gathers)
+        rule: Any = MegatronRule(degree, forced, cache)
+        if sequence is not None:
+            rule = SequenceParallelRule(rule, frozenset(params), sequence)
+        plan = _Plan(f, degree, dict.fromkeys(params), rule, var)
+        # with sequence parallelism, gathering token slices is the plan, not a failure
+        tokens = rule.token_split if sequence is not None else set()
+        bad = [k for k in plan.gathers if k not in tokens]
         bad += [
             plan.current[v]
             for v in f.outputs

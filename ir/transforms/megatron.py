@@ -29,6 +29,34 @@ outputs are the updated shards in the same layouts, the loss as per-replica
 partial sums (``"P@dp"``) and batch-shaped outputs in their inputs' layout.
 ``ir.distribute`` / ``ir.collect`` turn sequential values into these and back.
 
+Two switches change how the data and tensor levels hold state:
+
+* ``zero=1`` / ``zero=2`` (ZeRO, Rajbhandari et al. 2020, as DeepSpeed and
+  Megatron-LM's distributed optimizer run it): the replicas of a shard split its
+  optimizer state (layout ``("S(k)@dp", ...)``, along an axis other than the
+  tensor-parallel one that divides by ``dp``); the gradient is reduce-scattered
+  among them instead of all-reduced, each replica updates its part of the weight
+  (``KeepShard``: no transfer) and the parts are all-gathered into the next step's
+  replicated weight. Stage 1 reduce-scatters the gradient summed over all
+  microbatches, so the whole gradient lives through the accumulation; stage 2
+  reduce-scatters every microbatch's gradient as it is made and sums only the
+  part (DeepSpeed's ZeRO-2: less memory, one reduce-scatter per microbatch; with
+  one microbatch the two stages are the same program). A weight with no such axis
+  (a bias split by the tensor level) keeps its state replicated and its gradient
+  all-reduced.
+* ``sequence_parallel=True`` (Korthikanti et al. 2022): between tensor-parallel
+  regions, residual adds and layer norms run on a slice of the tokens each; the
+  row-parallel partial sums are reduce-scattered along the tokens instead of
+  all-reduced, the token slices all-gathered before each column-parallel MatMul
+  and again in the backward pass (the gathered copy is not kept), and a layer
+  norm's weight gradient is all-reduced over the tensor group. It needs ``tp > 1``
+  (with ``tp = 1`` it changes nothing). The first layer norm, before any
+  tensor-parallel region has made a partial sum, runs on all tokens.
+
+:func:`gradient_accumulation` is the one-stage case: microbatches run one after
+another (forward then backward each), summing weight gradients before one
+optimizer step, so one microbatch's activations live at a time.
+
 Limits (each raises a TransformError naming the level): the batch must divide
 into ``dp * microbatches`` equal pieces, tensor-parallel splits must be even,
 a weight may be read by one stage only (no tied embeddings across stages), and
@@ -46,6 +74,7 @@ from ..builder import FunctionBuilder, rebuild_op
 from ..function import Function
 from ..layout import with_layouts
 from ..op import Op
+from ..registry import get_op
 from ..types import DeviceVar, TensorType, TupleType
 from ..value import Value
 from ..verify import verify
@@ -98,6 +127,7 @@ class _Item:
     src: Shard = R
     dst: Shard = R
     grads: list[Value] = field(default_factory=list)  # summed keys this item completes
+    regather: bool = False  # a forward all-gather of token slices made again for backward
 
 
 class _Megatron:
@@ -111,12 +141,17 @@ class _Megatron:
         schedule: str,
         chunks: int,
         base: int,
+        zero: int = 0,
+        sequence_parallel: bool = False,
     ) -> None:
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
+        self.sequence_parallel = sequence_parallel and tp > 1
         self.v, self.n = chunks, dp * tp
         self.stages = pp * chunks
         self.base = base
+        self.zero = zero if dp > 1 else 0
         self._analyse(schedule)
+        self._plan_zero()
 
     # -- analysis --------------------------------------------------------------------------
 
@@ -196,7 +231,8 @@ class _Megatron:
         rebuilt = dict(zip([loc.step_ops[i] for i, _ in piece_ops], self.piece.ops))
         self.stage_of_post = {op: stage_of_op[op] for op in self.post}
         if self.tp > 1:
-            hplan = horizontal_plan(self.piece, self.tp, _VAR)
+            lead = self._token_shape() if self.sequence_parallel else None
+            hplan = horizontal_plan(self.piece, self.tp, _VAR, sequence=lead)
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
                 raise TransformError(
                     f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
@@ -205,6 +241,7 @@ class _Megatron:
         else:
             hplan = _Plan(self.piece, 1, {}, data_rule, _VAR)
         self.hplan = hplan
+        self._gradients_in_weight_layout()
         stage_of_piece = {rebuilt[k]: v for k, v in piece_stage.items()}
         self.items: list[_Item] = []
         for i, st in enumerate(hplan.steps):
@@ -230,6 +267,8 @@ class _Megatron:
         self.tasks: dict[tuple[int, str], list[_Item]] = {}
         for item in self.items:
             self.tasks.setdefault((item.stage, item.phase), []).append(item)
+        if self.sequence_parallel:
+            self._regather_for_backward()
         has_backward = any(ph == "B" for _, ph in self.tasks)
         self.sequences = [
             [
@@ -242,6 +281,83 @@ class _Megatron:
             for d in range(self.pp)
         ]
         self.final = {k: hplan.current[k] for k in self.piece_out}
+
+    def _regather_for_backward(self) -> None:
+        """Sequence parallelism keeps a layer's input as token slices and all-gathers it
+        again for the backward pass (Korthikanti et al. 2022, section 4.2.2) rather than
+        keeping the gathered copy alive from forward to backward."""
+        tokens = getattr(self.hplan.rule, "token_split", set())
+        for item in self.items:
+            if item.op is not None or item.phase != "F" or item.keys[0] not in tokens:
+                continue
+            if item.dst != R:
+                continue
+            task = self.tasks.get((item.stage, "B"), [])
+            first = next((i for i, x in enumerate(task) if item.outputs[0] in x.keys), None)
+            if first is None:
+                continue
+            again = _Item(item.index, None, item.keys, item.outputs, item.stage, "B", item.src, R)
+            again.regather = True
+            task.insert(first, again)
+
+    def _gradients_in_weight_layout(self) -> None:
+        """Each weight gradient the piece returns, converted to its weight's tensor-parallel
+        layout (with sequence parallelism a layer norm's weight gradient is a partial sum
+        over the token slices, a position embedding's is split by tokens)."""
+        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        by_key = {k: p for p, k in self.key_of.items()}
+        for op in self.post:
+            w = self.post_keys[op][0]
+            for k in self.post_keys[op][1:]:
+                st = self.conv_dst.get(k)
+                out = by_key.get(st.keys[0]) if st is not None else None
+                if out is None or out not in self.hplan.current:
+                    continue
+                p = piece_inputs.get(w)
+                want = (self.hplan.state.get(p) or R) if p is not None else R
+                current = self.hplan.current[out]
+                if self.hplan.state[current] != want:
+                    self.hplan.current[out] = self.hplan.convert(current, want)
+
+    def _token_shape(self) -> tuple[int, ...]:
+        """The leading shape of the piece's activations: its integer batch input's (token
+        ids or labels: ``(batch, seq)``), else the batch axis alone."""
+        batch = [p for p in self.piece.inputs if self.dplan.state.get(self.source_of[p]) != R]
+        ints = [p for p in batch if not p.type.dtype.is_float]
+        if ints:
+            return min((p.type.shape for p in ints), key=len)
+        return batch[0].type.shape[:1]
+
+    def _plan_zero(self) -> None:
+        """For ZeRO: the axis along which each weight's optimizer state is split over the
+        data-parallel replicas (None: the weight's state stays replicated)."""
+        self.zero_dim: dict[Value, int | None] = {}  # weight -> axis of its tensor-local shard
+        self.weight_of_grad: dict[Value, Value] = {}  # data-plan gradient key -> weight
+        self.state_of: dict[Value, Value] = {}  # optimizer-state input -> its weight
+        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        for op in self.post:
+            keys = self.post_keys[op]
+            w = keys[0]
+            for k in keys[1:]:
+                st = self.conv_dst.get(k)
+                if st is not None:
+                    self.weight_of_grad[st.keys[0]] = w
+                elif k in self.t.inputs:
+                    self.state_of[k] = w
+            if not self.zero:
+                continue
+            p = piece_inputs.get(w)
+            state = (self.hplan.state.get(p) or R) if p is not None else R
+            local = self._local_type(w.type, state, 0)
+            axes = [
+                d
+                for d in range(local.rank)
+                if not (state.kind == "S" and d == state.dim) and local.shape[d] % self.dp == 0
+            ]
+            self.zero_dim[w] = axes[0] if axes else None
+
+    def _zero_axis(self, weight: Value | None) -> int | None:
+        return self.zero_dim.get(weight) if weight is not None else None
 
     # -- devices ---------------------------------------------------------------------------
 
@@ -291,8 +407,15 @@ class _Megatron:
                         self.stage_of_post[op] = stage
                 state = hplan.state.get(p, R) if p is not None else self._post_state(v)
                 local = self._local_type(v.type, state, stage)
+                dp_level = f"R@{self.dp}"
+                zd = self._zero_axis(self.state_of.get(v)) if p is None else None
+                if zd is not None:  # ZeRO: the replicas split the optimizer state
+                    shape = list(local.shape)
+                    shape[zd] //= self.dp
+                    local = local.with_shape(tuple(shape))
+                    dp_level = f"S({zd})@{self.dp}"
                 x = b.input(v.name, self.flat_type(local, stage))
-                self.layouts[v.name] = (f"R@{self.dp}", _level(state, self.tp))
+                self.layouts[v.name] = (dp_level, _level(state, self.tp))
                 self.weight_input[v] = x
                 if p is not None:
                     for mb in range(self.m):
@@ -368,6 +491,8 @@ class _Megatron:
         producer: dict[Value, tuple[int, str]] = {}
         for key, items in self.tasks.items():
             for item in items:
+                if item.regather:
+                    continue
                 for v in item.outputs:
                     producer[v] = key
         deps = {
@@ -438,6 +563,10 @@ class _Megatron:
         piece_value = final.get(v)
         if piece_value is None or piece_value not in self.summed:
             return
+        if self.zero == 2:  # ZeRO-2: each microbatch's gradient reduce-scattered as made
+            zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
+            if zd is not None:
+                out = self._reduce_scatter(out, zd, f"{v.name}_mb{mb}_dp")
         prev = self.acc.get(v)
         if prev is not None:
             out = self._pmap_add(prev, out, v, mb)
@@ -447,8 +576,7 @@ class _Megatron:
 
     def _pmap_add(self, a: Value, x: Value, v: Value, mb: int) -> Value:
         body_b = FunctionBuilder(f"{v.name}_acc")
-        t = self.hplan.local.value(v).type if v in self.hplan.local.env else None
-        elem = t if t is not None else a.type.elements[0].with_device(DeviceVar(_VAR))
+        elem = a.type.elements[0].with_device(DeviceVar(_VAR))
         p = body_b.input(f"{v.name}_acc", elem)
         q = body_b.input(v.name, elem)
         body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
@@ -458,14 +586,23 @@ class _Megatron:
         return op.outputs[0]
 
     def _reduce_gradient(self, v: Value, s: int) -> None:
-        """All-reduce a weight gradient among the replicas holding the same shard."""
+        """All-reduce a weight gradient among the replicas holding the same shard (ZeRO-1:
+        reduce-scatter it, each replica keeping the part its optimizer-state shard updates;
+        ZeRO-2 has reduce-scattered every microbatch's already)."""
         piece_value = next(p for p, h in self.final.items() if h is v)
         source = self.dplan_source(piece_value)
         if source is None or self.dp == 1:
             return
-        self.acc[v] = self.b.call(
-            "AllReduce", self.acc[v], op="sum", groups=self.dp_groups(), name=f"{v.name}_dp"
-        )
+        zd = self._zero_axis(self.weight_of_grad.get(source))
+        if zd is None:
+            self.acc[v] = self.b.call(
+                "AllReduce", self.acc[v], op="sum", groups=self.dp_groups(), name=f"{v.name}_dp"
+            )
+        elif self.zero == 1:
+            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp")
+
+    def _reduce_scatter(self, x: Value, zd: int, name: str) -> Value:
+        return self.b.call("ReduceScatter", x, dim=zd, op="sum", groups=self.dp_groups(), name=name)
 
     def dplan_source(self, piece_value: Value) -> Value | None:
         """The data-plan key a piece output stands for, if it is converted (a gradient)."""
@@ -488,6 +625,8 @@ class _Megatron:
             out = self.b.call("AllReduce", xs, op="sum", groups=groups, name=name)
         elif dst.kind == "S" and src == P:
             out = self.b.call("ReduceScatter", xs, dim=dst.dim, op="sum", groups=groups, name=name)
+        elif dst.kind == "S" and src == R:  # into a sequence-parallel region: no transfer
+            out = self.b.call("KeepShard", xs, dim=dst.dim, groups=groups, name=name)
         else:
             raise TransformError(
                 f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
@@ -512,6 +651,11 @@ class _Megatron:
         for v in t.inputs:
             if v in self.weight_input:
                 glob[v] = self.weight_input[v]
+                zd = self._zero_axis(v)
+                if zd is not None:  # ZeRO: each replica updates its part of the weight
+                    glob[v] = self.b.call(
+                        "KeepShard", glob[v], dim=zd, groups=self.dp_groups(), name=f"{v.name}_z"
+                    )
         by_stage: dict[int, list[Op]] = {}
         for op in self.post:
             by_stage.setdefault(self.stage_of_post[op], []).append(op)
@@ -542,13 +686,19 @@ class _Megatron:
                 subfunctions=[body],
             )
             glob.update(zip(results, pm.outputs))
+            for op in ops:  # ZeRO: the replicas gather the updated parts of each weight
+                zd = self._zero_axis(self.post_keys[op][0])
+                if zd is not None:
+                    w1 = op.outputs[0]
+                    glob[w1] = self.b.call(
+                        "AllGather", glob[w1], dim=zd, groups=self.dp_groups(), name=w1.name
+                    )
         outs, layouts = [], []
         for v in t.outputs:
             key = dplan.current[v]
             if key in glob:
                 outs.append(glob[key])
-                w = next((self.post_keys[op][0] for op in self.post if key in op.outputs), None)
-                layouts.append(self.layouts.get(w.name) if w is not None else None)
+                layouts.append(self._update_layout(key))
                 continue
             piece_value = next(p for p in self.piece_out if self._piece_key(p) is key)
             h = self.final[piece_value]
@@ -561,6 +711,18 @@ class _Megatron:
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
                 layouts.append(("S(0)", f"S(0)@{self.dp}", _level(hstate, self.tp)))
         return outs, layouts
+
+    def _update_layout(self, key: Value) -> tuple[str, ...] | None:
+        """The layout of an optimizer result: that of the input it is the next step's
+        value of (result 0 the parameter, then the state operands in order)."""
+        op = next((op for op in self.post if key in op.outputs), None)
+        if op is None:
+            return None
+        opdef = get_op(op.op_type)
+        updated = [0, *(opdef.operands.index(n) for n in opdef.extra.get("state", ()))]
+        i = op.outputs.index(key)
+        source = self.post_keys[op][updated[i]] if i < len(updated) else self.post_keys[op][0]
+        return self.layouts.get(source.name)
 
     def _piece_key(self, p: Value) -> Value | None:
         return self.key_of.get(p)
@@ -578,6 +740,8 @@ def megatron(
     schedule: str = "1f1b",
     *,
     chunks: int = 1,
+    zero: int = 0,
+    sequence_parallel: bool = False,
     devices: Sequence[int] | None = None,
     topology: Any = None,
 ) -> Function:
@@ -585,8 +749,10 @@ def megatron(
     on ``dp * tp * pp`` devices (see the module docstring).
 
     ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``chunks`` model chunks
-    per pipeline rank, microbatches a multiple of ``pp``). ``devices``: the first device
-    id is the base of the numbering (default 0).
+    per pipeline rank, microbatches a multiple of ``pp``). ``zero``: 0, 1 or 2, the ZeRO
+    stage of the data level; ``sequence_parallel``: Megatron sequence parallelism at
+    the tensor level. ``devices``: the first device id is the base of the numbering
+    (default 0).
     """
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
@@ -607,7 +773,47 @@ def megatron(
     base = ids[0]
     if list(ids) != list(range(base, base + total)):
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
-    return _Megatron(t, dp, tp, pp, m, schedule, chunks, base).run()
+    if isinstance(zero, bool) or zero not in (0, 1, 2):
+        raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
+    return _Megatron(t, dp, tp, pp, m, schedule, chunks, base, zero, sequence_parallel).run()
 
 
-__all__ = ["megatron"]
+def gradient_accumulation(
+    t: Function,
+    steps: int,
+    *,
+    dp: int = 1,
+    tp: int = 1,
+    zero: int = 0,
+    sequence_parallel: bool = False,
+    devices: Sequence[int] | None = None,
+    topology: Any = None,
+) -> Function:
+    """``t``'s step with its batch run as ``steps`` microbatches one after another, each
+    one's forward then its backward, the weight gradients summed before one optimizer
+    step: the activations of one microbatch live at a time (the one-stage 1F1B
+    schedule of :func:`megatron`, whose other options it takes).
+
+    >>> import ir
+    >>> from ir.transforms import gradient_accumulation, training
+    >>> t = training(ir.models.mlp(8, 4, 4, 2, layers=2))
+    >>> g = gradient_accumulation(t, 4)
+    >>> g.input_layouts[-1]  # the batch arrives as 4 microbatches (of one replica)
+    ('S(0)', 'S(0)@1', 'R@1')
+    """
+    steps = _positive("steps", steps)
+    return megatron(
+        t,
+        dp,
+        tp,
+        1,
+        steps,
+        "1f1b",
+        zero=zero,
+        sequence_parallel=sequence_parallel,
+        devices=devices,
+        topology=topology,
+    )
+
+
+__all__ = ["gradient_accumulation", "megatron"]

@@ -144,3 +144,17 @@ def test_send_each_moves_every_element_to_its_device_on_real_processes():
     (want,) = ir.execute(f, [parts])
     for a, w in zip(got, want):
         np.testing.assert_array_equal(a, w)
+
+
+def test_keep_shard_keeps_each_group_position_block_on_real_processes():
+    b = ir.FunctionBuilder("keep_shard")
+    piece = [ir.TensorType((4, 3), ir.DType.float32, d) for d in range(4)]
+    xs = b.input("xs", ir.TupleType(tuple(piece)))
+    f = b.finish(b.call("KeepShard", xs, dim=0, groups=[[0, 2], [1, 3]]))
+    parts = tuple(np.arange(12, dtype=np.float32).reshape(4, 3) + 100 * d for d in range(4))
+    (got,) = torch_dist.run(f, [parts])
+    (want,) = ir.execute(f, [parts])
+    for d, (a, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(a, w)
+        # positions 0 and 1 of groups [0, 2] and [1, 3]: devices 0, 1 keep rows 0-1
+        np.testing.assert_array_equal(w, parts[d][:2] if d < 2 else parts[d][2:])
