@@ -119,6 +119,30 @@ class Device:
             return vector[name]
         return vector.get("float32", self.peak_flops)
 
+    def compute_time_s(
+        self,
+        flops: float,
+        nbytes: float,
+        matrix_flops: float = 0.0,
+        dtype: object = None,
+        *,
+        allow_tf32: bool = False,
+        additive: bool = False,
+    ) -> float:
+        """Roofline time of work on this device, launch overhead excluded: ``matrix_flops``
+        of the ``flops`` at the matrix peak for ``dtype``, the rest at its vector peak,
+        against ``nbytes`` at the memory bandwidth (their max; their sum if ``additive``).
+
+        >>> d = Device(0, peak_flops=1e12, mem_bandwidth_bytes_per_s=1e11)
+        >>> d.compute_time_s(2e9, 1e8)  # 2 ms of arithmetic beats 1 ms of memory traffic
+        0.002
+        """
+        matrix = self.peak_flops_for(dtype, True, allow_tf32=allow_tf32)
+        vector = self.peak_flops_for(dtype, False)
+        t_flops = matrix_flops / matrix + (flops - matrix_flops) / vector
+        t_bytes = nbytes / self.mem_bandwidth_bytes_per_s
+        return t_flops + t_bytes if additive else max(t_flops, t_bytes)
+
 
 @dataclass(frozen=True)
 class Topology:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -218,3 +219,17 @@ def bind_type(t: Type, var: str, concrete: DeviceRef, device_map: dict | None = 
     if isinstance(t, TupleType):
         return TupleType(tuple(bind_type(e, var, concrete, device_map) for e in t.elements))
     return t.with_device(bind_device(t.device, var, concrete, device_map))
+
+
+def compute_dtype(types: Iterable[Type]) -> DType | None:
+    """The dtype an op computes in: its first floating-point operand's (or result's), else
+    its first tensor's (integer ids, masks), else None (tuples are looked into)."""
+    first = None
+    for t in types:
+        while isinstance(t, TupleType) and t.elements:
+            t = t.elements[0]
+        if isinstance(t, TensorType):
+            if t.dtype.is_float:
+                return t.dtype
+            first = first or t.dtype
+    return first

@@ -8,7 +8,8 @@ local ops type-check on every device wins (ties: the first enumerated).
 
 :class:`Chooser` is the part of propagation's materialiser that does this; the
 materialiser (``ir.sharding.propagate``) sets the state it reads: ``mesh``,
-``topology``, ``desired``, ``dist``, ``views``, ``peak_flops``, ``mem_bw`` and
+``topology``, ``desired``, ``dist``, ``views``, ``device`` (whose roofline costs
+compute, in each op's dtype) and
 the memo tables made by :meth:`Chooser.init_choice`.
 """
 
@@ -18,7 +19,7 @@ import heapq
 
 from ..errors import VerifyError
 from ..registry import CostContext, get_op
-from ..types import Type
+from ..types import Type, compute_dtype
 from ..value import Value
 from ..verify import describe_op, infer_types
 from . import halo
@@ -75,8 +76,13 @@ class Chooser:
                 tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs), op.attributes
             )
         )
-        return max(
-            cost.flops / self.peak_flops, (cost.bytes_read + cost.bytes_written) / self.mem_bw
+        types = [v.type for v in (*op.inputs, *op.outputs)]
+        return self.device.compute_time_s(
+            cost.flops,
+            cost.bytes_read + cost.bytes_written,
+            cost.matrix_flops,
+            compute_dtype(types),
+            allow_tf32=self.topology.allow_tf32,
         )
 
     def _cost(self, op, rule, strategy, ins, outs) -> float:

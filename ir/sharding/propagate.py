@@ -123,9 +123,7 @@ class _Materialiser(Chooser):
         # (input type, layout) -> the op that distributes it: (op type, attributes, types)
         self._distributions: dict[tuple, tuple[str, Mapping, tuple[Type, ...]]] = {}
         self.report = PropagationReport(mesh)
-        peak = topology.device(mesh.devices[0])
-        self.peak_flops = peak.peak_flops
-        self.mem_bw = peak.mem_bandwidth_bytes_per_s
+        self.device = topology.device(mesh.devices[0])
 
     def run(self) -> tuple[Function, PropagationReport]:
         for x in self.f.inputs:

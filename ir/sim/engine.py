@@ -39,7 +39,15 @@ from ..errors import DistIRError, UnknownOpError
 from ..function import Function
 from ..op import Op
 from ..registry import CostContext, OpKind, get_op
-from ..types import DeviceVar, TensorType, TupleType, Type, bind_device, bind_type
+from ..types import (
+    DeviceVar,
+    TensorType,
+    TupleType,
+    Type,
+    bind_device,
+    bind_type,
+    compute_dtype,
+)
 from ..value import Value
 from ..verify import describe_op
 
@@ -139,9 +147,11 @@ class Engine:
         self.additive = combine == "additive"
         self.shared_records = shared_records
         self.index_of = {d.device_id: i for i, d in enumerate(topology.devices)}
-        self._peaks: dict[Any, list[tuple[float, float]]] = {}  # dtype -> (matrix, vector)
-        self.mem_bandwidth = [d.mem_bandwidth_bytes_per_s for d in topology.devices]
-        self.launch_s = [d.launch_overhead_s for d in topology.devices]
+        # devices of one model (the same figures) time an op alike: cost each model once
+        models: dict[tuple, int] = {}
+        self._model_of = [models.setdefault(_hardware_of(d), len(models)) for d in topology.devices]
+        first = {k: i for i, k in reversed(list(enumerate(self._model_of)))}
+        self._models = [topology.devices[first[k]] for k in range(len(models))]
         n = len(topology.devices)
         self.compute_free = [0.0] * n
         # when each communication channel is next free (see _channel): with comm="serial",
@@ -375,7 +385,7 @@ class Engine:
             c = opdef.cost_rule(CostContext(in_types, out_types, op.attributes))
             nbytes = c.bytes_read + c.bytes_written
             sizes = [_template(t) for t in out_types]  # device refs replaced below
-            dtype = _element_type((*in_types, *out_types))
+            dtype = compute_dtype((*in_types, *out_types))
             durations = self._durations(c.flops, nbytes, c.matrix_flops, dtype)
             cost = (c.flops, nbytes, durations, sizes)
             self._cost_by_types[key] = cost
@@ -410,22 +420,15 @@ class Engine:
 
         ``matrix_flops`` of the ``flops`` run at the device's matrix peak for ``dtype``,
         the rest at its vector peak (``Device.peak_flops_for``)."""
-        peaks = self._peaks.get(dtype)
-        if peaks is None:
-            tf32 = self.topology.allow_tf32
-            peaks = self._peaks[dtype] = [
-                (d.peak_flops_for(dtype, True, allow_tf32=tf32), d.peak_flops_for(dtype, False))
-                for d in self.topology.devices
-            ]
-        vector_flops = flops - matrix_flops
-        out = []
-        for (matrix_peak, vector_peak), bandwidth, launch in zip(
-            peaks, self.mem_bandwidth, self.launch_s
-        ):
-            t_flops = matrix_flops / matrix_peak + vector_flops / vector_peak
-            t_bytes = nbytes / bandwidth
-            out.append(launch + (t_flops + t_bytes if self.additive else max(t_flops, t_bytes)))
-        return out
+        tf32 = self.topology.allow_tf32
+        per_model = [
+            d.launch_overhead_s
+            + d.compute_time_s(
+                flops, nbytes, matrix_flops, dtype, allow_tf32=tf32, additive=self.additive
+            )
+            for d in self._models
+        ]
+        return [per_model[k] for k in self._model_of]
 
     def _collective(
         self, op: Op, scope: _Scope, prep: tuple, key: Any = None
@@ -541,18 +544,15 @@ def _template(t: Type) -> Any:
     return [_template(e) for e in t.elements]
 
 
-def _element_type(types: tuple[Type, ...]) -> Any:
-    """The DType an op computes in: its first floating-point operand's (or result's), else
-    its first tensor's (integer ids, masks), else None."""
-    first = None
-    for t in types:
-        while t.__class__ is TupleType and t.elements:
-            t = t.elements[0]
-        if t.__class__ is TensorType:
-            if t.dtype.is_float:
-                return t.dtype
-            first = first or t.dtype
-    return first
+def _hardware_of(device: Any) -> tuple:
+    """What a device's compute times depend on (everything but its id and name)."""
+    return (
+        device.peak_flops,
+        device.matrix_peak_flops,
+        device.vector_peak_flops,
+        device.mem_bandwidth_bytes_per_s,
+        device.launch_overhead_s,
+    )
 
 
 def _refs(t: Type) -> list[Any]:

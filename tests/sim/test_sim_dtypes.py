@@ -206,3 +206,20 @@ def test_consumer_cards_without_peer_to_peer_are_slower_than_a_pcie_switch():
     rtx, a100 = ir.Topology.preset("rtx4090", 8), ir.Topology.preset("a100-pcie", 8)
     assert rtx.bandwidth(0, 1) < a100.bandwidth(0, 1)
     assert rtx.latency(0, 1) > a100.latency(0, 1)
+
+
+@pytest.mark.parametrize("dtype", [DType.float32, DType.float16])
+def test_sharding_propagation_costs_compute_at_the_simulators_peak_for_the_dtype(dtype):
+    """Propagation's chooser and the simulator time an op with one roofline
+    (``Device.compute_time_s``), so a strategy is ranked at its dtype's peak."""
+    from ir.sharding import choice
+
+    f = one_op("MatMul", (N, N), (N, N), dtype=dtype)
+    (op,) = f.ops
+    v100 = ir.Topology.preset("v100-dgx1", 1)
+    chooser = choice.Chooser.__new__(choice.Chooser)
+    chooser.device, chooser.topology = v100.devices[0], v100
+    launch = v100.devices[0].launch_overhead_s
+    assert chooser._whole_time_s(op) == pytest.approx(time_s(f, v100) - launch, rel=1e-12)
+    peak = 15.7 if dtype == DType.float32 else 125
+    assert chooser._whole_time_s(op) == pytest.approx(2.0 * N**3 / (peak * TFLOPS), rel=1e-12)
