@@ -27,6 +27,10 @@ class Function:
     # program's value (per tuple level, "R" or "S(k)"; None or () for none). See ir/layout.py.
     input_layouts: tuple[tuple[str, ...] | None, ...] = ()
     output_layouts: tuple[tuple[str, ...] | None, ...] = ()
+    # Rank classes: groups of device ids that do identical work at identical times (a
+    # 3D stage's data-parallel replicas and tensor-parallel peers), as the transform that
+    # wrote the program knows them; the simulator walks a pmap body once per class.
+    rank_classes: tuple[tuple[int, ...], ...] = ()
 
     # -- derived views (computed once; the Function never changes) ------------
 

@@ -20,7 +20,12 @@ __all__ = ["COMBINE_MODES", "COMM_MODES", "Event", "SimResult", "SimulationError
 
 
 def simulate(
-    function: Function, topology: Topology, *, combine: str = "roofline", comm: str = "channels"
+    function: Function,
+    topology: Topology,
+    *,
+    combine: str = "roofline",
+    comm: str = "channels",
+    symmetry: bool = True,
 ) -> SimResult:
     """Simulate one run of ``function`` on ``topology``.
 
@@ -39,8 +44,15 @@ def simulate(
     channel of its group, so independent transfers overlap; ``comm="serial"``
     gives each device one FIFO communication stream, which every transfer it
     takes part in waits for. See ``docs/simulator.md``.
+
+    ``symmetry``: walk a pmap body once per rank class the program declares
+    (``Function.rank_classes``: the devices of a 3D stage do identical work at
+    identical times), the other members sharing the walked device's events and
+    memory; ``False`` walks every device (the reference the classes are tested
+    against).
     """
-    engine = Engine(topology, combine, comm=comm)
+    classes = function.rank_classes if symmetry else ()
+    engine = Engine(topology, combine, comm=comm, classes=classes)
     with paused_gc():
         engine.run(function)
     return SimResult(engine)

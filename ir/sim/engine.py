@@ -30,7 +30,7 @@ variable bound (sub-devices resolved through ``device_map``).
 from __future__ import annotations
 
 import gc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -131,6 +131,7 @@ class Engine:
         *,
         comm: str = "channels",
         shared_records: bool = True,
+        classes: Sequence[Sequence[int]] = (),
     ) -> None:
         if combine not in COMBINE_MODES:
             raise SimulationError(
@@ -152,6 +153,7 @@ class Engine:
         self._model_of = [models.setdefault(_hardware_of(d), len(models)) for d in topology.devices]
         first = {k: i for i, k in reversed(list(enumerate(self._model_of)))}
         self._models = [topology.devices[first[k]] for k in range(len(models))]
+        self._set_classes(classes)
         n = len(topology.devices)
         self.compute_free = [0.0] * n
         # when each communication channel is next free (see _channel): with comm="serial",
@@ -191,6 +193,74 @@ class Engine:
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
         self._comm_cache: dict[tuple, tuple] = {}  # by collective, size, devices, root
         self._comm_by_op: dict[tuple, tuple] = {}  # by (op, pmap bindings) or top-level key
+
+    # -- rank classes -------------------------------------------------------
+
+    def _set_classes(self, classes: Sequence[Sequence[int]]) -> None:
+        """``rep_of[i]``: the device index whose walk stands for device index ``i``.
+
+        The devices of a class (of one hardware model) do identical work at identical
+        times, so a pmap body runs on the first of them only, and the others' slots are
+        the first's (their events and memory curves are the first's; see SimResult).
+        """
+        self.rep_of = list(range(len(self.topology.devices)))
+        for group in classes:
+            by_model: dict[int, list[int]] = {}
+            for d in group:
+                i = self.index_of.get(d)
+                if i is not None:
+                    by_model.setdefault(self._model_of[i], []).append(i)
+            for members in by_model.values():
+                rep = min(members)
+                for i in members:
+                    self.rep_of[i] = rep
+        self.mirrored = any(r != i for i, r in enumerate(self.rep_of))
+        self._owners: dict[tuple[int, ...], tuple[int, ...] | None] = {}
+
+    def owners(self, devices: tuple[int, ...]) -> tuple[int, ...] | None:
+        """For a tuple whose elements live on device indices ``devices``: the position whose
+        value stands for each element (its class representative's), or None if each
+        element stands for itself."""
+        found = self._owners.get(devices, False)
+        if found is not False:
+            return found
+        rep_of = self.rep_of
+        position: dict[int, int] = {}
+        for k, d in enumerate(devices):
+            position.setdefault(d, k)
+        owners = tuple(position.get(rep_of[d], k) for k, d in enumerate(devices))
+        result = None if all(o == k for k, o in enumerate(owners)) else owners
+        self._owners[devices] = result
+        return result
+
+    def flat_slots(
+        self, sizes: Sequence[int], devices: Sequence[int], ready: float, producer: int
+    ) -> tuple[int, ...]:
+        """Slots for a tuple of tensors (``sizes`` bytes on device indices ``devices``); an
+        element of a mirrored device shares its representative's slot."""
+        owners = self.owners(tuple(devices)) if self.mirrored else None
+        first = len(self.slot_ready)
+        if owners is None:
+            n = len(sizes)
+            self.slot_ready.extend([ready] * n)
+            self.slot_bytes.extend(sizes)
+            self.slot_device.extend(devices)
+            self.slot_producer.extend([producer] * n)
+            return tuple(range(first, first + n))
+        slots: list[int] = []
+        for k, owner in enumerate(owners):
+            if owner != k and owner < k:
+                slots.append(slots[owner])
+                continue
+            if owner != k:  # the representative comes later in the tuple: filled below
+                slots.append(-1)
+                continue
+            slots.append(len(self.slot_ready))
+            self.slot_ready.append(ready)
+            self.slot_bytes.append(sizes[k])
+            self.slot_device.append(devices[k])
+            self.slot_producer.append(producer)
+        return tuple(slots[o] if s == -1 else s for s, o in zip(slots, owners))
 
     # -- entry ----------------------------------------------------------------
 
@@ -314,6 +384,9 @@ class Engine:
     def _new_slots(self, template: Any, scope: _Scope, ready: float, producer: int) -> Any:
         """Slots for a value of ``template``'s structure (an int, or nested tuples of ints)."""
         if template.__class__ is not tuple:
+            if template and all(t.__class__ is tuple for t in template):
+                sizes = [t[0] for t in template]
+                return self.flat_slots(sizes, [scope[t[1]] for t in template], ready, producer)
             return tuple(self._new_slots(t, scope, ready, producer) for t in template)
         self.slot_ready.append(ready)
         self.slot_bytes.append(template[0])
@@ -511,13 +584,19 @@ def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
     first = op.inputs[0].type
     assert isinstance(first, TupleType)
     ids = engine.topology.device_ids
-    per_device = []
-    for k, ref in enumerate(first.devices):
-        concrete = ids[scope[ref]]
-        inner = _Scope(engine.index_of, ((var, concrete, device_map), *scope.bindings))
+    where = tuple(scope[ref] for ref in first.devices)
+    owners = engine.owners(where) if engine.mirrored else None
+    per_device: list = []
+    for k, index in enumerate(where):
+        if owners is not None and owners[k] != k:  # a mirror: its representative's values
+            per_device.append(None)
+            continue
+        inner = _Scope(engine.index_of, ((var, ids[index], device_map), *scope.bindings))
         body_env = {p: env[v][k] for p, v in zip(body.inputs, op.inputs)}
         engine._run_ops(body.ops, body_env, inner)
         per_device.append([body_env[o] for o in body.outputs])
+    if owners is not None:
+        per_device = [per_device[o] for o in owners]
     for j, v in enumerate(op.outputs):
         env[v] = tuple(outs[j] for outs in per_device)
 

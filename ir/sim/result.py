@@ -107,12 +107,28 @@ class SimResult:
         return np.asarray(where, dtype=np.int64).reshape(-1), participants
 
     @cached_property
+    def _mirrors(self) -> dict[int, list[int]]:
+        """Representative device index -> the indices it stands for (itself first), for the
+        rank classes the walk simulated once (see Engine._set_classes)."""
+        out: dict[int, list[int]] = {}
+        for i, rep in enumerate(self._e.rep_of):
+            if rep != i:
+                out.setdefault(rep, [rep]).append(i)
+        return out
+
+    def _as(self, index: int) -> list[int]:
+        """The device indices a compute instance on ``index`` stands for."""
+        return self._mirrors.get(index) or [index]
+
+    @cached_property
     def _used(self) -> list[int]:
         where, participants = self._where
         used = set(self._c["slot_device"])
         used.update(np.unique(where[where >= 0]).tolist())
         for devices in participants:
             used.update(devices)
+        for rep in list(used):
+            used.update(self._mirrors.get(rep, ()))
         return sorted(used)
 
     @cached_property
@@ -129,7 +145,15 @@ class SimResult:
 
     @property
     def num_ops(self) -> int:
-        """Number of simulated op runs (pmap body ops count once per device)."""
+        """Number of op runs in the step (pmap body ops count once per device, a rank
+        class's once per member though the walk ran them once; see ``walked_ops``)."""
+        if not self._mirrors:
+            return len(self._e.inst_op)
+        return sum(len(self._as(w)) if w.__class__ is int else 1 for w in self._e.inst_where)
+
+    @property
+    def walked_ops(self) -> int:
+        """Number of op runs the simulator walked (a rank class's pmap bodies once)."""
         return len(self._e.inst_op)
 
     # -- events -----------------------------------------------------------------
@@ -150,9 +174,10 @@ class SimResult:
             e.inst_op, e.inst_where, e.inst_start, e.inst_dur, e.inst_cost
         ):
             if where.__class__ is int:
-                out.append(
-                    Event(op, ids[where], "compute", start, dur, cost[0], cost[1], "compute")
-                )
+                for d in self._as(where):
+                    out.append(
+                        Event(op, ids[d], "compute", start, dur, cost[0], cost[1], "compute")
+                    )
             else:
                 used = next(channels)
                 channel = names[used[0]] if used else "local"
@@ -200,19 +225,30 @@ class SimResult:
         n = len(where)
         comm = np.asarray(e.comm_instances, dtype=np.int64)
         counts = np.ones(n, dtype=np.int64)
+        mirrored = self._mirrors
+        if mirrored:  # a representative's compute instance stands for its whole class
+            size = np.ones(len(e.rep_of), dtype=np.int64)
+            for rep, members in mirrored.items():
+                size[rep] = len(members)
+            counts[where >= 0] = size[where[where >= 0]]
         counts[comm] = [len(devices) for devices in participants]
         rows = np.repeat(np.arange(n), counts)  # the instance of each bar
         device = where[rows]
         compute = device >= 0
         if participants:
             device[~compute] = np.concatenate([np.asarray(p, np.int64) for p in participants])
-        ops: list[Op] = []  # runs of compute instances, a collective once per participant
-        done = 0
-        for i, devices in zip(e.comm_instances, participants):
-            ops += e.inst_op[done:i]
-            ops += [e.inst_op[i]] * len(devices)
-            done = i + 1
-        ops += e.inst_op[done:]
+        if mirrored:  # the class members of each repeated compute bar, in order
+            first = np.r_[0, np.cumsum(counts)[:-1]]
+            rank = np.arange(len(rows)) - first[rows]
+            for rep, members in mirrored.items():
+                at = compute & (device == rep)
+                device[at] = np.asarray(members, np.int64)[rank[at]]
+        ops: list[Op] = []  # an instance once per device it stands for
+        for op, count in zip(e.inst_op, counts.tolist()):
+            if count == 1:
+                ops.append(op)
+            else:
+                ops += [op] * count
         flops = np.fromiter(map(itemgetter(0), e.inst_cost), dtype=np.float64, count=n)
         nbytes = np.fromiter(map(itemgetter(1), e.inst_cost), dtype=np.float64, count=n)
         ids = np.asarray(self.topology.device_ids, dtype=np.int64)
@@ -243,7 +279,8 @@ class SimResult:
         spans: dict[int, list[tuple[float, float]]] = {}
         for where, start, dur in zip(self._c["where"], self._c["start"], self._c["dur"]):
             if where.__class__ is int:
-                busy[(where, COMPUTE)] = busy.get((where, COMPUTE), 0.0) + dur
+                for d in self._as(where):
+                    busy[(d, COMPUTE)] = busy.get((d, COMPUTE), 0.0) + dur
             else:
                 for d in where:
                     spans.setdefault(d, []).append((start, start + dur))
@@ -269,7 +306,7 @@ class SimResult:
         ids = self.topology.device_ids
         intervals: dict[int, list[tuple[float, float]]] = {d: [] for d in self._used}
         for where, start, dur in zip(self._c["where"], self._c["start"], self._c["dur"]):
-            for d in (where,) if where.__class__ is int else where:
+            for d in self._as(where) if where.__class__ is int else where:
                 intervals[d].append((start, start + dur))
         return {ids[d]: self.step_time_s - _covered_s(spans) for d, spans in intervals.items()}
 
@@ -282,7 +319,8 @@ class SimResult:
     @cached_property
     def _memory(self) -> MemoryCurves:
         c = self._c
-        return memory_curves(
+        rep_of = self._e.rep_of
+        curves = memory_curves(
             c["slot_bytes"],
             c["slot_device"],
             c["use_slots"],
@@ -292,9 +330,16 @@ class SimResult:
             self._start,
             self._start + self._dur,
             [d.memory_bytes for d in self.topology.devices],
-            self._used,
+            sorted({rep_of[d] for d in self._used}),
             self.step_time_s,
         )
+        for d in self._used:  # a class member's memory is its representative's
+            r = rep_of[d]
+            if r != d:
+                curves.times[d], curves.live_bytes[d] = curves.times[r], curves.live_bytes[r]
+                curves.peak_bytes[d] = curves.peak_bytes[r]
+                curves.oom_instance[d] = curves.oom_instance[r]
+        return curves
 
     def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """(times_s, live_bytes): live bytes on ``device`` from each time to the next."""
@@ -322,7 +367,8 @@ class SimResult:
             elif inst >= 0:
                 out[ids[d]] = ops[inst]
             else:
-                first = [i for i, where in enumerate(self._c["where"]) if where == d]
+                r = self._e.rep_of[d]
+                first = [i for i, where in enumerate(self._c["where"]) if where == r]
                 out[ids[d]] = ops[first[0]] if first else None
         return out
 

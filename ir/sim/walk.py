@@ -27,10 +27,12 @@ from typing import Any
 from ..op import Op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
+from ..verify import describe_op
 from .engine import (
     _COMPUTE_KIND,
     _CONTROL_KIND,
     Engine,
+    SimulationError,
     _leaves,
     _Scope,
     _tuple_get,
@@ -164,12 +166,7 @@ def run_top_level(
             for v, template in zip(outs, out):
                 if template.__class__ is flat_tuple:  # a tuple of tensors (a collective's)
                     n = len(template) // 2
-                    first = len(slot_ready)
-                    slot_ready.extend([end] * n)
-                    engine.slot_bytes.extend(template[:n])
-                    engine.slot_device.extend(template[n:])
-                    engine.slot_producer.extend([producer] * n)
-                    env[v] = tuple(range(first, first + n))
+                    env[v] = engine.flat_slots(template[:n], template[n:], end, producer)
                 else:
                     env[v] = _allocate(engine, template, end, producer)
             slots = len(slot_ready)
@@ -193,6 +190,14 @@ def _record(engine: Engine, op: Op, scope: _Scope) -> Any:
     if kind is _COMPUTE_KIND:
         _, cost, dev_ref, templates, size, out_ref = prep
         where = scope[dev_ref]
+        if engine.rep_of[where] != where:
+            raise SimulationError(
+                f"{op.op_type} runs on device {engine.topology.device_ids[where]} alone, but "
+                "the program declares that device's rank class identical to device "
+                f"{engine.topology.device_ids[engine.rep_of[where]]} (rank_classes): a "
+                "transform that declares classes must give every member the same work\n"
+                f"  in: {describe_op(op)}"
+            )
         dur = cost[2][where]
         if size is not None:
             record = (kind, where, dur, cost, size, scope[out_ref], None)
@@ -243,7 +248,5 @@ def _allocate(engine: Engine, template: Any, ready: float, producer: int) -> Any
         return len(engine.slot_ready) - 1
     if template.__class__ is _FlatTuple:
         n = len(template) // 2
-        return tuple(
-            _allocate(engine, (template[k], template[n + k]), ready, producer) for k in range(n)
-        )
+        return engine.flat_slots(template[:n], template[n:], ready, producer)
     return tuple(_allocate(engine, t, ready, producer) for t in template)

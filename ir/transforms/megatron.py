@@ -67,7 +67,7 @@ pipelined.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..builder import FunctionBuilder, rebuild_op
@@ -433,8 +433,11 @@ class _Megatron:
                     )
         self._merge()
         outs, out_layouts = self._optimizer_and_outputs()
-        g = b.finish(outs)
-        return with_layouts(verify(g), self.layouts, out_layouts)
+        g = with_layouts(verify(b.finish(outs)), self.layouts, out_layouts)
+        # Every device of a stage runs the same pmaps and takes part in the same grouped
+        # collectives and sends: one rank class per pipeline rank.
+        classes = tuple(tuple(self.devices(rank)) for rank in range(self.pp))
+        return replace(g, rank_classes=tuple(c for c in classes if len(c) > 1))
 
     def _weight_stage(self, v: Value, p: Value | None, post_users: list[Op]) -> int:
         """The stage whose ops read weight ``v``; its optimizer steps run there too."""
