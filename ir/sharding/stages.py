@@ -41,8 +41,8 @@ def annotate_stages(function: Function, stages: Mapping[str, int]) -> Function:
     return b.finish([env[v] for v in function.outputs])
 
 
-def pipeline_stages(function: Function) -> dict[Op, int]:
-    """The stage of every op that is not a marker (0 where nothing says otherwise)."""
+def stage_marks(function: Function) -> dict[Op, int]:
+    """The ops that ``PipelineStage`` markers put in a stage, and their stages."""
     marked: dict[Op, int] = {}
     for op in function.ops:
         if op.op_type == "PipelineStage":
@@ -58,6 +58,12 @@ def pipeline_stages(function: Function) -> dict[Op, int]:
                     f"{marked[producer]} and {op.attributes['stage']}: one stage per op"
                 )
             marked[producer] = op.attributes["stage"]
+    return marked
+
+
+def pipeline_stages(function: Function) -> dict[Op, int]:
+    """The stage of every op that is not a marker (0 where nothing says otherwise)."""
+    marked = stage_marks(function)
     stage_of: dict[Op, int] = {}
     value_stage: dict[Value, int] = {}
     for op in function.ops:
@@ -70,6 +76,36 @@ def pipeline_stages(function: Function) -> dict[Op, int]:
         for v in op.outputs:
             value_stage[v] = s
     return stage_of
+
+
+def strip_stages(function: Function) -> tuple[Function, dict[Op, int]]:
+    """``function`` without its ``PipelineStage`` markers, and the stage of each marked op
+    (keyed by the ops of the returned function).
+
+    The pipeline transforms read the annotations this way, so that no marker is left
+    in the program they build.
+
+    >>> import ir
+    >>> marked = annotate_stages(ir.models.mlp(8, 4, 6, 4, layers=3), {"a1": 1})
+    >>> plain, stages = strip_stages(marked)
+    >>> [op.op_type for op in plain.ops]
+    ['MatMul', 'Relu', 'MatMul', 'Relu', 'MatMul', 'Loss']
+    >>> [(op.outputs[0].name, s) for op, s in stages.items()]
+    [('a1', 1)]
+    """
+    marked = stage_marks(function)
+    b = FunctionBuilder(function.name)
+    env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in function.inputs}
+    stages: dict[Op, int] = {}
+    for op in function.ops:
+        if op.op_type == "PipelineStage":
+            env[op.outputs[0]] = env[op.inputs[0]]
+            continue
+        outs = rebuild_op(b, op, [env[v] for v in op.inputs])
+        env.update(zip(op.outputs, outs))
+        if op in marked:
+            stages[b.ops[-1]] = marked[op]
+    return b.finish([env[v] for v in function.outputs]), stages
 
 
 def place_stages(function: Function, devices: Sequence[int] | Mapping[int, int]) -> Function:
