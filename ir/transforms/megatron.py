@@ -38,7 +38,7 @@ pipelined.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -111,8 +111,10 @@ class _Megatron:
         schedule: str,
         chunks: int,
         base: int,
+        stage_of: Mapping[str, int] | None = None,
     ) -> None:
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
+        self.stage_of = stage_of
         self.v, self.n = chunks, dp * tp
         self.stages = pp * chunks
         self.base = base
@@ -187,7 +189,7 @@ class _Megatron:
             if dplan.state[dplan.current[v]] == P and dplan.current[v] not in late
         }
         # Stages (of the source program's ops) and the tensor-parallel plan of the piece.
-        stage_of_op = stage_assignment(t, self.stages)
+        stage_of_op = stage_assignment(t, self.stages, self.stage_of)
         backward = backward_ops(t)
         piece_stage = {
             loc.step_ops[i]: (stage_of_op[op], "B" if op in backward else "F")
@@ -580,13 +582,15 @@ def megatron(
     chunks: int = 1,
     devices: Sequence[int] | None = None,
     topology: Any = None,
+    stage_of: Mapping[str, int] | None = None,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * tp * pp`` devices (see the module docstring).
 
     ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``chunks`` model chunks
     per pipeline rank, microbatches a multiple of ``pp``). ``devices``: the first device
-    id is the base of the numbering (default 0).
+    id is the base of the numbering (default 0). ``stage_of={value_name: stage}`` or
+    ``PipelineStage`` annotations in ``t``: the stages (``ir.transforms.stage_cut``).
     """
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
@@ -607,7 +611,7 @@ def megatron(
     base = ids[0]
     if list(ids) != list(range(base, base + total)):
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
-    return _Megatron(t, dp, tp, pp, m, schedule, chunks, base).run()
+    return _Megatron(t, dp, tp, pp, m, schedule, chunks, base, stage_of).run()
 
 
 __all__ = ["megatron"]

@@ -20,7 +20,7 @@ import ir
 import ir.models
 from ir import transforms
 from ir.sharding import annotate_stages, pipeline_stages
-from ir.transforms import TransformError, pipeline_parallel, stage_assignment
+from ir.transforms import TransformError, megatron, pipeline_parallel, stage_assignment
 
 F64 = ir.DType.float64
 
@@ -189,6 +189,55 @@ def test_seed_001_example_runs_through_pipeline_parallel() -> None:
             assert op.device == (0 if node in "ABCDE" else 1), str(op)
 
 
+# -- megatron ----------------------------------------------------------------------------
+
+
+def _unrolled_devices(g: ir.Function) -> dict[int, set[int]]:
+    """The devices each MLP layer's forward MatMuls run on, read from the unrolled ops."""
+    found: dict[int, set[int]] = {}
+    for op in transforms.unroll_pmap(g).ops:
+        if op.op_type == "MatMul":
+            layer = _layer(op.outputs[0].name.rsplit("_", 1)[0])
+            assert layer is not None, str(op)
+            found.setdefault(layer, set()).add(op.device)
+    return found
+
+
+@pytest.mark.parametrize(("dp", "tp"), [(1, 2), (2, 2)])
+def test_megatron_puts_each_annotated_stage_on_its_own_tensor_parallel_group(dp, tp) -> None:
+    t = _unbalanced()
+    g = megatron(t, dp=dp, tp=tp, pp=2, microbatches=2)
+    xs = ir.random_inputs(t, 0)
+    want = ir.execute(t, xs)
+    got = ir.collect(g, ir.execute(g, ir.distribute(g, xs, source=t)), rtol=1e-9)
+    for w, o in zip(want, got, strict=True):
+        np.testing.assert_allclose(o, w, rtol=1e-7, atol=1e-10)
+    n = dp * tp
+    group = {s: {s * n + i * tp + j for i in range(dp) for j in range(tp)} for s in (0, 1)}
+    assert _unrolled_devices(g) == {0: group[0], 1: group[1], 2: group[1], 3: group[1]}
+    # stage_of on the plain program: the same step; without annotations, two layers a stage
+    plain = transforms.training(_mlp())
+    assert _unrolled_devices(megatron(plain, dp, tp, 2, 2, stage_of={"a1": 1})) == (
+        _unrolled_devices(g)
+    )
+    assert _unrolled_devices(megatron(plain, dp, tp, 2, 2))[1] == group[0]
+
+
+def test_megatron_runs_an_annotated_gpt_with_tensor_parallel_stages() -> None:
+    f = ir.models.gpt(batch=4, seq=4, hidden=8, heads=2, vocab=16, layers=3, dtype=F64)
+    t = transforms.training(annotate_stages(f, {"h1_ln1_y": 1}))
+    g = megatron(t, 1, 2, 2, 2, "gpipe")
+    xs = ir.random_inputs(t, 1)
+    got = ir.collect(g, ir.execute(g, ir.distribute(g, xs, source=t)), rtol=1e-9)
+    for w, o in zip(ir.execute(t, xs), got, strict=True):
+        np.testing.assert_allclose(o, w, rtol=1e-7, atol=1e-10)
+    layouts = dict(zip((v.name for v in g.inputs), (v.type for v in g.inputs)))
+    assert {e.device for e in layouts["h0_attn_wq"].elements} == {0, 1}
+    assert {e.device for e in layouts["h1_attn_wq"].elements} == {2, 3}
+    assert {e.device for e in layouts["h2_attn_wq"].elements} == {2, 3}
+    ir.simulate(g, ir.Topology.uniform(4))  # markers left in the step's bodies are free
+
+
 # -- bad annotations ---------------------------------------------------------------------
 
 
@@ -204,6 +253,7 @@ def _tied() -> ir.Function:
 
 CUTS: dict[str, Callable[..., ir.Function]] = {
     "pipeline_parallel": lambda t, n, **kw: pipeline_parallel(t, n, 2, **kw),
+    "megatron": lambda t, n, **kw: megatron(t, pp=n, microbatches=2, **kw),
 }
 
 BAD = [
@@ -238,3 +288,13 @@ def test_bad_stage_of_mappings_are_refused() -> None:
         pipeline_parallel(marked, 2, 2, stage_of={"a1": 1})
     with pytest.raises(TransformError, match=r"make 2 stage\(s\) but the pipeline has 4 \(the"):
         pipeline_parallel(marked, 2, 2, "interleaved", chunks=2)
+
+
+def test_megatron_refuses_bad_stage_of_and_counts_pp_times_chunks() -> None:
+    plain, marked = transforms.training(_mlp()), _unbalanced()
+    with pytest.raises(TransformError, match="carries PipelineStage annotations and stage_of="):
+        megatron(marked, pp=2, microbatches=2, stage_of={"a1": 1})
+    with pytest.raises(TransformError, match="no forward op of mlp makes a value named 'wB1'"):
+        megatron(plain, pp=2, microbatches=2, stage_of={"wB1": 1})
+    with pytest.raises(TransformError, match=r"make 2 stage\(s\) but the pipeline has 4 \(the"):
+        megatron(marked, pp=2, microbatches=2, schedule="interleaved", chunks=2)
