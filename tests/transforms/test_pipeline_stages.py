@@ -10,7 +10,9 @@ that names the pipeline level and the reason.
 from __future__ import annotations
 
 import re
+import textwrap
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from ir.sharding import annotate_stages, pipeline_stages
 from ir.transforms import TransformError, megatron, pipeline_parallel, stage_assignment
 
 F64 = ir.DType.float64
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "transforms-parallel.md"
 
 
 def _mlp(layers: int = 4, batch: int = 8) -> ir.Function:
@@ -298,3 +301,15 @@ def test_megatron_refuses_bad_stage_of_and_counts_pp_times_chunks() -> None:
         megatron(plain, pp=2, microbatches=2, stage_of={"wB1": 1})
     with pytest.raises(TransformError, match=r"make 2 stage\(s\) but the pipeline has 4 \(the"):
         megatron(marked, pp=2, microbatches=2, schedule="interleaved", chunks=2)
+
+
+# -- the docs' example -------------------------------------------------------------------
+
+
+def test_the_docs_example_runs() -> None:
+    blocks = re.findall(r" *```python\n(.*?) *```", DOCS.read_text(), flags=re.S)
+    (example,) = [b for b in blocks if "annotate_stages" in b]
+    namespace: dict = {}
+    exec(compile(textwrap.dedent(example), f"{DOCS.name} (annotated stages)", "exec"), namespace)
+    assert namespace["devices"] == {"a0": 0, "a1": 1, "a2": 1, "y": 1}
+    assert str(namespace["same"]) == str(namespace["g"])
