@@ -190,6 +190,13 @@ def _annotated_forward(
 ) -> dict[Op, int]:
     """The stage of every forward op (markers included), checked to make ``n`` stages."""
     producer = f.producers
+    for op in marks:
+        if op in backward or is_optimizer(op):
+            raise TransformError(
+                f"pipeline level: {describe_op(op)} is annotated, but it is part of the "
+                "backward pass or an optimizer step, which follow their forward ops; "
+                "annotate forward ops only"
+            )
     forward: dict[Op, int] = {}
     for op in f.ops:
         if op in backward or is_optimizer(op):

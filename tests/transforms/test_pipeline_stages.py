@@ -291,6 +291,9 @@ def test_bad_stage_of_mappings_are_refused() -> None:
         pipeline_parallel(marked, 2, 2, stage_of={"a1": 1})
     with pytest.raises(TransformError, match=r"make 2 stage\(s\) but the pipeline has 4 \(the"):
         pipeline_parallel(marked, 2, 2, "interleaved", chunks=2)
+    # a marker put on the backward pass after training: the backward follows the forward
+    with pytest.raises(TransformError, match=r"dwB.* is annotated, but it is part of the backward"):
+        pipeline_parallel(annotate_stages(plain, {"a1": 1, "dwB": 1}), 2, 2)
 
 
 def test_megatron_refuses_bad_stage_of_and_counts_pp_times_chunks() -> None:
