@@ -120,8 +120,8 @@ def annotated_stages(f: Function, stage_of: Mapping[str, int] | None = None) -> 
         for op in makers[name]:
             if marked.get(op, s) != s:
                 raise TransformError(
-                    f"pipeline level: {describe_op(op)} is put in stages {marked[op]} and {s}; "
-                    "one stage per op"
+                    f"pipeline level: the op making {name!r} is put in stages {marked[op]} and "
+                    f"{s}; one stage per op\n  in: {describe_op(op)}"
                 )
             marked[op] = s
     return marked
@@ -193,9 +193,9 @@ def _annotated_forward(
     for op in marks:
         if op in backward or is_optimizer(op):
             raise TransformError(
-                f"pipeline level: {describe_op(op)} is annotated, but it is part of the "
-                "backward pass or an optimizer step, which follow their forward ops; "
-                "annotate forward ops only"
+                f"pipeline level: {op.outputs[0].name!r} is annotated, but its op is part of "
+                "the backward pass or an optimizer step, which follow their forward ops; "
+                f"annotate forward ops only\n  in: {describe_op(op)}"
             )
     forward: dict[Op, int] = {}
     for op in f.ops:
@@ -210,9 +210,10 @@ def _annotated_forward(
         if s < inherited:
             late = next(v for v, k in made.items() if k == inherited)
             raise TransformError(
-                f"pipeline level: {describe_op(op)} is annotated stage {s} but reads "
+                f"pipeline level: {op.outputs[0].name!r} is annotated stage {s} but reads "
                 f"{late.name!r} from stage {inherited}; stages must not decrease along the "
-                "data flow (a later stage feeding an earlier one is a cycle between stages)"
+                "data flow (a later stage feeding an earlier one is a cycle between stages): "
+                f"put it in stage {inherited} or later\n  in: {describe_op(op)}"
             )
         forward[op] = s
     used = sorted({s for op, s in forward.items() if op.op_type != "PipelineStage"})
