@@ -22,6 +22,13 @@ from ..types import TensorType
 from ..value import Value
 from .errors import AnnotationError
 
+MARKER = "PipelineStage"
+
+
+def is_stage_marker(op: Op) -> bool:
+    """Whether ``op`` is a ``PipelineStage`` marker (an annotation, not a computation)."""
+    return op.op_type == MARKER
+
 
 def annotate_stages(function: Function, stages: Mapping[str, int]) -> Function:
     """``function`` with the op producing each named value marked as running in its stage."""
@@ -38,7 +45,7 @@ def annotate_stages(function: Function, stages: Mapping[str, int]) -> Function:
         for old, new in zip(op.outputs, outs):
             if old.name in stages:
                 attrs = {"stage": stages[old.name]}
-                new = b.add_op("PipelineStage", [new], attrs, names=[old.name]).outputs[0]
+                new = b.add_op(MARKER, [new], attrs, names=[old.name]).outputs[0]
             env[old] = new
     return b.finish([env[v] for v in function.outputs])
 
@@ -47,7 +54,7 @@ def stage_marks(function: Function) -> dict[Op, int]:
     """The ops that ``PipelineStage`` markers put in a stage, and their stages."""
     marked: dict[Op, int] = {}
     for op in function.ops:
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             producer = function.producers.get(op.inputs[0])
             if producer is None:
                 raise AnnotationError(
@@ -69,7 +76,7 @@ def pipeline_stages(function: Function) -> dict[Op, int]:
     stage_of: dict[Op, int] = {}
     value_stage: dict[Value, int] = {}
     for op in function.ops:
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             value_stage[op.outputs[0]] = value_stage.get(op.inputs[0], 0)
             continue
         inherited = max((value_stage.get(v, 0) for v in op.inputs), default=0)
@@ -100,7 +107,7 @@ def strip_stages(function: Function) -> tuple[Function, dict[Op, int]]:
     env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in function.inputs}
     stages: dict[Op, int] = {}
     for op in function.ops:
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             env[op.outputs[0]] = env[op.inputs[0]]
             continue
         outs = rebuild_op(b, op, [env[v] for v in op.inputs])
@@ -130,7 +137,7 @@ def place_stages(function: Function, devices: Sequence[int] | Mapping[int, int])
         return moved[v, device]
 
     for op in function.ops:
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             env[op.outputs[0]] = env[op.inputs[0]]
             continue
         device = where[stage_of[op]]

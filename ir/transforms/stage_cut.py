@@ -28,7 +28,7 @@ from ..function import Function
 from ..op import Op
 from ..ops.communication import split_sizes
 from ..sharding.errors import AnnotationError
-from ..sharding.stages import stage_marks, strip_stages
+from ..sharding.stages import is_stage_marker, stage_marks, strip_stages
 from ..value import Value
 from ..verify import describe_op
 from ._rewrite import TransformError, is_optimizer, parameter_inputs, starts_backward
@@ -104,7 +104,7 @@ def annotated_stages(f: Function, stage_of: Mapping[str, int] | None = None) -> 
     after = backward_ops(f)
     makers: dict[str, list[Op]] = {}
     for op in f.ops:
-        if op.op_type != "PipelineStage" and op not in after and not is_optimizer(op):
+        if not is_stage_marker(op) and op not in after and not is_optimizer(op):
             for v in op.outputs:
                 makers.setdefault(v.name, []).append(op)
     for name, s in stage_of.items():
@@ -202,7 +202,7 @@ def _annotated_forward(
         if op in backward or is_optimizer(op):
             continue
         made = {v: forward[producer[v]] for v in op.inputs if producer.get(v) in forward}
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             forward[op] = made.get(op.inputs[0], 0)
             continue
         inherited = max(made.values(), default=0)
@@ -216,7 +216,7 @@ def _annotated_forward(
                 f"put it in stage {inherited} or later\n  in: {describe_op(op)}"
             )
         forward[op] = s
-    used = sorted({s for op, s in forward.items() if op.op_type != "PipelineStage"})
+    used = sorted({s for op, s in forward.items() if not is_stage_marker(op)})
     beyond = [s for s in used if s >= n]
     if beyond:
         raise TransformError(
