@@ -7,15 +7,19 @@ generic op syntax:
   the layout the user wants for ``x`` (``ir.sharding.propagate`` reads it);
 * ``PipelineStage(y, stage=1)``: the op that produced ``y`` runs in pipeline
   stage 1 (ONNX's per-node ``pipeline_stage``; ``ir.sharding.pipeline_stages``
-  reads it and gives unmarked ops the stage of their operands).
+  reads it and gives unmarked ops the stage of their operands). It moves no data
+  (a backend runs nothing for it), so it costs nothing, and its gradient is the
+  gradient of ``y`` passed through unchanged: ``training`` keeps the markers in
+  the forward pass and adds no op for them to the backward pass (the pipeline
+  transforms put each backward op on the stage of the forward op it differentiates).
 """
 
 from __future__ import annotations
 
 from ..errors import TypeRuleError
-from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
+from ..registry import Attr, OpDef, OpKind, TypeContext, attach_rule, register_op
 from . import _factors as fx
-from ._common import memory_cost, tensor
+from ._common import memory_cost, no_cost, tensor
 from ._examples import ctx, t
 from .p2p import MESH, MESH_DEVICES, PLACEMENTS, check_layout, layout_contexts, mesh_attrs
 
@@ -57,7 +61,7 @@ register_op(
         results=("y",),
         type_rule=_stage_types,
         kernel=lambda xs, a: [xs[0]],
-        cost_rule=memory_cost,
+        cost_rule=no_cost,
         attributes=(Attr("stage", doc="pipeline stage of the op that produced x"),),
         kind=OpKind.CONTROL,
         doc="x unchanged; marks the op that produced x as running in pipeline stage `stage`.",
@@ -68,3 +72,8 @@ register_op(
 # -- sharding rules ------------------------------------------------------------------
 
 fx.attach("PipelineStage", lambda c: fx.same_axes(c))
+
+# -- gradient rules ------------------------------------------------------------------
+
+# The marker is an identity: the gradient of y is the gradient of x, with no op for it.
+attach_rule("PipelineStage", "gradient_rule", lambda b, op, ins, outs, dys: [dys[0]])

@@ -28,7 +28,7 @@ from .mesh import Layout, Mesh, P, Partial, Placement, R, Replicate, S, Shard, p
 from .propagate import InsertedCollective, PropagationReport, propagate
 from .ranked import Matching, check_deadlock, run_ranked, schedule
 from .spec import ShardingSpec
-from .stages import annotate_stages, pipeline_stages, place_stages
+from .stages import annotate_stages, pipeline_stages, place_stages, stage_marks, strip_stages
 
 __all__ = [
     "AnnotationError",
@@ -63,4 +63,6 @@ __all__ = [
     "propagate",
     "run_ranked",
     "schedule",
+    "stage_marks",
+    "strip_stages",
 ]

@@ -5,8 +5,10 @@ produced ``y``, so annotations print and parse. :func:`pipeline_stages` reads
 them (an unmarked op takes the latest stage of its operands' producers, the
 seed's "A -> ... -> E in stage 1, F -> ... -> K in stage 2"), and
 :func:`place_stages` runs each stage on its own device, moving values between
-stages with ``Send`` (model-parallel placement; the pipeline *schedule* over
-microbatches is ``ir.transforms``' job).
+stages with ``Send`` (model-parallel placement). The pipeline *schedule* over
+microbatches is ``ir.transforms``' job: ``pipeline_parallel`` and ``megatron``
+take their stages from these annotations (``ir/transforms/stage_cut.py``), reading
+them with :func:`stage_marks` or :func:`strip_stages`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,13 @@ from ..op import Op
 from ..types import TensorType
 from ..value import Value
 from .errors import AnnotationError
+
+MARKER = "PipelineStage"
+
+
+def is_stage_marker(op: Op) -> bool:
+    """Whether ``op`` is a ``PipelineStage`` marker (an annotation, not a computation)."""
+    return op.op_type == MARKER
 
 
 def annotate_stages(function: Function, stages: Mapping[str, int]) -> Function:
@@ -36,16 +45,16 @@ def annotate_stages(function: Function, stages: Mapping[str, int]) -> Function:
         for old, new in zip(op.outputs, outs):
             if old.name in stages:
                 attrs = {"stage": stages[old.name]}
-                new = b.add_op("PipelineStage", [new], attrs, names=[old.name]).outputs[0]
+                new = b.add_op(MARKER, [new], attrs, names=[old.name]).outputs[0]
             env[old] = new
     return b.finish([env[v] for v in function.outputs])
 
 
-def pipeline_stages(function: Function) -> dict[Op, int]:
-    """The stage of every op that is not a marker (0 where nothing says otherwise)."""
+def stage_marks(function: Function) -> dict[Op, int]:
+    """The ops that ``PipelineStage`` markers put in a stage, and their stages."""
     marked: dict[Op, int] = {}
     for op in function.ops:
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             producer = function.producers.get(op.inputs[0])
             if producer is None:
                 raise AnnotationError(
@@ -58,10 +67,16 @@ def pipeline_stages(function: Function) -> dict[Op, int]:
                     f"{marked[producer]} and {op.attributes['stage']}: one stage per op"
                 )
             marked[producer] = op.attributes["stage"]
+    return marked
+
+
+def pipeline_stages(function: Function) -> dict[Op, int]:
+    """The stage of every op that is not a marker (0 where nothing says otherwise)."""
+    marked = stage_marks(function)
     stage_of: dict[Op, int] = {}
     value_stage: dict[Value, int] = {}
     for op in function.ops:
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             value_stage[op.outputs[0]] = value_stage.get(op.inputs[0], 0)
             continue
         inherited = max((value_stage.get(v, 0) for v in op.inputs), default=0)
@@ -70,6 +85,36 @@ def pipeline_stages(function: Function) -> dict[Op, int]:
         for v in op.outputs:
             value_stage[v] = s
     return stage_of
+
+
+def strip_stages(function: Function) -> tuple[Function, dict[Op, int]]:
+    """``function`` without its ``PipelineStage`` markers, and the stage of each marked op
+    (keyed by the ops of the returned function).
+
+    The pipeline transforms read the annotations this way, so that no marker is left
+    in the program they build.
+
+    >>> import ir
+    >>> marked = annotate_stages(ir.models.mlp(8, 4, 6, 4, layers=3), {"a1": 1})
+    >>> plain, stages = strip_stages(marked)
+    >>> [op.op_type for op in plain.ops]
+    ['MatMul', 'Relu', 'MatMul', 'Relu', 'MatMul', 'Loss']
+    >>> [(op.outputs[0].name, s) for op, s in stages.items()]
+    [('a1', 1)]
+    """
+    marked = stage_marks(function)
+    b = FunctionBuilder(function.name)
+    env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in function.inputs}
+    stages: dict[Op, int] = {}
+    for op in function.ops:
+        if is_stage_marker(op):
+            env[op.outputs[0]] = env[op.inputs[0]]
+            continue
+        outs = rebuild_op(b, op, [env[v] for v in op.inputs])
+        env.update(zip(op.outputs, outs))
+        if op in marked:
+            stages[b.ops[-1]] = marked[op]
+    return b.finish([env[v] for v in function.outputs]), stages
 
 
 def place_stages(function: Function, devices: Sequence[int] | Mapping[int, int]) -> Function:
@@ -92,7 +137,7 @@ def place_stages(function: Function, devices: Sequence[int] | Mapping[int, int])
         return moved[v, device]
 
     for op in function.ops:
-        if op.op_type == "PipelineStage":
+        if is_stage_marker(op):
             env[op.outputs[0]] = env[op.inputs[0]]
             continue
         device = where[stage_of[op]]

@@ -609,8 +609,18 @@ def _make_tuple(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) ->
     env[op.outputs[0]] = tuple(env[v] for v in op.inputs)
 
 
+def _annotation(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
+    # A marker (the pipeline stage of its operand's op) is its operand: no time, no memory.
+    env[op.outputs[0]] = env[op.inputs[0]]
+
+
 # Dispatch per structural node kind, as the executor's interpreter does.
-_STRUCTURAL = {"Pmap": _pmap, "TupleGet": _tuple_get, "MakeTuple": _make_tuple}
+_STRUCTURAL = {
+    "Pmap": _pmap,
+    "TupleGet": _tuple_get,
+    "MakeTuple": _make_tuple,
+    "PipelineStage": _annotation,
+}
 
 
 # -- helpers ----------------------------------------------------------------------

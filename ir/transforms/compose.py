@@ -32,7 +32,8 @@ from ._spmd import P, R, RuleResult, S, Shard
 from ._spmd import Plan as _Plan
 from .data_parallel import data_parallel
 from .horizontal import horizontal_parallel, horizontal_plan_checked
-from .pipeline import SCHEDULES, _weights, pipeline_parallel, stage_assignment
+from .pipeline import SCHEDULES, pipeline_parallel, stage_assignment
+from .stage_cut import weights as _weights
 
 KINDS = ("dp", "hp", "pp")
 _VARS = ("d", "e", "g")

@@ -66,7 +66,7 @@ pipelined.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -143,9 +143,11 @@ class _Megatron:
         base: int,
         zero: int = 0,
         sequence_parallel: bool = False,
+        stage_of: Mapping[str, int] | None = None,
     ) -> None:
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
         self.sequence_parallel = sequence_parallel and tp > 1
+        self.stage_of = stage_of
         self.v, self.n = chunks, dp * tp
         self.stages = pp * chunks
         self.base = base
@@ -222,7 +224,7 @@ class _Megatron:
             if dplan.state[dplan.current[v]] == P and dplan.current[v] not in late
         }
         # Stages (of the source program's ops) and the tensor-parallel plan of the piece.
-        stage_of_op = stage_assignment(t, self.stages)
+        stage_of_op = stage_assignment(t, self.stages, self.stage_of)
         backward = backward_ops(t)
         piece_stage = {
             loc.step_ops[i]: (stage_of_op[op], "B" if op in backward else "F")
@@ -747,6 +749,7 @@ def megatron(
     sequence_parallel: bool = False,
     devices: Sequence[int] | None = None,
     topology: Any = None,
+    stage_of: Mapping[str, int] | None = None,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * tp * pp`` devices (see the module docstring).
@@ -755,7 +758,8 @@ def megatron(
     per pipeline rank, microbatches a multiple of ``pp``). ``zero``: 0, 1 or 2, the ZeRO
     stage of the data level; ``sequence_parallel``: Megatron sequence parallelism at
     the tensor level. ``devices``: the first device id is the base of the numbering
-    (default 0).
+    (default 0). ``stage_of={value_name: stage}`` or ``PipelineStage`` annotations in
+    ``t``: the stages (``ir.transforms.stage_cut``).
     """
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
@@ -778,7 +782,9 @@ def megatron(
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
     if isinstance(zero, bool) or zero not in (0, 1, 2):
         raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
-    return _Megatron(t, dp, tp, pp, m, schedule, chunks, base, zero, sequence_parallel).run()
+    return _Megatron(
+        t, dp, tp, pp, m, schedule, chunks, base, zero, sequence_parallel, stage_of
+    ).run()
 
 
 def gradient_accumulation(

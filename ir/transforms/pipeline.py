@@ -1,18 +1,20 @@
 """Pipeline parallelism: stages on devices, K microbatches, an unrolled schedule (seed 000).
 
-The weights are cut into ``stages`` consecutive groups (in order of first use);
-each op runs on the stage of the weights it reads, forward ops never before the
-stage of their operands, backward ops never after the stage their gradient
-comes from. The batch inputs are ``Split`` into K microbatches; every op that
-touches the batch is copied once per microbatch; a ``Send`` carries a value to
-another stage just before the first task there that reads it (as Megatron-LM
-receives the next forward's input after a backward), so in program order 1F1B
-stage ``s`` holds at most ``p - s`` microbatches. The op order *is* the schedule (the simulator
-follows it): GPipe runs all forwards then all backwards on each stage; 1F1B
-runs ``p - s - 1`` warm-up forwards on stage ``s``, then alternates one
-forward and one backward. Gradients (and the loss) are accumulated into a
-running sum (``Add``) as each microbatch finishes, so live memory does not grow
-with K, and the optimizer steps once at the end on each weight's stage.
+Each op runs in a stage (``ir/transforms/stage_cut.py``): the one the program's
+pipeline-stage annotations give it (seed 001), or, without annotations, the
+stage of the weights it reads, the weights cut into ``stages`` consecutive
+groups (in order of first use); forward ops never before the stage of their
+operands, backward ops with the forward op they differentiate. The batch inputs
+are ``Split`` into K microbatches; every op that touches the batch is copied
+once per microbatch; a ``Send`` carries a value to another stage just before
+the first task there that reads it (as Megatron-LM receives the next forward's
+input after a backward), so in program order 1F1B stage ``s`` holds at most
+``p - s`` microbatches. The op order *is* the schedule (the simulator follows
+it): GPipe runs all forwards then all backwards on each stage; 1F1B runs
+``p - s - 1`` warm-up forwards on stage ``s``, then alternates one forward and one
+backward. Gradients (and the loss) are accumulated into a running sum (``Add``)
+as each microbatch finishes, so live memory does not grow with K, and the
+optimizer steps once at the end on each weight's stage.
 
 Outputs: batch-shaped ones are concatenated on the last stage, the loss is the
 accumulated sum, updated weights stay on their stage's device.
@@ -31,13 +33,12 @@ source program's inputs to a resident step's is :func:`setup_program`
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
-from ..ops.communication import split_sizes
 from ..registry import OpKind, get_op
 from ..types import DeviceRef, TensorType
 from ..value import Value
@@ -49,84 +50,13 @@ from ._rewrite import (
     batch_size,
     check_degree,
     check_devices,
-    is_optimizer,
     localize_op,
-    parameter_inputs,
-    starts_backward,
 )
 from ._spmd import P, R
 from .data_parallel import data_plan
+from .stage_cut import assign_stages, backward_ops, stage_assignment, unmarked
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
-
-
-def _weights(f: Function) -> list[Value]:
-    optimizers = [op for op in f.ops if is_optimizer(op)]
-    chosen = {op.inputs[0] for op in optimizers} if optimizers else set(parameter_inputs(f))
-    order: list[Value] = []
-    for op in f.ops:
-        for v in op.inputs:
-            if v in chosen and v not in order:
-                order.append(v)
-    return order
-
-
-def backward_ops(f: Function) -> set[Op]:
-    """The backward pass: ops that depend on a ``LossGrad`` result, and ops after the first
-    ``LossGrad`` that only feed the backward pass (recomputed activations)."""
-    tainted: set[Value] = set()
-    found: set[Op] = set()
-    for op in f.ops:
-        if starts_backward(op) or any(v in tainted for v in op.inputs):
-            found.add(op)
-            tainted.update(op.outputs)
-    first = next((i for i, op in enumerate(f.ops) if starts_backward(op)), len(f.ops))
-    outputs = set(f.outputs)
-    for op in reversed(f.ops[first:]):
-        users = [u for v in op.outputs for u in f.consumers.get(v, [])]
-        if users and all(u in found for u in users) and not outputs & set(op.outputs):
-            found.add(op)
-    return found
-
-
-def stage_assignment(f: Function, stages: int) -> dict[Op, int]:
-    """The stage of every op of ``f`` (see the module docstring)."""
-    weights = _weights(f)
-    if isinstance(stages, bool) or not isinstance(stages, int) or stages < 1:
-        raise TransformError(f"stages must be a positive integer, got {stages!r}")
-    if stages > len(weights):
-        raise TransformError(
-            f"{stages} stages but {f.name} has only {len(weights)} weight(s) to spread over "
-            f"them (stages more than layers); use at most {len(weights)} stages"
-        )
-    weight_stage: dict[Value, int] = {}
-    start = 0
-    for s, n in enumerate(split_sizes(len(weights), stages)):
-        for w in weights[start : start + n]:
-            weight_stage[w] = s
-        start += n
-    backward = backward_ops(f)
-    producer = f.producers
-    stage: dict[Op, int] = {}
-    # A weight lives where the forward op that reads it runs (an op reading weights of two
-    # groups runs on the later one); its gradient and optimizer step follow it there.
-    home: dict[Value, int] = {}
-    for op in f.ops:
-        wstages = [home.get(v, weight_stage[v]) for v in op.inputs if v in weight_stage]
-        made = [stage[producer[v]] for v in op.inputs if v in producer]
-        if is_optimizer(op):
-            w = op.inputs[0]
-            stage[op] = home.get(w, weight_stage.get(w, max(made, default=0)))
-        elif op not in backward:
-            stage[op] = max(wstages + made, default=0)
-            for v in op.inputs:
-                if v in weight_stage:
-                    home.setdefault(v, stage[op])
-        else:
-            s = max(wstages) if wstages else min(made, default=0)
-            grads = [stage[producer[v]] for v in op.inputs if producer.get(v) in backward]
-            stage[op] = min([s, *grads])
-    return stage
 
 
 def _device_sequence(schedule: str, d: int, p: int, v: int, k: int, backward: bool) -> list:
@@ -174,7 +104,10 @@ class _Pipeline:
         batch: Sequence[str] | None,
         chunks: int = 1,
         resident: bool = True,
+        stage_of: Mapping[str, int] | None = None,
     ) -> None:
+        # Annotations choose the stages; their markers are not ops of the step.
+        f, marks = unmarked(f, stage_of)
         self.f, self.p, self.k, self.v = f, len(devices), k, chunks
         self.resident = resident
         # model stage s runs on device s % p (several stages per device when interleaved)
@@ -183,7 +116,7 @@ class _Pipeline:
         check_degree("number of microbatches", k, rows, "batch size")
         # States come from a split in two at least: with one part, whole and partial look alike.
         self.plan = data_plan(f, max(k, min(2, rows)), batch, what="number of microbatches")
-        self.stage = stage_assignment(f, stages)
+        self.stage = assign_stages(f, stages, marks)
         self.position = {op: i for i, op in enumerate(f.ops)}
         self.backward = backward_ops(f)
         self.b = FunctionBuilder(f.name)
@@ -360,8 +293,15 @@ def pipeline_parallel(
     output_device: DeviceRef | None = None,
     chunks: int = 1,
     resident: bool = True,
+    stage_of: Mapping[str, int] | None = None,
 ) -> Function:
     """``f`` pipelined over ``stages`` devices with ``microbatches`` microbatches.
+
+    Stages: where ``f`` carries pipeline-stage annotations (``PipelineStage`` markers,
+    ``ir.sharding.annotate_stages``) or ``stage_of={value_name: stage}`` is given, the
+    op making each named value runs in its stage and the rest follows
+    (``ir.transforms.stage_cut``); the annotations must make ``stages * chunks``
+    stages. Otherwise the weights are cut into balanced consecutive groups.
 
     ``resident=True`` (the default): a steady-state step, each input taken on the
     device of the stage that first reads it (weights and optimizer state on their
@@ -411,6 +351,7 @@ def pipeline_parallel(
         batch_inputs,
         chunks=chunks,
         resident=resident,
+        stage_of=stage_of,
     )
     return pipe.run(output_device)
 

@@ -1,0 +1,266 @@
+"""Which pipeline stage runs each op: cut by cost, or as the program's annotations say.
+
+Without annotations the weights are cut into ``n`` consecutive groups (in order
+of first use) and each forward op runs on the stage of the weights it reads,
+never before the stage of its operands.
+
+With annotations (seed 001's per-node ``pipeline_stage``: ``PipelineStage``
+markers from ``ir.sharding.annotate_stages``, kept by ``training``, or a
+``stage_of={value_name: stage}`` mapping) each forward op runs in its annotated
+stage, and an unmarked forward op in the latest stage of its operands (the
+seed's "A -> ... -> E in stage 1, F -> ... -> K in stage 2": mark the first op
+of each stage). The annotations must describe a pipeline of ``n`` stages:
+ids ``0 .. n-1``, each with an op, never decreasing along the data flow, and
+each weight read in one stage only.
+
+Either way the rest follows the forward pass: a weight lives on the stage of
+the forward op that reads it and its optimizer step runs there; a backward op
+runs with the forward op it differentiates: on the stage of the weight it
+reads, else on the earliest stage among the forward values it reads, never
+later than the stage its incoming gradient comes from.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ..function import Function
+from ..op import Op
+from ..ops.communication import split_sizes
+from ..sharding.errors import AnnotationError
+from ..sharding.stages import is_stage_marker, stage_marks, strip_stages
+from ..value import Value
+from ..verify import describe_op
+from ._rewrite import TransformError, is_optimizer, parameter_inputs, starts_backward
+
+_SEE = "(the pipeline degree, times chunks with the interleaved schedule)"
+
+
+def weights(f: Function) -> list[Value]:
+    """The weights of ``f`` (what its optimizer steps update, else its parameters) in order
+    of first use."""
+    optimizers = [op for op in f.ops if is_optimizer(op)]
+    chosen = {op.inputs[0] for op in optimizers} if optimizers else set(parameter_inputs(f))
+    order: list[Value] = []
+    for op in f.ops:
+        for v in op.inputs:
+            if v in chosen and v not in order:
+                order.append(v)
+    return order
+
+
+def backward_ops(f: Function) -> set[Op]:
+    """The backward pass: ops that depend on a ``LossGrad`` result, and ops after the first
+    ``LossGrad`` that only feed the backward pass (recomputed activations)."""
+    tainted: set[Value] = set()
+    found: set[Op] = set()
+    for op in f.ops:
+        if starts_backward(op) or any(v in tainted for v in op.inputs):
+            found.add(op)
+            tainted.update(op.outputs)
+    first = next((i for i, op in enumerate(f.ops) if starts_backward(op)), len(f.ops))
+    outputs = set(f.outputs)
+    for op in reversed(f.ops[first:]):
+        users = [u for v in op.outputs for u in f.consumers.get(v, [])]
+        if users and all(u in found for u in users) and not outputs & set(op.outputs):
+            found.add(op)
+    return found
+
+
+def stage_assignment(
+    f: Function, n: int, stage_of: Mapping[str, int] | None = None
+) -> dict[Op, int]:
+    """The stage (``0 .. n-1``) of every op of ``f``; see the module docstring.
+
+    The annotations are ``f``'s ``PipelineStage`` markers (a marker gets the stage of
+    the op it marks) or ``stage_of``, not both; with neither, the cut balances weights.
+
+    >>> import ir
+    >>> from ir.sharding import annotate_stages
+    >>> t = ir.transforms.training(annotate_stages(ir.models.mlp(8, 4, 6, 4, layers=4), {"a1": 1}))
+    >>> stage = stage_assignment(t, 2)
+    >>> [(op.outputs[0].name, stage[op]) for op in t.ops if op.op_type == "MatMul"]
+    [('a0', 0), ('a1', 1), ('a2', 1), ('y', 1)]
+    >>> [(op.outputs[0].name, stage[op]) for op in t.ops if op.op_type == "SGDOptimizer"]
+    [('wD1', 1), ('wC1', 1), ('wB1', 1), ('wA1', 0)]
+    """
+    return assign_stages(f, n, annotated_stages(f, stage_of))
+
+
+def annotated_stages(f: Function, stage_of: Mapping[str, int] | None = None) -> dict[Op, int]:
+    """The ops of ``f`` that its ``PipelineStage`` markers or ``stage_of`` (value name ->
+    stage) put in a stage (empty: no annotations)."""
+    try:
+        marked = stage_marks(f)
+    except AnnotationError as e:
+        raise TransformError(f"pipeline level: {e}") from None
+    if stage_of is None:
+        return marked
+    if marked:
+        raise TransformError(
+            f"pipeline level: {f.name} carries PipelineStage annotations and stage_of= was "
+            "given too; give the stages one way (strip the markers or drop stage_of)"
+        )
+    after = backward_ops(f)
+    makers: dict[str, list[Op]] = {}
+    for op in f.ops:
+        if not is_stage_marker(op) and op not in after and not is_optimizer(op):
+            for v in op.outputs:
+                makers.setdefault(v.name, []).append(op)
+    for name, s in stage_of.items():
+        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+            raise TransformError(
+                f"pipeline level: the stage of {name!r} must be a non-negative integer, got {s!r}"
+            )
+        if name not in makers:
+            raise TransformError(
+                f"pipeline level: no forward op of {f.name} makes a value named {name!r} to put "
+                f"in stage {s} (the backward pass and optimizer steps follow their forward ops)"
+            )
+        for op in makers[name]:
+            if marked.get(op, s) != s:
+                raise TransformError(
+                    f"pipeline level: the op making {name!r} is put in stages {marked[op]} and "
+                    f"{s}; one stage per op\n  in: {describe_op(op)}"
+                )
+            marked[op] = s
+    return marked
+
+
+def unmarked(f: Function, stage_of: Mapping[str, int] | None = None) -> tuple[Function, dict]:
+    """``f`` without ``PipelineStage`` markers, and its annotated ops (by the new ops)."""
+    marks = annotated_stages(f, stage_of)
+    if stage_of is not None:  # then f has no markers (annotated_stages checks)
+        return f, marks
+    return strip_stages(f)
+
+
+def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]:
+    """The stage of every op of ``f``: ``marks`` (annotated ops) or, if empty, the cost cut."""
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise TransformError(f"stages must be a positive integer, got {n!r}")
+    backward = backward_ops(f)
+    if marks:
+        forward = _annotated_forward(f, n, marks, backward)
+        weight_stage = _weight_stages(f, forward)
+    else:
+        forward = None
+        weight_stage = _balanced_weights(f, n)
+    producer = f.producers
+    stage: dict[Op, int] = {}
+    # A weight lives where the forward op that reads it runs (an op reading weights of two
+    # groups runs on the later one); its gradient and optimizer step follow it there.
+    home: dict[Value, int] = {}
+    for op in f.ops:
+        wstages = [home.get(v, weight_stage[v]) for v in op.inputs if v in weight_stage]
+        made = [stage[producer[v]] for v in op.inputs if v in producer]
+        if is_optimizer(op):
+            w = op.inputs[0]
+            stage[op] = home.get(w, weight_stage.get(w, max(made, default=0)))
+        elif op not in backward:
+            stage[op] = forward[op] if forward is not None else max(wstages + made, default=0)
+            for v in op.inputs:
+                if v in weight_stage:
+                    home.setdefault(v, stage[op])
+        else:
+            s = max(wstages) if wstages else min(made, default=0)
+            grads = [stage[producer[v]] for v in op.inputs if producer.get(v) in backward]
+            stage[op] = min([s, *grads])
+    return stage
+
+
+def _balanced_weights(f: Function, n: int) -> dict[Value, int]:
+    order = weights(f)
+    if n > len(order):
+        raise TransformError(
+            f"{n} stages but {f.name} has only {len(order)} weight(s) to spread over "
+            f"them (stages more than layers); use at most {len(order)} stages"
+        )
+    weight_stage: dict[Value, int] = {}
+    start = 0
+    for s, k in enumerate(split_sizes(len(order), n)):
+        for w in order[start : start + k]:
+            weight_stage[w] = s
+        start += k
+    return weight_stage
+
+
+def _annotated_forward(
+    f: Function, n: int, marks: Mapping[Op, int], backward: set[Op]
+) -> dict[Op, int]:
+    """The stage of every forward op (markers included), checked to make ``n`` stages."""
+    producer = f.producers
+    for op in marks:
+        if op in backward or is_optimizer(op):
+            raise TransformError(
+                f"pipeline level: {op.outputs[0].name!r} is annotated, but its op is part of "
+                "the backward pass or an optimizer step, which follow their forward ops; "
+                f"annotate forward ops only\n  in: {describe_op(op)}"
+            )
+    forward: dict[Op, int] = {}
+    for op in f.ops:
+        if op in backward or is_optimizer(op):
+            continue
+        made = {v: forward[producer[v]] for v in op.inputs if producer.get(v) in forward}
+        if is_stage_marker(op):
+            forward[op] = made.get(op.inputs[0], 0)
+            continue
+        inherited = max(made.values(), default=0)
+        s = marks.get(op, inherited)
+        if s < inherited:
+            late = next(v for v, k in made.items() if k == inherited)
+            raise TransformError(
+                f"pipeline level: {op.outputs[0].name!r} is annotated stage {s} but reads "
+                f"{late.name!r} from stage {inherited}; stages must not decrease along the "
+                "data flow (a later stage feeding an earlier one is a cycle between stages): "
+                f"put it in stage {inherited} or later\n  in: {describe_op(op)}"
+            )
+        forward[op] = s
+    used = sorted({s for op, s in forward.items() if not is_stage_marker(op)})
+    beyond = [s for s in used if s >= n]
+    if beyond:
+        raise TransformError(
+            f"pipeline level: the annotations use stages {used} but the pipeline has {n} "
+            f"{_SEE}, numbered 0 to {n - 1}; stage(s) {beyond} are out of range"
+        )
+    empty = [s for s in range(n) if s not in used]
+    gaps = [s for s in empty if s < used[-1]]
+    if gaps:
+        raise TransformError(
+            f"pipeline level: stage(s) {gaps} have no op (a gap in the annotated stages "
+            f"{used}); number the stages 0, 1, 2, ... without gaps"
+        )
+    if empty:
+        raise TransformError(
+            f"pipeline level: the annotations make {len(used)} stage(s) but the pipeline has "
+            f"{n} {_SEE}; annotate {n} stages or ask for {len(used)}"
+        )
+    return forward
+
+
+def _weight_stages(f: Function, forward: Mapping[Op, int]) -> dict[Value, int]:
+    """The one stage whose forward ops read each weight."""
+    readers: dict[Value, set[int]] = {}
+    chosen = set(weights(f))
+    for op, s in forward.items():
+        for v in op.inputs:
+            if v in chosen:
+                readers.setdefault(v, set()).add(s)
+    for w, stages in readers.items():
+        if len(stages) > 1:
+            raise TransformError(
+                f"pipeline level: weight {w.name!r} is read by stages {sorted(stages)}; a "
+                "weight lives on one stage, so annotate the ops that read it into one stage "
+                "(tied weights across stages are not supported)"
+            )
+    return {w: min(stages) for w, stages in readers.items()}
+
+
+__all__ = [
+    "annotated_stages",
+    "assign_stages",
+    "backward_ops",
+    "stage_assignment",
+    "unmarked",
+    "weights",
+]
