@@ -163,3 +163,21 @@ def test_degrees_that_cannot_be_honoured_name_their_level() -> None:
         megatron(f, 1, 1, 2, 3, "interleaved", chunks=1)
     with pytest.raises(TransformError, match="topology has only 2 devices"):
         megatron(f, 2, 2, 1, 1, topology=ir.Topology.uniform(2))
+
+
+@pytest.mark.parametrize(("layers", "pp"), [(4, 3), (4, 5), (4, 8), (8, 8), (16, 8)])
+def test_a_gpt_pipeline_cuts_between_sublayers_and_runs_any_degree(layers, pp) -> None:
+    """The cost cut falls where one activation crosses (the residual stream), never inside
+    an attention block: every degree up to two stages per layer builds and executes."""
+    f = models.gpt(batch=pp, seq=4, hidden=8, heads=2, vocab=16, layers=layers, dtype=F64)
+    t = transforms.training(f)
+    g = megatron(t, 1, 1, pp, pp, "1f1b")
+    stage = transforms.stage_assignment(t, pp)
+    by_layer: dict[str, set[int]] = {}
+    for op in t.ops:
+        for v in op.inputs:
+            if v.name.startswith("h") and "_attn_w" in v.name:
+                by_layer.setdefault(v.name.split("_")[0], set()).add(stage[op])
+    assert all(len(stages) == 1 for stages in by_layer.values()), by_layer
+    if layers <= 4:
+        _run(t, g)
