@@ -131,7 +131,15 @@ class TensorType:
         return self.num_elements * self.dtype.itemsize_bytes
 
     def with_device(self, device: DeviceRef) -> TensorType:
-        return TensorType(self.shape, self.dtype, device)
+        if device == self.device:
+            return self
+        # this tensor's shape and dtype are checked already: one per device of a pmap
+        # is made this way, so skip __post_init__
+        moved = object.__new__(TensorType)
+        object.__setattr__(moved, "shape", self.shape)
+        object.__setattr__(moved, "dtype", self.dtype)
+        object.__setattr__(moved, "device", device)
+        return moved
 
     def with_shape(self, shape: tuple[int, ...]) -> TensorType:
         return TensorType(tuple(shape), self.dtype, self.device)

@@ -136,32 +136,31 @@ def _infer_types(
 
 def check_op(op: Op, defined: set[Value] | Mapping[Value, Any]) -> None:
     """Check one op against its record and the set of values defined before it."""
-    where = describe_op(op)
     try:
         opdef = get_op(op.op_type)
     except UnknownOpError as e:
-        raise VerifyError(f"{e}\n  in: {where}") from None
+        raise VerifyError(f"{e}\n  in: {describe_op(op)}") from None
     for i, v in enumerate(op.inputs):
         if v not in defined:
             raise VerifyError(
                 f"operand {i} of {op.op_type} ({v.name!r}) is not defined before this op "
                 f"(ops must be in topological order and bodies may not read outer values)"
-                f"\n  in: {where}"
+                f"\n  in: {describe_op(op)}"
             )
     try:
         results, _ = infer_types(opdef, [v.type for v in op.inputs], op.attributes, op.subfunctions)
     except VerifyError as e:
-        raise VerifyError(f"{e}\n  in: {where}") from None
+        raise VerifyError(f"{e}\n  in: {describe_op(op)}") from None
     if len(results) != len(op.outputs):
         raise VerifyError(
             f"{op.op_type} defines {len(results)} result(s), the op lists {len(op.outputs)}"
-            f"\n  in: {where}"
+            f"\n  in: {describe_op(op)}"
         )
     for out, want in zip(op.outputs, results):
         if out.type != want:
             raise VerifyError(
                 f"{op.op_type} result {out.name!r} is declared {out.type} but the op's "
-                f"type rule gives {want}\n  in: {where}"
+                f"type rule gives {want}\n  in: {describe_op(op)}"
             )
 
 

@@ -38,7 +38,16 @@ def _pmap_types(ctx: TypeContext):
     for i, t in enumerate(tuples):
         if len(t) != n:
             raise TypeRuleError(f"pmap operand {i} has {len(t)} elements, operand 0 has {n}")
-        for k, (elem, param) in enumerate(zip(t.elements, [body.inputs[i].type] * n)):
+        param = body.inputs[i].type
+        if _binds_plainly(param, var, device_map) and all(
+            e.__class__ is TensorType
+            and e.shape == param.shape
+            and e.dtype is param.dtype
+            and e.device == d
+            for e, d in zip(t.elements, devices)
+        ):
+            continue  # each element is the body's tensor input on its own device
+        for k, elem in enumerate(t.elements):
             want = bind_type(param, var, devices[k], device_map)
             if elem != want:
                 raise TypeRuleError(
@@ -49,6 +58,13 @@ def _pmap_types(ctx: TypeContext):
         TupleType(tuple(bind_type(out.type, var, d, device_map) for d in devices))
         for out in body.outputs
     ]
+
+
+def _binds_plainly(param, var: str, device_map) -> bool:
+    """``param`` is a tensor on the pmap's device variable itself: bound to device ``d`` it
+    is the same tensor on ``d``."""
+    device = param.device if param.__class__ is TensorType else None
+    return isinstance(device, DeviceVar) and device.name == var and not device.sub
 
 
 def _pmap_examples(s: int) -> list[TypeContext]:

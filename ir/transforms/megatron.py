@@ -383,6 +383,7 @@ class _Megatron:
         t, hplan, dplan = self.t, self.hplan, self.dplan
         b = self.b = FunctionBuilder(t.name)
         self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
+        self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
         self.acc: dict[Value, Value] = {}
         self.layouts: dict[str, tuple[str, ...]] = {}
         self.stage_of_key: dict[Value, int] = {}
@@ -421,7 +422,7 @@ class _Megatron:
                 self.weight_input[v] = x
                 if p is not None:
                     for mb in range(self.m):
-                        self.vals[(p, mb, stage)] = x
+                        self._put(p, mb, stage, x)
             else:
                 stage = self.stage_of_key[p]
                 state = hplan.state[p] if p is not None else R
@@ -430,7 +431,7 @@ class _Megatron:
                 x = b.input(v.name, TupleType((per_mb,) * self.m))
                 self.layouts[v.name] = ("S(0)", f"S(0)@{self.dp}", _level(state, self.tp))
                 for mb in range(self.m):
-                    self.vals[(p, mb, stage)] = b.call(
+                    self.vals[(p, mb, stage)] = self.made_on[(p, mb)] = b.call(
                         "TupleGet", x, index=mb, name=f"{v.name}_mb{mb}"
                     )
         self._merge()
@@ -478,11 +479,15 @@ class _Megatron:
             t = t.with_shape(tuple(shape))
         return t.with_device(None)
 
+    def _put(self, key: Value, mb: int, stage: int, value: Value) -> None:
+        self.vals[(key, mb, stage)] = value
+        self.made_on.setdefault((key, mb), stage)
+
     def value(self, key: Value, mb: int, stage: int) -> Value:
         """``key`` of microbatch ``mb`` on ``stage``'s devices (sent there once)."""
         if (key, mb, stage) in self.vals:
             return self.vals[(key, mb, stage)]
-        home = next((s for (k, m, s) in self.vals if k is key and m == mb), None)
+        home = self.made_on.get((key, mb))
         if home is None:
             raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
         src = self.vals[(key, mb, home)]
@@ -563,7 +568,7 @@ class _Megatron:
         return out | set(self.final.values()) | self.summed
 
     def _made(self, v: Value, mb: int, s: int, out: Value) -> None:
-        self.vals[(v, mb, s)] = out
+        self._put(v, mb, s, out)
         final = {h: p for p, h in self.final.items()}
         piece_value = final.get(v)
         if piece_value is None or piece_value not in self.summed:
@@ -712,7 +717,7 @@ class _Megatron:
                 outs.append(self.acc[h])
                 layouts.append((f"P@{self.dp}", _level(hstate, self.tp)))
             else:
-                per_mb = [self.vals[(h, mb, self._home(h, mb))] for mb in range(self.m)]
+                per_mb = [self.vals[(h, mb, self.made_on[(h, mb)])] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
                 layouts.append(("S(0)", f"S(0)@{self.dp}", _level(hstate, self.tp)))
         return outs, layouts
@@ -731,9 +736,6 @@ class _Megatron:
 
     def _piece_key(self, p: Value) -> Value | None:
         return self.key_of.get(p)
-
-    def _home(self, h: Value, mb: int) -> int:
-        return next(s for (k, m, s) in self.vals if k is h and m == mb)
 
 
 def megatron(
