@@ -1,6 +1,7 @@
 """The simulator against published iteration times of GPT training (docs/accuracy.md).
 
-    python benchmarks/accuracy.py [--rows LABEL ...] [--matrix-efficiency E] [--fit]
+    python benchmarks/accuracy.py [--rows LABEL ...] [--microbatches K]
+                                  [--matrix-efficiency E] [--fit]
 
 Each row is a configuration from a paper or its authors' post, rebuilt with this
 project's own tools: ``ir.models.gpt`` in float16, ``ir.transforms.training`` with
@@ -13,7 +14,9 @@ or derived from the published throughput with the paper's own FLOP count,
 :func:`model_flops`). The table gives each row's error and the mean absolute
 percentage error (MAPE) over the rows.
 
-``--matrix-efficiency E`` scales every device's matrix (tensor-core) peaks by
+``--microbatches K`` splits every replica's batch into ``K`` microbatches (gradient
+accumulation) instead of the rows' one; the papers do not give their microbatch
+size. ``--matrix-efficiency E`` scales every device's matrix (tensor-core) peaks by
 ``E`` (one factor for all rows, never per row); ``--fit`` also prints the
 efficiency each row would need, their median, and the rows re-simulated at it.
 The presets themselves have no efficiency factor: they cost at 100% of peak.
@@ -348,10 +351,13 @@ def table_markdown(rows: Sequence[Row]) -> str:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", help="labels of the rows to run (default: all)")
+    parser.add_argument("--microbatches", type=int, default=None)
     parser.add_argument("--matrix-efficiency", type=float, default=1.0)
     parser.add_argument("--fit", action="store_true")
     args = parser.parse_args(argv)
     cases = [c for c in CASES if not args.rows or c.label in args.rows]
+    if args.microbatches is not None:
+        cases = [replace(c, microbatches=args.microbatches) for c in cases]
     rows = []
     for case in cases:
         row = run_case(case, args.matrix_efficiency)
