@@ -34,8 +34,6 @@ import ir
 from ir import models, transforms
 from ir.function import Function
 from ir.registry import CostContext, get_op
-from ir.transforms.recompute import backward_start
-from ir.value import Value
 
 MATMULS = ("MatMul", "MatMulGrad")
 # The attention's elementwise ops on the (batch, heads, seq, seq) scores: memory-bound.
@@ -120,41 +118,12 @@ def model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, *, r
     return 72.0 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * L * h))
 
 
-def layer_activations(t: Function) -> list[Value]:
-    """Every forward value inside a transformer layer of ``ir.models.gpt``'s training step
-    that the backward needs, with whatever it is recomputed from, except each layer's
-    output (``h<i>_res2``), the checkpoint the next layer starts from.
-
-    ``ir.transforms.recompute(t, layer_activations(t))`` then replays each layer's
-    forward from its input before the layer's backward, as Megatron-LM's per-layer
-    activation checkpointing does, but for the layer's last projection (``h<i>_proj``)
-    and residual add: nothing in the backward reads them, so the transform does not
-    replay them, while Megatron-LM's checkpointed function runs the layer whole.
-    """
-    start = backward_start(t)
-    producer = {v: op for op in t.ops[:start] for v in op.outputs}
-
-    def in_layer(v: Value) -> bool:
-        head = v.name.split("_", 1)[0]
-        return head[:1] == "h" and head[1:].isdigit() and not v.name.endswith("_res2")
-
-    read_by_backward = {v for op in t.ops[start:] for v in op.inputs}
-    chosen = {v for v in producer if in_layer(v) and v in read_by_backward}
-    frontier = list(chosen)
-    while frontier:
-        for u in producer[frontier.pop()].inputs:
-            if u in producer and in_layer(u) and u not in chosen:
-                chosen.add(u)
-                frontier.append(u)
-    return [v for v in producer if v in chosen]
-
-
 def training_step(model: GptConfig, batch: int, *, recompute: bool = True) -> Function:
     """The sequential float16 training step (Adam) of ``model``, layers checkpointed."""
     m = model
     f = models.gpt(batch, m.seq, m.hidden, m.heads, m.vocab, m.layers, dtype="float16")
     t = transforms.training(f, "adam")
-    return transforms.recompute(t, layer_activations(t)) if recompute else t
+    return transforms.recompute(t, models.gpt_layer_activations(t)) if recompute else t
 
 
 def build(case: Case) -> Function:

@@ -29,7 +29,14 @@ from .function import Function
 from .types import DType, TensorType
 from .value import Value
 
-__all__ = ["ModelError", "gpt", "gpt_weight_shapes", "mlp", "mlp_weight_names"]
+__all__ = [
+    "ModelError",
+    "gpt",
+    "gpt_layer_activations",
+    "gpt_weight_shapes",
+    "mlp",
+    "mlp_weight_names",
+]
 
 ACTIVATIONS = ("relu", "gelu", "tanh")
 
@@ -211,3 +218,34 @@ def gpt(
     logits = b.call("MatMul", h, w["w_head"], name="logits")
     loss = b.call("Loss", logits, labels, name="l")
     return _maybe_training(b.finish([logits, loss]), training)
+
+
+def gpt_layer_activations(t: Function) -> list[Value]:
+    """Every forward value inside a transformer layer of ``ir.models.gpt``'s training step
+    that the backward needs, with whatever it is recomputed from, except each layer's
+    output (``h<i>_res2``), the checkpoint the next layer starts from.
+
+    ``ir.transforms.recompute(t, gpt_layer_activations(t))`` then replays each layer's
+    forward from its input before the layer's backward, as Megatron-LM's per-layer
+    activation checkpointing does, but for the layer's last projection (``h<i>_proj``)
+    and residual add: nothing in the backward reads them, so the transform does not
+    replay them, while Megatron-LM's checkpointed function runs the layer whole.
+    """
+    from .transforms.recompute import backward_start
+
+    start = backward_start(t)
+    producer = {v: op for op in t.ops[:start] for v in op.outputs}
+
+    def in_layer(v: Value) -> bool:
+        head = v.name.split("_", 1)[0]
+        return head[:1] == "h" and head[1:].isdigit() and not v.name.endswith("_res2")
+
+    read_by_backward = {v for op in t.ops[start:] for v in op.inputs}
+    chosen = {v for v in producer if in_layer(v) and v in read_by_backward}
+    frontier = list(chosen)
+    while frontier:
+        for u in producer[frontier.pop()].inputs:
+            if u in producer and in_layer(u) and u not in chosen:
+                chosen.add(u)
+                frontier.append(u)
+    return [v for v in producer if v in chosen]

@@ -49,15 +49,21 @@ def weights(f: Function) -> list[Value]:
     return order
 
 
-def backward_ops(f: Function) -> set[Op]:
-    """The backward pass: ops that depend on a ``LossGrad`` result, and ops after the first
-    ``LossGrad`` that only feed the backward pass (recomputed activations)."""
+def gradient_ops(f: Function) -> set[Op]:
+    """The ops that depend on a ``LossGrad`` result (the backward pass without replays)."""
     tainted: set[Value] = set()
     found: set[Op] = set()
     for op in f.ops:
         if starts_backward(op) or any(v in tainted for v in op.inputs):
             found.add(op)
             tainted.update(op.outputs)
+    return found
+
+
+def backward_ops(f: Function) -> set[Op]:
+    """The backward pass: ops that depend on a ``LossGrad`` result, and ops after the first
+    ``LossGrad`` that only feed the backward pass (recomputed activations)."""
+    found = gradient_ops(f)
     first = next((i for i, op in enumerate(f.ops) if starts_backward(op)), len(f.ops))
     outputs = set(f.outputs)
     for op in reversed(f.ops[first:]):
@@ -140,6 +146,7 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TransformError(f"stages must be a positive integer, got {n!r}")
     backward = backward_ops(f)
+    gradients = gradient_ops(f)
     if marks:
         forward = _annotated_forward(f, n, marks, backward)
         weight_stage = _weight_stages(f, forward)
@@ -162,9 +169,18 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
             for v in op.inputs:
                 if v in weight_stage:
                     home.setdefault(v, stage[op])
+        elif op not in gradients:  # a recomputed activation: where its forward op ran
+            stage[op] = max(wstages + made, default=0)
         else:
-            s = max(wstages) if wstages else min(made, default=0)
-            grads = [stage[producer[v]] for v in op.inputs if producer.get(v) in backward]
+            # the stage of the forward op it differentiates: of the weight it reads, else
+            # the latest of the activations it reads (the forward op's inputs or outputs)
+            grads = [stage[producer[v]] for v in op.inputs if producer.get(v) in gradients]
+            values = [
+                stage[producer[v]]
+                for v in op.inputs
+                if v in producer and producer[v] not in gradients
+            ]
+            s = max(wstages) if wstages else max(values, default=min(grads, default=0))
             stage[op] = min([s, *grads])
     return stage
 

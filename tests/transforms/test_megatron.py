@@ -181,3 +181,13 @@ def test_a_gpt_pipeline_cuts_between_sublayers_and_runs_any_degree(layers, pp) -
     assert all(len(stages) == 1 for stages in by_layer.values()), by_layer
     if layers <= 4:
         _run(t, g)
+
+
+def test_a_pipeline_of_layers_recomputed_whole_runs_each_replay_on_its_layers_stage() -> None:
+    """Per-layer checkpointing (every activation inside a block replayed from the block's
+    input): a replay runs where its forward op ran, so no weight is read by two stages."""
+    f = models.gpt(batch=4, seq=4, hidden=8, heads=2, vocab=16, layers=2, dtype=F64)
+    t = transforms.training(f, optimizer="adam")
+    r = transforms.recompute(t, models.gpt_layer_activations(t))
+    _run(r, megatron(r, 1, 2, 2, 4))
+    _run(r, megatron(r, 2, 1, 2, 2, "gpipe"))
