@@ -9,6 +9,8 @@ whose i-th element lives on the i-th device of the first operand. A
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..errors import TypeRuleError
@@ -54,10 +56,19 @@ def _pmap_types(ctx: TypeContext):
                     f"element {k} of pmap operand {i} is {elem}, but the body's input "
                     f"{body.inputs[i].name!r} bound to device {devices[k]} is {want}"
                 )
+    if device_map is None:
+        return [_bound_tuple(out.type, var, devices) for out in body.outputs]
     return [
         TupleType(tuple(bind_type(out.type, var, d, device_map) for d in devices))
         for out in body.outputs
     ]
+
+
+@functools.lru_cache(maxsize=4096)
+def _bound_tuple(t, var: str, devices: tuple) -> TupleType:
+    """A body result's type on each of ``devices``: one tuple type per (type, devices),
+    shared by every pmap of a long program that makes it (types are immutable values)."""
+    return TupleType(tuple(bind_type(t, var, d) for d in devices))
 
 
 def _binds_plainly(param, var: str, device_map) -> bool:

@@ -77,7 +77,6 @@ from ..op import Op
 from ..registry import get_op
 from ..types import DeviceVar, TensorType, TupleType
 from ..value import Value
-from ..verify import verify
 from ._rewrite import (
     TransformError,
     batch_inputs,
@@ -436,7 +435,8 @@ class _Megatron:
                     )
         self._merge()
         outs, out_layouts = self._optimizer_and_outputs()
-        g = with_layouts(verify(b.finish(outs)), self.layouts, out_layouts)
+        # (the builder has checked every op as it was added, and finish() the outputs)
+        g = with_layouts(b.finish(outs), self.layouts, out_layouts)
         # Every device of a stage runs the same pmaps and takes part in the same grouped
         # collectives and sends: one rank class per pipeline rank.
         classes = tuple(tuple(self.devices(rank)) for rank in range(self.pp))
@@ -498,6 +498,11 @@ class _Megatron:
         return moved
 
     def _merge(self) -> None:
+        self._readers: dict[Value, list[_Item]] = {}  # the items that read each key
+        for item in self.items:
+            for k in item.keys:
+                self._readers.setdefault(k, []).append(item)
+        self._kept = set(self.final.values()) | self.summed
         producer: dict[Value, tuple[int, str]] = {}
         for key, items in self.tasks.items():
             for item in items:
@@ -563,9 +568,14 @@ class _Megatron:
             self._made(v, mb, s, out)
 
     def _used_later(self, run: list[_Item]) -> set[Value]:
+        """The values ``run`` makes that an item outside it reads, or that are kept."""
         inside = set(run)
-        out = {k for item in self.items if item not in inside for k in item.keys}
-        return out | set(self.final.values()) | self.summed
+        return {
+            v
+            for item in run
+            for v in item.outputs
+            if v in self._kept or any(r not in inside for r in self._readers.get(v, ()))
+        }
 
     def _made(self, v: Value, mb: int, s: int, out: Value) -> None:
         self._put(v, mb, s, out)
