@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from .errors import DistIRError
 
@@ -188,27 +189,25 @@ class Topology:
                 f"topology {self.name!r}: nodes {self.nodes} must list every device id once"
             )
 
-    @property
+    @cached_property
     def device_ids(self) -> tuple[int, ...]:
         return tuple(d.device_id for d in self.devices)
 
+    @cached_property
+    def _index_of(self) -> dict[int, int]:
+        return {d.device_id: i for i, d in enumerate(self.devices)}
+
     def device(self, device_id: int) -> Device:
-        for d in self.devices:
-            if d.device_id == device_id:
-                return d
-        raise TopologyError(
-            f"device {device_id} is not in topology {self.name!r} "
-            f"(devices: {list(self.device_ids)})"
-        )
+        return self.devices[self.index(device_id)]
 
     def index(self, device_id: int) -> int:
-        for i, d in enumerate(self.devices):
-            if d.device_id == device_id:
-                return i
-        raise TopologyError(
-            f"device {device_id} is not in topology {self.name!r} "
-            f"(devices: {list(self.device_ids)})"
-        )
+        i = self._index_of.get(device_id) if isinstance(device_id, int) else None
+        if i is None:
+            raise TopologyError(
+                f"device {device_id} is not in topology {self.name!r} "
+                f"(devices: {list(self.device_ids)})"
+            )
+        return i
 
     def bandwidth(self, src: int, dst: int) -> float:
         return self.bandwidth_bytes_per_s[self.index(src)][self.index(dst)]

@@ -15,6 +15,7 @@ import enum
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
 
 import ml_dtypes
 import numpy as np
@@ -158,7 +159,7 @@ class TupleType:
     def size_bytes(self) -> int:
         return sum(e.size_bytes for e in self.elements)
 
-    @property
+    @cached_property
     def devices(self) -> tuple[DeviceRef, ...]:
         return tuple(getattr(e, "device", None) for e in self.elements)
 

@@ -41,7 +41,10 @@ def _pmap_types(ctx: TypeContext):
         if len(t) != n:
             raise TypeRuleError(f"pmap operand {i} has {len(t)} elements, operand 0 has {n}")
         param = body.inputs[i].type
-        if _binds_plainly(param, var, device_map) and all(
+        plain = _binds_plainly(param, var, device_map)
+        if plain and t is _bound_tuple(param, var, devices):
+            continue  # the very tuple type a pmap of this body made (or an equal input's)
+        if plain and all(
             e.__class__ is TensorType
             and e.shape == param.shape
             and e.dtype is param.dtype

@@ -196,6 +196,7 @@ class _Megatron:
                 f"{t.name} also runs {shown} there"
             )
         self.conv_dst = {st.keys[1]: st for st in dplan.steps if st.op is None}
+        self._summed_sources = {st.keys[0] for st in self.conv_dst.values() if st.src == P}
         # The per-piece program: the local ops of the data plan (batch / (dp m) rows).
         loc = dplan.local
         b = FunctionBuilder(f"{t.name}_piece")
@@ -395,9 +396,17 @@ class _Megatron:
         self.weight_input: dict[Value, Value] = {}
         self.batch_split: dict[Value, Value] = {}
         piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        self._items_reading: dict[Value, list[_Item]] = {}
+        for item in self.items:
+            for k in item.keys:
+                self._items_reading.setdefault(k, []).append(item)
+        post_users_of: dict[Value, list[Op]] = {}
+        for op in self.post:
+            for k in dict.fromkeys(self.post_keys[op]):
+                post_users_of.setdefault(k, []).append(op)
         for v in t.inputs:
             p = piece_inputs.get(v)
-            post_users = [op for op in self.post if v in self.post_keys[op]]
+            post_users = post_users_of.get(v, [])
             if p is None and not post_users:
                 if v in t.outputs:
                     raise TransformError(f"input {v.name!r} is returned unchanged; not supported")
@@ -446,7 +455,7 @@ class _Megatron:
         """The stage whose ops read weight ``v``; its optimizer steps run there too."""
         stages = set()
         if p is not None:
-            stages |= {item.stage for item in self.items if p in item.keys}
+            stages |= {item.stage for item in self._items_reading.get(p, ())}
         if not stages:
             stages |= {self.stage_of_post[op] for op in post_users}
         if len(stages) > 1:
@@ -458,10 +467,10 @@ class _Megatron:
 
     def _post_state(self, v: Value) -> Shard:
         """The tensor-parallel state of an optimizer-only input: its weight's."""
+        piece_inputs = {k: q for q, k in self.source_of.items()}
         for op in self.post:
             if v in self.post_keys[op]:
-                w = self.post_keys[op][0]
-                p = next((q for q, k in self.source_of.items() if k == w), None)
+                p = piece_inputs.get(self.post_keys[op][0])
                 if p is not None:
                     return self.hplan.state.get(p) or R
         return R
@@ -498,11 +507,9 @@ class _Megatron:
         return moved
 
     def _merge(self) -> None:
-        self._readers: dict[Value, list[_Item]] = {}  # the items that read each key
-        for item in self.items:
-            for k in item.keys:
-                self._readers.setdefault(k, []).append(item)
+        self._readers = self._items_reading  # the items that read each key
         self._kept = set(self.final.values()) | self.summed
+        self._piece_of_final = {h: p for p, h in self.final.items()}
         producer: dict[Value, tuple[int, str]] = {}
         for key, items in self.tasks.items():
             for item in items:
@@ -579,8 +586,7 @@ class _Megatron:
 
     def _made(self, v: Value, mb: int, s: int, out: Value) -> None:
         self._put(v, mb, s, out)
-        final = {h: p for p, h in self.final.items()}
-        piece_value = final.get(v)
+        piece_value = self._piece_of_final.get(v)
         if piece_value is None or piece_value not in self.summed:
             return
         if self.zero == 2:  # ZeRO-2: each microbatch's gradient reduce-scattered as made
@@ -627,12 +633,7 @@ class _Megatron:
     def dplan_source(self, piece_value: Value) -> Value | None:
         """The data-plan key a piece output stands for, if it is converted (a gradient)."""
         key = self.key_of.get(piece_value)
-        if key is None:
-            return None
-        for st in self.conv_dst.values():
-            if st.keys[0] is key and st.src == P:
-                return key
-        return None
+        return key if key is not None and key in self._summed_sources else None
 
     def _emit_conversion(self, item: _Item, s: int, mb: int) -> None:
         src, dst = item.src, item.dst
@@ -658,11 +659,10 @@ class _Megatron:
     def _optimizer_and_outputs(self) -> tuple[list[Value], list]:
         t, dplan = self.t, self.dplan
         glob: dict[Value, Value] = {}
+        final_piece_of = {k: p for p, k in self.key_of.items() if p in self.final}
         for dst, st in self.conv_dst.items():
             src = st.keys[0]
-            piece_value = next(
-                (p for p, k in self.key_of.items() if k is src and p in self.final), None
-            )
+            piece_value = final_piece_of.get(src)
             if piece_value is None:
                 continue
             h = self.final[piece_value]
