@@ -3,12 +3,17 @@
 Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 ``format`` for the text format, ``execute`` for the numpy reference executor,
 ``Topology`` for hardware (``calibrate`` measures this machine), and ``ir.models``
-for ready-made models.
+for ready-made models; ``ir.search.search`` ranks parallel strategies.
 """
 
 from __future__ import annotations
 
-from . import models, sharding, transforms  # `import ir` is enough for ir.models.mlp(...)
+from . import (  # `import ir` is enough for ir.models.mlp(...)
+    models,
+    search,
+    sharding,
+    transforms,
+)
 from .builder import FunctionBuilder
 from .calibration import Calibration, calibrate
 from .device import Device, Topology, TopologyError
@@ -71,6 +76,7 @@ __all__ = [
     "parse",
     "random_inputs",
     "register_op",
+    "search",
     "sharding",
     "simulate",
     "transforms",

@@ -439,9 +439,8 @@ class _Megatron:
                 x = b.input(v.name, TupleType((per_mb,) * self.m))
                 self.layouts[v.name] = ("S(0)", f"S(0)@{self.dp}", _level(state, self.tp))
                 for mb in range(self.m):
-                    self.vals[(p, mb, stage)] = self.made_on[(p, mb)] = b.call(
-                        "TupleGet", x, index=mb, name=f"{v.name}_mb{mb}"
-                    )
+                    split = b.call("TupleGet", x, index=mb, name=f"{v.name}_mb{mb}")
+                    self._put(p, mb, stage, split)
         self._merge()
         outs, out_layouts = self._optimizer_and_outputs()
         # (the builder has checked every op as it was added, and finish() the outputs)

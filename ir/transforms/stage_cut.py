@@ -15,9 +15,14 @@ each weight read in one stage only.
 
 Either way the rest follows the forward pass: a weight lives on the stage of
 the forward op that reads it and its optimizer step runs there; a backward op
-runs with the forward op it differentiates: on the stage of the weight it
-reads, else on the earliest stage among the forward values it reads, never
-later than the stage its incoming gradient comes from.
+runs with the forward op it differentiates: the op making a weight's gradient
+on that weight's stage, else on the stage of the weight it reads, else on the
+latest stage among the forward values it reads, never later than the stage its
+incoming gradient comes from; a recomputed activation on its forward op's stage.
+
+Without annotations the cut falls at layer boundaries (:func:`layer_boundaries`:
+where one activation alone crosses the forward pass) balanced by weight bytes,
+so no layer is split between stages; with too few boundaries, by weight count.
 """
 
 from __future__ import annotations
@@ -154,6 +159,12 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
         forward = None
         weight_stage = _balanced_weights(f, n, backward)
     producer = f.producers
+    # the weight whose gradient each op makes (an EmbeddingGrad reads only the weight's
+    # shape, not the weight): it runs on that weight's stage
+    grad_of: dict[Op, Value] = {}
+    for op in f.ops:
+        if is_optimizer(op) and op.inputs[1] in producer:
+            grad_of[producer[op.inputs[1]]] = op.inputs[0]
     stage: dict[Op, int] = {}
     # A weight lives where the forward op that reads it runs (an op reading weights of two
     # groups runs on the later one); its gradient and optimizer step follow it there.
@@ -180,6 +191,10 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
                 for v in op.inputs
                 if v in producer and producer[v] not in gradients
             ]
+            w = grad_of.get(op)
+            if w is not None and w in weight_stage:
+                stage[op] = home.get(w, weight_stage[w])
+                continue
             s = max(wstages) if wstages else max(values, default=min(grads, default=0))
             stage[op] = min([s, *grads])
     return stage

@@ -165,7 +165,7 @@ def test_degrees_that_cannot_be_honoured_name_their_level() -> None:
         megatron(f, 2, 2, 1, 1, topology=ir.Topology.uniform(2))
 
 
-@pytest.mark.parametrize(("layers", "pp"), [(4, 3), (4, 5), (4, 8), (8, 8), (16, 8)])
+@pytest.mark.parametrize(("layers", "pp"), [(2, 8), (4, 3), (4, 5), (4, 8), (8, 8), (16, 8)])
 def test_a_gpt_pipeline_cuts_between_sublayers_and_runs_any_degree(layers, pp) -> None:
     """The cost cut falls where one activation crosses (the residual stream), never inside
     an attention block: every degree up to two stages per layer builds and executes."""

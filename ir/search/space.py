@@ -1,0 +1,232 @@
+"""The strategy space: 3D degrees, microbatches, schedule and the switches, and what can
+be ruled out before a program is built.
+
+A :class:`Strategy` is one point; :func:`strategies` enumerates the space a search
+asks for, and :func:`prune` says, without building anything, why a point cannot run
+(the batch does not divide, the weights and optimizer state alone exceed a device)
+or cannot win (another point of the space runs the same bubble in less memory).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, fields
+
+from ..device import Topology
+from ..errors import DistIRError
+from ..function import Function
+from ..transforms._rewrite import is_optimizer
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved")
+
+
+class SearchError(DistIRError):
+    """A search that cannot start: a bad space, a model without a batch."""
+
+
+@dataclass(frozen=True, order=True)
+class Strategy:
+    """One way to run a training step on ``dp * tp * pp`` devices (see ``T.megatron``)."""
+
+    dp: int
+    tp: int
+    pp: int
+    microbatches: int = 1
+    schedule: str = "1f1b"
+    chunks: int = 1
+    zero: int = 0
+    sequence_parallel: bool = False
+    recompute: bool = False
+
+    @property
+    def devices(self) -> int:
+        return self.dp * self.tp * self.pp
+
+    def __str__(self) -> str:
+        """``dp4 tp2 pp2 m8 1f1b`` (then ``v2``, ``zero1``, ``sp``, ``recompute`` if set).
+
+        >>> str(Strategy(2, 4, 2, 8, "interleaved", chunks=2, zero=1))
+        'dp2 tp4 pp2 m8 interleaved v2 zero1'
+        """
+        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}", f"m{self.microbatches}"]
+        parts.append(self.schedule)
+        if self.chunks > 1:
+            parts.append(f"v{self.chunks}")
+        if self.zero:
+            parts.append(f"zero{self.zero}")
+        if self.sequence_parallel:
+            parts.append("sp")
+        if self.recompute:
+            parts.append("recompute")
+        return " ".join(parts)
+
+    def build(self, t: Function, topology: Topology | None = None) -> Function:
+        """The steady-state step of training step ``t`` under this strategy."""
+        from .. import transforms
+
+        step = transforms.recompute(t) if self.recompute else t
+        return transforms.megatron(
+            step,
+            self.dp,
+            self.tp,
+            self.pp,
+            self.microbatches,
+            self.schedule,
+            chunks=self.chunks,
+            zero=self.zero,
+            sequence_parallel=self.sequence_parallel,
+            topology=topology,
+        )
+
+    def as_record(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending.
+
+    >>> divisors(12)
+    [1, 2, 3, 4, 6, 12]
+    """
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choices(name: str, given: Iterable | None, default: Sequence) -> list:
+    if given is None:
+        return list(default)
+    if isinstance(given, (int, str, bool)):
+        return [given]
+    out = list(given)
+    if not out:
+        raise SearchError(f"{name} lists no value to try")
+    return out
+
+
+def strategies(
+    devices: int,
+    batch: int,
+    *,
+    dp: Iterable[int] | int | None = None,
+    tp: Iterable[int] | int | None = None,
+    pp: Iterable[int] | int | None = None,
+    microbatches: Iterable[int] | int | None = None,
+    schedules: Iterable[str] | str = ("1f1b",),
+    chunks: Iterable[int] | int = (1,),
+    zero: Iterable[int] | int = (0,),
+    sequence_parallel: Iterable[bool] | bool = (False,),
+    recompute: Iterable[bool] | bool = (False,),
+) -> list[Strategy]:
+    """Every combination the arguments allow on ``devices`` devices (``dp * tp * pp ==
+    devices``). ``None`` degrees: every divisor. ``microbatches`` ``None``: 1 without a
+    pipeline, else powers of two from ``pp`` up to the replica's batch."""
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise SearchError(f"devices must be a positive integer, got {devices!r}")
+    for name, given in (("dp", dp), ("tp", tp), ("pp", pp)):
+        for d in _choices(name, given, [1]):
+            if isinstance(d, bool) or not isinstance(d, int) or d < 1:
+                raise SearchError(f"{name} degrees must be positive integers, got {d!r}")
+    scheds = _choices("schedules", schedules, ())
+    unknown = [s for s in scheds if s not in SCHEDULES]
+    if unknown:
+        raise SearchError(f"unknown schedule(s) {unknown}; choose from {SCHEDULES}")
+    out = []
+    all_degrees = divisors(devices)
+    for d, t, p in itertools.product(
+        _choices("dp", dp, all_degrees),
+        _choices("tp", tp, all_degrees),
+        _choices("pp", pp, all_degrees),
+    ):
+        if d * t * p != devices:
+            continue
+        if microbatches is None:
+            ms = [1] if p == 1 else _powers_from(p, max(p, batch // d))
+        else:
+            ms = _choices("microbatches", microbatches, ())
+        for m, s, v, z, sp, rc in itertools.product(
+            ms,
+            scheds,
+            _choices("chunks", chunks, ()),
+            _choices("zero", zero, ()),
+            _choices("sequence_parallel", sequence_parallel, ()),
+            _choices("recompute", recompute, ()),
+        ):
+            if (s == "interleaved") != (v > 1):
+                continue  # chunks belong to the interleaved schedule only
+            out.append(Strategy(d, t, p, m, s, v, z, bool(sp), bool(rc)))
+    return sorted(set(out))
+
+
+def _powers_from(lo: int, hi: int) -> list[int]:
+    out, m = [], lo
+    while m <= hi:
+        out.append(m)
+        m *= 2
+    return out
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """What pruning needs to know of a training step: its batch and its state's bytes."""
+
+    batch: int
+    weight_bytes: int
+    optimizer_state_bytes: int  # per weight byte: Adam 2, SGD 0 (as a total, in bytes)
+
+    @staticmethod
+    def of(t: Function, batch: int) -> ModelFacts:
+        weights: set = set()
+        state: set = set()
+        for op in t.ops:
+            if is_optimizer(op):
+                weights.add(op.inputs[0])
+                state.update(v for v in op.inputs[2:] if v in t.inputs)
+        return ModelFacts(
+            batch,
+            sum(v.type.size_bytes for v in weights),
+            sum(v.type.size_bytes for v in state),
+        )
+
+    def state_bytes_per_device(self, s: Strategy) -> float:
+        """A lower bound of one device's resident bytes: its weight shard, the gradient
+        it accumulates and its optimizer-state shard (activations come on top)."""
+        shard = 1 / (s.tp * s.pp)
+        grads = self.weight_bytes * shard / (s.dp if s.zero == 2 else 1)
+        state = self.optimizer_state_bytes * shard / (s.dp if s.zero else 1)
+        return self.weight_bytes * shard + grads + state
+
+
+def prune(space: Sequence[Strategy], facts: ModelFacts, capacity_bytes: float) -> dict:
+    """Strategy -> why it is not built (the rest are): it cannot run, or another point
+    of ``space`` is at least as fast in no more memory by construction."""
+    reasons: dict[Strategy, str] = {}
+    present = set(space)
+    for s in space:
+        rows = s.dp * s.microbatches
+        if facts.batch % rows:
+            reasons[s] = (
+                f"the batch of {facts.batch} does not split into dp x microbatches = {rows}"
+            )
+        elif s.schedule == "interleaved" and s.microbatches % s.pp:
+            reasons[s] = f"interleaving needs microbatches a multiple of pp={s.pp}"
+        elif (need := facts.state_bytes_per_device(s)) > capacity_bytes:
+            reasons[s] = (
+                f"weights, gradients and optimizer state alone need {need / 2**30:.1f} GiB "
+                f"per device, more than its {capacity_bytes / 2**30:.1f} GiB"
+            )
+        elif s.zero and s.dp == 1 and _replace(s, zero=0) in present:
+            reasons[s] = "ZeRO with one replica is the plain step"
+        elif s.sequence_parallel and s.tp == 1 and _replace(s, sequence_parallel=False) in present:
+            reasons[s] = "sequence parallelism with one tensor rank is the plain step"
+        elif s.schedule == "gpipe" and _replace(s, schedule="1f1b") in present:
+            reasons[s] = "dominated by 1F1B: the same bubble, fewer microbatches alive"
+    return reasons
+
+
+def _replace(s: Strategy, **changes) -> Strategy:
+    from dataclasses import replace
+
+    return replace(s, **changes)
+
+
+__all__ = ["ModelFacts", "SearchError", "Strategy", "divisors", "prune", "strategies"]
