@@ -15,6 +15,7 @@ from .ids import op_id, op_paths, shape_label, value_names
 from .live import live_figure, show
 from .memory import memory_figure, memory_spec
 from .palette import device_color
+from .pareto import pareto_figure, pareto_spec
 from .static_html import (
     compare_page,
     figure_html,
@@ -55,6 +56,8 @@ __all__ = [
     "op_id_at",
     "op_paths",
     "page_html",
+    "pareto_figure",
+    "pareto_spec",
     "render_graph",
     "report_page",
     "shape_label",

@@ -1,0 +1,104 @@
+"""The search's picture: every simulated strategy as a point of peak memory and step time,
+the Pareto front joined, points over a device's capacity crossed out.
+
+:func:`pareto_spec` computes what is drawn (tested without a browser);
+:func:`pareto_figure` makes it a plotly figure.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import plotly.graph_objects as go
+
+from .palette import DEVICE_PALETTE, OOM_COLOR
+
+if TYPE_CHECKING:
+    from ir.search import SearchResult
+
+FRONT_COLOR = "#222222"
+
+
+def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> dict[str, Any]:
+    """Traces (one per pipeline degree, then the front, then the strategies over capacity)
+    and the layout: memory in GiB on x, step time in ms on y, the strategy on hover."""
+    gib, ms = 2**-30, 1e3
+    traces: list[dict[str, Any]] = []
+    by_pp: dict[int, list] = {}
+    for row in result.rows:
+        if row.status == "ok":
+            by_pp.setdefault(row.strategy.pp, []).append(row)
+    for k, (pp, rows) in enumerate(sorted(by_pp.items())):
+        traces.append(
+            {
+                "name": f"pp = {pp}",
+                "mode": "markers",
+                "x": [r.peak_memory_bytes * gib for r in rows],
+                "y": [r.step_time_s * ms for r in rows],
+                "text": [str(r.strategy) for r in rows],
+                "marker": {"color": DEVICE_PALETTE[k % len(DEVICE_PALETTE)], "size": 9},
+            }
+        )
+    front = result.pareto()
+    traces.append(
+        {
+            "name": "Pareto front",
+            "mode": "lines+markers",
+            "x": [r.peak_memory_bytes * gib for r in front],
+            "y": [r.step_time_s * ms for r in front],
+            "text": [str(r.strategy) for r in front],
+            "line": {"color": FRONT_COLOR, "shape": "hv", "dash": "dot"},
+            "marker": {"color": "rgba(0,0,0,0)", "size": 14, "line": {"color": FRONT_COLOR}},
+        }
+    )
+    over = [r for r in result.rows if r.status == "over capacity"]
+    if over:
+        traces.append(
+            {
+                "name": "over capacity",
+                "mode": "markers",
+                "x": [r.peak_memory_bytes * gib for r in over],
+                "y": [r.step_time_s * ms for r in over],
+                "text": [str(r.strategy) for r in over],
+                "marker": {"color": OOM_COLOR, "symbol": "x", "size": 9},
+            }
+        )
+    shapes = []
+    if capacity_bytes is not None:
+        shapes.append(
+            {
+                "type": "line",
+                "xref": "x",
+                "yref": "paper",
+                "x0": capacity_bytes * gib,
+                "x1": capacity_bytes * gib,
+                "y0": 0,
+                "y1": 1,
+                "line": {"color": OOM_COLOR, "dash": "dash"},
+            }
+        )
+    counts = {s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error")}
+    layout = {
+        "title": (
+            f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "
+            f"{counts['error']} refused: step time against peak memory"
+        ),
+        "xaxis": {"title": "peak memory per device (GiB)"},
+        "yaxis": {"title": "step time (ms)"},
+        "hovermode": "closest",
+        "shapes": shapes,
+        "legend": {"title": {"text": "fits the devices"}},
+    }
+    return {"traces": traces, "layout": layout}
+
+
+def pareto_figure(result: SearchResult, capacity_bytes: float | None = None) -> go.Figure:
+    """The figure of :func:`pareto_spec`."""
+    spec = pareto_spec(result, capacity_bytes)
+    figure = go.Figure(layout=spec["layout"])
+    for trace in spec["traces"]:
+        figure.add_trace(go.Scatter(hovertemplate="%{text}<extra></extra>", **trace))
+    return figure
+
+
+__all__ = ["pareto_figure", "pareto_spec"]
