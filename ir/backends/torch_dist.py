@@ -4,8 +4,9 @@ One process per device of the program. Every process walks the same program in
 the same order; it computes the ops placed on its own device (with the op's
 numpy kernel) and takes part in each communication op that involves it, through
 torch.distributed: ``all_reduce`` and ``all_gather`` on process groups made for
-the device sets the program uses, and point-to-point ``isend``/``irecv`` for
-sends, scatters, gathers, all-to-all and uneven all-gathers.
+the device sets the program uses (each group of a grouped collective its own),
+and point-to-point ``isend``/``irecv`` for sends, scatters, gathers, all-to-all
+and uneven all-gathers.
 
 Because every process follows the global program order and each transfer joins
 exactly the two processes it names, the smallest unfinished communication op
@@ -68,7 +69,11 @@ def _local_parts(t: Any, x: Any, device: int) -> Any:
     """The part of a value that lives on ``device``: an array, a {index: array} dict, or None."""
     if isinstance(t, TensorType):
         return x if t.device == device else None
-    return {k: xk for k, (e, xk) in enumerate(zip(t.elements, x)) if e.device == device}
+    return {
+        k: _local_parts(e, xk, device) if isinstance(e, TupleType) else xk
+        for k, (e, xk) in enumerate(zip(t.elements, x))
+        if isinstance(e, TupleType) or e.device == device
+    }
 
 
 # -- the lowering of each communication op ---------------------------------------------
@@ -162,18 +167,29 @@ def _group(rank: _Rank, t: TupleType):
     return rank.groups[tuple(sorted(t.devices))]
 
 
+def _op_groups(op: Op, t: TupleType) -> list[tuple[list[int], TupleType]]:
+    """Each group of a (possibly grouped) collective: its element positions and sub-tuple."""
+    from ..ops.communication import element_groups
+
+    return [
+        (g, TupleType(tuple(t.elements[i] for i in g)))
+        for g in element_groups(op.attributes.get("groups"), len(t))
+    ]
+
+
 def _allreduce(rank: _Rank, op: Op, xs: list) -> list:
     torch, dist = _torch()
     t = op.inputs[0].type
     ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}
     ops["min"] = dist.ReduceOp.MIN
     mine = {}
-    for k, e in enumerate(t.elements):
-        if rank.has(e.device):
-            tensor = torch.from_numpy(np.array(xs[0][k], copy=True))
-            dist.all_reduce(tensor, ops[op.attributes["op"]], group=_group(rank, t))
-            value = tensor.numpy()
-            mine[k] = value / len(t) if op.attributes["op"] == "mean" else value
+    for members, sub in _op_groups(op, t):
+        for k in members:
+            if rank.has(t.elements[k].device):
+                tensor = torch.from_numpy(np.array(xs[0][k], copy=True))
+                dist.all_reduce(tensor, ops[op.attributes["op"]], group=_group(rank, sub))
+                value = tensor.numpy()
+                mine[k] = value / len(members) if op.attributes["op"] == "mean" else value
     return [mine]
 
 
@@ -203,19 +219,27 @@ def _allgather_parts(rank: _Rank, t: TupleType, local: Mapping[int, Any]) -> lis
 
 
 def _allgather(rank: _Rank, op: Op, xs: list) -> list:
-    parts = _allgather_parts(rank, op.inputs[0].type, xs[0])
-    if parts is None:
-        return [{}]
-    full = np.concatenate(parts, axis=op.attributes["dim"])
-    return [{k: full for k, e in enumerate(op.outputs[0].type.elements) if rank.has(e.device)}]
+    t = op.inputs[0].type
+    out = {}
+    for members, sub in _op_groups(op, t):
+        if not any(rank.has(e.device) for e in sub.elements):
+            continue  # the other groups gather among themselves
+        local = {i: xs[0][k] for i, k in enumerate(members) if k in xs[0]}
+        parts = _allgather_parts(rank, sub, local)
+        if parts is None:
+            continue
+        full = np.concatenate(parts, axis=op.attributes["dim"])
+        out.update({k: full for k in members if rank.has(t.elements[k].device)})
+    return [out]
 
 
 def _reducescatter(rank: _Rank, op: Op, xs: list) -> list:
     summed = _allreduce(rank, op, xs)[0]
-    n = len(op.inputs[0].type)
     out = {}
-    for k, value in summed.items():
-        out[k] = split_array(value, n, op.attributes["dim"])[k]
+    for members, _ in _op_groups(op, op.inputs[0].type):
+        for i, k in enumerate(members):
+            if k in summed:
+                out[k] = split_array(summed[k], len(members), op.attributes["dim"])[i]
     return [out]
 
 
@@ -281,7 +305,13 @@ def _control(rank: _Rank, op: Op, xs: list) -> list:
         i = op.attributes["index"] % len(op.inputs[0].type)
         return [parts.get(i)]
     if op.op_type == "MakeTuple":
-        return [{k: x for k, (v, x) in enumerate(zip(op.inputs, xs)) if rank.has(v.type.device)}]
+        return [
+            {
+                k: x
+                for k, (v, x) in enumerate(zip(op.inputs, xs))
+                if isinstance(v.type, TupleType) or rank.has(v.type.device)
+            }
+        ]
     raise BackendError(f"the torch.distributed backend cannot run {op.op_type}: {describe_op(op)}")
 
 
@@ -293,13 +323,9 @@ def _collective_groups(function: Function) -> list[tuple[int, ...]]:
     seen: dict[tuple[int, ...], None] = {}
     for op in function.ops:
         if op.op_type in ("AllReduce", "AllGather", "ReduceScatter"):
-            groups = op.attributes.get("groups")
-            if groups is not None and len(groups) > 1:
-                raise BackendError(
-                    f"the torch.distributed backend runs {op.op_type} over one group; this "
-                    f"one has {len(groups)} groups (a 3D-parallel step): {describe_op(op)}"
-                )
-            seen[tuple(sorted(op.inputs[0].type.devices))] = None
+            # a grouped op (a 3D step's) runs one collective per group, on its own group
+            for _, sub in _op_groups(op, op.inputs[0].type):
+                seen[tuple(sorted(sub.devices))] = None
     return list(seen)
 
 
@@ -409,6 +435,14 @@ def run(
 
 
 def _assemble(t: Any, index: int, results: Mapping[int, list], devices: list[int]) -> Any:
+    return _whole(t, [results[r][index] for r in range(len(devices))], devices)
+
+
+def _whole(t: Any, parts: list, devices: list[int]) -> Any:
+    """A value from each rank's local part of it (nested tuples: dicts by element)."""
     if isinstance(t, TensorType):
-        return results[devices.index(t.device)][index]
-    return tuple(results[devices.index(e.device)][index][k] for k, e in enumerate(t.elements))
+        return parts[devices.index(t.device)]
+    return tuple(
+        _whole(e, [None if p is None else p.get(k) for p in parts], devices)
+        for k, e in enumerate(t.elements)
+    )
