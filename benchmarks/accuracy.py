@@ -80,10 +80,11 @@ class Case:
     published_step_s: float | None = None
     published_tflops_per_gpu: float | None = None
     microbatches: int = 1  # per replica; 1: the replica's whole batch at once
+    pp: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.dp * self.tp
+        return self.dp * self.tp * self.pp
 
     @property
     def flops(self) -> float:
@@ -129,7 +130,7 @@ def training_step(model: GptConfig, batch: int, *, recompute: bool = True) -> Fu
 def build(case: Case) -> Function:
     """The Megatron-LM-arranged steady-state step of ``case`` on ``case.gpus`` devices."""
     t = training_step(case.model, case.batch)
-    return transforms.megatron(t, case.dp, case.tp, 1, case.microbatches)
+    return transforms.megatron(t, case.dp, case.tp, case.pp, case.microbatches)
 
 
 def counted_flops(f: Function) -> tuple[float, float]:
@@ -290,6 +291,18 @@ CASES: tuple[Case, ...] = (
         tp=8,
         preset="a100-hgx",
         published_tflops_per_gpu=135,
+    ),
+    Case(
+        "39.1B, TP 8 x PP 2 x DP 32",
+        NARAYANAN,
+        GptConfig(8192, 64, 48, 2048),
+        batch=1536,
+        dp=32,
+        tp=8,
+        pp=2,
+        microbatches=48,  # microbatch size 1: the replica's 48 sequences, 1F1B
+        preset="a100-hgx",
+        published_tflops_per_gpu=138,
     ),
 )
 
