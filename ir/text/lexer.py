@@ -9,6 +9,7 @@ line. Every token keeps its line and column, so every error can point at it.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from ..errors import ParseError
@@ -16,10 +17,10 @@ from ..errors import ParseError
 # Longest punctuation first: "..." (tuple ellipsis) before ".." (device range) before ".".
 _PUNCT = ("...", "..", "(", ")", "[", "]", "{", "}", ",", ":", "=", ".", "?", "+", "-", "*")
 _PUNCT += ("/", "@", "%", "&", "|", "!", "<", ">", ";")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Numbers are ASCII digits only, as in Python source ("²" or "٣" is not a digit here).
 # A float needs digits on both sides of its point, so "1..N" lexes as 1, .., N.
-_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
-_INTEGER = re.compile(r"\d+")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[0-9]+")
 _STRING_ESCAPES = {
     "n": "\n",
     "t": "\t",
@@ -67,11 +68,12 @@ def tokenize(source: str) -> list[Token]:
             if ch == "#":
                 break
             start = col + 1
-            if ch.isalpha() or ch == "_":
-                m = _NAME.match(text, col)
-                tokens.append(Token("NAME", m.group(), line_no, start))
-                col = m.end()
-            elif ch.isdigit():
+            if ch.isidentifier():  # a letter or "_" that may start a Python identifier
+                end = _name_end(text, col)
+                word = unicodedata.normalize("NFKC", text[col:end])
+                tokens.append(Token("NAME", word, line_no, start))
+                col = end
+            elif "0" <= ch <= "9":
                 # After a "." (sub-device d.1.2) only an integer can follow.
                 after_dot = bool(tokens) and tokens[-1].is_punct(".")
                 m = (_INTEGER if after_dot else _NUMBER).match(text, col)
@@ -89,8 +91,8 @@ def tokenize(source: str) -> list[Token]:
                 punct = next((p for p in _PUNCT if text.startswith(p, col)), None)
                 if punct is None:
                     raise ParseError(
-                        f"unexpected character {ch!r}: expected a name, a number, a string "
-                        "or punctuation",
+                        f"unexpected character {_show_char(ch)}: expected a name (Python's "
+                        "identifier rules), an ASCII number, a string or punctuation",
                         line_no,
                         start,
                         text,
@@ -104,6 +106,22 @@ def tokenize(source: str) -> list[Token]:
     else:
         tokens.append(Token("EOF", "", 1, 1))
     return tokens
+
+
+def _name_end(text: str, col: int) -> int:
+    """Where the identifier starting at ``col`` ends: Python's rules (``str.isidentifier``)."""
+    end = col + 1
+    while end < len(text) and ("_" + text[end]).isidentifier():
+        end += 1
+    return end
+
+
+def _show_char(ch: str) -> str:
+    """A character for an error message: itself and, past ASCII, its code point and name."""
+    if ch.isascii():
+        return repr(ch)
+    name = unicodedata.name(ch, "")
+    return f"{ch!r} (U+{ord(ch):04X}{' ' + name if name else ''})"
 
 
 def _string(text: str, col: int, line_no: int, source: str) -> tuple[str, int]:
