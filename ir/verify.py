@@ -9,7 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .errors import DistIRError, RegistryError, TypeRuleError, UnknownOpError, VerifyError
+from .errors import (
+    DistIRError,
+    InvalidTypeError,
+    RegistryError,
+    TypeRuleError,
+    UnknownOpError,
+    VerifyError,
+)
 from .function import Function
 from .op import Op
 from .registry import OpDef, OpKind, TypeContext, get_op
@@ -124,7 +131,7 @@ def _infer_types(
         results = tuple(
             opdef.type_rule(TypeContext(tuple(input_types), attrs, tuple(subfunctions)))
         )
-    except TypeRuleError as e:
+    except (TypeRuleError, InvalidTypeError) as e:  # a result type beyond ir.limits, say
         raise VerifyError(f"{opdef.name}: {e}") from None
     if len(results) != len(opdef.results) and not opdef.extra.get("variadic_results"):
         raise VerifyError(

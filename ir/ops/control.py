@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TypeRuleError
+from ..limits import MAX_PMAP_NESTING
 from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
 from ..types import DeviceVar, DType, TensorType, TupleType, bind_type
 from . import _examples as ex
@@ -23,6 +24,11 @@ def _pmap_types(ctx: TypeContext):
     if len(ctx.subfunctions) != 1:
         raise TypeRuleError(f"pmap needs exactly one body, got {len(ctx.subfunctions)}")
     (body,) = ctx.subfunctions
+    if body.pmap_nesting + 1 > MAX_PMAP_NESTING:
+        raise TypeRuleError(
+            f"pmaps nest {body.pmap_nesting + 1} deep, more than the limit {MAX_PMAP_NESTING} "
+            "(ir.limits.MAX_PMAP_NESTING)"
+        )
     var = ctx.attributes["device_var"]
     device_map = _plain_map(ctx.attributes["device_map"])
     if len(body.inputs) != len(ctx.input_types):

@@ -13,6 +13,7 @@ import unicodedata
 from dataclasses import dataclass
 
 from ..errors import ParseError
+from ..limits import MAX_INT, MAX_TEXT_NESTING
 
 # Longest punctuation first: "..." (tuple ellipsis) before ".." (device range) before ".".
 _PUNCT = ("...", "..", "(", ")", "[", "]", "{", "}", ",", ":", "=", ".", "?", "+", "-", "*")
@@ -58,6 +59,7 @@ def tokenize(source: str) -> list[Token]:
     """The tokens of ``source``, ending with EOF; a stray character is a ParseError."""
     lines = source.split("\n")
     tokens: list[Token] = []
+    depth = 0  # brackets open: the parser recurses once per bracket, so it is bounded
     for line_no, text in enumerate(lines, start=1):
         col = 0
         while col < len(text):
@@ -79,7 +81,9 @@ def tokenize(source: str) -> list[Token]:
                 m = (_INTEGER if after_dot else _NUMBER).match(text, col)
                 word = m.group()
                 if _INTEGER.fullmatch(word):
-                    tokens.append(Token("INT", word, line_no, start, int(word)))
+                    tokens.append(
+                        Token("INT", word, line_no, start, _integer(word, line_no, start, text))
+                    )
                 else:
                     tokens.append(Token("FLOAT", word, line_no, start, float(word)))
                 col = m.end()
@@ -97,6 +101,18 @@ def tokenize(source: str) -> list[Token]:
                         start,
                         text,
                     )
+                if punct in OPENERS:
+                    depth += 1
+                    if depth > MAX_TEXT_NESTING:
+                        raise ParseError(
+                            f"brackets nest more than {MAX_TEXT_NESTING} deep here (the limit, "
+                            "ir.limits.MAX_TEXT_NESTING); flatten the expression",
+                            line_no,
+                            start,
+                            text,
+                        )
+                elif punct in CLOSERS:
+                    depth = max(depth - 1, 0)
                 tokens.append(Token("PUNCT", punct, line_no, start))
                 col += len(punct)
     # The end of the text is reported just after the last token, not on a trailing blank line.
@@ -106,6 +122,21 @@ def tokenize(source: str) -> list[Token]:
     else:
         tokens.append(Token("EOF", "", 1, 1))
     return tokens
+
+
+def _integer(word: str, line_no: int, column: int, text: str) -> int:
+    """The value of an integer literal, refused past ``MAX_INT`` (checked on its length
+    first: Python will not even convert an integer of more than 4,300 digits)."""
+    value = int(word) if len(word) <= 20 else MAX_INT + 1
+    if value > MAX_INT:
+        shown = word if len(word) <= 30 else f"{word[:12]}...({len(word)} digits)"
+        raise ParseError(
+            f"the integer {shown} is above the limit {MAX_INT} (2**63 - 1, ir.limits.MAX_INT)",
+            line_no,
+            column,
+            text,
+        )
+    return value
 
 
 def _name_end(text: str, col: int) -> int:

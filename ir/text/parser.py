@@ -31,7 +31,7 @@ from ..types import TupleType
 from ..value import Value
 from .lexer import Cursor, Token, describe
 from .pmap import parse_pmap
-from .terms import BLANK, DTYPE_NAMES, Terms
+from .terms import BLANK, DTYPE_NAMES, ResultTuple, Terms
 
 _RESERVED = ("def", "return", "lambda")
 _PMAP_NAMES = ("pmap",)
@@ -225,11 +225,10 @@ class _Parser:
                 )
             type_token = cur.tok
             group = self.terms.type(scope.device_vars, blank_elements=True)
-            if not isinstance(group, TupleType) or len(group.elements) != len(results):
+            is_tuple = isinstance(group, (TupleType, ResultTuple))
+            if not is_tuple or len(group.elements) != len(results):
                 found = (
-                    f"a Tuple of {len(group.elements)}"
-                    if isinstance(group, TupleType)
-                    else f"the tensor type {group}"
+                    f"a Tuple of {len(group.elements)}" if is_tuple else f"the tensor type {group}"
                 )
                 raise cur.error(
                     f"{len(results)} results need a Tuple type of {len(results)} elements, "
