@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from .attr_kinds import problem as kind_problem
+from .attr_kinds import shown as shown_value
 from .errors import (
     DistIRError,
     InvalidTypeError,
@@ -68,7 +70,10 @@ def _infer_key(
     opdef: OpDef, input_types: Sequence[Type], attributes: Mapping[str, Any]
 ) -> tuple | None:
     """A hashable key of a type-rule question, or None when an attribute is not hashable."""
-    return hashed_key((id(opdef), tuple(input_types), attributes_key(attributes)))
+    try:
+        return hashed_key((id(opdef), tuple(input_types), attributes_key(attributes)))
+    except RecursionError:  # a value nested beyond reason: its kind check refuses it
+        return None
 
 
 class HashedKey(tuple):
@@ -119,6 +124,12 @@ def _infer_types(
         attrs = opdef.complete_attributes(attributes)
     except RegistryError as e:
         raise VerifyError(str(e)) from None
+    for a in opdef.attributes:
+        if a.kind is not None and not a.kind.accepts(attrs[a.name]):
+            wrong = kind_problem(a.kind, attrs[a.name])
+            raise VerifyError(
+                f"{opdef.name}: attribute {a.name}={shown_value(attrs[a.name])} {wrong}"
+            )
     if opdef.kind is OpKind.COMPUTE:
         devices = {t.device for t in input_types if isinstance(t, TensorType)}
         if len(devices) > 1:

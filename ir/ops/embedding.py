@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType, TensorType
@@ -90,7 +91,7 @@ register_op(
             c.input_types[0].size_bytes + c.input_types[1].size_bytes,
             c.output_types[0].size_bytes,
         ),
-        attributes=(Attr("num_embeddings", doc="rows of the table (V)"),),
+        attributes=(Attr("num_embeddings", doc="rows of the table (V)", kind=kinds.POS_INT),),
         doc="Gradient of Embedding: dy's rows added into a (V, H) zero table at rows ids.",
         extra={
             "examples": lambda s: [

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType
@@ -105,10 +106,15 @@ def _loss_cost(c: CostContext) -> Cost:
     return Cost(flops_per_element * y.num_elements, y.size_bytes + z.size_bytes, out)
 
 
-_KIND = Attr("kind", "cross_entropy", "cross_entropy (softmax of logits) or mse")
-_SCALE = Attr("scale", 1.0, "the upstream gradient dl (a constant)")
+_KIND = Attr(
+    "kind", "cross_entropy", "cross_entropy (softmax of logits) or mse", kind=kinds.one_of(*KINDS)
+)
+_SCALE = Attr("scale", 1.0, "the upstream gradient dl (a constant)", kind=kinds.FINITE)
 _DENOMINATOR = Attr(
-    "denominator", 0, "divide the sum by this when > 0, else by the local number of rows"
+    "denominator",
+    0,
+    "divide the sum by this when > 0, else by the local number of rows",
+    kind=kinds.NONNEG_REAL,
 )
 
 
@@ -154,7 +160,7 @@ register_op(
         kernel=_loss_grad_kernel,
         cost_rule=_loss_cost,
         attributes=(
-            Attr("scale", 1.0, "the upstream gradient dl (a constant)"),
+            Attr("scale", 1.0, "the upstream gradient dl (a constant)", kind=kinds.FINITE),
             _KIND,
             _DENOMINATOR,
         ),

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from . import _factors as fx
@@ -40,7 +41,7 @@ register_op(
         type_rule=lambda c: [_same_as_parameter(c, ("w", "dw"))],
         kernel=lambda xs, a: [(xs[0] - a["lr"] * xs[1]).astype(xs[0].dtype)],
         cost_rule=per_output_element(2),
-        attributes=(Attr("lr", 0.01, "learning rate"),),
+        attributes=(Attr("lr", 0.01, "learning rate", kind=kinds.FINITE),),
         aliases=("opt", "SGD"),
         doc="Plain SGD step: w - lr * dw.",
         extra={
@@ -80,11 +81,11 @@ register_op(
         kernel=_adam,
         cost_rule=per_output_element(4),
         attributes=(
-            Attr("lr", 1e-3, "learning rate"),
-            Attr("beta1", 0.9, "decay of the first-moment estimate m"),
-            Attr("beta2", 0.999, "decay of the second-moment estimate v"),
-            Attr("epsilon", 1e-8, "added to sqrt(v) in the denominator"),
-            Attr("step", 1, "1-based step number, for bias correction"),
+            Attr("lr", 1e-3, "learning rate", kind=kinds.FINITE),
+            Attr("beta1", 0.9, "decay of the first-moment estimate m", kind=kinds.PROBABILITY),
+            Attr("beta2", 0.999, "decay of the second-moment estimate v", kind=kinds.PROBABILITY),
+            Attr("epsilon", 1e-8, "added to sqrt(v) in the denominator", kind=kinds.NONNEG_REAL),
+            Attr("step", 1, "1-based step number, for bias correction", kind=kinds.POS_INT),
         ),
         doc="One Adam step (Kingma & Ba 2015, with bias correction): returns (w1, m1, v1).",
         extra={
