@@ -31,6 +31,7 @@ formats the hardware computes in that the IR does not store.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -87,8 +88,11 @@ class Device:
                 raise TopologyError(
                     f"device {self.device_id}: {field} must be positive, got {getattr(self, field)}"
                 )
-        if self.launch_overhead_s < 0:
-            raise TopologyError(f"device {self.device_id}: launch_overhead_s is negative")
+        if not 0 <= self.launch_overhead_s < math.inf:  # NaN fails this too
+            raise TopologyError(
+                f"device {self.device_id}: launch_overhead_s must be a finite number >= 0, "
+                f"got {self.launch_overhead_s}"
+            )
         for field in ("matrix_peak_flops", "vector_peak_flops"):
             try:
                 table = peak_table(getattr(self, field))
@@ -154,9 +158,10 @@ class Topology:
                         f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has bandwidth "
                         f"{self.bandwidth_bytes_per_s[i][j]}; bandwidths must be positive"
                     )
-                if self.latency_s[i][j] < 0:
+                if not 0 <= self.latency_s[i][j] < math.inf:  # NaN fails this too
                     raise TopologyError(
-                        f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has negative latency"
+                        f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has latency "
+                        f"{self.latency_s[i][j]}; latencies must be finite numbers >= 0"
                     )
         grouped = [d for node in self.nodes for d in node]
         if self.nodes and sorted(grouped) != sorted(ids):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import attr_kinds as kinds
-from ..errors import TypeRuleError
+from ..errors import ExecutionError, TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from . import _factors as fx
 from ._common import per_output_element, same_dtype, tensor
@@ -55,6 +55,12 @@ register_op(
 
 def _adam(xs, a):
     w, dw, m, v = xs
+    if np.any(v < 0):  # sqrt(v) would be NaN, and so the new weights
+        at = [int(i) for i in np.argwhere(np.asarray(v) < 0)[0]]
+        raise ExecutionError(
+            f"Adam: the second moment v must be >= 0, got {np.asarray(v)[tuple(at)]!r} at "
+            f"index {at}"
+        )
     b1, b2, step = a["beta1"], a["beta2"], a["step"]
     m1 = b1 * m + (1.0 - b1) * dw
     v1 = b2 * v + (1.0 - b2) * dw * dw
@@ -91,6 +97,7 @@ register_op(
         extra={
             "optimizer": True,
             "state": ("m", "v"),
+            "value_ranges": lambda op: {3: (0, None)},  # v >= 0 (random_inputs reads this)
             "examples": lambda s: [
                 ctx(t(2 * s, 3), t(2 * s, 3), t(2 * s, 3), t(2 * s, 3)),
                 ctx(t(s), t(s), t(s), t(s), lr=0.01, step=3),
