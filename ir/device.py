@@ -32,10 +32,13 @@ formats the hardware computes in that the IR does not store.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from .errors import DistIRError
+from .arguments import int_arg, str_arg
+from .errors import ArgumentError, DistIRError
+from .limits import MAX_DEVICES, MAX_TOPOLOGY_DEVICES
 
 #: Element-type names a peak-flops table may hold (``DType`` values, ``tf32``, ``float8``).
 PEAK_DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8")
@@ -56,6 +59,10 @@ def peak_table(table: Mapping[str, float] | PeakTable) -> PeakTable:
         if not flops > 0:
             raise TopologyError(f"the {name} peak must be positive, got {flops}")
     return tuple((name, float(flops)) for name, flops in pairs)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -84,11 +91,11 @@ class Device:
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "mem_bandwidth_bytes_per_s", "memory_bytes"):
-            if not getattr(self, field) > 0:
+            if not _is_number(getattr(self, field)) or not getattr(self, field) > 0:
                 raise TopologyError(
                     f"device {self.device_id}: {field} must be positive, got {getattr(self, field)}"
                 )
-        if not 0 <= self.launch_overhead_s < math.inf:  # NaN fails this too
+        if not _is_number(self.launch_overhead_s) or not 0 <= self.launch_overhead_s < math.inf:
             raise TopologyError(
                 f"device {self.device_id}: launch_overhead_s must be a finite number >= 0, "
                 f"got {self.launch_overhead_s}"
@@ -145,6 +152,12 @@ class Topology:
 
     def __post_init__(self) -> None:
         n = len(self.devices)
+        if n > MAX_TOPOLOGY_DEVICES:
+            raise TopologyError(
+                f"topology {self.name!r} has {n} devices, more than the limit "
+                f"{MAX_TOPOLOGY_DEVICES} (ir.limits.MAX_TOPOLOGY_DEVICES: links are a dense "
+                "matrix, quadratic in devices)"
+            )
         ids = [d.device_id for d in self.devices]
         if len(set(ids)) != n:
             raise TopologyError(f"topology {self.name!r} lists a device id twice: {ids}")
@@ -211,6 +224,10 @@ class Topology:
         """
         from .hardware import preset
 
+        str_arg("Topology.preset", "name", name)
+        if isinstance(num_devices, numbers.Integral) and num_devices < 1:
+            raise TopologyError(f"a topology needs at least one device, got {num_devices}")
+        int_arg("Topology.preset", "num_devices", num_devices, 1, MAX_TOPOLOGY_DEVICES)
         return preset(name, num_devices, allow_tf32=allow_tf32)
 
     @staticmethod
@@ -234,8 +251,22 @@ class Topology:
         first_id: int = 0,
     ) -> Topology:
         """``num_devices`` identical devices, all pairs linked alike, ids from ``first_id``."""
-        if num_devices < 1:
+        where = "Topology.uniform"
+        if isinstance(num_devices, numbers.Integral) and num_devices < 1:
             raise TopologyError(f"a topology needs at least one device, got {num_devices}")
+        num_devices = int_arg(where, "num_devices", num_devices, 1, MAX_TOPOLOGY_DEVICES)
+        first_id = int_arg(where, "first_id", first_id, 0, MAX_DEVICES - num_devices)
+        for name, value in (  # their values are checked where they are kept (TopologyError)
+            ("peak_flops", peak_flops),
+            ("mem_bandwidth_bytes_per_s", mem_bandwidth_bytes_per_s),
+            ("link_bandwidth_bytes_per_s", link_bandwidth_bytes_per_s),
+            ("link_latency_s", link_latency_s),
+            ("memory_bytes", memory_bytes),
+            ("launch_overhead_s", launch_overhead_s),
+        ):
+            if not _is_number(value):
+                raise ArgumentError(f"{where}: {name} must be a number, got {value!r}")
+        str_arg(where, "device_type", device_type)
         devices = tuple(
             Device(
                 first_id + i,

@@ -21,6 +21,10 @@ MAX_DEVICES = 2**16
 """Devices a program may name: device ids are ``0 .. MAX_DEVICES - 1``; a device range
 (``[1..N]``), a ``Tuple[..., N]`` or any tuple has at most this many items."""
 
+MAX_TOPOLOGY_DEVICES = 4096
+"""Devices in one :class:`ir.Topology`: its links are a dense matrix, so setting one up
+takes time and memory quadratic in its devices (4096 devices: 16.8 million links, seconds)."""
+
 MAX_TUPLE_NESTING = 32
 """Tuples inside tuples (``Tuple[Tuple[...]]``)."""
 

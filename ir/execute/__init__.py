@@ -13,7 +13,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..errors import ExecutionError
+from ..arguments import function_arg, int_arg, sequence_arg
+from ..errors import ArgumentError, ExecutionError
 from ..function import Function
 from ..registry import OpKind, get_op
 from ..types import TensorType, TupleType, Type
@@ -36,6 +37,14 @@ def execute(function: Function, inputs: Sequence[Any] | Mapping[str, Any]) -> tu
     array([[1., 0.],
            [0., 2.]], dtype=float32)
     """
+    function_arg("execute", "function", function)
+    if not isinstance(inputs, Mapping):
+        sequence_arg(
+            "execute",
+            "inputs",
+            inputs,
+            "a list of arrays (one per input) or a dict from input name to array",
+        )
     args = _bind_inputs(function, inputs)
     return _run(function, args)
 
@@ -44,10 +53,10 @@ def _bind_inputs(function: Function, inputs: Sequence[Any] | Mapping[str, Any]) 
     if isinstance(inputs, Mapping):
         missing = [v.name for v in function.inputs if v.name not in inputs]
         if missing:
-            raise ExecutionError(f"{function.name}: no value given for input(s) {missing}")
+            raise ExecutionError(f"{function.name}: inputs gives no value for {missing}")
         extra = set(inputs) - {v.name for v in function.inputs}
         if extra:
-            raise ExecutionError(f"{function.name}: unknown input(s) {sorted(extra)}")
+            raise ExecutionError(f"{function.name}: inputs names unknown inputs {sorted(extra)}")
         inputs = [inputs[v.name] for v in function.inputs]
     if len(inputs) != len(function.inputs):
         raise ExecutionError(
@@ -156,14 +165,25 @@ def _check_result(op, v: Value, r: Any) -> Any:
     return tuple(r)
 
 
-def random_inputs(function: Function, seed: int = 0) -> list[Any]:
+def random_inputs(function: Function, seed: int = 0, *, max_bytes: int = 2**33) -> list[Any]:
     """Random arrays that fit ``function``'s inputs and the ops that read them.
 
     Floats are standard normal, integers in [0, 4), except where an input reaches an
     operand whose op record declares ``extra["value_ranges"]`` through data movement
     only (communication, tuples, pmaps): class labels are drawn below the class count,
     token ids below the table's rows, Adam's second moment is non-negative.
+    Inputs of more than ``max_bytes`` in all (8 GiB by default) are refused, before
+    anything is allocated.
     """
+    function_arg("random_inputs", "function", function)
+    seed = int_arg("random_inputs", "seed", seed, lo=0)
+    max_bytes = int_arg("random_inputs", "max_bytes", max_bytes, lo=0)
+    total = sum(v.type.size_bytes for v in function.inputs)
+    if total > max_bytes:
+        raise ArgumentError(
+            f"random_inputs: the inputs of {function.name!r} take {total:.3g} bytes, more than "
+            f"max_bytes={max_bytes}; pass a larger max_bytes or use smaller sizes"
+        )
     rng = np.random.default_rng(seed)
     ranges = input_value_ranges(function)
 

@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+from ..arguments import function_arg
 from ..device import Topology
+from ..errors import ArgumentError
 from ..function import Function
 from .engine import COMBINE_MODES, COMM_MODES, Engine, SimulationError, paused_gc
 from .result import Event, SimResult
@@ -40,6 +42,12 @@ def simulate(
     gives each device one FIFO communication stream, which every transfer it
     takes part in waits for. See ``docs/simulator.md``.
     """
+    function_arg("simulate", "function", function)
+    if not isinstance(topology, Topology):
+        raise ArgumentError(
+            f"simulate: topology must be an ir.Topology (Topology.preset(...), "
+            f"Topology.uniform(...)), got {topology!r}"
+        )
     engine = Engine(topology, combine, comm=comm)
     with paused_gc():
         engine.run(function)

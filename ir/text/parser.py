@@ -19,12 +19,14 @@ error is an :class:`ir.errors.ParseError` with line, column and a caret.
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..arguments import mapping_arg, str_arg
 from ..builder import FunctionBuilder
-from ..errors import RegistryError, TypeRuleError, UnknownOpError, VerifyError
+from ..errors import ArgumentError, RegistryError, TypeRuleError, UnknownOpError, VerifyError
 from ..function import Function
 from ..registry import OpDef, get_op, has_op
 from ..types import TupleType
@@ -55,6 +57,16 @@ def parse(text: str, sizes: Mapping[str, int] | None = None) -> Function:
         y: Tensor[(8, 3), 0] = MatMul(x, w)
         return y
     """
+    str_arg("parse", "text", text)
+    if sizes is not None:
+        mapping_arg("parse", "sizes", sizes, "a dict from size name to integer")
+        for key, value in sizes.items():
+            str_arg("parse", "sizes' keys", key)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise ArgumentError(
+                    f"parse: sizes[{key!r}] must be an integer, got {value!r} "
+                    f"({type(value).__name__})"
+                )
     return _Parser(text, sizes or {}).function()
 
 

@@ -16,13 +16,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import ir
-from ir.errors import InvalidTypeError
+from ir.errors import ArgumentError, InvalidTypeError
 from ir.limits import (
     MAX_DEVICES,
     MAX_ELEMENTS,
     MAX_INT,
     MAX_PMAP_NESTING,
     MAX_TEXT_NESTING,
+    MAX_TOPOLOGY_DEVICES,
     MAX_TUPLE_NESTING,
 )
 from ir.types import DeviceVar, TensorType, TupleType
@@ -120,23 +121,20 @@ def test_dimension_arithmetic_is_bounded_by_max_int(a: int, b: int, op: str):
         assert "MAX_INT" in refused_at(text, {"A": a, "B": b}).message
 
 
-BAD_SIZES = st.one_of(
-    st.integers(MAX_INT + 1, 10**5000),
-    st.integers(max_value=-1),
-    st.floats(allow_nan=True),
-    st.text(max_size=3),
-    st.booleans(),
-    st.none(),
-)
-
-
 @settings(max_examples=80, deadline=None)
-@given(BAD_SIZES)
-def test_a_size_that_is_not_an_integer_in_range_is_refused_where_it_is_used(size):
+@given(st.one_of(st.integers(MAX_INT + 1, 10**5000), st.integers(max_value=-1)))
+def test_a_size_out_of_range_is_refused_where_it_is_used(size):
     line = "def f(x: Tensor[(0, N), 0]):"
     e = refused_at(line + "\n    return x", {"N": size})
     assert (e.line, e.column) == (1, line.index("N") + 1)
     assert "size 'N'" in e.message
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.one_of(st.floats(allow_nan=True), st.text(max_size=3), st.booleans(), st.none()))
+def test_a_size_that_is_not_an_integer_is_refused_naming_it(size):
+    with pytest.raises(ArgumentError, match=r"^parse: sizes\['N'\] must be an integer"):
+        ir.parse("def f(x: Tensor[(0, N), 0]):\n    return x", {"N": size})
 
 
 @settings(max_examples=60, deadline=None)
@@ -198,6 +196,16 @@ def test_a_tuple_type_beyond_the_nesting_limit_is_refused():
         t = TupleType((t,))
     with pytest.raises(InvalidTypeError, match="MAX_TUPLE_NESTING"):
         TupleType((t,))
+
+
+@pytest.mark.parametrize("n", [MAX_TOPOLOGY_DEVICES + 1, 10**6, 10**30])
+def test_topologies_beyond_the_device_limit_are_refused_at_once(n: int):
+    start = time.perf_counter()
+    with pytest.raises(ir.DistIRError, match=r"MAX_TOPOLOGY_DEVICES|from 1 to 4096"):
+        ir.Topology.uniform(n)
+    with pytest.raises(ir.DistIRError, match=r"MAX_TOPOLOGY_DEVICES|from 1 to 4096"):
+        ir.Topology.preset("a100-hgx", n)
+    assert time.perf_counter() - start < FAST_S
 
 
 def nested_pmaps(depth: int) -> ir.Function:
