@@ -31,10 +31,12 @@ formats the hardware computes in that the IR does not store.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from .arguments import int_arg, str_arg
 from .errors import ArgumentError, DistIRError
@@ -131,6 +133,80 @@ class Device:
         return vector.get("float32", self.peak_flops)
 
 
+class LinkTable(Sequence):
+    """An ``n`` x ``n`` link matrix given by a rule, not stored: ``table[i][j]`` is
+    ``rule(i, j)`` (0 on the diagonal). Setting one up takes constant time and memory,
+    where a dense matrix of 4000 devices is 16 million entries; ``values`` lists every
+    off-diagonal value the rule gives, so checking them is cheap too. Two tables are
+    equal when their ``n`` and ``key`` (what determines the rule) are.
+
+    >>> t = LinkTable.uniform(3, 5.0)
+    >>> t[0][1], t[2][2], len(t), list(t[1])
+    (5.0, 0.0, 3, [5.0, 0.0, 5.0])
+    """
+
+    def __init__(self, n: int, rule: Any, values: Sequence[float], key: Any) -> None:
+        self.n, self.rule, self.values, self.key = n, rule, tuple(values), key
+
+    @staticmethod
+    def uniform(n: int, value: float) -> LinkTable:
+        """Every link alike."""
+        return LinkTable(n, lambda i, j: value, (value,) if n > 1 else (), ("uniform", value))
+
+    @staticmethod
+    def by_node(n: int, per_node: int, intra: Sequence[Sequence[float]], inter: float) -> LinkTable:
+        """Devices fill nodes of ``per_node`` in index order; ``intra[a][b]`` links the
+        a-th and b-th devices of one node, ``inter`` any two devices of different nodes."""
+        intra = tuple(tuple(row) for row in intra)
+        local = len(intra)  # min(per_node, n): a lone partial node may be smaller
+        values = [intra[a][b] for a in range(local) for b in range(local) if a != b]
+        values += [inter] if n > per_node else []
+
+        def rule(i: int, j: int) -> float:
+            if i // per_node == j // per_node:
+                return intra[i % per_node][j % per_node]
+            return inter
+
+        return LinkTable(n, rule, values, ("by_node", per_node, intra, inter))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return _LinkRow(self, i % self.n)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LinkTable):
+            return (self.n, self.key) == (other.n, other.key)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.n, self.key))
+
+    def __repr__(self) -> str:
+        return f"LinkTable({self.n}, {self.key!r})"
+
+
+class _LinkRow(Sequence):
+    def __init__(self, table: LinkTable, i: int) -> None:
+        self.table, self.i = table, i
+
+    def __len__(self) -> int:
+        return self.table.n
+
+    def __getitem__(self, j: Any) -> Any:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(self.table.n))]
+        if not -self.table.n <= j < self.table.n:
+            raise IndexError(j)
+        j %= self.table.n
+        return 0.0 if j == self.i else self.table.rule(self.i, j)
+
+
 @dataclass(frozen=True)
 class Topology:
     """Devices plus the links between them.
@@ -152,19 +228,40 @@ class Topology:
 
     def __post_init__(self) -> None:
         n = len(self.devices)
-        if n > MAX_TOPOLOGY_DEVICES:
+        ruled = isinstance(self.bandwidth_bytes_per_s, LinkTable) and isinstance(
+            self.latency_s, LinkTable
+        )
+        limit = MAX_DEVICES if ruled else MAX_TOPOLOGY_DEVICES
+        if n > limit:
             raise TopologyError(
-                f"topology {self.name!r} has {n} devices, more than the limit "
-                f"{MAX_TOPOLOGY_DEVICES} (ir.limits.MAX_TOPOLOGY_DEVICES: links are a dense "
-                "matrix, quadratic in devices)"
+                f"topology {self.name!r} has {n} devices, more than the limit {limit} "
+                + (
+                    "(ir.limits.MAX_DEVICES)"
+                    if ruled
+                    else "for dense link matrices (ir.limits.MAX_TOPOLOGY_DEVICES; links given "
+                    "by a rule, ir.device.LinkTable, go to ir.limits.MAX_DEVICES)"
+                )
             )
         ids = [d.device_id for d in self.devices]
         if len(set(ids)) != n:
-            raise TopologyError(f"topology {self.name!r} lists a device id twice: {ids}")
+            raise TopologyError(f"topology {self.name!r} lists a device id twice")
         for label, m in (("bandwidth", self.bandwidth_bytes_per_s), ("latency", self.latency_s)):
-            if len(m) != n or any(len(row) != n for row in m):
+            if len(m) != n or (not ruled and any(len(row) != n for row in m)):
                 raise TopologyError(f"topology {self.name!r}: {label} must be a {n}x{n} matrix")
-        for i in range(n):
+        if ruled:  # every value the rules give, once each: linear (constant) in devices
+            for bw in self.bandwidth_bytes_per_s.values:
+                if not _is_number(bw) or not bw > 0:
+                    raise TopologyError(
+                        f"topology {self.name!r}: a link has bandwidth {bw}; bandwidths must be "
+                        "positive"
+                    )
+            for lat in self.latency_s.values:
+                if not _is_number(lat) or not 0 <= lat < math.inf:
+                    raise TopologyError(
+                        f"topology {self.name!r}: a link has latency {lat}; latencies must be "
+                        "finite numbers >= 0"
+                    )
+        for i in range(0 if ruled else n):
             for j in range(n):
                 if i != j and not self.bandwidth_bytes_per_s[i][j] > 0:
                     raise TopologyError(
@@ -187,22 +284,22 @@ class Topology:
         return tuple(d.device_id for d in self.devices)
 
     def device(self, device_id: int) -> Device:
-        for d in self.devices:
-            if d.device_id == device_id:
-                return d
-        raise TopologyError(
-            f"device {device_id} is not in topology {self.name!r} "
-            f"(devices: {list(self.device_ids)})"
-        )
+        return self.devices[self.index(device_id)]
 
     def index(self, device_id: int) -> int:
-        for i, d in enumerate(self.devices):
-            if d.device_id == device_id:
-                return i
-        raise TopologyError(
-            f"device {device_id} is not in topology {self.name!r} "
-            f"(devices: {list(self.device_ids)})"
-        )
+        """Where ``device_id`` is in ``devices`` (a dict look-up, built once)."""
+        try:
+            return self._indices[device_id]
+        except (KeyError, TypeError):
+            ids = self.device_ids
+            shown = list(ids) if len(ids) <= 16 else f"{ids[0]} .. {ids[-1]}, {len(ids)} in all"
+            raise TopologyError(
+                f"device {device_id} is not in topology {self.name!r} (devices: {shown})"
+            ) from None
+
+    @functools.cached_property
+    def _indices(self) -> dict[int, int]:
+        return {d.device_id: i for i, d in enumerate(self.devices)}
 
     def bandwidth(self, src: int, dst: int) -> float:
         return self.bandwidth_bytes_per_s[self.index(src)][self.index(dst)]
@@ -227,7 +324,7 @@ class Topology:
         str_arg("Topology.preset", "name", name)
         if isinstance(num_devices, numbers.Integral) and num_devices < 1:
             raise TopologyError(f"a topology needs at least one device, got {num_devices}")
-        int_arg("Topology.preset", "num_devices", num_devices, 1, MAX_TOPOLOGY_DEVICES)
+        int_arg("Topology.preset", "num_devices", num_devices, 1, MAX_DEVICES)
         return preset(name, num_devices, allow_tf32=allow_tf32)
 
     @staticmethod
@@ -254,7 +351,7 @@ class Topology:
         where = "Topology.uniform"
         if isinstance(num_devices, numbers.Integral) and num_devices < 1:
             raise TopologyError(f"a topology needs at least one device, got {num_devices}")
-        num_devices = int_arg(where, "num_devices", num_devices, 1, MAX_TOPOLOGY_DEVICES)
+        num_devices = int_arg(where, "num_devices", num_devices, 1, MAX_DEVICES)
         first_id = int_arg(where, "first_id", first_id, 0, MAX_DEVICES - num_devices)
         for name, value in (  # their values are checked where they are kept (TopologyError)
             ("peak_flops", peak_flops),
@@ -278,8 +375,8 @@ class Topology:
             )
             for i in range(num_devices)
         )
-        bw = _matrix(num_devices, link_bandwidth_bytes_per_s)
-        lat = _matrix(num_devices, link_latency_s)
+        bw = LinkTable.uniform(num_devices, link_bandwidth_bytes_per_s)
+        lat = LinkTable.uniform(num_devices, link_latency_s)
         return Topology(devices, bw, lat, name=f"uniform-{num_devices}")
 
 

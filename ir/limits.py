@@ -22,8 +22,10 @@ MAX_DEVICES = 2**16
 (``[1..N]``), a ``Tuple[..., N]`` or any tuple has at most this many items."""
 
 MAX_TOPOLOGY_DEVICES = 4096
-"""Devices in one :class:`ir.Topology`: its links are a dense matrix, so setting one up
-takes time and memory quadratic in its devices (4096 devices: 16.8 million links, seconds)."""
+"""Devices of an :class:`ir.Topology` given dense link matrices, whose checks are quadratic
+in devices (4096: 16.8 million links, seconds). Links given by a rule
+(:class:`ir.device.LinkTable`, as ``Topology.uniform`` and the presets give them) are
+checked in constant time and go to ``MAX_DEVICES``."""
 
 MAX_TUPLE_NESTING = 32
 """Tuples inside tuples (``Tuple[Tuple[...]]``)."""
