@@ -97,7 +97,8 @@ def _check_values(name: str, t: TensorType, arr: np.ndarray) -> None:
     if t.dtype.is_float:
         if kind in "iuf":  # a finite value beyond the type's range would become inf
             top = float(ml_dtypes.finfo(t.dtype.numpy).max)
-            finite = np.abs(arr[np.isfinite(arr)]) if kind == "f" else np.abs(arr)
+            wide = arr.astype(np.float64)  # np.abs of int64's minimum is negative
+            finite = np.abs(wide[np.isfinite(wide)])
             if finite.size and float(finite.max()) > top:
                 raise ExecutionError(
                     f"input {name!r} holds {float(finite.max())!r}, beyond {t.dtype.value}'s "

@@ -22,6 +22,7 @@ _PUNCT += ("/", "@", "%", "&", "|", "!", "<", ">", ";")
 # A float needs digits on both sides of its point, so "1..N" lexes as 1, .., N.
 _NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 _INTEGER = re.compile(r"[0-9]+")
+_ASCII_NAME_PART = re.compile(r"[A-Za-z0-9_]*")
 _STRING_ESCAPES = {
     "n": "\n",
     "t": "\t",
@@ -72,7 +73,9 @@ def tokenize(source: str) -> list[Token]:
             start = col + 1
             if ch.isidentifier():  # a letter or "_" that may start a Python identifier
                 end = _name_end(text, col)
-                word = unicodedata.normalize("NFKC", text[col:end])
+                word = text[col:end]
+                if not word.isascii():  # ASCII names are NFKC already
+                    word = unicodedata.normalize("NFKC", word)
                 tokens.append(Token("NAME", word, line_no, start))
                 col = end
             elif "0" <= ch <= "9":
@@ -141,9 +144,9 @@ def _integer(word: str, line_no: int, column: int, text: str) -> int:
 
 def _name_end(text: str, col: int) -> int:
     """Where the identifier starting at ``col`` ends: Python's rules (``str.isidentifier``)."""
-    end = col + 1
-    while end < len(text) and ("_" + text[end]).isidentifier():
-        end += 1
+    end = _ASCII_NAME_PART.match(text, col + 1).end()  # the common case at regex speed
+    while end < len(text) and not text[end].isascii() and ("_" + text[end]).isidentifier():
+        end = _ASCII_NAME_PART.match(text, end + 1).end()
     return end
 
 
