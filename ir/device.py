@@ -263,6 +263,12 @@ class Topology:
                     )
         for i in range(0 if ruled else n):
             for j in range(n):
+                bw, lat = self.bandwidth_bytes_per_s[i][j], self.latency_s[i][j]
+                if not (_is_number(bw) and _is_number(lat)):
+                    raise TopologyError(
+                        f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has bandwidth "
+                        f"{bw!r} and latency {lat!r}; both must be numbers"
+                    )
                 if i != j and not self.bandwidth_bytes_per_s[i][j] > 0:
                     raise TopologyError(
                         f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has bandwidth "

@@ -63,3 +63,27 @@ def test_setting_up_thousands_of_devices_takes_linear_time():
     assert time.perf_counter() - start < 10.0  # ~1.5 s: one Device per id, no n**2 links
     assert big.bandwidth(0, MAX_DEVICES - 1) == NODES["h100-hgx"].inter_bandwidth_bytes_per_s
     assert big.index(MAX_DEVICES - 1) == MAX_DEVICES - 1  # a dict, not a scan
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.one_of(
+        st.floats(allow_nan=True, allow_infinity=True),
+        st.integers(-5, 5),
+        st.text(max_size=2),
+        st.none(),
+        st.booleans(),
+    ),
+    st.sampled_from(["bandwidth", "latency"]),
+)
+def test_a_dense_link_of_any_value_is_taken_or_refused_with_a_topology_error(value, which):
+    good = ir.Topology.uniform(2)
+    bw = [[0.0, 1e9], [1e9, 0.0]]
+    lat = [[0.0, 1e-6], [1e-6, 0.0]]
+    (bw if which == "bandwidth" else lat)[0][1] = value
+    try:
+        topology = ir.Topology(good.devices, tuple(map(tuple, bw)), tuple(map(tuple, lat)))
+    except ir.TopologyError:
+        return
+    assert isinstance(value, (int, float)) and not isinstance(value, bool)
+    assert topology.bandwidth(0, 1) > 0 and 0 <= topology.latency(0, 1) < float("inf")
