@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
+from .arguments import str_arg
 from .errors import UnknownOpError, VerifyError
 from .function import Function
 from .op import Op, freeze_attributes
@@ -29,7 +30,7 @@ class FunctionBuilder:
     """
 
     def __init__(self, name: str = "main") -> None:
-        self.name = name
+        self.name = str_arg("FunctionBuilder", "name", name)
         self._inputs: list[Value] = []
         self._ops: list[Op] = []
         self._defined: set[Value] = set()
@@ -42,6 +43,7 @@ class FunctionBuilder:
 
     def input(self, name: str, type: Type) -> Value:
         """Declare a function input."""
+        str_arg("FunctionBuilder.input", "name", name)
         if not isinstance(type, (TensorType, TupleType)):
             raise VerifyError(f"input {name!r} needs a TensorType or TupleType, got {type!r}")
         v = Value(name, type)

@@ -123,7 +123,7 @@ def ring_order(
     """
     given = tuple(devices)
     n = len(given)
-    if n <= 2:
+    if n <= 2 or n > EXACT_RING_MAX_DEVICES:  # before the n x n look-ups below
         return given
     idx = [topology.index(d) for d in given]
     bw = [[topology.bandwidth_bytes_per_s[i][j] for j in idx] for i in idx]

@@ -31,11 +31,17 @@ formats the hardware computes in that the IR does not store.
 
 from __future__ import annotations
 
+import functools
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import Any
 
-from .errors import DistIRError
+from .arguments import int_arg, str_arg
+from .errors import ArgumentError, DistIRError
+from .limits import MAX_DEVICES, MAX_TOPOLOGY_DEVICES
 
 #: Element-type names a peak-flops table may hold (``DType`` values, ``tf32``, ``float8``).
 PEAK_DTYPES = ("float64", "float32", "tf32", "bfloat16", "float16", "float8")
@@ -56,6 +62,10 @@ def peak_table(table: Mapping[str, float] | PeakTable) -> PeakTable:
         if not flops > 0:
             raise TopologyError(f"the {name} peak must be positive, got {flops}")
     return tuple((name, float(flops)) for name, flops in pairs)
+
+
+def _is_number(x: object) -> bool:
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
 @dataclass(frozen=True)
@@ -84,12 +94,15 @@ class Device:
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "mem_bandwidth_bytes_per_s", "memory_bytes"):
-            if not getattr(self, field) > 0:
+            if not _is_number(getattr(self, field)) or not getattr(self, field) > 0:
                 raise TopologyError(
                     f"device {self.device_id}: {field} must be positive, got {getattr(self, field)}"
                 )
-        if self.launch_overhead_s < 0:
-            raise TopologyError(f"device {self.device_id}: launch_overhead_s is negative")
+        if not _is_number(self.launch_overhead_s) or not 0 <= self.launch_overhead_s < math.inf:
+            raise TopologyError(
+                f"device {self.device_id}: launch_overhead_s must be a finite number >= 0, "
+                f"got {self.launch_overhead_s}"
+            )
         for field in ("matrix_peak_flops", "vector_peak_flops"):
             try:
                 table = peak_table(getattr(self, field))
@@ -145,6 +158,80 @@ class Device:
         return t_flops + t_bytes if additive else max(t_flops, t_bytes)
 
 
+class LinkTable(Sequence):
+    """An ``n`` x ``n`` link matrix given by a rule, not stored: ``table[i][j]`` is
+    ``rule(i, j)`` (0 on the diagonal). Setting one up takes constant time and memory,
+    where a dense matrix of 4000 devices is 16 million entries; ``values`` lists every
+    off-diagonal value the rule gives, so checking them is cheap too. Two tables are
+    equal when their ``n`` and ``key`` (what determines the rule) are.
+
+    >>> t = LinkTable.uniform(3, 5.0)
+    >>> t[0][1], t[2][2], len(t), list(t[1])
+    (5.0, 0.0, 3, [5.0, 0.0, 5.0])
+    """
+
+    def __init__(self, n: int, rule: Any, values: Sequence[float], key: Any) -> None:
+        self.n, self.rule, self.values, self.key = n, rule, tuple(values), key
+
+    @staticmethod
+    def uniform(n: int, value: float) -> LinkTable:
+        """Every link alike."""
+        return LinkTable(n, lambda i, j: value, (value,) if n > 1 else (), ("uniform", value))
+
+    @staticmethod
+    def by_node(n: int, per_node: int, intra: Sequence[Sequence[float]], inter: float) -> LinkTable:
+        """Devices fill nodes of ``per_node`` in index order; ``intra[a][b]`` links the
+        a-th and b-th devices of one node, ``inter`` any two devices of different nodes."""
+        intra = tuple(tuple(row) for row in intra)
+        local = len(intra)  # min(per_node, n): a lone partial node may be smaller
+        values = [intra[a][b] for a in range(local) for b in range(local) if a != b]
+        values += [inter] if n > per_node else []
+
+        def rule(i: int, j: int) -> float:
+            if i // per_node == j // per_node:
+                return intra[i % per_node][j % per_node]
+            return inter
+
+        return LinkTable(n, rule, values, ("by_node", per_node, intra, inter))
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[k] for k in range(*i.indices(self.n))]
+        if not -self.n <= i < self.n:
+            raise IndexError(i)
+        return _LinkRow(self, i % self.n)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, LinkTable):
+            return (self.n, self.key) == (other.n, other.key)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash((self.n, self.key))
+
+    def __repr__(self) -> str:
+        return f"LinkTable({self.n}, {self.key!r})"
+
+
+class _LinkRow(Sequence):
+    def __init__(self, table: LinkTable, i: int) -> None:
+        self.table, self.i = table, i
+
+    def __len__(self) -> int:
+        return self.table.n
+
+    def __getitem__(self, j: Any) -> Any:
+        if isinstance(j, slice):
+            return [self[k] for k in range(*j.indices(self.table.n))]
+        if not -self.table.n <= j < self.table.n:
+            raise IndexError(j)
+        j %= self.table.n
+        return 0.0 if j == self.i else self.table.rule(self.i, j)
+
+
 @dataclass(frozen=True)
 class Topology:
     """Devices plus the links between them.
@@ -166,22 +253,56 @@ class Topology:
 
     def __post_init__(self) -> None:
         n = len(self.devices)
+        ruled = isinstance(self.bandwidth_bytes_per_s, LinkTable) and isinstance(
+            self.latency_s, LinkTable
+        )
+        limit = MAX_DEVICES if ruled else MAX_TOPOLOGY_DEVICES
+        if n > limit:
+            raise TopologyError(
+                f"topology {self.name!r} has {n} devices, more than the limit {limit} "
+                + (
+                    "(ir.limits.MAX_DEVICES)"
+                    if ruled
+                    else "for dense link matrices (ir.limits.MAX_TOPOLOGY_DEVICES; links given "
+                    "by a rule, ir.device.LinkTable, go to ir.limits.MAX_DEVICES)"
+                )
+            )
         ids = [d.device_id for d in self.devices]
         if len(set(ids)) != n:
-            raise TopologyError(f"topology {self.name!r} lists a device id twice: {ids}")
+            raise TopologyError(f"topology {self.name!r} lists a device id twice")
         for label, m in (("bandwidth", self.bandwidth_bytes_per_s), ("latency", self.latency_s)):
-            if len(m) != n or any(len(row) != n for row in m):
+            if len(m) != n or (not ruled and any(len(row) != n for row in m)):
                 raise TopologyError(f"topology {self.name!r}: {label} must be a {n}x{n} matrix")
-        for i in range(n):
+        if ruled:  # every value the rules give, once each: linear (constant) in devices
+            for bw in self.bandwidth_bytes_per_s.values:
+                if not _is_number(bw) or not bw > 0:
+                    raise TopologyError(
+                        f"topology {self.name!r}: a link has bandwidth {bw}; bandwidths must be "
+                        "positive"
+                    )
+            for lat in self.latency_s.values:
+                if not _is_number(lat) or not 0 <= lat < math.inf:
+                    raise TopologyError(
+                        f"topology {self.name!r}: a link has latency {lat}; latencies must be "
+                        "finite numbers >= 0"
+                    )
+        for i in range(0 if ruled else n):
             for j in range(n):
+                bw, lat = self.bandwidth_bytes_per_s[i][j], self.latency_s[i][j]
+                if not (_is_number(bw) and _is_number(lat)):
+                    raise TopologyError(
+                        f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has bandwidth "
+                        f"{bw!r} and latency {lat!r}; both must be numbers"
+                    )
                 if i != j and not self.bandwidth_bytes_per_s[i][j] > 0:
                     raise TopologyError(
                         f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has bandwidth "
                         f"{self.bandwidth_bytes_per_s[i][j]}; bandwidths must be positive"
                     )
-                if self.latency_s[i][j] < 0:
+                if not 0 <= self.latency_s[i][j] < math.inf:  # NaN fails this too
                     raise TopologyError(
-                        f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has negative latency"
+                        f"topology {self.name!r}: link {ids[i]} -> {ids[j]} has latency "
+                        f"{self.latency_s[i][j]}; latencies must be finite numbers >= 0"
                     )
         grouped = [d for node in self.nodes for d in node]
         if self.nodes and sorted(grouped) != sorted(ids):
@@ -193,21 +314,23 @@ class Topology:
     def device_ids(self) -> tuple[int, ...]:
         return tuple(d.device_id for d in self.devices)
 
-    @cached_property
-    def _index_of(self) -> dict[int, int]:
-        return {d.device_id: i for i, d in enumerate(self.devices)}
-
     def device(self, device_id: int) -> Device:
         return self.devices[self.index(device_id)]
 
     def index(self, device_id: int) -> int:
-        i = self._index_of.get(device_id) if isinstance(device_id, int) else None
-        if i is None:
+        """Where ``device_id`` is in ``devices`` (a dict look-up, built once)."""
+        try:
+            return self._indices[device_id]
+        except (KeyError, TypeError):
+            ids = self.device_ids
+            shown = list(ids) if len(ids) <= 16 else f"{ids[0]} .. {ids[-1]}, {len(ids)} in all"
             raise TopologyError(
-                f"device {device_id} is not in topology {self.name!r} "
-                f"(devices: {list(self.device_ids)})"
-            )
-        return i
+                f"device {device_id} is not in topology {self.name!r} (devices: {shown})"
+            ) from None
+
+    @functools.cached_property
+    def _indices(self) -> dict[int, int]:
+        return {d.device_id: i for i, d in enumerate(self.devices)}
 
     def bandwidth(self, src: int, dst: int) -> float:
         return self.bandwidth_bytes_per_s[self.index(src)][self.index(dst)]
@@ -229,6 +352,10 @@ class Topology:
         """
         from .hardware import preset
 
+        str_arg("Topology.preset", "name", name)
+        if isinstance(num_devices, numbers.Integral) and num_devices < 1:
+            raise TopologyError(f"a topology needs at least one device, got {num_devices}")
+        int_arg("Topology.preset", "num_devices", num_devices, 1, MAX_DEVICES)
         return preset(name, num_devices, allow_tf32=allow_tf32)
 
     @staticmethod
@@ -252,8 +379,22 @@ class Topology:
         first_id: int = 0,
     ) -> Topology:
         """``num_devices`` identical devices, all pairs linked alike, ids from ``first_id``."""
-        if num_devices < 1:
+        where = "Topology.uniform"
+        if isinstance(num_devices, numbers.Integral) and num_devices < 1:
             raise TopologyError(f"a topology needs at least one device, got {num_devices}")
+        num_devices = int_arg(where, "num_devices", num_devices, 1, MAX_DEVICES)
+        first_id = int_arg(where, "first_id", first_id, 0, MAX_DEVICES - num_devices)
+        for name, value in (  # their values are checked where they are kept (TopologyError)
+            ("peak_flops", peak_flops),
+            ("mem_bandwidth_bytes_per_s", mem_bandwidth_bytes_per_s),
+            ("link_bandwidth_bytes_per_s", link_bandwidth_bytes_per_s),
+            ("link_latency_s", link_latency_s),
+            ("memory_bytes", memory_bytes),
+            ("launch_overhead_s", launch_overhead_s),
+        ):
+            if not _is_number(value):
+                raise ArgumentError(f"{where}: {name} must be a number, got {value!r}")
+        str_arg(where, "device_type", device_type)
         devices = tuple(
             Device(
                 first_id + i,
@@ -265,8 +406,8 @@ class Topology:
             )
             for i in range(num_devices)
         )
-        bw = _matrix(num_devices, link_bandwidth_bytes_per_s)
-        lat = _matrix(num_devices, link_latency_s)
+        bw = LinkTable.uniform(num_devices, link_bandwidth_bytes_per_s)
+        lat = LinkTable.uniform(num_devices, link_latency_s)
         return Topology(devices, bw, lat, name=f"uniform-{num_devices}")
 
 

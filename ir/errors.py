@@ -31,6 +31,17 @@ class ExecutionError(DistIRError):
     """The reference executor could not run an op (bad inputs, failing kernel)."""
 
 
+class InvalidTypeError(DistIRError, ValueError):
+    """A TensorType or TupleType made of bad parts: a shape that is not non-negative
+    integers, an unknown dtype, a device that is not an id, a variable or None, or a
+    type beyond the limits in ``ir.limits``. A ValueError too, as it always was."""
+
+
+class ArgumentError(DistIRError, TypeError, ValueError):
+    """A public entry point was given an argument of the wrong type or value; the message
+    names the parameter. A TypeError and a ValueError too, so older handlers still work."""
+
+
 class ParseError(DistIRError):
     """Malformed program text. Carries line, column and the offending source line."""
 

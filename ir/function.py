@@ -51,6 +51,11 @@ class Function:
         return users
 
     @cached_property
+    def pmap_nesting(self) -> int:
+        """How deep pmaps nest in this function: 0 without a pmap, 1 with pmaps of flat bodies."""
+        return max((1 + sub.pmap_nesting for op in self.ops for sub in op.subfunctions), default=0)
+
+    @cached_property
     def devices(self) -> tuple[DeviceRef, ...]:
         """Every concrete device the program uses, pmap bodies and device maps included,
         in first-use order."""

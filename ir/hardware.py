@@ -75,7 +75,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .device import Device, Topology, TopologyError, peak_table
+from .device import Device, LinkTable, Topology, TopologyError, peak_table
 
 GB = 1e9
 
@@ -317,26 +317,22 @@ def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Top
         )
         for i in range(num_devices)
     )
-    bandwidth, latency = [], []
-    for i in range(num_devices):
-        bw_row, lat_row = [], []
-        for j in range(num_devices):
-            if i == j:
-                bw_row.append(0.0)
-                lat_row.append(0.0)
-            elif i // per == j // per:
-                bw_row.append(spec.intra_bandwidth_bytes_per_s(i % per, j % per))
-                lat_row.append(spec.intra_latency_s)
-            else:
-                bw_row.append(spec.inter_bandwidth_bytes_per_s)
-                lat_row.append(spec.inter_latency_s)
-        bandwidth.append(tuple(bw_row))
-        latency.append(tuple(lat_row))
-    ids = range(num_devices)
+    # Links by rule (ir.device.LinkTable): setup is linear in devices, not quadratic.
+    local = min(per, num_devices)
+    intra_bw = [
+        [0.0 if a == b else spec.intra_bandwidth_bytes_per_s(a, b) for b in range(local)]
+        for a in range(local)
+    ]
+    intra_lat = [
+        [0.0 if a == b else spec.intra_latency_s for b in range(local)] for a in range(local)
+    ]
+    bandwidth = LinkTable.by_node(num_devices, per, intra_bw, spec.inter_bandwidth_bytes_per_s)
+    latency = LinkTable.by_node(num_devices, per, intra_lat, spec.inter_latency_s)
     nodes = tuple(
-        tuple(i for i in ids if i // per == k) for k in range((num_devices + per - 1) // per)
+        tuple(range(k * per, min((k + 1) * per, num_devices)))
+        for k in range((num_devices + per - 1) // per)
     )
-    return Topology(devices, tuple(bandwidth), tuple(latency), name=name, nodes=nodes)
+    return Topology(devices, bandwidth, latency, name=name, nodes=nodes)
 
 
 def hierarchical(

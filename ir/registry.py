@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from .attr_kinds import AttrKind
 from .errors import RegistryError, UnknownOpError
 from .types import Type
 
@@ -44,6 +45,7 @@ class Attr:
     default: Any = REQUIRED
     doc: str = ""
     aliases: tuple[str, ...] = ()  # other spellings the seeds use (``device`` for ``to_device``)
+    kind: AttrKind | None = None  # the values it takes; the checker refuses others
 
 
 @dataclass(frozen=True)
@@ -251,7 +253,8 @@ def op_table_markdown() -> str:
         "# Ops",
         "",
         "One record per op in `ir.registry` (written in `ir/ops/<family>.py`); `name...` is",
-        "variadic, attributes without `=` are required. Generated; regenerate with",
+        "variadic, attributes without `=` are required, and each says the values it takes",
+        "(`ir.attr_kinds`; others are refused). Generated; regenerate with",
         "",
         "    python -c \"import ir.registry as r; print(r.op_table_markdown(), end='')\" \\",
         "        > docs/ops.md",
@@ -267,7 +270,8 @@ def op_table_markdown() -> str:
         results = ", ".join(op.results) + ("..." if op.extra.get("variadic_results") else "")
         signature = f"({', '.join(operands)}) -> ({results})"
         attrs = ", ".join(
-            a.name if a.default is REQUIRED else f"{a.name}={a.default!r}" for a in op.attributes
+            (a.name if a.default is REQUIRED else f"{a.name}={a.default!r}") + f": {a.kind}"
+            for a in op.attributes
         )
         doc = " ".join(op.doc.split()).replace("|", "\\|")
         rows.append(f"| {name} | {signature} | {attrs} | {op.kind.value} | {doc} |")

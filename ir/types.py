@@ -13,12 +13,16 @@ from __future__ import annotations
 
 import enum
 import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import cached_property
 
 import ml_dtypes
 import numpy as np
+
+from .errors import InvalidTypeError
+from .limits import MAX_DEVICES, MAX_ELEMENTS, MAX_INT, MAX_TUPLE_NESTING
 
 
 class DType(enum.Enum):
@@ -106,10 +110,31 @@ class TensorType:
     device: DeviceRef = None
 
     def __post_init__(self) -> None:
-        if not all(isinstance(d, int) and not isinstance(d, bool) for d in self.shape):
-            raise ValueError(f"tensor shape must be a tuple of ints, got {self.shape!r}")
-        if any(d < 0 for d in self.shape):
-            raise ValueError(f"tensor shape has a negative dimension: {self.shape!r}")
+        # One pass over the shape: builders make a TensorType for every value they add.
+        shape = self.shape
+        if type(shape) is not tuple:
+            if not isinstance(shape, (tuple, list)):
+                raise InvalidTypeError(f"tensor shape must be a tuple of ints, got {shape!r}")
+            shape = tuple(shape)
+            object.__setattr__(self, "shape", shape)
+        elements = 1
+        for d in shape:
+            if type(d) is not int or d < 0 or d > MAX_INT:
+                _bad_dimension(shape, d)
+            elements *= d
+        if elements > MAX_ELEMENTS:
+            raise InvalidTypeError(
+                f"a tensor of shape {shape} has {elements:.3g} elements, more than the limit "
+                f"{MAX_ELEMENTS} (2**48, ir.limits.MAX_ELEMENTS)"
+            )
+        if type(self.dtype) is not DType:
+            object.__setattr__(self, "dtype", _as_dtype(self.dtype))
+        device = self.device
+        if type(device) is int:
+            if not 0 <= device < MAX_DEVICES:
+                _bad_device(device)
+        elif device is not None and type(device) is not DeviceVar:
+            object.__setattr__(self, "device", _as_device(device))
 
     @staticmethod
     def scalar(dtype: DType = DType.float32, device: DeviceRef = None) -> TensorType:
@@ -134,8 +159,11 @@ class TensorType:
     def with_device(self, device: DeviceRef) -> TensorType:
         if device == self.device:
             return self
-        # this tensor's shape and dtype are checked already: one per device of a pmap
-        # is made this way, so skip __post_init__
+        plain = device is None or type(device) is DeviceVar
+        if not plain and not (type(device) is int and 0 <= device < MAX_DEVICES):
+            return TensorType(self.shape, self.dtype, device)  # checked (and refused) there
+        # this tensor's shape and dtype are checked already, the device just now: one per
+        # device of a pmap is made this way, so skip the rest of __post_init__
         moved = object.__new__(TensorType)
         object.__setattr__(moved, "shape", self.shape)
         object.__setattr__(moved, "dtype", self.dtype)
@@ -149,11 +177,80 @@ class TensorType:
         return format_type(self)
 
 
+def _bad_dimension(shape: tuple, d: object) -> None:
+    if not isinstance(d, int) or isinstance(d, bool):
+        raise InvalidTypeError(f"tensor shape must be a tuple of ints, got {shape!r}")
+    if d < 0:
+        raise InvalidTypeError(f"tensor shape has a negative dimension: {shape!r}")
+    raise InvalidTypeError(
+        f"a tensor dimension is above the limit {MAX_INT} (2**63 - 1, ir.limits.MAX_INT)"
+    )
+
+
+def _as_dtype(dtype: object) -> DType:
+    """A DType from itself or its name (``"float32"``); anything else is an error."""
+    if isinstance(dtype, str) and dtype in DType.__members__:
+        return DType[dtype]
+    names = ", ".join(DType.__members__)
+    raise InvalidTypeError(f"tensor dtype must be a DType or one of {names}, got {dtype!r}")
+
+
+def _bad_device(device: object) -> None:
+    raise InvalidTypeError(
+        f"a tensor's device must be a device id from 0 to {MAX_DEVICES - 1} "
+        f"(ir.limits.MAX_DEVICES), a DeviceVar or None (unassigned), got {device!r}"
+    )
+
+
+def _as_device(device: object) -> DeviceRef:
+    integral = isinstance(device, numbers.Integral) and not isinstance(device, bool)
+    if integral and 0 <= device < MAX_DEVICES:
+        return int(device)
+    _bad_device(device)
+    raise AssertionError  # not reached: _bad_device raises
+
+
 @dataclass(frozen=True)
 class TupleType:
     """A fixed-length tuple, usually one tensor per device (``Tuple[T@1, ..., T@N]``)."""
 
     elements: tuple[Type, ...]
+
+    def __post_init__(self) -> None:
+        elements = self.elements
+        if type(elements) is not tuple:
+            if not isinstance(elements, (tuple, list)):
+                raise InvalidTypeError(f"tuple elements must be a tuple of types, got {elements!r}")
+            elements = tuple(elements)
+            object.__setattr__(self, "elements", elements)
+        if len(elements) > MAX_DEVICES:
+            raise InvalidTypeError(
+                f"a tuple of {len(elements)} elements is longer than the limit {MAX_DEVICES} "
+                "(ir.limits.MAX_DEVICES)"
+            )
+        depth = 1  # how deep tuples nest in this one, kept so that nesting is checked once
+        for e in elements:
+            t = type(e)
+            if t is TupleType:
+                depth = max(depth, e.nesting + 1)
+            elif t is not TensorType and not isinstance(e, TensorType):
+                if isinstance(e, TupleType):
+                    depth = max(depth, e.nesting + 1)
+                else:
+                    raise InvalidTypeError(
+                        f"tuple elements must be TensorTypes or TupleTypes, got {e!r}"
+                    )
+        if depth > MAX_TUPLE_NESTING:
+            raise InvalidTypeError(
+                f"tuples nest {depth} deep, more than the limit {MAX_TUPLE_NESTING} "
+                "(ir.limits.MAX_TUPLE_NESTING)"
+            )
+        object.__setattr__(self, "_nesting", depth)  # not a field: no part of equality
+
+    @property
+    def nesting(self) -> int:
+        """How deep tuples nest in this one: 1 for a tuple of tensors."""
+        return self._nesting
 
     @property
     def size_bytes(self) -> int:

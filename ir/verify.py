@@ -9,7 +9,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from .errors import DistIRError, RegistryError, TypeRuleError, UnknownOpError, VerifyError
+from .attr_kinds import problem as kind_problem
+from .attr_kinds import shown as shown_value
+from .errors import (
+    DistIRError,
+    InvalidTypeError,
+    RegistryError,
+    TypeRuleError,
+    UnknownOpError,
+    VerifyError,
+)
 from .function import Function
 from .op import Op
 from .registry import OpDef, OpKind, TypeContext, get_op
@@ -61,7 +70,10 @@ def _infer_key(
     opdef: OpDef, input_types: Sequence[Type], attributes: Mapping[str, Any]
 ) -> tuple | None:
     """A hashable key of a type-rule question, or None when an attribute is not hashable."""
-    return hashed_key((id(opdef), tuple(input_types), attributes_key(attributes)))
+    try:
+        return hashed_key((id(opdef), tuple(input_types), attributes_key(attributes)))
+    except RecursionError:  # a value nested beyond reason: its kind check refuses it
+        return None
 
 
 class HashedKey(tuple):
@@ -112,6 +124,12 @@ def _infer_types(
         attrs = opdef.complete_attributes(attributes)
     except RegistryError as e:
         raise VerifyError(str(e)) from None
+    for a in opdef.attributes:
+        if a.kind is not None and not a.kind.accepts(attrs[a.name]):
+            wrong = kind_problem(a.kind, attrs[a.name])
+            raise VerifyError(
+                f"{opdef.name}: attribute {a.name}={shown_value(attrs[a.name])} {wrong}"
+            )
     if opdef.kind is OpKind.COMPUTE:
         devices = {t.device for t in input_types if isinstance(t, TensorType)}
         if len(devices) > 1:
@@ -124,7 +142,7 @@ def _infer_types(
         results = tuple(
             opdef.type_rule(TypeContext(tuple(input_types), attrs, tuple(subfunctions)))
         )
-    except TypeRuleError as e:
+    except (TypeRuleError, InvalidTypeError) as e:  # a result type beyond ir.limits, say
         raise VerifyError(f"{opdef.name}: {e}") from None
     if len(results) != len(opdef.results) and not opdef.extra.get("variadic_results"):
         raise VerifyError(

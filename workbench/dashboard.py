@@ -39,7 +39,7 @@ from widgets.memory import memory_spec
 from widgets.units import format_bytes, format_time
 
 from .editor import ShardingEditor
-from .session import SCHEDULES, Annotation, Derived, Session, Strategy
+from .session import SCHEDULES, Annotation, Derived, Session, Strategy, UnknownValueError
 
 DEFAULT_PRESET = "a100-hgx"
 
@@ -202,8 +202,11 @@ class Workbench(w.VBox):
     # -- driving it from code ---------------------------------------------------------
 
     def annotate(self, value_name: str, spec: Annotation) -> bool:
-        """What Apply does: place ``value_name`` as ``spec`` (see ``Session.annotate``)."""
-        self.select(value_name)
+        """What Apply does: place ``value_name`` as ``spec`` (see ``Session.annotate``).
+
+        An unknown name fails like any other change: False, with ``session.error`` set."""
+        if value_name in self.session.annotatable():
+            self.select(value_name)
         return self.session.annotate(value_name, spec)
 
     def set_strategy(self, strategy: Strategy | None = None, **knobs: Any) -> bool:
@@ -233,7 +236,9 @@ class Workbench(w.VBox):
     def select(self, value_name: str) -> None:
         """Select base-program value ``value_name`` in the editor (and the graph, if drawn)."""
         if value_name not in self.session.annotatable():
-            raise KeyError(f"{value_name!r} is not a value of {self.session.base.name!r}")
+            raise UnknownValueError(
+                f"select: {value_name!r} is not a value of {self.session.base.name!r}"
+            )
         self.editor.select(value_name)
         self._show_selection(value_name, None)
 

@@ -39,6 +39,13 @@ class SessionError(DistIRError):
     """A request the session cannot carry out (unknown value, bad degree, nothing to undo)."""
 
 
+class UnknownValueError(SessionError, KeyError):
+    """A value name that is not in the session's program (a KeyError too, as it was)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class Strategy:
     """The ready transforms' knobs: ``dp x hp x pp`` devices, microbatches, schedule.
@@ -58,7 +65,7 @@ class Strategy:
     def __post_init__(self) -> None:
         for name in ("dp", "hp", "pp", "microbatches"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise SessionError(f"strategy: {name} must be a positive integer, got {value!r}")
         if self.schedule not in SCHEDULES:
             raise SessionError(
@@ -385,6 +392,13 @@ class Session:
     def set_strategy(self, strategy: Strategy | None = None, **knobs: Any) -> bool:
         """Switch to a ready strategy: ``set_strategy(dp=2, pp=2, microbatches=4)``."""
         try:
+            if isinstance(strategy, str):  # "dp=2, pp=2", as Strategy.parse reads it
+                strategy = Strategy.parse(strategy)
+            elif strategy is not None and not isinstance(strategy, Strategy):
+                raise SessionError(
+                    f"set_strategy: strategy must be a Strategy, a string such as 'dp=2,pp=2' "
+                    f"or None, got {strategy!r}"
+                )
             strategy = replace(strategy or Strategy(), **knobs)
         except (DistIRError, TypeError) as e:
             return self._fail(str(e))

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..errors import TypeRuleError
+from ..errors import ExecutionError, TypeRuleError
 from ..registry import Cost, CostContext, TypeContext
 from ..types import TensorType, TupleType, Type
 
@@ -75,3 +75,23 @@ def no_cost(ctx: CostContext) -> Cost:
 
 def as_tuple(x) -> tuple:
     return tuple(x) if isinstance(x, (tuple, list)) else (x,)
+
+
+def checked_indices(op: str, what: str, values: np.ndarray, count: int) -> np.ndarray:
+    """``values`` as int64 indices into ``count`` rows, or an ExecutionError naming ``op``,
+    ``what`` and the first bad value: numpy would read -1 as the last row and 2.7 as 2."""
+    values = np.asarray(values)
+    if values.dtype.kind not in "iub":
+        whole = np.isfinite(values) & (values == np.round(values))
+        if not whole.all():
+            at = tuple(int(i) for i in np.argwhere(~whole)[0])
+            raise ExecutionError(
+                f"{op}: {what} must be whole numbers, got {values[at].item()!r} at index {list(at)}"
+            )
+    bad = (values < 0) | (values >= count)
+    if bad.any():
+        at = tuple(int(i) for i in np.argwhere(bad)[0])
+        raise ExecutionError(
+            f"{op}: {what} must be in [0, {count}), got {values[at].item()!r} at index {list(at)}"
+        )
+    return values.astype(np.int64, copy=False)

@@ -16,6 +16,7 @@ generic op syntax:
 
 from __future__ import annotations
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, OpKind, TypeContext, attach_rule, register_op
 from . import _factors as fx
@@ -62,7 +63,9 @@ register_op(
         type_rule=_stage_types,
         kernel=lambda xs, a: [xs[0]],
         cost_rule=no_cost,
-        attributes=(Attr("stage", doc="pipeline stage of the op that produced x"),),
+        attributes=(
+            Attr("stage", doc="pipeline stage of the op that produced x", kind=kinds.NONNEG_INT),
+        ),
         kind=OpKind.CONTROL,
         doc="x unchanged; marks the op that produced x as running in pipeline stage `stage`.",
         extra={"examples": lambda s: [ctx(t(2 * s, 3), stage=1), ctx(t(s), stage=0)]},

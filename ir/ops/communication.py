@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..collectives import Collective
 from ..errors import TypeRuleError
 from ..registry import (
@@ -147,6 +148,7 @@ _GROUPS = Attr(
     "groups",
     None,
     "element positions of each group (one collective per group, all at once); None: one group",
+    kind=kinds.GROUPS,
 )
 
 
@@ -178,10 +180,10 @@ def _comm(
     )
 
 
-_TO_DEVICE = Attr("to_device", doc="destination device", aliases=("device",))
-_DEVICES = Attr("devices", doc="destination devices, in tuple order")
-_DIM = Attr("dim", 0, "tensor axis")
-_OP = Attr("op", "sum", "reduction: sum, mean, max or min")
+_TO_DEVICE = Attr("to_device", doc="destination device", aliases=("device",), kind=kinds.DEVICE)
+_DEVICES = Attr("devices", doc="destination devices, in tuple order", kind=kinds.DEVICES)
+_DIM = Attr("dim", 0, "tensor axis", kind=kinds.INT)
+_OP = Attr("op", "sum", "reduction: sum, mean, max or min", kind=kinds.REDUCTION)
 
 # -- point to point --------------------------------------------------------------
 
@@ -216,7 +218,7 @@ _comm(
     ("ys",),
     _send_each_types,
     lambda xs, a: [tuple(x.copy() for x in xs[0])],
-    (Attr("to_devices", doc="destination of each element, in tuple order"),),
+    (Attr("to_devices", doc="destination of each element, in tuple order", kind=kinds.DEVICES),),
     "Send element i of a per-device tuple to to_devices[i], all pairs at once (a pipeline "
     "stage's activations to the next stage's devices).",
     examples=lambda s: [
@@ -429,7 +431,7 @@ _comm(
     ("ys",),
     _alltoall_types,
     _alltoall_kernel,
-    (Attr("split_dim", 0), Attr("concat_dim", 0)),
+    (Attr("split_dim", 0, kind=kinds.INT), Attr("concat_dim", 0, kind=kinds.INT)),
     "Device i sends its j-th chunk (along split_dim) to device j, which concatenates "
     "the chunks it receives along concat_dim in device order.",
     examples=lambda s: [

@@ -13,7 +13,9 @@ import functools
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
+from ..limits import MAX_PMAP_NESTING
 from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
 from ..types import DeviceVar, DType, TensorType, TupleType, bind_type
 from . import _examples as ex
@@ -25,6 +27,11 @@ def _pmap_types(ctx: TypeContext):
     if len(ctx.subfunctions) != 1:
         raise TypeRuleError(f"pmap needs exactly one body, got {len(ctx.subfunctions)}")
     (body,) = ctx.subfunctions
+    if body.pmap_nesting + 1 > MAX_PMAP_NESTING:
+        raise TypeRuleError(
+            f"pmaps nest {body.pmap_nesting + 1} deep, more than the limit {MAX_PMAP_NESTING} "
+            "(ir.limits.MAX_PMAP_NESTING)"
+        )
     var = ctx.attributes["device_var"]
     device_map = _plain_map(ctx.attributes["device_map"])
     if len(body.inputs) != len(ctx.input_types):
@@ -113,8 +120,18 @@ register_op(
         kernel=None,  # the executor runs the body once per device
         cost_rule=no_cost,
         attributes=(
-            Attr("device_var", "d", "name of the device variable the body is typed on"),
-            Attr("device_map", None, "device -> sub-devices, resolving d.k in nested pmaps"),
+            Attr(
+                "device_var",
+                "d",
+                "name of the device variable the body is typed on",
+                kind=kinds.NAME,
+            ),
+            Attr(
+                "device_map",
+                None,
+                "device -> sub-devices, resolving d.k in nested pmaps",
+                kind=kinds.DEVICE_MAP,
+            ),
         ),
         variadic=True,
         kind=OpKind.CONTROL,
@@ -140,7 +157,7 @@ register_op(
         type_rule=_tuple_get_types,
         kernel=lambda xs, a: [xs[0][a["index"]]],
         cost_rule=no_cost,
-        attributes=(Attr("index", doc="element index"),),
+        attributes=(Attr("index", doc="element index", kind=kinds.INT),),
         kind=OpKind.CONTROL,
         doc="Element i of a tuple; the text format also writes it xs[i].",
         extra={
@@ -193,10 +210,10 @@ register_op(
         kernel=_constant_kernel,
         cost_rule=memory_cost,
         attributes=(
-            Attr("value", doc="the fill value"),
-            Attr("shape", (), "result shape"),
-            Attr("dtype", "float32", "element type name"),
-            Attr("device", None, "device the constant lives on"),
+            Attr("value", doc="the fill value", kind=kinds.either(kinds.REAL, kinds.BOOL)),
+            Attr("shape", (), "result shape", kind=kinds.SHAPE),
+            Attr("dtype", "float32", "element type name", kind=kinds.DTYPE),
+            Attr("device", None, "device the constant lives on", kind=kinds.DEVICE),
         ),
         doc="A tensor filled with one value.",
         extra={

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, attach_rule, register_op
 from ._common import same_dtype, tensor
@@ -74,7 +75,14 @@ register_op(
         type_rule=_conv_types,
         kernel=_conv_kernel,
         cost_rule=_conv_cost,
-        attributes=(Attr("padding", "valid", '"valid", "same" or [top, bottom, left, right]'),),
+        attributes=(
+            Attr(
+                "padding",
+                "valid",
+                '"valid", "same" or [top, bottom, left, right]',
+                kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
+            ),
+        ),
         aliases=("conv2d",),
         doc="2-D convolution, NHWC with (Kh, Kw, Cin, Cout) weights, stride 1.",
         extra={

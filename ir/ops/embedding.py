@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType, TensorType
 from . import _factors as fx
-from ._common import tensor
+from ._common import checked_indices, tensor
 from ._examples import ctx, t
 
 _INT_DTYPES = (DType.int64, DType.int32)
@@ -45,11 +46,14 @@ register_op(
         operands=("table", "ids"),
         results=("y",),
         type_rule=_embedding_types,
-        kernel=lambda xs, a: [np.take(xs[0], xs[1], axis=0)],
+        kernel=lambda xs, a: [
+            np.take(xs[0], checked_indices("Embedding", "ids", xs[1], len(xs[0])), axis=0)
+        ],
         cost_rule=_embedding_cost,
         doc="Row lookup: y[..., :] = table[ids[...], :].",
         extra={
             "weight_operands": (0,),  # the table is a weight
+            "value_ranges": lambda op: {1: (0, op.inputs[0].type.shape[0])},  # row ids
             "examples": lambda s: [
                 ctx(t(4 * s, 3), t(2 * s, dtype=DType.int64)),
                 ctx(t(5, 2 * s), t(2, s, dtype=DType.int64)),
@@ -74,6 +78,7 @@ def _embedding_grad_types(c: TypeContext):
 def _embedding_grad(xs, a):
     ids, dy = xs
     out = np.zeros((a["num_embeddings"], dy.shape[-1]), dtype=dy.dtype)
+    ids = checked_indices("EmbeddingGrad", "ids", ids, a["num_embeddings"])
     np.add.at(out, ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
     return [out]
 
@@ -90,13 +95,14 @@ register_op(
             c.input_types[0].size_bytes + c.input_types[1].size_bytes,
             c.output_types[0].size_bytes,
         ),
-        attributes=(Attr("num_embeddings", doc="rows of the table (V)"),),
+        attributes=(Attr("num_embeddings", doc="rows of the table (V)", kind=kinds.POS_INT),),
         doc="Gradient of Embedding: dy's rows added into a (V, H) zero table at rows ids.",
         extra={
+            "value_ranges": lambda op: {0: (0, op.attributes["num_embeddings"])},
             "examples": lambda s: [
                 ctx(t(2 * s, dtype=DType.int64), t(2 * s, 3), num_embeddings=4 * s),
                 ctx(t(2, s, dtype=DType.int64), t(2, s, 2 * s), num_embeddings=5),
-            ]
+            ],
         },
     )
 )

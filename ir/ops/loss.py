@@ -19,11 +19,12 @@ import math
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType
 from . import _factors as fx
-from ._common import same_dtype, tensor
+from ._common import checked_indices, same_dtype, tensor
 from ._examples import ctx, t
 
 KINDS = ("cross_entropy", "mse")
@@ -73,14 +74,14 @@ def _log_softmax(y: np.ndarray) -> np.ndarray:
     return shifted - np.log(np.sum(np.exp(shifted), axis=-1, keepdims=True))
 
 
-def _labels(z: np.ndarray) -> np.ndarray:
-    return np.asarray(z).astype(np.int64)[..., None]
+def _labels(op: str, z: np.ndarray, classes: int) -> np.ndarray:
+    return checked_indices(op, "class labels z", z, classes)[..., None]
 
 
 def _loss_kernel(xs, a):
     y, z = xs
     if a["kind"] == "cross_entropy":
-        picked = np.take_along_axis(_log_softmax(y), _labels(z), axis=-1)
+        picked = np.take_along_axis(_log_softmax(y), _labels("Loss", z, y.shape[-1]), axis=-1)
         total = -np.sum(picked)
     else:
         total = np.sum((y - z) ** 2)
@@ -92,7 +93,8 @@ def _loss_grad_kernel(xs, a):
     factor = a["scale"] / _denominator(y, a, a["kind"])
     if a["kind"] == "cross_entropy":
         dy = np.exp(_log_softmax(y))
-        np.put_along_axis(dy, _labels(z), np.take_along_axis(dy, _labels(z), -1) - 1.0, -1)
+        labels = _labels("LossGrad", z, y.shape[-1])
+        np.put_along_axis(dy, labels, np.take_along_axis(dy, labels, -1) - 1.0, -1)
     else:
         dy = 2.0 * (y - z)
     return [(dy * factor).astype(y.dtype)]
@@ -105,11 +107,23 @@ def _loss_cost(c: CostContext) -> Cost:
     return Cost(flops_per_element * y.num_elements, y.size_bytes + z.size_bytes, out)
 
 
-_KIND = Attr("kind", "cross_entropy", "cross_entropy (softmax of logits) or mse")
-_SCALE = Attr("scale", 1.0, "the upstream gradient dl (a constant)")
-_DENOMINATOR = Attr(
-    "denominator", 0, "divide the sum by this when > 0, else by the local number of rows"
+_KIND = Attr(
+    "kind", "cross_entropy", "cross_entropy (softmax of logits) or mse", kind=kinds.one_of(*KINDS)
 )
+_SCALE = Attr("scale", 1.0, "the upstream gradient dl (a constant)", kind=kinds.FINITE)
+_DENOMINATOR = Attr(
+    "denominator",
+    0,
+    "divide the sum by this when > 0, else by the local number of rows",
+    kind=kinds.NONNEG_REAL,
+)
+
+
+def _label_range(op) -> dict[int, tuple[int, int]]:
+    """Valid values of each operand, for ``ir.random_inputs``: class labels index y's last axis."""
+    if op.attributes["kind"] != "cross_entropy":
+        return {}
+    return {1: (0, op.inputs[0].type.shape[-1])}
 
 
 def _examples(grad: bool):
@@ -138,6 +152,7 @@ register_op(
         "error against targets z; a scalar on y's device.",
         extra={
             "examples": _examples(grad=False),
+            "value_ranges": _label_range,
             "loss": True,  # a training objective (recompute never replays it)
             "nondiff_operands": (1,),  # the labels carry no gradient, float or not
             "unit_gradient": lambda b, op, ins: _loss_unit_gradient(b, op, ins),
@@ -154,13 +169,14 @@ register_op(
         kernel=_loss_grad_kernel,
         cost_rule=_loss_cost,
         attributes=(
-            Attr("scale", 1.0, "the upstream gradient dl (a constant)"),
+            Attr("scale", 1.0, "the upstream gradient dl (a constant)", kind=kinds.FINITE),
             _KIND,
             _DENOMINATOR,
         ),
         doc="scale * dLoss(y, z)/dy, with y's shape.",
         extra={
             "examples": _examples(grad=True),
+            "value_ranges": _label_range,
             "backward_seed": True,  # the first one starts a training program's backward pass
             "nondiff_operands": (1,),
         },

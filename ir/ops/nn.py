@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from . import _factors as fx
@@ -51,7 +52,7 @@ register_op(
         type_rule=_softmax_types,
         kernel=lambda xs, a: [_softmax(xs[0], a["axis"])],
         cost_rule=per_output_element(5),
-        attributes=(Attr("axis", -1, "axis the probabilities sum to one over"),),
+        attributes=(Attr("axis", -1, "axis the probabilities sum to one over", kind=kinds.INT),),
         doc="exp(x) / sum(exp(x)) along axis (computed stably).",
         extra={"examples": lambda s: [ctx(t(2 * s, 5)), ctx(t(2, s, 3 * s), axis=1)]},
     )
@@ -79,7 +80,7 @@ register_op(
         type_rule=_softmax_grad_types,
         kernel=_softmax_grad,
         cost_rule=per_output_element(4),
-        attributes=(Attr("axis", -1, "the softmax's axis"),),
+        attributes=(Attr("axis", -1, "the softmax's axis", kind=kinds.INT),),
         doc="Gradient of Softmax given its output y: y * (dy - sum(dy * y, axis)).",
         extra={
             "examples": lambda s: [ctx(t(2 * s, 5), t(2 * s, 5)), ctx(t(s, 3), t(s, 3), axis=0)]
@@ -137,8 +138,8 @@ register_op(
         kernel=_layer_norm,
         cost_rule=per_output_element(8),
         attributes=(
-            Attr("axis", -1, "the normalised axis (must be the last)"),
-            Attr("epsilon", 1e-5, "added to the variance"),
+            Attr("axis", -1, "the normalised axis (must be the last)", kind=kinds.INT),
+            Attr("epsilon", 1e-5, "added to the variance", kind=kinds.NONNEG_REAL),
         ),
         doc="(x - mean) / sqrt(var + epsilon) * gamma + beta over the last axis.",
         extra={
@@ -179,7 +180,7 @@ register_op(
         type_rule=_layer_norm_grad_types,
         kernel=_layer_norm_grad,
         cost_rule=per_output_element(12),
-        attributes=(Attr("epsilon", 1e-5, "the forward op's epsilon"),),
+        attributes=(Attr("epsilon", 1e-5, "the forward op's epsilon", kind=kinds.NONNEG_REAL),),
         doc="Gradients of LayerNorm(x, gamma, beta) given dy: (dx, dgamma, dbeta).",
         extra={
             "weight_operands": (1,),
@@ -211,7 +212,7 @@ register_op(
         type_rule=_scale_types,
         kernel=lambda xs, a: [(xs[0] * a["factor"]).astype(xs[0].dtype)],
         cost_rule=per_output_element(1),
-        attributes=(Attr("factor", doc="the constant multiplier"),),
+        attributes=(Attr("factor", doc="the constant multiplier", kind=kinds.FINITE),),
         doc="x * factor for a constant factor; linear, so its gradient is Scale(dy, factor).",
         extra={"examples": lambda s: [ctx(t(s, 3), factor=0.5), ctx(t(2, 2 * s), factor=3.0)]},
     )
@@ -240,7 +241,7 @@ register_op(
         type_rule=_causal_mask_types,
         kernel=_causal_mask,
         cost_rule=per_output_element(1),
-        attributes=(Attr("fill", -1e9, "value written above the diagonal"),),
+        attributes=(Attr("fill", -1e9, "value written above the diagonal", kind=kinds.REAL),),
         doc="x with the entries above the diagonal of its last two axes set to fill; its "
         "gradient is CausalMask(dy, fill=0.0).",
         extra={"examples": lambda s: [ctx(t(2 * s, 2 * s)), ctx(t(2, 3 * s, 3 * s), fill=0.0)]},

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TypeRuleError
+from .. import attr_kinds as kinds
+from ..errors import ExecutionError, TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from . import _factors as fx
 from ._common import per_output_element, same_dtype, tensor
@@ -40,7 +41,7 @@ register_op(
         type_rule=lambda c: [_same_as_parameter(c, ("w", "dw"))],
         kernel=lambda xs, a: [(xs[0] - a["lr"] * xs[1]).astype(xs[0].dtype)],
         cost_rule=per_output_element(2),
-        attributes=(Attr("lr", 0.01, "learning rate"),),
+        attributes=(Attr("lr", 0.01, "learning rate", kind=kinds.FINITE),),
         aliases=("opt", "SGD"),
         doc="Plain SGD step: w - lr * dw.",
         extra={
@@ -54,6 +55,12 @@ register_op(
 
 def _adam(xs, a):
     w, dw, m, v = xs
+    if np.any(v < 0):  # sqrt(v) would be NaN, and so the new weights
+        at = [int(i) for i in np.argwhere(np.asarray(v) < 0)[0]]
+        raise ExecutionError(
+            f"Adam: the second moment v must be >= 0, got {np.asarray(v)[tuple(at)]!r} at "
+            f"index {at}"
+        )
     b1, b2, step = a["beta1"], a["beta2"], a["step"]
     m1 = b1 * m + (1.0 - b1) * dw
     v1 = b2 * v + (1.0 - b2) * dw * dw
@@ -80,16 +87,17 @@ register_op(
         kernel=_adam,
         cost_rule=per_output_element(4),
         attributes=(
-            Attr("lr", 1e-3, "learning rate"),
-            Attr("beta1", 0.9, "decay of the first-moment estimate m"),
-            Attr("beta2", 0.999, "decay of the second-moment estimate v"),
-            Attr("epsilon", 1e-8, "added to sqrt(v) in the denominator"),
-            Attr("step", 1, "1-based step number, for bias correction"),
+            Attr("lr", 1e-3, "learning rate", kind=kinds.FINITE),
+            Attr("beta1", 0.9, "decay of the first-moment estimate m", kind=kinds.PROBABILITY),
+            Attr("beta2", 0.999, "decay of the second-moment estimate v", kind=kinds.PROBABILITY),
+            Attr("epsilon", 1e-8, "added to sqrt(v) in the denominator", kind=kinds.NONNEG_REAL),
+            Attr("step", 1, "1-based step number, for bias correction", kind=kinds.POS_INT),
         ),
         doc="One Adam step (Kingma & Ba 2015, with bias correction): returns (w1, m1, v1).",
         extra={
             "optimizer": True,
             "state": ("m", "v"),
+            "value_ranges": lambda op: {3: (0, None)},  # v >= 0 (random_inputs reads this)
             "examples": lambda s: [
                 ctx(t(2 * s, 3), t(2 * s, 3), t(2 * s, 3), t(2 * s, 3)),
                 ctx(t(s), t(s), t(s), t(s), lr=0.01, step=3),

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..collectives import Collective
 from ..errors import TypeRuleError
 from ..registry import Attr, CostContext, OpDef, OpKind, TypeContext, attach_rule, register_op
@@ -172,9 +173,11 @@ def unshard_arrays(
 
 # -- ops ---------------------------------------------------------------------------
 
-MESH = Attr("mesh", doc="mesh shape, e.g. [2, 4]")
-MESH_DEVICES = Attr("devices", doc="mesh devices, row-major")
-PLACEMENTS = Attr("placements", doc='one per mesh axis: "S(i)", "R" or "P(sum)"')
+MESH = Attr("mesh", doc="mesh shape, e.g. [2, 4]", kind=kinds.sequence_of(kinds.POS_INT, 1))
+MESH_DEVICES = Attr("devices", doc="mesh devices, row-major", kind=kinds.DEVICES)
+PLACEMENTS = Attr(
+    "placements", doc='one per mesh axis: "S(i)", "R" or "P(sum)"', kind=kinds.PLACEMENTS
+)
 
 
 def mesh_attrs(c: TypeContext) -> tuple[tuple[int, ...], tuple, tuple[str, ...]]:
@@ -276,8 +279,8 @@ register_op(
             MESH,
             MESH_DEVICES,
             PLACEMENTS,
-            Attr("shape", doc="shape of the whole tensor"),
-            Attr("to_device", None, "device of the result"),
+            Attr("shape", doc="shape of the whole tensor", kind=kinds.SHAPE),
+            Attr("to_device", None, "device of the result", kind=kinds.DEVICE),
         ),
         kind=OpKind.COMMUNICATION,
         doc="Assemble a tensor from its blocks on a mesh: concatenate S, reduce P, pick one R.",
@@ -287,8 +290,8 @@ register_op(
 
 # -- ranked (per-device) communication ------------------------------------------------
 
-_PEER = Attr("peer", doc="the other rank (device)")
-_TAG = Attr("tag", 0, "matches a send with its receive")
+_PEER = Attr("peer", doc="the other rank (device)", kind=kinds.DEVICE)
+_TAG = Attr("tag", 0, "matches a send with its receive", kind=kinds.NONNEG_INT)
 COLLECTIVE_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall")
 
 
@@ -327,9 +330,9 @@ register_op(
         attributes=(
             _PEER,
             _TAG,
-            Attr("shape", doc="shape of the received tensor"),
-            Attr("dtype", "float32", "element type"),
-            Attr("device", None, "this rank"),
+            Attr("shape", doc="shape of the received tensor", kind=kinds.SHAPE),
+            Attr("dtype", "float32", "element type", kind=kinds.DTYPE),
+            Attr("device", None, "this rank", kind=kinds.DEVICE),
         ),
         kind=OpKind.COMMUNICATION,
         doc="Receive a tensor sent by rank peer (zeros when run without peers).",
@@ -361,12 +364,21 @@ register_op(
         kernel=lambda xs, a: [np.zeros(tuple(a["result_shape"]), xs[0].dtype)],
         cost_rule=memory_cost,
         attributes=(
-            Attr("kind", doc="allreduce, allgather, reducescatter or alltoall"),
-            Attr("group", doc="the ranks taking part, in order"),
-            Attr("result_shape", doc="this rank's result shape"),
-            Attr("op", "sum", "reduction of allreduce / reducescatter"),
-            Attr("dim", 0, "gathered / scattered axis (alltoall: split_dim)"),
-            Attr("concat_dim", 0, "alltoall: axis the received chunks are joined along"),
+            Attr(
+                "kind",
+                doc="allreduce, allgather, reducescatter or alltoall",
+                kind=kinds.one_of(*COLLECTIVE_KINDS),
+            ),
+            Attr("group", doc="the ranks taking part, in order", kind=kinds.DEVICES),
+            Attr("result_shape", doc="this rank's result shape", kind=kinds.SHAPE),
+            Attr("op", "sum", "reduction of allreduce / reducescatter", kind=kinds.REDUCTION),
+            Attr("dim", 0, "gathered / scattered axis (alltoall: split_dim)", kind=kinds.INT),
+            Attr(
+                "concat_dim",
+                0,
+                "alltoall: axis the received chunks are joined along",
+                kind=kinds.INT,
+            ),
             _TAG,
         ),
         kind=OpKind.COMMUNICATION,

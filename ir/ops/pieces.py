@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from ..types import TensorType, TupleType
@@ -83,9 +84,14 @@ register_op(
         kernel=_slice_kernel,
         cost_rule=memory_cost,
         attributes=(
-            Attr("axis", doc="axis to slice"),
-            Attr("start", doc="first index (negative counts from the end)"),
-            Attr("end", None, "one past the last index; None means the end"),
+            Attr("axis", doc="axis to slice", kind=kinds.INT),
+            Attr("start", doc="first index (negative counts from the end)", kind=kinds.INT),
+            Attr(
+                "end",
+                None,
+                "one past the last index; None means the end",
+                kind=kinds.optional(kinds.INT),
+            ),
         ),
         doc="The elements start..end-1 of x along axis.",
         extra={
@@ -120,7 +126,7 @@ register_op(
         type_rule=_concat_types,
         kernel=lambda xs, a: [np.concatenate(_flat_arrays(xs), axis=a["dim"])],
         cost_rule=memory_cost,
-        attributes=(Attr("dim", 0, "axis to concatenate along"),),
+        attributes=(Attr("dim", 0, "axis to concatenate along", kind=kinds.INT),),
         variadic=True,
         doc="Concatenate tensors on one device along dim; takes tensors or one tuple of them.",
         extra={
@@ -156,8 +162,8 @@ register_op(
         kernel=lambda xs, a: [tuple(split_array(xs[0], a["partitions"], a["dim"] % xs[0].ndim))],
         cost_rule=memory_cost,
         attributes=(
-            Attr("partitions", doc="number of parts"),
-            Attr("dim", 0, "axis to split"),
+            Attr("partitions", doc="number of parts", kind=kinds.POS_INT),
+            Attr("dim", 0, "axis to split", kind=kinds.INT),
         ),
         doc="Split x along dim into a tuple of parts on x's device (the first n % k get one more).",
         extra={

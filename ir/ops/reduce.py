@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import TensorType, TupleType
@@ -100,8 +101,8 @@ register_op(
         kernel=_reduce_sum_kernel,
         cost_rule=lambda c: memory_cost(c, c.input_types[0].num_elements),
         attributes=(
-            Attr("axes", None, "axes to sum over; None sums over all of them"),
-            Attr("keepdims", False, "keep the summed axes with size 1"),
+            Attr("axes", None, "axes to sum over; None sums over all of them", kind=kinds.AXES),
+            Attr("keepdims", False, "keep the summed axes with size 1", kind=kinds.BOOL),
         ),
         doc="Sum of x over axes.",
         extra={
@@ -135,7 +136,7 @@ register_op(
         type_rule=_broadcast_to_types,
         kernel=lambda xs, a: [np.broadcast_to(xs[0], tuple(a["shape"])).copy()],
         cost_rule=memory_cost,
-        attributes=(Attr("shape", doc="result shape (numpy broadcasting)"),),
+        attributes=(Attr("shape", doc="result shape (numpy broadcasting)", kind=kinds.SHAPE),),
         doc="x broadcast to shape by numpy's rules (the gradient of ReduceSum).",
         extra={
             "examples": lambda s: [

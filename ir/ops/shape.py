@@ -11,6 +11,7 @@ import math
 
 import numpy as np
 
+from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from ..types import DType, TensorType
@@ -44,7 +45,14 @@ register_op(
         type_rule=_transpose_types,
         kernel=lambda xs, a: [np.transpose(xs[0], a["perm"])],
         cost_rule=memory_cost,
-        attributes=(Attr("perm", None, "axis order of the result; None reverses the axes"),),
+        attributes=(
+            Attr(
+                "perm",
+                None,
+                "axis order of the result; None reverses the axes",
+                kind=kinds.optional(kinds.sequence_of(kinds.INT)),
+            ),
+        ),
         doc="Permute the axes of x: y.shape[i] = x.shape[perm[i]].",
         extra={
             "examples": lambda s: [
@@ -93,7 +101,9 @@ register_op(
         type_rule=_reshape_types,
         kernel=lambda xs, a: [np.reshape(xs[0], a["shape"])],
         cost_rule=memory_cost,
-        attributes=(Attr("shape", doc="new shape; one entry may be -1 (inferred)"),),
+        attributes=(
+            Attr("shape", doc="new shape; one entry may be -1 (inferred)", kind=kinds.NEW_SHAPE),
+        ),
         doc="x with a new shape holding the same number of elements (row-major order).",
         extra={
             "examples": lambda s: [
@@ -135,7 +145,13 @@ register_op(
         ],
         kernel=lambda xs, a: [xs[0].astype(_dtype(a["dtype"]).numpy)],
         cost_rule=lambda c: memory_cost(c, c.input_types[0].num_elements),
-        attributes=(Attr("dtype", doc="element type name of the result (float32, int64, ...)"),),
+        attributes=(
+            Attr(
+                "dtype",
+                doc="element type name of the result (float32, int64, ...)",
+                kind=kinds.DTYPE,
+            ),
+        ),
         doc="x converted to another element type.",
         extra={
             "examples": lambda s: [

@@ -24,6 +24,7 @@ a typo: the second half of axis 0 is ``[[3, 4]]``.)
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,13 @@ import numpy as np
 from ..ops.communication import split_array
 from .errors import AnnotationError
 from .mesh import Layout, Mesh, Partial, Placement, Replicate, Shard
+
+
+def _whole(x: object, what: str) -> int:
+    """``x`` as an int when it is one (numpy integers included), else an AnnotationError."""
+    if isinstance(x, numbers.Integral) and not isinstance(x, bool):
+        return int(x)
+    raise AnnotationError(f"{what} must hold integers, got {x!r} ({type(x).__name__})")
 
 
 @dataclass(frozen=True)
@@ -48,9 +56,15 @@ class ShardingSpec:
         sharded_dims: Sequence[tuple[int, int]] = (),
         device_map: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
-        devices = tuple(int(d) for d in devices)
-        dims = tuple((int(a), int(n)) for a, n in sharded_dims)
-        dmap = {int(k): tuple(int(d) for d in v) for k, v in (device_map or {}).items()}
+        # Whole numbers only: int() would read the device 1.5 as 1 and True as 1.
+        devices = tuple(_whole(d, "devices") for d in devices)
+        dims = tuple(
+            (_whole(a, "sharded_dims"), _whole(n, "sharded_dims")) for a, n in sharded_dims
+        )
+        dmap = {
+            _whole(k, "device_map"): tuple(_whole(d, "device_map") for d in v)
+            for k, v in (device_map or {}).items()
+        }
         shards = math.prod(n for _, n in dims)
         if any(n < 1 for _, n in dims):
             raise AnnotationError(f"sharded_dims {list(dims)}: num_shards must be positive")

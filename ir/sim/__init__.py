@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+from ..arguments import function_arg
 from ..device import Topology
+from ..errors import ArgumentError
 from ..function import Function
 from .engine import COMBINE_MODES, COMM_MODES, Engine, SimulationError, paused_gc
 from .result import Event, SimResult
@@ -51,6 +53,12 @@ def simulate(
     memory; ``False`` walks every device (the reference the classes are tested
     against).
     """
+    function_arg("simulate", "function", function)
+    if not isinstance(topology, Topology):
+        raise ArgumentError(
+            f"simulate: topology must be an ir.Topology (Topology.preset(...), "
+            f"Topology.uniform(...)), got {topology!r}"
+        )
     classes = function.rank_classes if symmetry else ()
     engine = Engine(topology, combine, comm=comm, classes=classes)
     with paused_gc():

@@ -9,17 +9,20 @@ line. Every token keeps its line and column, so every error can point at it.
 from __future__ import annotations
 
 import re
+import unicodedata
 from dataclasses import dataclass
 
 from ..errors import ParseError
+from ..limits import MAX_INT, MAX_TEXT_NESTING
 
 # Longest punctuation first: "..." (tuple ellipsis) before ".." (device range) before ".".
 _PUNCT = ("...", "..", "(", ")", "[", "]", "{", "}", ",", ":", "=", ".", "?", "+", "-", "*")
 _PUNCT += ("/", "@", "%", "&", "|", "!", "<", ">", ";")
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Numbers are ASCII digits only, as in Python source ("²" or "٣" is not a digit here).
 # A float needs digits on both sides of its point, so "1..N" lexes as 1, .., N.
-_NUMBER = re.compile(r"\d+(?:\.\d+)?(?:[eE][+-]?\d+)?")
-_INTEGER = re.compile(r"\d+")
+_NUMBER = re.compile(r"[0-9]+(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
+_INTEGER = re.compile(r"[0-9]+")
+_ASCII_NAME_PART = re.compile(r"[A-Za-z0-9_]*")
 _STRING_ESCAPES = {
     "n": "\n",
     "t": "\t",
@@ -57,6 +60,7 @@ def tokenize(source: str) -> list[Token]:
     """The tokens of ``source``, ending with EOF; a stray character is a ParseError."""
     lines = source.split("\n")
     tokens: list[Token] = []
+    depth = 0  # brackets open: the parser recurses once per bracket, so it is bounded
     for line_no, text in enumerate(lines, start=1):
         col = 0
         while col < len(text):
@@ -67,17 +71,22 @@ def tokenize(source: str) -> list[Token]:
             if ch == "#":
                 break
             start = col + 1
-            if ch.isalpha() or ch == "_":
-                m = _NAME.match(text, col)
-                tokens.append(Token("NAME", m.group(), line_no, start))
-                col = m.end()
-            elif ch.isdigit():
+            if ch.isidentifier():  # a letter or "_" that may start a Python identifier
+                end = _name_end(text, col)
+                word = text[col:end]
+                if not word.isascii():  # ASCII names are NFKC already
+                    word = unicodedata.normalize("NFKC", word)
+                tokens.append(Token("NAME", word, line_no, start))
+                col = end
+            elif "0" <= ch <= "9":
                 # After a "." (sub-device d.1.2) only an integer can follow.
                 after_dot = bool(tokens) and tokens[-1].is_punct(".")
                 m = (_INTEGER if after_dot else _NUMBER).match(text, col)
                 word = m.group()
                 if _INTEGER.fullmatch(word):
-                    tokens.append(Token("INT", word, line_no, start, int(word)))
+                    tokens.append(
+                        Token("INT", word, line_no, start, _integer(word, line_no, start, text))
+                    )
                 else:
                     tokens.append(Token("FLOAT", word, line_no, start, float(word)))
                 col = m.end()
@@ -89,12 +98,24 @@ def tokenize(source: str) -> list[Token]:
                 punct = next((p for p in _PUNCT if text.startswith(p, col)), None)
                 if punct is None:
                     raise ParseError(
-                        f"unexpected character {ch!r}: expected a name, a number, a string "
-                        "or punctuation",
+                        f"unexpected character {_show_char(ch)}: expected a name (Python's "
+                        "identifier rules), an ASCII number, a string or punctuation",
                         line_no,
                         start,
                         text,
                     )
+                if punct in OPENERS:
+                    depth += 1
+                    if depth > MAX_TEXT_NESTING:
+                        raise ParseError(
+                            f"brackets nest more than {MAX_TEXT_NESTING} deep here (the limit, "
+                            "ir.limits.MAX_TEXT_NESTING); flatten the expression",
+                            line_no,
+                            start,
+                            text,
+                        )
+                elif punct in CLOSERS:
+                    depth = max(depth - 1, 0)
                 tokens.append(Token("PUNCT", punct, line_no, start))
                 col += len(punct)
     # The end of the text is reported just after the last token, not on a trailing blank line.
@@ -104,6 +125,37 @@ def tokenize(source: str) -> list[Token]:
     else:
         tokens.append(Token("EOF", "", 1, 1))
     return tokens
+
+
+def _integer(word: str, line_no: int, column: int, text: str) -> int:
+    """The value of an integer literal, refused past ``MAX_INT`` (checked on its length
+    first: Python will not even convert an integer of more than 4,300 digits)."""
+    value = int(word) if len(word) <= 20 else MAX_INT + 1
+    if value > MAX_INT:
+        shown = word if len(word) <= 30 else f"{word[:12]}...({len(word)} digits)"
+        raise ParseError(
+            f"the integer {shown} is above the limit {MAX_INT} (2**63 - 1, ir.limits.MAX_INT)",
+            line_no,
+            column,
+            text,
+        )
+    return value
+
+
+def _name_end(text: str, col: int) -> int:
+    """Where the identifier starting at ``col`` ends: Python's rules (``str.isidentifier``)."""
+    end = _ASCII_NAME_PART.match(text, col + 1).end()  # the common case at regex speed
+    while end < len(text) and not text[end].isascii() and ("_" + text[end]).isidentifier():
+        end = _ASCII_NAME_PART.match(text, end + 1).end()
+    return end
+
+
+def _show_char(ch: str) -> str:
+    """A character for an error message: itself and, past ASCII, its code point and name."""
+    if ch.isascii():
+        return repr(ch)
+    name = unicodedata.name(ch, "")
+    return f"{ch!r} (U+{ord(ch):04X}{' ' + name if name else ''})"
 
 
 def _string(text: str, col: int, line_no: int, source: str) -> tuple[str, int]:

@@ -19,19 +19,21 @@ error is an :class:`ir.errors.ParseError` with line, column and a caret.
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..arguments import mapping_arg, str_arg
 from ..builder import FunctionBuilder
-from ..errors import RegistryError, TypeRuleError, UnknownOpError, VerifyError
+from ..errors import ArgumentError, RegistryError, TypeRuleError, UnknownOpError, VerifyError
 from ..function import Function
 from ..registry import OpDef, get_op, has_op
 from ..types import TupleType
 from ..value import Value
 from .lexer import Cursor, Token, describe
 from .pmap import parse_pmap
-from .terms import BLANK, DTYPE_NAMES, Terms
+from .terms import BLANK, DTYPE_NAMES, ResultTuple, Terms
 
 _RESERVED = ("def", "return", "lambda")
 _PMAP_NAMES = ("pmap",)
@@ -55,6 +57,16 @@ def parse(text: str, sizes: Mapping[str, int] | None = None) -> Function:
         y: Tensor[(8, 3), 0] = MatMul(x, w)
         return y
     """
+    str_arg("parse", "text", text)
+    if sizes is not None:
+        mapping_arg("parse", "sizes", sizes, "a dict from size name to integer")
+        for key, value in sizes.items():
+            str_arg("parse", "sizes' keys", key)
+            if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+                raise ArgumentError(
+                    f"parse: sizes[{key!r}] must be an integer, got {value!r} "
+                    f"({type(value).__name__})"
+                )
     return _Parser(text, sizes or {}).function()
 
 
@@ -225,11 +237,10 @@ class _Parser:
                 )
             type_token = cur.tok
             group = self.terms.type(scope.device_vars, blank_elements=True)
-            if not isinstance(group, TupleType) or len(group.elements) != len(results):
+            is_tuple = isinstance(group, (TupleType, ResultTuple))
+            if not is_tuple or len(group.elements) != len(results):
                 found = (
-                    f"a Tuple of {len(group.elements)}"
-                    if isinstance(group, TupleType)
-                    else f"the tensor type {group}"
+                    f"a Tuple of {len(group.elements)}" if is_tuple else f"the tensor type {group}"
                 )
                 raise cur.error(
                     f"{len(results)} results need a Tuple type of {len(results)} elements, "

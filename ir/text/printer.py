@@ -11,7 +11,7 @@ tensors on consecutive devices is written ``Tuple[T@1, ..., T@N]``.
 from __future__ import annotations
 
 import json
-import re
+import unicodedata
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,7 +23,6 @@ from ..types import format_type as _format_type
 from ..value import Value
 
 _INDENT = "    "
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _RESERVED = {"def", "return", "lambda", "_"}
 _MAX_LINE = 100
 _ELLIPSIS_MIN = 4  # tuples at least this long are written with "..." when they can be
@@ -39,7 +38,7 @@ class _Names:
     def __call__(self, v: Value) -> str:
         name = self._of.get(v)
         if name is None:
-            base = v.name if _IDENT.match(v.name or "") else _sanitize(v.name)
+            base = v.name if is_name(v.name) else _sanitize(v.name)
             if base in _RESERVED:
                 base = f"{base.strip('_') or 'v'}_"
             name, k = base, 0
@@ -51,9 +50,20 @@ class _Names:
         return name
 
 
-def _sanitize(name: str) -> str:
-    s = re.sub(r"[^A-Za-z0-9_]", "_", name or "v")
-    return s if _IDENT.match(s) else f"v_{s}"
+def is_name(name: object) -> bool:
+    """Whether the lexer reads ``name`` back as this very name: a Python identifier in
+    NFKC normal form (the lexer normalises names, as Python does)."""
+    return (
+        isinstance(name, str)
+        and name.isidentifier()
+        and unicodedata.normalize("NFKC", name) == name
+    )
+
+
+def _sanitize(name: object) -> str:
+    text = unicodedata.normalize("NFKC", name) if isinstance(name, str) and name else "v"
+    s = "".join(c if ("_" + c).isidentifier() else "_" for c in text)
+    return s if is_name(s) else f"v_{s}"
 
 
 def format_function(function: Function) -> str:

@@ -10,9 +10,13 @@ its neighbours.
 from __future__ import annotations
 
 import difflib
+import numbers
 from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from ..errors import InvalidTypeError
+from ..limits import MAX_DEVICES, MAX_INT
 from ..types import DeviceRef, DeviceVar, DType, TensorType, TupleType, Type
 from .lexer import Cursor, Token, describe
 
@@ -31,6 +35,13 @@ class _Blank:
 
 
 BLANK: Any = _Blank()
+
+
+@dataclass(frozen=True)
+class ResultTuple:
+    """The type of a statement's results where some are ``_`` (BLANK): no value has it."""
+
+    elements: tuple[Any, ...]
 
 
 class Terms:
@@ -67,13 +78,19 @@ class Terms:
                 cur.expect(",", "and a device after the dtype")
             device = self.device(device_vars)
             cur.close(opener, "after the tensor's device")
-            return TensorType(shape, dtype, device)
+            try:
+                return TensorType(shape, dtype, device)
+            except InvalidTypeError as e:
+                raise cur.error(str(e), tok) from None
         if tok.kind == "NAME" and tok.text in SCALAR_TYPES:
             cur.advance()
             opener = cur.expect("[", f"after {tok.text!r} (write {tok.text}[device])")
             device = self.device(device_vars)
             cur.close(opener, "after the scalar's device")
-            return TensorType((), SCALAR_TYPES[tok.text], device)
+            try:
+                return TensorType((), SCALAR_TYPES[tok.text], device)
+            except InvalidTypeError as e:
+                raise cur.error(str(e), tok) from None
         if tok.is_name("Tuple"):
             cur.advance()
             return self._tuple(device_vars, blank_elements)
@@ -94,7 +111,14 @@ class Terms:
             if not cur.accept(","):
                 break
         cur.close(opener, "after the tuple's element types")
-        return TupleType(tuple(self._expand(items)))
+        try:
+            elements = tuple(self._expand(items))
+            if any(e is BLANK for e in elements):
+                TupleType(tuple(e for e in elements if e is not BLANK))  # the checks, still
+                return ResultTuple(elements)
+            return TupleType(elements)
+        except InvalidTypeError as e:
+            raise cur.error(str(e), opener) from None
 
     def _expand(self, items: list[Any]) -> list[Type]:
         out: list[Type] = []
@@ -135,6 +159,12 @@ class Terms:
                     f"and {right}",
                     item,
                 )
+            if len(out) + hi - lo > MAX_DEVICES:
+                raise self.cur.error(
+                    f"'...' between devices {lo} and {hi} makes the tuple longer than "
+                    f"{MAX_DEVICES} elements (the limit, ir.limits.MAX_DEVICES)",
+                    item,
+                )
             out.extend(left.with_device(k) for k in range(lo + 1, hi))
         return out
 
@@ -172,10 +202,20 @@ class Terms:
         cur = self.cur
         left = self._term(left)
         while cur.tok.is_punct("+", "-"):
-            sign = cur.advance().text
+            sign = cur.advance()
             right = self._term(self._unary())
-            left = left + right if sign == "+" else left - right
+            left = self._bounded(left + right if sign.text == "+" else left - right, sign)
         return left
+
+    def _bounded(self, value: int, where: Token) -> int:
+        """``value``, or a ParseError at ``where`` when it is beyond ``MAX_INT``."""
+        if abs(value) > MAX_INT:
+            raise self.cur.error(
+                f"the expression evaluates to {_short(value)}, beyond the limit {MAX_INT} "
+                "(2**63 - 1, ir.limits.MAX_INT)",
+                where,
+            )
+        return value
 
     def _term(self, left: int) -> int:
         cur = self.cur
@@ -183,7 +223,7 @@ class Terms:
             op = cur.advance()
             right = self._unary()
             if op.text == "*":
-                left *= right
+                left = self._bounded(left * right, op)
             elif right == 0:
                 raise cur.error("division by zero in a dimension", op)
             elif left % right:
@@ -198,10 +238,16 @@ class Terms:
 
     def _unary(self) -> int:
         cur = self.cur
-        tok = cur.tok
-        if tok.is_punct("-"):
+        negate = False
+        while cur.tok.is_punct("-"):  # a loop, not recursion: "- - - 1" may be long
             cur.advance()
-            return -self._unary()
+            negate = not negate
+        value = self._unsigned()
+        return -value if negate else value
+
+    def _unsigned(self) -> int:
+        cur = self.cur
+        tok = cur.tok
         if tok.kind == "INT":
             return cur.advance().value
         if tok.kind == "NAME":
@@ -218,8 +264,17 @@ class Terms:
     def size(self, tok: Token) -> int:
         """The value of size symbol ``tok``, or a ParseError naming it."""
         if tok.text in self.sizes:
-            return self.sizes[tok.text]
-        known = ", ".join(f"{k}={v}" for k, v in sorted(self.sizes.items())) or "none"
+            value = self.sizes[tok.text]
+            if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+                value = int(value)
+            if type(value) is not int or not 0 <= value <= MAX_INT:
+                raise self.cur.error(
+                    f"size {tok.text!r} is {_short(value)}: sizes must be integers from 0 to "
+                    f"{MAX_INT} (ir.limits.MAX_INT)",
+                    tok,
+                )
+            return value
+        known = ", ".join(f"{k}={_short(v)}" for k, v in sorted(self.sizes.items())) or "none"
         raise self.cur.error(
             f"unbound size {tok.text!r}: pass sizes={{{tok.text!r}: ...}} to ir.parse "
             f"(sizes given: {known})",
@@ -340,6 +395,12 @@ class Terms:
             raise self.cur.error(
                 f"the range {lo}..{hi} is empty (its end is below its start)", start
             )
+        if hi - lo + 1 > MAX_DEVICES:
+            raise self.cur.error(
+                f"the range {lo}..{hi} has {hi - lo + 1} items, more than {MAX_DEVICES} "
+                "(the limit, ir.limits.MAX_DEVICES)",
+                dots,
+            )
         return list(range(lo, hi + 1))
 
     def _dict(self, device_vars: Collection[str]) -> dict[Any, Any]:
@@ -362,6 +423,13 @@ class Terms:
                 break
         cur.close(opener, "after the dict's items")
         return out
+
+
+def _short(value: Any) -> str:
+    """A value for a message, shortened when it is a huge integer."""
+    if type(value) is int and abs(value) > 10**30:
+        return f"about 10**{len(str(abs(value))) - 1}" if abs(value) < 10**4000 else "huge"
+    return repr(value)
 
 
 def _dev(ref: Any) -> str:

@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..attr_kinds import DEVICE
 from ..builder import FunctionBuilder
 from ..errors import DistIRError, VerifyError
 from ..function import Function
+from ..limits import MAX_DEVICES
 from ..op import Op
 from ..registry import get_op
 from ..sharding.rules import Rule, rule_for
@@ -118,6 +120,16 @@ def check_degree(what: str, degree: Any, size: int, dim_name: str) -> None:
         )
 
 
+def check_device(device: Any, what: str) -> None:
+    """A TransformError naming ``what`` unless ``device`` is a device id or a device
+    variable (``ir.attr_kinds.DEVICE``, unassigned excluded)."""
+    if device is None or not DEVICE.accepts(device):
+        raise TransformError(
+            f"{what} must be a device id (an integer from 0 to {MAX_DEVICES - 1}) or a device "
+            f"variable, got {device!r}"
+        )
+
+
 def check_devices(
     devices: Sequence[DeviceRef] | None, degree: int, topology: Any = None, what: str = "degree"
 ) -> tuple:
@@ -132,7 +144,11 @@ def check_devices(
                 f"the {what} is {degree} but the topology has only {len(ids)} devices"
             )
         devices = ids[:degree]
+    if devices is not None and (not isinstance(devices, Sequence) or isinstance(devices, str)):
+        raise TransformError(f"devices must be a list of device ids, got {devices!r}")
     devices = tuple(range(degree) if devices is None else devices)
+    for i, d in enumerate(devices):
+        check_device(d, f"devices[{i}]")
     if len(devices) != degree:
         raise TransformError(f"got {len(devices)} devices {list(devices)} for degree {degree}")
     if len(set(devices)) != len(devices):

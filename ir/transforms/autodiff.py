@@ -35,6 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ..arguments import function_arg, real_arg
 from ..builder import FunctionBuilder, rebuild_op
 from ..errors import DistIRError
 from ..function import Function
@@ -394,8 +395,11 @@ def training(
     >>> [v.name for v in t.outputs]
     ['wA1', 'wB1', 'y', 'l']
     """
+    function_arg("training", "f", f)
     if optimizer not in OPTIMIZERS:
         raise AutodiffError(f"unknown optimizer {optimizer!r}; use one of {list(OPTIMIZERS)}")
+    if lr is not None:
+        lr = real_arg("training", "lr", lr, positive=True)
     chosen = _resolve_params(f, params, loss)
     _loss_value(f, loss)
     b, env = _replay(f, f.name)

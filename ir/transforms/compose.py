@@ -164,6 +164,11 @@ def nested(
 
     ``pp`` may only be the innermost level. Devices form a mesh numbered from 0.
     """
+    for i, level in enumerate(levels):
+        if not isinstance(level, tuple) or len(level) != 2:
+            raise TransformError(
+                f"nested: level {i} must be a pair (kind, degree) such as ('dp', 2), got {level!r}"
+            )
     for kind, n in levels:
         if kind not in KINDS:
             raise TransformError(f"unknown parallelism {kind!r} (one of {KINDS})")

@@ -23,6 +23,7 @@ from ..verify import verify
 from ._rewrite import (
     Mover,
     TransformError,
+    check_device,
     check_devices,
     device_of,
     localize_op,
@@ -72,6 +73,10 @@ def place(f: Function, assignment: Mapping[str, DeviceRef], *, topology: Any = N
     >>> [(op.op_type, op.device) for op in g.ops]
     [('MatMul', 0), ('Send', 1), ('Send', 1), ('MatMul', 1)]
     """
+    if not isinstance(assignment, Mapping):
+        raise TransformError(f"assignment must map value names to devices, got {assignment!r}")
+    for name, device in assignment.items():
+        check_device(device, f"assignment[{name!r}]")
     devices = op_devices(f, assignment)
     used = sorted({d for d in devices.values() if isinstance(d, int)})
     if topology is not None and used:

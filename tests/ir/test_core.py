@@ -209,7 +209,7 @@ def test_execute_checks_inputs():
         ir.execute(f, [np.zeros(3)])
     with pytest.raises(ir.ExecutionError, match="takes 1 inputs"):
         ir.execute(f, [])
-    with pytest.raises(ir.ExecutionError, match=r"no value given for input\(s\) \['x'\]"):
+    with pytest.raises(ir.ExecutionError, match=r"inputs gives no value for \['x'\]"):
         ir.execute(f, {})
 
 

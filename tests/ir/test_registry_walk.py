@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import ir
+from ir.execute import input_value_ranges
 from ir.registry import REQUIRED, Attr, CostContext, OpDef, OpKind, TypeContext, register_op
 from ir.types import TensorType, TupleType, Type
 
@@ -32,9 +33,11 @@ def _examples(op: OpDef, scale: int) -> list[TypeContext]:
     return [_complete(op, e) for e in op.extra["examples"](scale)]
 
 
-def _random(t: Type, rng: np.random.Generator):
+def _random(t: Type, rng: np.random.Generator, value_range=None):
     if isinstance(t, TupleType):
         return tuple(_random(e, rng) for e in t.elements)
+    if value_range is not None and value_range[1] is not None:  # class labels, token ids
+        return rng.integers(value_range[0], value_range[1], t.shape).astype(t.dtype.numpy)
     if t.dtype.is_float:
         # Positive values keep every kernel in its domain (Div, Adam's sqrt(v)).
         return rng.uniform(0.1, 1.0, t.shape).astype(t.dtype.numpy)
@@ -102,7 +105,8 @@ def test_kernel_agrees_with_type_rule(name: str):
             types = list(op.type_rule(example))
             if not op.extra.get("variadic_results"):
                 assert len(types) == len(op.results), where
-            inputs = [_random(t, rng) for t in example.input_types]
+            ranges = input_value_ranges(_one_op_function(op, example))
+            inputs = [_random(t, rng, ranges.get(i)) for i, t in enumerate(example.input_types)]
             if op.kernel is None:  # Pmap: the executor runs its body per device
                 results = ir.execute(_one_op_function(op, example), inputs)
             else:

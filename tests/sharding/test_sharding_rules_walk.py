@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 import ir
+from ir.execute import input_value_ranges
 from ir.registry import TypeContext
 from ir.sharding import Mesh, S, propagate
 from ir.types import TensorType, TupleType
@@ -18,9 +19,11 @@ from ir.types import TensorType, TupleType
 RULED = [op for op in ir.all_ops() if op.sharding_rule is not None]
 
 
-def _random(t, rng):
+def _random(t, rng, value_range=None):
     if isinstance(t, TupleType):
         return tuple(_random(e, rng) for e in t.elements)
+    if value_range is not None and value_range[1] is not None:  # class labels, say
+        return rng.integers(value_range[0], value_range[1], t.shape).astype(t.dtype.numpy)
     if t.dtype.is_float:
         return rng.uniform(0.1, 1.0, t.shape).astype(t.dtype.numpy)
     return rng.integers(0, 2, t.shape).astype(t.dtype.numpy)
@@ -69,7 +72,8 @@ def test_sharded_execution_equals_unsharded(name: str):
         if any(isinstance(t, TupleType) for t in example.input_types):
             continue  # tuple operands are per-device values already
         f = _function(name, example)
-        inputs = [_random(v.type, rng) for v in f.inputs]
+        ranges = input_value_ranges(f)
+        inputs = [_random(v.type, rng, ranges.get(i)) for i, v in enumerate(f.inputs)]
         want = ir.execute(f, inputs)
         for given in _annotations(f):
             g, _ = propagate(f, given, mesh=Mesh((2,)))
