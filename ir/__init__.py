@@ -2,8 +2,8 @@
 
 Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 ``format`` for the text format, ``execute`` for the numpy reference executor,
-``Topology`` for hardware (``calibrate`` measures this machine), and ``ir.models``
-for ready-made models.
+``Topology`` for hardware (``calibrate`` measures this machine), ``ir.models``
+for ready-made models, and ``from_torch`` to import a PyTorch module.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from .errors import (
 )
 from .execute import execute, random_inputs
 from .function import Function
+from .importers import from_torch
 from .layout import LayoutError, collect, distribute
 from .op import Op
 from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
@@ -66,6 +67,7 @@ __all__ = [
     "distribute",
     "execute",
     "format",
+    "from_torch",
     "get_op",
     "models",
     "parse",
