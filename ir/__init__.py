@@ -3,7 +3,8 @@
 Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 ``format`` for the text format, ``execute`` for the numpy reference executor,
 ``Topology`` for hardware (``calibrate`` measures this machine), ``ir.models``
-for ready-made models, and ``from_torch`` to import a PyTorch module.
+for ready-made models, ``from_torch`` to import a PyTorch
+module, and ``to_onnx``/``from_onnx`` for ONNX files with seed 001's annotations.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .errors import (
 )
 from .execute import execute, random_inputs
 from .function import Function
-from .importers import from_torch
+from .importers import from_onnx, from_torch, to_onnx
 from .layout import LayoutError, collect, distribute
 from .op import Op
 from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
@@ -67,6 +68,7 @@ __all__ = [
     "distribute",
     "execute",
     "format",
+    "from_onnx",
     "from_torch",
     "get_op",
     "models",
@@ -75,6 +77,7 @@ __all__ = [
     "register_op",
     "sharding",
     "simulate",
+    "to_onnx",
     "transforms",
     "verify",
 ]
