@@ -230,7 +230,7 @@ STATIC = {
 
 
 def _identifier(name: str) -> str:
-    out = re.sub(r"\W", "_", name).strip("_") or "v"
+    out = re.sub(r"\W", "_", name) or "v"
     return f"v_{out}" if out[0].isdigit() else out
 
 

@@ -312,11 +312,16 @@ def _read_annotations(model, function: Function, reader, configuration: str | No
         stage, specs = dev.stage_and_specs(node, configuration)
         label = dev.node_label(node, i)
         if stage is not None and node.output:
-            stages[node.output[0]] = stage
+            stages[reader.values[node.output[0]].name] = stage
         for j, spec in enumerate(specs):
+            field = f"node {label} sharding_spec[{j}]"
+            if spec.tensor_name not in reader.values:
+                raise OnnxAnnotationError(
+                    f"{field}.tensor_name {spec.tensor_name!r} is a constant operand (a shape or "
+                    "axes) of the node, which the program keeps as an attribute: it has no layout"
+                )
             rank = len(reader.values[spec.tensor_name].type.shape)
             layout = dev.spec_layout(spec, rank, mesh)
-            field = f"node {label} sharding_spec[{j}]"
             if spec.tensor_name in layouts and layouts[spec.tensor_name][0] != layout:
                 other, first = layouts[spec.tensor_name]
                 raise OnnxAnnotationError(
@@ -327,5 +332,6 @@ def _read_annotations(model, function: Function, reader, configuration: str | No
     if stages:
         function = annotate_stages(function, stages)
     if layouts:
-        function = annotate(function, {name: lay for name, (lay, _) in layouts.items()})
+        by_value = {reader.values[t].name: lay for t, (lay, _) in layouts.items()}
+        function = annotate(function, by_value)
     return function
