@@ -31,7 +31,8 @@ from ..sharding.mesh import Layout
 from ..sharding.stages import annotate_stages
 from ..types import TensorType
 from ..value import Value
-from . import _onnx_ops as ops
+from . import _onnx_export as out
+from . import _onnx_import as read
 from . import onnx_devices as dev
 
 __all__ = ["OPSETS", "OnnxAnnotationError", "OnnxError", "from_onnx", "to_onnx"]
@@ -105,7 +106,7 @@ def to_onnx(
     names = _Names()
     for v in function.inputs:
         names.of(v)
-    builder = ops.Emitter(onnx, names.of)
+    builder = out.Emitter(onnx, names.of)
     stage_nodes: list[tuple[int, int]] = []  # (first node, stage) per staged op
     for op in function.ops:
         if op.op_type in ("ShardAnnotate", "PipelineStage"):
@@ -113,7 +114,7 @@ def to_onnx(
             continue
         _check_exportable(op)
         start = len(builder.nodes)
-        ops.export_op(builder, op)
+        out.export_op(builder, op)
         stage = next((stages[v] for v in op.outputs if v in stages), None)
         if stage is not None:
             stage_nodes += [(i, stage) for i in range(start, len(builder.nodes))]
@@ -173,17 +174,17 @@ def _check_exportable(op) -> None:
             "to_onnx writes logical programs: export the annotated program (ShardAnnotate, "
             "PipelineStage) that propagate started from"
         )
-    if op.op_type not in ops.EXPORTS:
+    if op.op_type not in out.EXPORTS:
         raise OnnxError(
             f"{op.op_type} has no ONNX translation (to_onnx writes: "
-            f"{', '.join(sorted(ops.EXPORTS))})"
+            f"{', '.join(sorted(out.EXPORTS))})"
         )
 
 
 def _value_info(onnx, name: str, t):
     if not isinstance(t, TensorType):
         raise OnnxError(f"value {name!r} has type {t}: ONNX graph values are single tensors")
-    return onnx.helper.make_tensor_value_info(name, ops.elem_type(onnx, t.dtype), list(t.shape))
+    return onnx.helper.make_tensor_value_info(name, out.elem_type(onnx, t.dtype), list(t.shape))
 
 
 def _initializers(onnx, function: Function, weights, names: _Names) -> list:
@@ -268,7 +269,7 @@ def from_onnx(path_or_model, *, configuration: str | None = None):
     except Exception as e:
         raise OnnxError(f"{where} is not valid ONNX: {e}") from None
     _check_opset(model, where)
-    reader = ops.Reader(onnx, model, where)
+    reader = read.Reader(onnx, model, where)
     function, weights = reader.build()
     shapes = {name: v.type.shape for name, v in reader.values.items()}
     dev.check_annotations(model, shapes)
