@@ -76,14 +76,16 @@ def weight_name(key: str) -> str:
 
 def from_torch(
     module: Any, example_inputs: Sequence[Any], *, name: str | None = None, device: int = 0
-) -> tuple[Function, list[np.ndarray]]:
+) -> tuple[Function, list[np.ndarray | None]]:
     """Import ``module`` as a ``Function`` and the arrays to run it on.
 
     Returns ``(function, arguments)``: the arguments are numpy arrays in the
     function's input order (parameters, buffers and constants, then
     ``example_inputs``), so that ``ir.execute(function, arguments)`` reproduces
     ``module(*example_inputs)``. Every value lives on ``device``. Put the module
-    in eval mode first if it has dropout or batch statistics.
+    in eval mode first if it has dropout or batch statistics. A module and inputs
+    on the ``meta`` device import too, with ``None`` for their arrays: a program
+    of real size to simulate, not to execute.
 
     >>> import torch, numpy as np, ir
     >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU()).eval()
@@ -160,7 +162,9 @@ class _Importer:
             raise _aten.Unsupported(f"dtype {key}")
         return _DTYPES[key]
 
-    def array(self, tensor) -> np.ndarray:
+    def array(self, tensor) -> np.ndarray | None:
+        if tensor.device.type == "meta":
+            return None  # shapes only: a model too big to hold, for simulation
         tensor = tensor.detach().cpu()
         if str(tensor.dtype) == "torch.bfloat16":
             return tensor.float().numpy().astype(DType.bfloat16.numpy)
@@ -196,17 +200,19 @@ class _Importer:
             if all(n in folded for n in inputs):
                 args = torch.fx.node.map_arg(node.args, lambda n: folded[n])
                 kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: folded[n])
+                if "device" in kwargs:  # a module on the meta device still folds real values
+                    kwargs = {**kwargs, "device": torch.device("cpu")}
                 with torch.no_grad():
                     folded[node] = node.target(*args, **kwargs)
         return folded
 
-    def run(self, name: str) -> tuple[Function, list[np.ndarray]]:
+    def run(self, name: str) -> tuple[Function, list[np.ndarray | None]]:
         placeholders = self._placeholder_arrays()
         folded = self._fold(placeholders)
         specs = self.program.graph_signature.input_specs
         b = FunctionBuilder(name)
         values: dict = {}
-        arguments: list[np.ndarray] = []
+        arguments: list[np.ndarray | None] = []
         user_nodes = []
         taken: set[str] = set()
 

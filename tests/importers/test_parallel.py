@@ -15,7 +15,7 @@ import pytest
 import ir
 from ir.sharding import Mesh, S, annotate_stages, place_stages, propagate
 
-from .conftest import MODELS, MeanSquare, torch
+from .conftest import MODELS, Logits, MeanSquare, torch, transformers
 
 MESH = Mesh((2,))
 
@@ -70,3 +70,34 @@ def test_a_data_parallel_training_step_of_an_imported_model_equals_the_sequentia
     got = ir.execute(distributed, args)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_llama_7b_shaped_model_on_the_meta_device_imports_and_simulates_on_8_gpus():
+    """Shapes only (two of Llama-7B's 32 layers, at its widths, bf16): never executed.
+    ``benchmarks/llama7b_simulation.py`` runs all 32 layers."""
+    config = transformers.LlamaConfig(
+        num_hidden_layers=2,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        attn_implementation="eager",
+    )
+    with torch.device("meta"):
+        lm = Logits(transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval())
+    ids = torch.empty((8, 2048), dtype=torch.long, device="meta")
+    f, args = ir.from_torch(lm, (ids,))
+    weights = [v for v in f.inputs if v.name.startswith("lm_")]
+    assert sum(v.type.num_elements for v in weights) == sum(
+        t.numel() for t in [*lm.parameters(), *lm.buffers()]
+    )
+    assert all(v.type.dtype is ir.DType.bfloat16 for v in weights if "proj" in v.name)
+    assert all(a is None for v, a in zip(f.inputs, args) if v in weights)  # no arrays held
+    topology = ir.Topology.preset("a100-hgx", 8)
+    alone = ir.simulate(f, topology).step_time_s
+    distributed, _ = propagate(f, {"ids": (Mesh((8,)), [S(0)])}, topology)
+    result = ir.simulate(distributed, topology)
+    assert set(result.devices) == set(range(8))
+    assert result.step_time_s < alone / 2
