@@ -293,9 +293,22 @@ def _to_copy(lw: Lowering, node):
     return lw.cast(x, lw.dtype_of(node))
 
 
+def _gather(lw: Lowering, node):
+    x, dim, index = lw.value(node.args[0]), node.args[1], lw.value(node.args[2])
+    axis = _axis(dim, x.type.rank)
+    for d, n in enumerate(index.type.shape):  # torch reads only the first n along other axes
+        if d != axis and n != x.type.shape[d]:
+            x = lw.b.call("Slice", x, axis=d, start=0, end=n, name=f"{node.name}_x")
+    return lw.call("TakeAlongAxis", x, index, node=node, axis=axis)
+
+
 def _embedding(lw: Lowering, node):
     table, ids = lw.value(node.args[0]), lw.value(node.args[1])
-    return lw.call("Embedding", table, ids, node=node)
+    padding_idx = node.args[2] if len(node.args) > 2 else node.kwargs.get("padding_idx", -1)
+    if tuple(node.args[4:5]) == (True,) or node.kwargs.get("sparse"):
+        raise Unsupported("sparse gradients")
+    pad = None if padding_idx < 0 else int(padding_idx)
+    return lw.call("Embedding", table, ids, node=node, padding_idx=pad)
 
 
 TABLE: dict[str, Callable[[Lowering, Any], Any]] = {
@@ -348,6 +361,7 @@ TABLE: dict[str, Callable[[Lowering, Any], Any]] = {
     "aten._softmax.default": _softmax,
     "aten.native_layer_norm.default": _layer_norm,
     "aten.embedding.default": _embedding,
+    "aten.gather.default": _gather,
     # products and reductions
     "aten.mm.default": _matmul,
     "aten.bmm.default": _matmul,

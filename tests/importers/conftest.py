@@ -22,6 +22,17 @@ class Logits(torch.nn.Module):
         return self.lm(ids, use_cache=False).logits
 
 
+class Hidden(torch.nn.Module):
+    """An encoder's forward as a module that returns its last hidden state."""
+
+    def __init__(self, encoder: torch.nn.Module) -> None:
+        super().__init__()
+        self.encoder = encoder
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.encoder(ids).last_hidden_state
+
+
 class MeanSquare(torch.nn.Module):
     """``mean((module(ids) - target) ** 2)``: a scalar loss to train on."""
 
@@ -68,9 +79,24 @@ def llama() -> torch.nn.Module:
     return Logits(transformers.LlamaForCausalLM(config).eval())
 
 
+def bert() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        num_hidden_layers=2,
+        hidden_size=32,
+        intermediate_size=64,
+        num_attention_heads=4,
+        vocab_size=VOCAB,
+        max_position_embeddings=16,
+        attn_implementation="eager",
+    )
+    return Hidden(transformers.BertModel(config).eval())
+
+
 @pytest.fixture
 def ids() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))
 
 
-MODELS = {"gpt2": gpt2, "llama": llama}
+MODELS = {"gpt2": gpt2, "llama": llama, "bert": bert}
+LMS = ("gpt2", "llama")  # the causal language models (logits over the vocabulary)

@@ -15,7 +15,7 @@ import pytest
 import ir
 from ir.sharding import Mesh, S, annotate_stages, place_stages, propagate
 
-from .conftest import MODELS, Logits, MeanSquare, torch, transformers
+from .conftest import LMS, MODELS, Logits, MeanSquare, torch, transformers
 
 MESH = Mesh((2,))
 
@@ -35,7 +35,7 @@ def _tensor_parallel(model: str, names: list[str]) -> dict:
 
 
 @pytest.mark.parametrize("strategy", ["data", "tensor", "pipeline"])
-@pytest.mark.parametrize("model", sorted(MODELS))
+@pytest.mark.parametrize("model", LMS)
 def test_imported_transformer_parallelises_and_executes_equal(model: str, strategy: str):
     lm = MODELS[model]()
     ids = torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(5))
