@@ -63,9 +63,7 @@ def _torch_gradients(module: torch.nn.Module, inputs) -> dict[str, np.ndarray]:
     module.zero_grad()
     module(*inputs).backward()
     # parameters the output does not use (BERT's pooler) get no gradient
-    return {
-        weight_name(k): _np(p.grad) for k, p in module.named_parameters() if p.grad is not None
-    }
+    return {weight_name(k): _np(p.grad) for k, p in module.named_parameters() if p.grad is not None}
 
 
 @pytest.mark.parametrize("model", ["mlp", *sorted(MODELS)])
