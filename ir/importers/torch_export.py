@@ -189,7 +189,7 @@ class _Importer:
                 out[node] = self.program.constants[spec.target]
         return out
 
-    def _fold(self, placeholders: dict) -> dict:
+    def _fold(self) -> dict:
         """Nodes that read no placeholder, evaluated by torch (``arange``, masks, ...)."""
         torch = self.torch
         folded: dict = {}
@@ -208,7 +208,7 @@ class _Importer:
 
     def run(self, name: str) -> tuple[Function, list[np.ndarray | None]]:
         placeholders = self._placeholder_arrays()
-        folded = self._fold(placeholders)
+        folded = self._fold()
         specs = self.program.graph_signature.input_specs
         b = FunctionBuilder(name)
         values: dict = {}
@@ -222,9 +222,14 @@ class _Importer:
             while hint in taken:
                 hint, k = f"{label}_{k}", k + 1
             taken.add(hint)
-            values[node] = b.input(
-                hint, TensorType(tuple(tensor.shape), self.dtype(node), self.device)
-            )
+            try:
+                dtype = self.dtype(node)
+            except _aten.Unsupported as e:
+                raise TorchImportError(
+                    f"{self.label}: input {hint!r} has {e}, which DistIR has no dtype for "
+                    f"(one of {', '.join(_DTYPES)}); convert the module first"
+                ) from None
+            values[node] = b.input(hint, TensorType(tuple(tensor.shape), dtype, self.device))
             arguments.append(self.array(tensor))
 
         nodes = [n for n in self.graph.nodes if n.op == "placeholder"]
@@ -282,6 +287,10 @@ class _Importer:
                 counts[key] += 1
                 where.setdefault(key, _source_line(node))
                 poisoned.add(node)
+            except DistIRError as e:  # a registry op refused the operands: say where
+                raise TorchImportError(
+                    f"{self.label}: node {node.name} ({target}) at {_source_line(node)}: {e}"
+                ) from e
         return {k: (counts[k], where[k]) for k in counts}
 
     def _lower_one(self, lowering, node, target: str, values: dict):
