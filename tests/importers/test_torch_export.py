@@ -118,3 +118,17 @@ def test_an_untraceable_module_gets_torchs_reason_and_the_module_path():
     with pytest.raises(TorchImportError, match=r"_DataDependent") as caught:
         ir.from_torch(_DataDependent(), (torch.randn(3),))
     assert "torch.export could not trace" in str(caught.value)
+
+
+class _ByteBuffer(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("offsets", torch.arange(4, dtype=torch.uint8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.offsets
+
+
+def test_an_input_dtype_distir_lacks_is_a_located_error():
+    with pytest.raises(TorchImportError, match=r"input 'offsets' has dtype torch\.uint8"):
+        ir.from_torch(_ByteBuffer(), (torch.randn(2, 4),))
