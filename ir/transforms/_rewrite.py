@@ -48,7 +48,8 @@ def parameter_inputs(f: Function) -> list[Value]:
     optimizer ops. A forward program: the operands that the ops' records name as
     ``weight_operands`` (the right operand of a MatMul, the table of an Embedding, the
     scale and shift of a LayerNorm), and an input broadcast against a larger operand
-    by a ``broadcasting`` op (a bias, a position embedding).
+    by a ``broadcasting`` op (a bias, a position embedding). Views of an input count as
+    the input (imported programs transpose torch's ``(out, in)`` Linear weights first).
     """
     inputs = set(f.inputs)
     found: set[Value] = set()
@@ -56,13 +57,20 @@ def parameter_inputs(f: Function) -> list[Value]:
     if optimizers:
         for op in optimizers:
             found.update(v for i, v in enumerate(op.inputs) if i != 1 and v in inputs)
-    else:
-        for op in f.ops:
-            weights = get_op(op.op_type).extra.get("weight_operands", ())
-            for i, v in enumerate(op.inputs):
-                if v in inputs and (i in weights or _broadcast(op, v)):
-                    found.add(v)
+        return [v for v in f.inputs if v in found]
+    origin: dict[Value, Value] = {v: v for v in f.inputs}
+    for op in f.ops:
+        if op.op_type in _VIEWS and op.inputs[0] in origin:
+            origin[op.outputs[0]] = origin[op.inputs[0]]
+            continue
+        weights = get_op(op.op_type).extra.get("weight_operands", ())
+        for i, v in enumerate(op.inputs):
+            if v in origin and (i in weights or _broadcast(op, v)):
+                found.add(origin[v])
     return [v for v in f.inputs if v in found]
+
+
+_VIEWS = frozenset({"Transpose", "Reshape", "Cast", "Identity"})
 
 
 def _broadcast(op: Op, v: Value) -> bool:

@@ -101,3 +101,17 @@ def test_a_llama_7b_shaped_model_on_the_meta_device_imports_and_simulates_on_8_g
     result = ir.simulate(distributed, topology)
     assert set(result.devices) == set(range(8))
     assert result.step_time_s < alone / 2
+
+
+@pytest.mark.parametrize(
+    "degrees", [{"dp": 2}, {"pp": 2, "microbatches": 2}, {"dp": 2, "pp": 2, "microbatches": 2}]
+)
+def test_the_ready_transforms_parallelise_an_imported_mlp(degrees: dict):
+    """The transforms find the weights through the transposes torch's Linear puts first."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+    x = torch.randn(8, 6)
+    f, args = ir.from_torch(net.eval(), (x,))
+    g = ir.transforms.parallelize(f, **degrees)
+    (y,) = ir.collect(g, ir.execute(g, ir.distribute(g, args, source=f)))
+    np.testing.assert_allclose(y, net(x).detach().numpy(), rtol=1e-5, atol=1e-6)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import ir
-from ir.sharding import Mesh, S
+from ir.sharding import Mesh, S, annotate
 
 torch = pytest.importorskip("torch", reason="the importers extra (torch) is not installed")
 pytest.importorskip("onnx", reason="the importers extra (onnx) is not installed")
@@ -54,3 +54,16 @@ def test_a_bad_file_leaves_nothing_half_made(tmp_path):
     path.write_bytes(b"\x08\x07 not a model")
     with pytest.raises(ir.DistIRError, match=r"broken\.onnx"):
         Workbench.from_onnx(path)
+
+
+def test_cli_report_on_an_onnx_file(tmp_path):
+    from workbench.__main__ import main
+
+    f, args = ir.from_torch(_mlp(), (torch.randn(8, 6),))
+    path = tmp_path / "mlp.onnx"
+    ir.to_onnx(annotate(f, {"_0_weight": (Mesh((2,)), [S(0)])}), path, weights=args[:-1])
+    out = tmp_path / "report.html"
+    argv = ["report", "--model", str(path), "--devices", "2", "--strategy", "dp=2", "--quiet"]
+    assert main([*argv, "--strategy", "pp=1", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "mlp.onnx (ONNX)" in text
