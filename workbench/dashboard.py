@@ -211,10 +211,10 @@ class Workbench(w.VBox):
         the weights and example inputs by input name, ready for ``ir.execute``."""
         from .imported import load_torch
 
-        function, arguments = load_torch(module, example_inputs)
+        function, arguments, weights = load_torch(module, example_inputs)
         wb = cls(function, topology, **kw)
         wb.arguments = arguments
-        wb.weight_names = tuple(arguments)[: len(arguments) - len(example_inputs)]
+        wb.weight_names = weights
         return wb
 
     @classmethod

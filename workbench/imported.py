@@ -24,12 +24,22 @@ from ir.value import Value
 from .session import Session, SessionError
 
 
-def load_torch(module: Any, example_inputs: Sequence[Any]) -> tuple[Function, dict[str, Any]]:
-    """``ir.from_torch``, with the arguments by input name (weights and example inputs)."""
+def load_torch(
+    module: Any, example_inputs: Sequence[Any]
+) -> tuple[Function, dict[str, Any], tuple[str, ...]]:
+    """``ir.from_torch``, with the arguments by input name and the names of the inputs
+    that are weights: every input but the example inputs, which come just before the
+    ``const_*`` tensors that ``from_torch`` folds (see ``ir.importers.torch_export``)."""
     from ir.importers import from_torch
 
     function, arguments = from_torch(module, example_inputs)
-    return function, {v.name: a for v, a in zip(function.inputs, arguments)}
+    names = [v.name for v in function.inputs]
+    end = len(names)
+    while end > 0 and names[end - 1].startswith("const_"):
+        end -= 1
+    data = set(names[end - len(example_inputs) : end])
+    weights = tuple(n for n in names if n not in data)
+    return function, dict(zip(names, arguments)), weights
 
 
 def load_onnx(path: str | Path) -> tuple[Function, dict[str, np.ndarray], dict[str, Layout]]:

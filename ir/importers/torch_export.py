@@ -7,11 +7,13 @@ ATen op set (``run_decompositions``). Then:
   the exported program's order; their names are the state-dict names made valid
   identifiers (:func:`weight_name`: ``h.0.attn.c_attn.weight`` ->
   ``h_0_attn_c_attn_weight``);
+* the example inputs come next, named as the module's ``forward`` names them;
 * what depends on no input at all (position ranges, causal masks built by
   ``arange``/``full``/comparisons) is evaluated once by torch at import time: a
-  uniform result becomes a ``Constant`` op, any other one a further input named
-  ``const_<node>`` (torch.export calls these lifted constants);
-* the example inputs come last, named as the module's ``forward`` names them;
+  uniform result becomes a ``Constant`` op, any other one a last input named
+  ``const_<node>`` (torch.export calls these lifted constants). They come after the
+  example inputs so that the transforms, which take the first non-weight input for
+  the batch, split the token ids (and a per-row mask with them);
 * every other ATen node becomes the registry ops of its entry in
   ``ir.importers._aten.TABLE`` (one op, or a few for fused ATen ops such as
   ``addmm``).
@@ -80,12 +82,13 @@ def from_torch(
     """Import ``module`` as a ``Function`` and the arrays to run it on.
 
     Returns ``(function, arguments)``: the arguments are numpy arrays in the
-    function's input order (parameters, buffers and constants, then
-    ``example_inputs``), so that ``ir.execute(function, arguments)`` reproduces
-    ``module(*example_inputs)``. Every value lives on ``device``. Put the module
-    in eval mode first if it has dropout or batch statistics. A module and inputs
-    on the ``meta`` device import too, with ``None`` for their arrays: a program
-    of real size to simulate, not to execute.
+    function's input order (parameters and buffers, then ``example_inputs``, then
+    the ``const_*`` tensors folded from shapes), so that
+    ``ir.execute(function, arguments)`` reproduces ``module(*example_inputs)``.
+    Every value lives on ``device``. Put the module in eval mode first if it has
+    dropout or batch statistics. A module and inputs on the ``meta`` device import
+    too, with ``None`` for their arrays: a program of real size to simulate, not to
+    execute.
 
     >>> import torch, numpy as np, ir
     >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU()).eval()
@@ -240,13 +243,13 @@ class _Importer:
                 declare(node, weight_name(spec.target or node.name), placeholders[node])
         lowering = _aten.Lowering(b, values, self.dtype, self.device)
         live_consts = self._lifted(folded)
+        for node in user_nodes:
+            declare(node, node.name, placeholders[node])
         for node in live_consts:
             tensor = folded[node]
             if tensor.numel() and bool((tensor == tensor.reshape(-1)[0]).all()):
                 continue  # uniform: a Constant op where it is read
             declare(node, f"const_{node.name}", tensor)
-        for node in user_nodes:
-            declare(node, node.name, placeholders[node])
         for node in live_consts:
             if node not in values:
                 tensor = folded[node]

@@ -209,7 +209,11 @@ def _broadcast_to_sharding(c: TypeContext) -> dict:
         None if n == 1 and shape[lead + i] != 1 else names[lead + i] for i, n in enumerate(x.shape)
     )
     yf = tuple(n if i >= lead and n in xf else None for i, n in enumerate(names))
-    return fx.rule([xf], [yf], linear=[(0,)], partial_ops=fx.ALL_REDUCTIONS)
+
+    def local(attrs, ins, outs):  # a shard broadcasts to its own (smaller) shape
+        return {**dict(attrs), "shape": list(outs[0].shape)}
+
+    return fx.rule([xf], [yf], linear=[(0,)], partial_ops=fx.ALL_REDUCTIONS, local_attributes=local)
 
 
 def _reduce_mean_sharding(c: TypeContext) -> dict:
