@@ -81,7 +81,8 @@ def _broadcast(op: Op, v: Value) -> bool:
 
 
 def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]:
-    """The inputs split along dim 0 (the batch): those named, else the non-weights of rank >= 1.
+    """The inputs split along dim 0 (the batch): those named, else the non-weights of rank >= 1
+    that the program reads (an imported module's unused buffer is not a batch).
 
     Without names, the batch size is dim 0 of the first non-weight input, and every
     non-weight input with that dim 0 is a batch input.
@@ -95,10 +96,11 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
             )
         return [by_name[n] for n in names]
     params = set(parameter_inputs(f))
+    read = {v for op in f.ops for v in op.inputs} | set(f.outputs)
     data = [
         v
         for v in f.inputs
-        if v not in params and isinstance(v.type, TensorType) and v.type.rank >= 1
+        if v not in params and v in read and isinstance(v.type, TensorType) and v.type.rank >= 1
     ]
     if not data:
         return []

@@ -9,6 +9,8 @@ puts the second half of the ops in stage 1 on device 1. Propagation derives the 
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,11 @@ from ir.sharding import Mesh, S, annotate_stages, place_stages, propagate
 from .conftest import LMS, MODELS, Logits, MeanSquare, torch, transformers
 
 MESH = Mesh((2,))
+
+
+def _leaves(t) -> list:
+    """The tensor types of a (nested) per-device tuple type."""
+    return [leaf for e in t.elements for leaf in _leaves(e)] if hasattr(t, "elements") else [t]
 
 
 def _tensor_parallel(model: str, names: list[str]) -> dict:
@@ -120,5 +127,11 @@ def test_the_ready_transforms_parallelise_imported_models(model: str, degrees: d
         inputs = (torch.randint(0, 64, (4, 8), generator=torch.Generator().manual_seed(2)),)
     f, args = ir.from_torch(module, inputs)
     g = ir.transforms.parallelize(f, **degrees)
+    if degrees == {"dp": 2}:  # the batch is what is split: each replica gets half the rows
+        data = next(v for v in g.inputs if v.name == ("input" if model == "mlp" else "ids"))
+        rows = inputs[0].shape[0]
+        assert [t.shape[0] for t in _leaves(data.type)] == [rows // 2, rows // 2]
+    devices = math.prod(n for k, n in degrees.items() if k in ("dp", "pp"))
+    assert len(ir.simulate(g, ir.Topology.preset("a100-hgx", 4)).devices) == devices
     (y,) = ir.collect(g, ir.execute(g, ir.distribute(g, args, source=f)))
     np.testing.assert_allclose(y, module(*inputs).detach().numpy(), rtol=1e-4, atol=1e-5)
