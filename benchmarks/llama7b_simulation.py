@@ -2,9 +2,9 @@
 8 A100s: never executed, no weights held.
 
 ``ir.from_torch`` exports the module (built under ``torch.device("meta")``, bf16) and
-imports shapes only; propagation then distributes the forward step by annotation
-(data parallel: the token ids' batch; tensor parallel: Megatron's attention and MLP
-weights) and the simulator times it.
+imports shapes only; the forward step is distributed by annotation and propagation
+(the token ids' batch; Megatron's attention and MLP weights) and by the ready
+transforms (data parallel 8, pipeline 4 x 4 microbatches), and the simulator times it.
 
     python benchmarks/llama7b_simulation.py [--layers 32] [--batch 8] [--seq 2048]
 """
@@ -74,16 +74,23 @@ def main() -> None:
     tensor.update({n: (mesh, [S(1)]) for n in names if any(r in n for r in ROWS)})
     plans = {
         "1 GPU": None,
-        "data parallel 8": {"ids": (mesh, [S(0)])},
-        "tensor parallel 8": tensor,
+        "ids S(0) on 8": {"ids": (mesh, [S(0)])},
+        "Megatron weights on 8": tensor,
+        "T.parallelize dp=8": {"dp": 8},
+        "T.parallelize pp=4 x4": {"pp": 4, "microbatches": 4},
     }
     for label, plan in plans.items():
         start = time.perf_counter()
-        program = f if plan is None else propagate(f, plan, topology)[0]
+        if plan is None:
+            program = f
+        elif label.startswith("T."):
+            program = ir.transforms.parallelize(f, **plan)
+        else:
+            program = propagate(f, plan, topology)[0]
         result = ir.simulate(program, topology)
         peak = max(result.peak_memory_bytes.values())
         print(
-            f"{label:18s} step {result.step_time_s * 1e3:8.1f} ms, peak {peak / 2**30:6.1f} GiB"
+            f"{label:22s} step {result.step_time_s * 1e3:8.1f} ms, peak {peak / 2**30:6.1f} GiB"
             f"  ({time.perf_counter() - start:.1f} s to propagate and simulate)"
         )
 
