@@ -201,6 +201,9 @@ EXPORTS: dict[str, Callable[..., None]] = {
     "Slice": _emit_slice,
     "Concat": _emit_concat,
     "Embedding": lambda em, op, ins, outs: em.node("Gather", ins, outs, axis=0),
+    "TakeAlongAxis": lambda em, op, ins, outs: em.node(
+        "GatherElements", ins, outs, axis=op.attributes["axis"]
+    ),
     "Constant": _emit_constant,
     "CausalMask": _emit_causal_mask,
 }

@@ -352,5 +352,8 @@ IMPORTS: dict[str, Callable[[Reader, Any], list[Value]]] = {
         rd.call("Concat", *_ins(rd, node), node=node, dim=_attrs(rd, node)["axis"])
     ],
     "Gather": _read_gather,
+    "GatherElements": lambda rd, node: [
+        rd.call("TakeAlongAxis", *_ins(rd, node), node=node, axis=_attrs(rd, node).get("axis", 0))
+    ],
     "Gemm": _read_gemm,
 }

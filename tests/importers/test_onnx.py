@@ -93,7 +93,7 @@ def test_every_exported_family_runs_in_onnxruntime_equal_to_execute(tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("model", ["gpt2", "llama"])
+@pytest.mark.parametrize("model", ["gpt2", "llama", "bert"])
 def test_imported_transformer_runs_in_onnxruntime_equal_to_torch(model: str, tmp_path):
     from .conftest import MODELS, torch
 
