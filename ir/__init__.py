@@ -2,8 +2,10 @@
 
 Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 ``format`` for the text format, ``execute`` for the numpy reference executor,
-``Topology`` for hardware (``calibrate`` measures this machine), and ``ir.models``
-for ready-made models; ``ir.search.search`` ranks parallel strategies.
+``Topology`` for hardware (``calibrate`` measures this machine), ``ir.models``
+for ready-made models, ``ir.search.search`` to rank parallel strategies,
+``from_torch`` to import a PyTorch module, and ``to_onnx``/``from_onnx`` for ONNX
+files with seed 001's annotations.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from .errors import (
 )
 from .execute import execute, random_inputs
 from .function import Function
+from .importers import from_onnx, from_torch, to_onnx
 from .layout import LayoutError, collect, distribute
 from .op import Op
 from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
@@ -71,6 +74,8 @@ __all__ = [
     "distribute",
     "execute",
     "format",
+    "from_onnx",
+    "from_torch",
     "get_op",
     "models",
     "parse",
@@ -79,6 +84,7 @@ __all__ = [
     "search",
     "sharding",
     "simulate",
+    "to_onnx",
     "transforms",
     "verify",
 ]

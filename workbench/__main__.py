@@ -154,7 +154,11 @@ def parser() -> argparse.ArgumentParser:
     lab.set_defaults(run=run_lab)
 
     rep = sub.add_parser("report", help="write the static HTML report (no browser needed)")
-    rep.add_argument("--model", choices=("gpt", "mlp"), default="gpt", help="default gpt")
+    rep.add_argument(
+        "--model",
+        default="gpt",
+        help="gpt, mlp or an ONNX file (model.onnx: its program as written; default gpt)",
+    )
     rep.add_argument("--layers", type=int, default=4, help="layers (default 4)")
     rep.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
     rep.add_argument("--seq", type=int, default=128, help="GPT sequence length (default 128)")

@@ -39,7 +39,15 @@ from widgets.memory import memory_spec
 from widgets.units import format_bytes, format_time
 
 from .editor import ShardingEditor
-from .session import SCHEDULES, Annotation, Derived, Session, Strategy, UnknownValueError
+from .session import (
+    SCHEDULES,
+    Annotation,
+    Derived,
+    Session,
+    SessionError,
+    Strategy,
+    UnknownValueError,
+)
 
 DEFAULT_PRESET = "a100-hgx"
 
@@ -197,7 +205,51 @@ class Workbench(w.VBox):
             layout={"width": "100%"},
         )
         self.add_class("distir-workbench")
+        self.arguments: dict[str, Any] = {}  # arrays by input name, for imported models
+        self.weight_names: tuple[str, ...] = ()  # the arguments that are weights
         self.refresh()
+
+    # -- bring your own model ---------------------------------------------------------
+
+    @classmethod
+    def from_torch(
+        cls, module: Any, example_inputs: Sequence[Any], topology: Topology | None = None, **kw
+    ) -> Workbench:
+        """The dashboard over a PyTorch module (``ir.from_torch``); ``wb.arguments`` holds
+        the weights and example inputs by input name, ready for ``ir.execute``."""
+        from .imported import load_torch
+
+        function, arguments, weights = load_torch(module, example_inputs)
+        wb = cls(function, topology, **kw)
+        wb.arguments = arguments
+        wb.weight_names = weights
+        return wb
+
+    @classmethod
+    def from_onnx(cls, path: Any, topology: Topology | None = None, **kw) -> Workbench:
+        """The dashboard over an ONNX file: its sharding annotations become the session's
+        (one change: undo shows the program without them); ``wb.arguments`` holds its
+        initializers by input name."""
+        from .imported import load_onnx
+
+        function, weights, layouts = load_onnx(path)
+        wb = cls(function, topology, **kw)
+        wb.arguments = weights
+        wb.weight_names = tuple(weights)
+        if layouts:
+            specs = {name: (lay.mesh, list(lay.placements)) for name, lay in layouts.items()}
+            if not wb.session.annotate_many(specs, f"annotations of {path}"):
+                raise SessionError(wb.session.error or "the file's annotations do not apply")
+        return wb
+
+    def save_onnx(self, path: Any, *, with_weights: bool = True) -> Any:
+        """Save the program and its annotations as ONNX (seed 001's fields); with
+        ``with_weights``, the arrays of ``wb.arguments`` that are weights go in as
+        initializers (the example inputs stay graph inputs)."""
+        from .imported import save_onnx
+
+        weights = {n: self.arguments[n] for n in self.weight_names} if with_weights else None
+        return save_onnx(self.session, path, weights)
 
     # -- driving it from code ---------------------------------------------------------
 

@@ -45,9 +45,16 @@ class ReportConfig:
     devices: int = 8
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
 
+    @property
+    def is_file(self) -> bool:
+        """``model`` names an ONNX file rather than a built-in model."""
+        return self.model.endswith(".onnx")
+
     def describe_model(self) -> str:
         """``GPT: 4 layers, batch 16, seq 128, hidden 512, 8 heads, vocab 4096, training``."""
         mode = "training step" if self.training else "forward"
+        if self.is_file:
+            return f"{self.model} (ONNX), its program as written"
         if self.model == "gpt":
             return (
                 f"GPT: {self.layers} layers, batch {self.batch}, seq {self.seq}, hidden "
@@ -60,9 +67,13 @@ class ReportConfig:
 
 
 def build_model(config: ReportConfig) -> Function:
-    """The model ``config`` names, from ``ir.models``."""
+    """The model ``config`` names, from ``ir.models`` or an ONNX file (``ir.from_onnx``)."""
     from ir import models
 
+    if config.is_file:  # its sharding annotations are the session's business: dropped here
+        from .imported import load_onnx
+
+        return load_onnx(config.model)[0]
     if config.model == "gpt":
         return models.gpt(
             config.batch,
@@ -82,7 +93,7 @@ def build_model(config: ReportConfig) -> Function:
             layers=config.layers,
             training=config.training,
         )
-    raise DistIRError(f"unknown model {config.model!r}; choose gpt or mlp")
+    raise DistIRError(f"unknown model {config.model!r}; choose gpt, mlp or a .onnx file")
 
 
 @dataclass(frozen=True)

@@ -383,6 +383,18 @@ class Session:
         new = self.state.with_annotation(value_name, spec)
         return self._commit(new, f"annotating {describe_annotation(value_name, spec)}")
 
+    def annotate_many(self, annotations: dict[str, Annotation], what: str = "") -> bool:
+        """Place several values at once, as one change (one undo step)."""
+        known = set(self.annotatable())
+        unknown = [name for name in annotations if name not in known]
+        if unknown:
+            return self._fail(f"cannot annotate {unknown}: not values of {self.base.name!r}")
+        new = self.state
+        for name, spec in annotations.items():
+            new = new.with_annotation(name, spec)
+        shown = ", ".join(describe_annotation(n, s) for n, s in annotations.items())
+        return self._commit(new, what or f"annotating {shown}")
+
     def unannotate(self, value_name: str) -> bool:
         """Drop the annotation on ``value_name``."""
         if self.state.annotation(value_name) is None:

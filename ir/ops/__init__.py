@@ -15,6 +15,7 @@ from . import (  # noqa: F401
     optim,
     p2p,
     pieces,
+    pointwise,
     reduce,
     shape,
 )

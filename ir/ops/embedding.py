@@ -1,4 +1,5 @@
-"""Embedding lookup (the issue's "Embedding/Gather") and its scatter-add gradient.
+"""Embedding lookup (the issue's "Embedding/Gather") and its scatter-add gradient, and
+``TakeAlongAxis`` (torch's ``gather``: an index per element along one axis).
 
 The communication family already owns the name ``Gather`` (concatenate shards
 on one device), so the table lookup is ``Embedding``.
@@ -13,7 +14,7 @@ from ..errors import TypeRuleError
 from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType, TensorType
 from . import _factors as fx
-from ._common import checked_indices, tensor
+from ._common import checked_indices, normalize_axis, tensor
 from ._examples import ctx, t
 
 _INT_DTYPES = (DType.int64, DType.int32)
@@ -26,10 +27,19 @@ def _ids(c: TypeContext, i: int) -> TensorType:
     return ids
 
 
+def _padding_idx(c: TypeContext, rows: int) -> None:
+    pad = c.attributes["padding_idx"]
+    if pad is not None and (
+        isinstance(pad, bool) or not isinstance(pad, int) or not 0 <= pad < rows
+    ):
+        raise TypeRuleError(f"padding_idx must be None or a row in 0..{rows - 1}, got {pad!r}")
+
+
 def _embedding_types(c: TypeContext):
     table, ids = tensor(c, 0, "table"), _ids(c, 1)
     if table.rank != 2:
         raise TypeRuleError(f"the table must be (num_embeddings, hidden), got shape {table.shape}")
+    _padding_idx(c, table.shape[0])
     return [table.with_shape((*ids.shape, table.shape[1]))]
 
 
@@ -50,6 +60,14 @@ register_op(
             np.take(xs[0], checked_indices("Embedding", "ids", xs[1], len(xs[0])), axis=0)
         ],
         cost_rule=_embedding_cost,
+        attributes=(
+            Attr(
+                "padding_idx",
+                None,
+                "a row that gets no gradient (torch's padding_idx)",
+                kind=kinds.optional(kinds.NONNEG_INT),
+            ),
+        ),
         doc="Row lookup: y[..., :] = table[ids[...], :].",
         extra={
             "weight_operands": (0,),  # the table is a weight
@@ -68,6 +86,7 @@ def _embedding_grad_types(c: TypeContext):
     v = c.attributes["num_embeddings"]
     if isinstance(v, bool) or not isinstance(v, int) or v < 1:
         raise TypeRuleError(f"num_embeddings must be a positive integer, got {v!r}")
+    _padding_idx(c, v)
     if dy.rank != ids.rank + 1 or dy.shape[:-1] != ids.shape:
         raise TypeRuleError(f"dy has shape {dy.shape}, ids of shape {ids.shape} need (*ids, H)")
     if not dy.dtype.is_float:
@@ -80,6 +99,8 @@ def _embedding_grad(xs, a):
     out = np.zeros((a["num_embeddings"], dy.shape[-1]), dtype=dy.dtype)
     ids = checked_indices("EmbeddingGrad", "ids", ids, a["num_embeddings"])
     np.add.at(out, ids.reshape(-1), dy.reshape(-1, dy.shape[-1]))
+    if a["padding_idx"] is not None:
+        out[a["padding_idx"]] = 0
     return [out]
 
 
@@ -95,14 +116,63 @@ register_op(
             c.input_types[0].size_bytes + c.input_types[1].size_bytes,
             c.output_types[0].size_bytes,
         ),
-        attributes=(Attr("num_embeddings", doc="rows of the table (V)", kind=kinds.POS_INT),),
+        attributes=(
+            Attr("num_embeddings", doc="rows of the table (V)", kind=kinds.POS_INT),
+            Attr(
+                "padding_idx",
+                None,
+                "a row left at zero (torch's padding_idx)",
+                kind=kinds.optional(kinds.NONNEG_INT),
+            ),
+        ),
         doc="Gradient of Embedding: dy's rows added into a (V, H) zero table at rows ids.",
         extra={
             "value_ranges": lambda op: {0: (0, op.attributes["num_embeddings"])},
             "examples": lambda s: [
                 ctx(t(2 * s, dtype=DType.int64), t(2 * s, 3), num_embeddings=4 * s),
-                ctx(t(2, s, dtype=DType.int64), t(2, s, 2 * s), num_embeddings=5),
+                ctx(t(2, s, dtype=DType.int64), t(2, s, 2 * s), num_embeddings=5, padding_idx=1),
             ],
+        },
+    )
+)
+
+
+# -- TakeAlongAxis -------------------------------------------------------------------
+
+
+def _take_types(c: TypeContext):
+    x, index = tensor(c, 0, "x"), _ids(c, 1)
+    axis = normalize_axis(c.attributes["axis"], x.rank)
+    if index.rank != x.rank:
+        raise TypeRuleError(f"index has rank {index.rank}, x has rank {x.rank}: they must match")
+    for d, (n, m) in enumerate(zip(x.shape, index.shape)):
+        if d != axis and n != m:
+            raise TypeRuleError(
+                f"index has shape {index.shape}, x has {x.shape}: off axis {axis} they must "
+                "match (slice x first)"
+            )
+    return [x.with_shape(index.shape)]
+
+
+register_op(
+    OpDef(
+        name="TakeAlongAxis",
+        operands=("x", "index"),
+        results=("y",),
+        type_rule=_take_types,
+        kernel=lambda xs, a: [np.take_along_axis(xs[0], xs[1], axis=a["axis"])],
+        cost_rule=lambda c: Cost(
+            0.0,
+            c.input_types[1].size_bytes + c.output_types[0].size_bytes,
+            c.output_types[0].size_bytes,
+        ),
+        attributes=(Attr("axis", doc="the axis index picks along", kind=kinds.INT),),
+        doc="y[..., i, ...] = x[..., index[..., i, ...], ...] along axis (torch.gather).",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2, 4 * s), t(2, 2 * s, dtype=DType.int64), axis=1),
+                ctx(t(3 * s, 2, dtype=DType.int64), t(s, 2, dtype=DType.int64), axis=0),
+            ]
         },
     )
 )
@@ -129,6 +199,16 @@ fx.attach("Embedding", _embedding_sharding)
 fx.attach("EmbeddingGrad", _embedding_grad_sharding)
 
 
+def _take_sharding(c: TypeContext) -> dict:
+    rank = c.input_types[0].rank
+    axis = normalize_axis(c.attributes["axis"], rank)
+    names = tuple(None if d == axis else n for d, n in enumerate(fx.axes(rank)))
+    return fx.rule([names, names], [names], partial_ops=fx.ALL_REDUCTIONS)
+
+
+fx.attach("TakeAlongAxis", _take_sharding)
+
+
 # -- gradient rules (autodiff) -------------------------------------------------------
 # The integer ids get no gradient.
 
@@ -141,7 +221,11 @@ def _embedding_gradient(b, op, ins, outs, dys):
         return [None, None]
     table, ids = ins
     n = table.type.shape[0]
-    return [b.call("EmbeddingGrad", ids, dy, num_embeddings=n, name=gname(table)), None]
+    pad = op.attributes["padding_idx"]
+    return [
+        b.call("EmbeddingGrad", ids, dy, num_embeddings=n, padding_idx=pad, name=gname(table)),
+        None,
+    ]
 
 
 def _attach_gradient_rules() -> None:

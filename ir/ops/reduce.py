@@ -1,5 +1,5 @@
-"""Sums and broadcasts: ``Sum`` (of several tensors), ``ReduceSum`` (over axes) and
-``BroadcastTo`` (its gradient).
+"""Sums and broadcasts: ``Sum`` (of several tensors), ``ReduceSum`` and ``ReduceMean``
+(over axes) and ``BroadcastTo`` (their gradient).
 
 They run on one device (``OpKind.COMPUTE``). ``Sum`` accepts either several
 tensors or one tuple of them, as the seeds write both.
@@ -116,6 +116,42 @@ register_op(
 )
 
 
+def _reduce_mean_kernel(xs, a):
+    x = xs[0]
+    axes = a["axes"]
+    axes = tuple(range(x.ndim)) if axes is None else axes
+    return [np.mean(x, axis=axes, keepdims=bool(a["keepdims"])).astype(x.dtype)]
+
+
+register_op(
+    OpDef(
+        name="ReduceMean",
+        operands=("x",),
+        results=("y",),
+        type_rule=_reduce_sum_types,
+        kernel=_reduce_mean_kernel,
+        cost_rule=lambda c: memory_cost(c, c.input_types[0].num_elements + 1),
+        attributes=(
+            Attr(
+                "axes",
+                None,
+                "axes to average over; None averages over all of them",
+                kind=kinds.AXES,
+            ),
+            Attr("keepdims", False, "keep the averaged axes with size 1", kind=kinds.BOOL),
+        ),
+        doc="Mean of x over axes (RMSNorm's mean square).",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, 3), axes=(0,)),
+                ctx(t(2, s, 3), axes=(-1,), keepdims=True),
+                ctx(t(s, 4)),
+            ]
+        },
+    )
+)
+
+
 def _broadcast_to_types(c: TypeContext):
     x = tensor(c, 0, "x")
     shape = tuple(int(d) for d in c.attributes["shape"])
@@ -179,10 +215,27 @@ def _broadcast_to_sharding(c: TypeContext) -> dict:
         None if n == 1 and shape[lead + i] != 1 else names[lead + i] for i, n in enumerate(x.shape)
     )
     yf = tuple(n if i >= lead and n in xf else None for i, n in enumerate(names))
-    return fx.rule([xf], [yf], linear=[(0,)], partial_ops=fx.ALL_REDUCTIONS)
+
+    def local(attrs, ins, outs):  # a shard broadcasts to its own (smaller) shape
+        return {**dict(attrs), "shape": list(outs[0].shape)}
+
+    return fx.rule([xf], [yf], linear=[(0,)], partial_ops=fx.ALL_REDUCTIONS, local_attributes=local)
+
+
+def _reduce_mean_sharding(c: TypeContext) -> dict:
+    # Averaged axes stay whole: a mean of uneven shards' means is not the mean.
+    x = c.input_types[0]
+    averaged = _axes(x, c.attributes["axes"])
+    names = tuple(None if i in averaged else n for i, n in enumerate(fx.axes(x.rank)))
+    if c.attributes["keepdims"]:
+        out = names
+    else:
+        out = tuple(n for i, n in enumerate(names) if i not in averaged)
+    return fx.rule([names], [out], linear=[(0,)])
 
 
 fx.attach("Sum", _sum_sharding)
+fx.attach("ReduceMean", _reduce_mean_sharding)
 fx.attach("ReduceSum", _reduce_sum_sharding)
 fx.attach("BroadcastTo", _broadcast_to_sharding)
 
@@ -208,6 +261,14 @@ def _attach_gradient_rules() -> None:
             dy = b.call("Reshape", dy, shape=kept, name=f"{name}_keep")
         return b.call("BroadcastTo", dy, shape=x.type.shape, name=name)
 
+    def reduce_mean(b, op, x, dy, name):
+        axes = _axes(x.type, op.attributes["axes"])
+        count = 1
+        for i in axes:
+            count *= x.type.shape[i]
+        spread = reduce_sum(b, op, x, dy, f"{name}_spread")
+        return b.call("Scale", spread, factor=1.0 / max(count, 1), name=name)
+
     def broadcast_to(b, op, x, dy, name):
         return unbroadcast(b, dy, x.type, name)
 
@@ -221,6 +282,7 @@ def _attach_gradient_rules() -> None:
         return [dy] * len(ins)
 
     attach_rule("ReduceSum", "gradient_rule", unary(reduce_sum))
+    attach_rule("ReduceMean", "gradient_rule", unary(reduce_mean))
     attach_rule("BroadcastTo", "gradient_rule", unary(broadcast_to))
     attach_rule("Sum", "gradient_rule", sum_)
 

@@ -50,7 +50,8 @@ def parameter_inputs(f: Function) -> list[Value]:
     optimizer ops. A forward program: the operands that the ops' records name as
     ``weight_operands`` (the right operand of a MatMul, the table of an Embedding, the
     scale and shift of a LayerNorm), and an input broadcast against a larger operand
-    by a ``broadcasting`` op (a bias, a position embedding).
+    by a ``broadcasting`` op (a bias, a position embedding). Views of an input count as
+    the input (imported programs transpose torch's ``(out, in)`` Linear weights first).
     """
     inputs = set(f.inputs)
     found: set[Value] = set()
@@ -58,13 +59,20 @@ def parameter_inputs(f: Function) -> list[Value]:
     if optimizers:
         for op in optimizers:
             found.update(v for i, v in enumerate(op.inputs) if i != 1 and v in inputs)
-    else:
-        for op in f.ops:
-            weights = get_op(op.op_type).extra.get("weight_operands", ())
-            for i, v in enumerate(op.inputs):
-                if v in inputs and (i in weights or _broadcast(op, v)):
-                    found.add(v)
+        return [v for v in f.inputs if v in found]
+    origin: dict[Value, Value] = {v: v for v in f.inputs}
+    for op in f.ops:
+        if op.op_type in _VIEWS and op.inputs[0] in origin:
+            origin[op.outputs[0]] = origin[op.inputs[0]]
+            continue
+        weights = get_op(op.op_type).extra.get("weight_operands", ())
+        for i, v in enumerate(op.inputs):
+            if v in origin and (i in weights or _broadcast(op, v)):
+                found.add(origin[v])
     return [v for v in f.inputs if v in found]
+
+
+_VIEWS = frozenset({"Transpose", "Reshape", "Cast", "Identity"})
 
 
 def _broadcast(op: Op, v: Value) -> bool:
@@ -75,7 +83,8 @@ def _broadcast(op: Op, v: Value) -> bool:
 
 
 def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]:
-    """The inputs split along dim 0 (the batch): those named, else the non-weights of rank >= 1.
+    """The inputs split along dim 0 (the batch): those named, else the non-weights of rank >= 1
+    that the program reads (an imported module's unused buffer is not a batch).
 
     Without names, the batch size is dim 0 of the first non-weight input, and every
     non-weight input with that dim 0 is a batch input.
@@ -89,10 +98,11 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
             )
         return [by_name[n] for n in names]
     params = set(parameter_inputs(f))
+    read = {v for op in f.ops for v in op.inputs} | set(f.outputs)
     data = [
         v
         for v in f.inputs
-        if v not in params and isinstance(v.type, TensorType) and v.type.rank >= 1
+        if v not in params and v in read and isinstance(v.type, TensorType) and v.type.rank >= 1
     ]
     if not data:
         return []
@@ -137,6 +147,11 @@ def check_devices(
     default the topology's first ``degree`` devices, or ``0..degree-1`` without one."""
     if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
         raise TransformError(f"the {what} must be a positive integer, got {degree!r}")
+    if degree > MAX_DEVICES:
+        raise TransformError(
+            f"the {what} is {degree}, more than the limit of {MAX_DEVICES} devices "
+            "(ir.limits.MAX_DEVICES)"
+        )
     if devices is None and topology is not None:
         ids = tuple(topology.device_ids)
         if len(ids) < degree:

@@ -1,0 +1,215 @@
+"""The exporter's op table: each registry op as standard ONNX op(s), and the dtypes.
+
+``EXPORTS`` maps a registry op to a function that appends its ONNX node(s) to an
+:class:`Emitter`. Attributes that ONNX takes as operands (shapes, axes,
+exponents) become ``Constant`` nodes; ops without a standard counterpart are
+written as the few standard ops that compute them (``Rsqrt`` as ``Sqrt`` then
+``Reciprocal``, ``Scale`` as ``Mul`` by a constant, ``CausalMask`` as ``Where``).
+The importer's table is ``_onnx_import``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import DistIRError
+from ..types import DType, TensorType
+from ..value import Value
+
+_ELEM = {
+    DType.float32: "FLOAT",
+    DType.float64: "DOUBLE",
+    DType.float16: "FLOAT16",
+    DType.bfloat16: "BFLOAT16",
+    DType.int64: "INT64",
+    DType.int32: "INT32",
+    DType.bool: "BOOL",
+}
+
+
+def elem_type(onnx, dtype: DType) -> int:
+    return getattr(onnx.TensorProto, _ELEM[dtype])
+
+
+def dtype_of(onnx, elem: int) -> DType:
+    for dtype, name in _ELEM.items():
+        if getattr(onnx.TensorProto, name) == elem:
+            return dtype
+    name = onnx.TensorProto.DataType.Name(elem) if elem else "UNDEFINED"
+    raise _error(f"element type {name} has no DistIR dtype (one of {sorted(_ELEM.values())})")
+
+
+def _error(message: str) -> DistIRError:
+    from .onnx import OnnxError
+
+    return OnnxError(message)
+
+
+# -- export --------------------------------------------------------------------------
+
+
+class Emitter:
+    """Collects the ONNX nodes of a program; helper tensors are named ``onnx::<hint>_<k>``."""
+
+    def __init__(self, onnx, name_of: Callable[[Value], str]) -> None:
+        self.onnx = onnx
+        self.name_of = name_of
+        self.nodes: list = []
+        self.count = 0
+
+    def fresh(self, hint: str) -> str:
+        self.count += 1
+        return f"onnx::{hint}_{self.count}"
+
+    def node(self, op_type: str, inputs: list[str], outputs: list[str], **attrs) -> None:
+        self.nodes.append(
+            self.onnx.helper.make_node(op_type, inputs, outputs, name=outputs[0], **attrs)
+        )
+
+    def const(self, array: np.ndarray, hint: str) -> str:
+        name = self.fresh(hint)
+        tensor = self.onnx.numpy_helper.from_array(np.asarray(array), name)
+        self.node("Constant", [], [name], value=tensor)
+        return name
+
+
+def _same(op_type: str):
+    def emit(em: Emitter, op, ins: list[str], outs: list[str]) -> None:
+        em.node(op_type, ins, outs)
+
+    return emit
+
+
+def _np(t: TensorType):
+    return t.dtype.numpy
+
+
+def _emit_gelu(em, op, ins, outs):
+    em.node("Gelu", ins, outs, approximate="tanh")
+
+
+def _emit_rsqrt(em, op, ins, outs):
+    root = em.fresh("sqrt")
+    em.node("Sqrt", ins, [root])
+    em.node("Reciprocal", [root], outs)
+
+
+def _emit_pow(em, op, ins, outs):
+    e = em.const(np.asarray(op.attributes["exponent"], _np(op.inputs[0].type)), "exponent")
+    em.node("Pow", [ins[0], e], outs)
+
+
+def _emit_scale(em, op, ins, outs):
+    f = em.const(np.asarray(op.attributes["factor"], _np(op.inputs[0].type)), "factor")
+    em.node("Mul", [ins[0], f], outs)
+
+
+def _emit_shape_op(op_type: str):
+    def emit(em, op, ins, outs):
+        shape = em.const(np.asarray(op.outputs[0].type.shape, np.int64), "shape")
+        em.node(op_type, [ins[0], shape], outs)
+
+    return emit
+
+
+def _emit_reduce(op_type: str):
+    def emit(em, op, ins, outs):
+        rank = op.inputs[0].type.rank
+        axes = op.attributes["axes"]
+        axes = list(range(rank)) if axes is None else [a % rank for a in np.atleast_1d(axes)]
+        a = em.const(np.asarray(axes, np.int64), "axes")
+        em.node(op_type, [ins[0], a], outs, keepdims=int(bool(op.attributes["keepdims"])))
+
+    return emit
+
+
+def _emit_slice(em, op, ins, outs):
+    x = op.inputs[0].type
+    axis = op.attributes["axis"] % x.rank
+    n = x.shape[axis]
+    start = op.attributes["start"] % n if op.attributes["start"] < 0 else op.attributes["start"]
+    end = start + op.outputs[0].type.shape[axis]
+    parts = [em.const(np.asarray([v], np.int64), h) for v, h in ((start, "starts"), (end, "ends"))]
+    em.node("Slice", [ins[0], *parts, em.const(np.asarray([axis], np.int64), "axes")], outs)
+
+
+def _emit_concat(em, op, ins, outs):
+    if any(not isinstance(v.type, TensorType) for v in op.inputs):
+        raise _error(f"Concat {outs[0]!r} reads a tuple: export the logical program")
+    em.node("Concat", ins, outs, axis=op.attributes["dim"])
+
+
+def _emit_constant(em, op, ins, outs):
+    t = op.outputs[0].type
+    array = np.full(t.shape, op.attributes["value"], dtype=_np(t))
+    em.node("Constant", [], outs, value=em.onnx.numpy_helper.from_array(array, outs[0]))
+
+
+def _emit_causal_mask(em, op, ins, outs):
+    t = op.inputs[0].type
+    rows, cols = t.shape[-2:]
+    above = em.const(np.triu(np.ones((rows, cols), dtype=bool), k=1), "above_diagonal")
+    fill = em.const(np.asarray(op.attributes["fill"], _np(t)), "fill")
+    em.node("Where", [above, fill, ins[0]], outs)
+
+
+EXPORTS: dict[str, Callable[..., None]] = {
+    **{
+        name: _same(name)
+        for name in [
+            "Add",
+            "Sub",
+            "Mul",
+            "Div",
+            "Neg",
+            "Relu",
+            "Tanh",
+            "Sigmoid",
+            "Exp",
+            "Sqrt",
+            "Sin",
+            "Cos",
+            "Erf",
+            "Identity",
+            "MatMul",
+            "Where",
+        ]
+    },
+    "Gelu": _emit_gelu,
+    "Rsqrt": _emit_rsqrt,
+    "Pow": _emit_pow,
+    "Scale": _emit_scale,
+    "Softmax": lambda em, op, ins, outs: em.node("Softmax", ins, outs, axis=op.attributes["axis"]),
+    "LayerNorm": lambda em, op, ins, outs: em.node(
+        "LayerNormalization", ins, outs, axis=-1, epsilon=float(op.attributes["epsilon"])
+    ),
+    "Transpose": lambda em, op, ins, outs: em.node(
+        "Transpose",
+        ins,
+        outs,
+        perm=list(op.attributes["perm"] or reversed(range(op.inputs[0].type.rank))),
+    ),
+    "Reshape": _emit_shape_op("Reshape"),
+    "BroadcastTo": _emit_shape_op("Expand"),
+    "Cast": lambda em, op, ins, outs: em.node(
+        "Cast", ins, outs, to=elem_type(em.onnx, op.outputs[0].type.dtype)
+    ),
+    "ReduceSum": _emit_reduce("ReduceSum"),
+    "ReduceMean": _emit_reduce("ReduceMean"),
+    "Slice": _emit_slice,
+    "Concat": _emit_concat,
+    "Embedding": lambda em, op, ins, outs: em.node("Gather", ins, outs, axis=0),
+    "TakeAlongAxis": lambda em, op, ins, outs: em.node(
+        "GatherElements", ins, outs, axis=op.attributes["axis"]
+    ),
+    "Constant": _emit_constant,
+    "CausalMask": _emit_causal_mask,
+}
+
+
+def export_op(em: Emitter, op) -> None:
+    ins = [em.name_of(v) for v in op.inputs]
+    outs = [em.name_of(v) for v in op.outputs]
+    EXPORTS[op.op_type](em, op, ins, outs)

@@ -1,0 +1,321 @@
+"""``from_torch``: a PyTorch module, through ``torch.export``, as a verified ``Function``.
+
+The module is exported (``torch.export.export``) and decomposed to torch's core
+ATen op set (``run_decompositions``). Then:
+
+* parameters, buffers and the program's constant tensors become named inputs, in
+  the exported program's order; their names are the state-dict names made valid
+  identifiers (:func:`weight_name`: ``h.0.attn.c_attn.weight`` ->
+  ``h_0_attn_c_attn_weight``);
+* the example inputs come next, named as the module's ``forward`` names them;
+* what depends on no input at all (position ranges, causal masks built by
+  ``arange``/``full``/comparisons) is evaluated once by torch at import time: a
+  uniform result becomes a ``Constant`` op, any other one a last input named
+  ``const_<node>`` (torch.export calls these lifted constants). They come after the
+  example inputs so that the transforms, which take the first non-weight input for
+  the batch, split the token ids (and a per-row mask with them);
+* every other ATen node becomes the registry ops of its entry in
+  ``ir.importers._aten.TABLE`` (one op, or a few for fused ATen ops such as
+  ``addmm``).
+
+ATen ops without an entry are collected over the whole graph and reported
+together in one :class:`UnsupportedOpsError`: each op with its count and the
+source line torch recorded for it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..builder import FunctionBuilder
+from ..errors import DistIRError
+from ..function import Function
+from ..types import DType, TensorType
+from ..verify import verify
+from . import _aten
+
+__all__ = ["TorchImportError", "UnsupportedOpsError", "from_torch", "weight_name"]
+
+
+class TorchImportError(DistIRError):
+    """A module that ``ir.from_torch`` cannot import (torch could not export it, or its
+    program uses what the registry has no op for)."""
+
+
+class UnsupportedOpsError(TorchImportError):
+    """The exported program uses ATen ops the importer has no registry op for.
+
+    ``ops`` maps each ATen op (with the reason where only some of its arguments are
+    unsupported) to ``(count, source line)``.
+    """
+
+    def __init__(self, module: str, ops: dict[str, tuple[int, str]]) -> None:
+        self.ops = ops
+        lines = [f"  {op} x{count}: {where}" for op, (count, where) in ops.items()]
+        super().__init__(
+            f"{module}: {len(ops)} ATen op(s) have no registry translation "
+            f"(add them to ir.importers._aten.TABLE, with a registry op where needed):\n"
+            + "\n".join(lines)
+        )
+
+
+def weight_name(key: str) -> str:
+    """A state-dict key as a valid identifier: every other character becomes ``_``.
+
+    >>> weight_name("transformer.h.0.attn.c_attn.weight")
+    'transformer_h_0_attn_c_attn_weight'
+    >>> weight_name("0.weight")
+    '_0_weight'
+    """
+    name = re.sub(r"\W", "_", key)
+    return f"_{name}" if not name or name[0].isdigit() else name
+
+
+def from_torch(
+    module: Any, example_inputs: Sequence[Any], *, name: str | None = None, device: int = 0
+) -> tuple[Function, list[np.ndarray | None]]:
+    """Import ``module`` as a ``Function`` and the arrays to run it on.
+
+    Returns ``(function, arguments)``: the arguments are numpy arrays in the
+    function's input order (parameters and buffers, then ``example_inputs``, then
+    the ``const_*`` tensors folded from shapes), so that
+    ``ir.execute(function, arguments)`` reproduces ``module(*example_inputs)``.
+    Every value lives on ``device``. Put the module in eval mode first if it has
+    dropout or batch statistics. A module and inputs on the ``meta`` device import
+    too, with ``None`` for their arrays: a program of real size to simulate, not to
+    execute.
+
+    >>> import torch, numpy as np, ir
+    >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU()).eval()
+    >>> f, args = ir.from_torch(net, (torch.ones(2, 3),))
+    >>> [v.name for v in f.inputs]
+    ['_0_weight', '_0_bias', 'input']
+    >>> bool(np.allclose(ir.execute(f, args)[0], net(torch.ones(2, 3)).detach().numpy()))
+    True
+    """
+    import torch
+
+    label = f"{type(module).__module__}.{type(module).__qualname__}"
+    program = _export(torch, module, tuple(example_inputs), label)
+    return _Importer(torch, program, tuple(example_inputs), label, device).run(
+        name or type(module).__name__.lower()
+    )
+
+
+def _export(torch, module, example_inputs: tuple, label: str):
+    try:
+        program = torch.export.export(module, example_inputs)
+        return program.run_decompositions()
+    except Exception as e:  # torch raises many kinds: report its reason, with the module
+        reason = str(e).strip().splitlines()
+        shown = "\n    ".join(reason[:12]) if reason else type(e).__name__
+        raise TorchImportError(
+            f"torch.export could not trace {label} ({type(e).__name__}):\n    {shown}\n"
+            "Make the forward traceable (no data-dependent Python control flow, outputs "
+            "that are tensors or tuples of them), or wrap it in a module that is."
+        ) from e
+
+
+_DTYPES = {
+    "torch.float32": DType.float32,
+    "torch.float64": DType.float64,
+    "torch.float16": DType.float16,
+    "torch.bfloat16": DType.bfloat16,
+    "torch.int64": DType.int64,
+    "torch.int32": DType.int32,
+    "torch.bool": DType.bool,
+}
+
+
+def _source_line(node) -> str:
+    """The innermost ``File ..., line N`` and its code that torch recorded for ``node``."""
+    trace = node.meta.get("stack_trace") or ""
+    lines = [ln.strip() for ln in trace.strip().splitlines()]
+    for i in range(len(lines) - 1, -1, -1):
+        if lines[i].startswith("File "):
+            code = lines[i + 1] if i + 1 < len(lines) else ""
+            return f"{lines[i]}: {code}".rstrip(": ")
+    stack = node.meta.get("nn_module_stack") or {}
+    if stack:
+        path, cls = list(stack.values())[-1]
+        return f"in {path or 'the module'} ({cls})"
+    return f"node {node.name} (torch recorded no source line)"
+
+
+class _Importer:
+    def __init__(self, torch, program, example_inputs: tuple, label: str, device: int) -> None:
+        self.torch = torch
+        self.program = program
+        self.example_inputs = example_inputs
+        self.label = label
+        self.device = device
+        self.graph = program.graph
+
+    # -- dtypes and arrays ------------------------------------------------------------
+
+    def dtype(self, node) -> DType:
+        val = node.meta.get("val")
+        key = str(getattr(val, "dtype", None))
+        if key not in _DTYPES:
+            raise _aten.Unsupported(f"dtype {key}")
+        return _DTYPES[key]
+
+    def array(self, tensor) -> np.ndarray | None:
+        if tensor.device.type == "meta":
+            return None  # shapes only: a model too big to hold, for simulation
+        tensor = tensor.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":
+            return tensor.float().numpy().astype(DType.bfloat16.numpy)
+        return tensor.numpy().copy()
+
+    # -- the walk ---------------------------------------------------------------------
+
+    def _placeholder_arrays(self) -> dict:
+        """Each placeholder node's tensor: state dict, constants, then the user's inputs."""
+        torch = self.torch
+        flat_user, _ = torch.utils._pytree.tree_flatten(self.example_inputs)
+        user = iter(flat_user)
+        placeholders = [n for n in self.graph.nodes if n.op == "placeholder"]
+        out = {}
+        for node, spec in zip(placeholders, self.program.graph_signature.input_specs):
+            kind = spec.kind.name
+            if kind == "USER_INPUT":
+                out[node] = next(user)
+            elif spec.target in self.program.state_dict:
+                out[node] = self.program.state_dict[spec.target]
+            else:
+                out[node] = self.program.constants[spec.target]
+        return out
+
+    def _fold(self) -> dict:
+        """Nodes that read no placeholder, evaluated by torch (``arange``, masks, ...)."""
+        torch = self.torch
+        folded: dict = {}
+        for node in self.graph.nodes:
+            if node.op != "call_function" or str(node.target) in _aten.CHECKS:
+                continue
+            inputs = node.all_input_nodes
+            if all(n in folded for n in inputs):
+                args = torch.fx.node.map_arg(node.args, lambda n: folded[n])
+                kwargs = torch.fx.node.map_arg(node.kwargs, lambda n: folded[n])
+                if "device" in kwargs:  # a module on the meta device still folds real values
+                    kwargs = {**kwargs, "device": torch.device("cpu")}
+                with torch.no_grad():
+                    folded[node] = node.target(*args, **kwargs)
+        return folded
+
+    def run(self, name: str) -> tuple[Function, list[np.ndarray | None]]:
+        placeholders = self._placeholder_arrays()
+        folded = self._fold()
+        specs = self.program.graph_signature.input_specs
+        b = FunctionBuilder(name)
+        values: dict = {}
+        arguments: list[np.ndarray | None] = []
+        user_nodes = []
+        taken: set[str] = set()
+
+        def declare(node, label: str, tensor) -> None:
+            hint = label
+            k = 1
+            while hint in taken:
+                hint, k = f"{label}_{k}", k + 1
+            taken.add(hint)
+            try:
+                dtype = self.dtype(node)
+            except _aten.Unsupported as e:
+                raise TorchImportError(
+                    f"{self.label}: input {hint!r} has {e}, which DistIR has no dtype for "
+                    f"(one of {', '.join(_DTYPES)}); convert the module first"
+                ) from None
+            values[node] = b.input(hint, TensorType(tuple(tensor.shape), dtype, self.device))
+            arguments.append(self.array(tensor))
+
+        nodes = [n for n in self.graph.nodes if n.op == "placeholder"]
+        for node, spec in zip(nodes, specs):
+            if spec.kind.name == "USER_INPUT":
+                user_nodes.append(node)
+            else:
+                declare(node, weight_name(spec.target or node.name), placeholders[node])
+        lowering = _aten.Lowering(b, values, self.dtype, self.device)
+        live_consts = self._lifted(folded)
+        for node in user_nodes:
+            declare(node, node.name, placeholders[node])
+        for node in live_consts:
+            tensor = folded[node]
+            if tensor.numel() and bool((tensor == tensor.reshape(-1)[0]).all()):
+                continue  # uniform: a Constant op where it is read
+            declare(node, f"const_{node.name}", tensor)
+        for node in live_consts:
+            if node not in values:
+                tensor = folded[node]
+                first = tensor.reshape(-1)[0].item() if tensor.numel() else 0
+                values[node] = lowering.constant(first, self.dtype(node), tuple(tensor.shape))
+        problems = self._lower(lowering, values, folded)
+        if problems:
+            raise UnsupportedOpsError(self.label, problems)
+        outputs = self._outputs(values)
+        return verify(b.finish(outputs)), arguments
+
+    def _lifted(self, folded: dict) -> list:
+        """Folded nodes that a computed node (or the output) reads, in graph order."""
+        read = set()
+        for node in self.graph.nodes:
+            if node in folded or node.op == "placeholder":
+                continue
+            read.update(n for n in node.all_input_nodes if n in folded)
+        return [n for n in self.graph.nodes if n in read]
+
+    def _lower(self, lowering: _aten.Lowering, values: dict, folded: dict) -> dict:
+        counts: Counter = Counter()
+        where: dict[str, str] = {}
+        poisoned: set = set()
+        for node in self.graph.nodes:
+            if node.op != "call_function" or node in folded or node in values:
+                continue
+            target = str(node.target)
+            if target in _aten.CHECKS:
+                continue
+            if any(n in poisoned for n in node.all_input_nodes):
+                poisoned.add(node)  # already reported at its cause
+                continue
+            try:
+                values[node] = self._lower_one(lowering, node, target, values)
+            except _aten.Unsupported as e:
+                key = target if not str(e) else f"{target} ({e})"
+                counts[key] += 1
+                where.setdefault(key, _source_line(node))
+                poisoned.add(node)
+            except DistIRError as e:  # a registry op refused the operands: say where
+                raise TorchImportError(
+                    f"{self.label}: node {node.name} ({target}) at {_source_line(node)}: {e}"
+                ) from e
+        return {k: (counts[k], where[k]) for k in counts}
+
+    def _lower_one(self, lowering, node, target: str, values: dict):
+        if target == "<built-in function getitem>":
+            parts, index = values[node.args[0]], node.args[1]
+            if parts[index] is None:
+                raise _aten.Unsupported(f"result {index} of {node.args[0].target}")
+            return parts[index]
+        fn = _aten.TABLE.get(target)
+        if fn is None:
+            raise _aten.Unsupported("")
+        return fn(lowering, node)
+
+    def _outputs(self, values: dict) -> list:
+        (output,) = [n for n in self.graph.nodes if n.op == "output"]
+        specs = self.program.graph_signature.output_specs
+        outs = []
+        for node, spec in zip(output.args[0], specs):
+            if spec.kind.name != "USER_OUTPUT":
+                raise TorchImportError(
+                    f"{self.label}: the program writes {spec.kind.name.lower()} "
+                    f"{spec.target!r}; export it in eval mode (no state updates)"
+                )
+            outs.append(values[node])
+        return outs
