@@ -2,7 +2,9 @@
 
 Grammar in brief (docs/text-format.md has it in full)::
 
-    function  := 'def' NAME '(' [NAME ':' type, ...] ')' ':' statement* 'return' [operand, ...]
+    function  := 'def' NAME '(' [NAME ':' type [layout], ...] ')' ':' statement*
+                 'return' [operand [layout], ...]
+    layout    := 'layout' '[' STRING, ... ']'      (a steady-state step's, ir/layout.py)
     statement := results '=' call
     results   := NAME [':' type] | '(' NAME [':' type], ... ')' [':' Tuple[...]]
     call      := OpName '(' [operand | literal, ...] [NAME '=' literal, ...] ')' | pmap(...)
@@ -103,6 +105,10 @@ class _Parser:
         self.cur = Cursor(text)
         self.terms = Terms(self.cur, sizes)
         self.bodies = 0
+        # a steady-state step's layouts (ir/layout.py): input name -> (levels, token), and
+        # one per returned value (None where it has none)
+        self.in_layouts: dict[str, tuple[tuple[str, ...], Token]] = {}
+        self.out_layouts: list[tuple[tuple[str, ...], Token] | None] = []
 
     # -- functions ----------------------------------------------------------------
 
@@ -126,7 +132,44 @@ class _Parser:
                 f"expected the end of the text after 'return', found {describe(cur.tok)} "
                 "(one def per program; return comes last)"
             )
-        return self.finish(scope, outputs, name)
+        return self._with_layouts(self.finish(scope, outputs, name), name)
+
+    def _layout(self) -> tuple[tuple[str, ...], Token] | None:
+        """An optional ``layout ["R@2", "S(1)@2"]`` after a parameter or a returned value."""
+        cur = self.cur
+        if not cur.tok.is_name("layout"):
+            return None
+        at = cur.advance()
+        start = cur.tok
+        levels = self.terms.literal(())
+        if not isinstance(levels, list) or not all(isinstance(x, str) for x in levels):
+            raise cur.error(
+                'a layout is a list of levels such as ["R@2", "S(1)@2"] (see ir/layout.py)',
+                start,
+            )
+        return tuple(levels), at
+
+    def _with_layouts(self, f: Function, where: Token) -> Function:
+        from ..layout import LayoutError, check_levels, with_layouts
+
+        if not self.in_layouts and not any(self.out_layouts):
+            return f
+        for v in f.inputs:
+            found = self.in_layouts.get(v.name)
+            if found is not None:
+                try:
+                    check_levels(found[0], v.type, f"input {v.name!r}")
+                except LayoutError as e:
+                    raise self.cur.error(str(e), found[1]) from None
+        for v, found in zip(f.outputs, self.out_layouts):
+            if found is not None:
+                try:
+                    check_levels(found[0], v.type, f"output {v.name!r}")
+                except LayoutError as e:
+                    raise self.cur.error(str(e), found[1]) from None
+        inputs = {k: levels for k, (levels, _) in self.in_layouts.items()}
+        outputs = [None if x is None else x[0] for x in self.out_layouts]
+        return with_layouts(f, inputs, outputs)
 
     def parameter(self, scope: _Scope, what: str) -> None:
         cur = self.cur
@@ -135,6 +178,10 @@ class _Parser:
             raise cur.error(f"{tok.text!r} cannot name a {what}", tok)
         cur.expect(":", f"and a type after the {what} {tok.text!r}")
         type_ = self.terms.type(scope.device_vars)
+        if what == "function parameter":
+            layout = self._layout()
+            if layout is not None:
+                self.in_layouts[tok.text] = layout
         self._define(scope, tok)
         scope.values[tok.text] = (scope.builder.input(tok.text, type_), tok)
 
@@ -167,6 +214,8 @@ class _Parser:
         values: list[Value] = []
         while cur.tok.kind != "EOF" and not (closer and cur.tok.is_punct(closer)):
             values.append(self.operand(scope))
+            if closer is None:  # the function's own outputs may carry layouts
+                self.out_layouts.append(self._layout())
             if not cur.accept(","):
                 break
         return values

@@ -128,19 +128,33 @@ def _is_device_run(elements: tuple[Type, ...]) -> bool:
     )
 
 
+def _layout_suffix(levels: tuple[str, ...] | None) -> str:
+    """`` layout ["R@2", "S(1)@2"]`` after a steady-state step's input or output."""
+    return "" if levels is None else " layout " + format_attribute(list(levels))
+
+
 def _function_lines(function: Function, names: _Names, lines: list[str], indent: str) -> None:
-    params = ", ".join(f"{names(v)}: {format_type(v.type)}" for v in function.inputs)
+    layouts = function.input_layouts or (None,) * len(function.inputs)
+    params = ", ".join(
+        f"{names(v)}: {format_type(v.type)}{_layout_suffix(levels)}"
+        for v, levels in zip(function.inputs, layouts)
+    )
     lines.append(f"{indent}def {function.name}({params}):")
-    _body_lines(function, names, lines, indent + _INDENT)
+    _body_lines(function, names, lines, indent + _INDENT, function.output_layouts)
 
 
-def _body_lines(function: Function, names: _Names, lines: list[str], indent: str) -> None:
+def _body_lines(
+    function: Function, names: _Names, lines: list[str], indent: str, layouts: tuple = ()
+) -> None:
     for op in function.ops:
         if op.op_type == "Pmap":
             _pmap_lines(op, names, lines, indent)
         else:
             lines.append(indent + _op_line(op, names))
-    outputs = ", ".join(names(v) for v in function.outputs)
+    layouts = layouts or (None,) * len(function.outputs)
+    outputs = ", ".join(
+        names(v) + _layout_suffix(levels) for v, levels in zip(function.outputs, layouts)
+    )
     lines.append(indent + ("return " + outputs if outputs else "return"))
 
 

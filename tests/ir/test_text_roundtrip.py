@@ -9,6 +9,7 @@ tests/ir/golden/ must parse and print back byte for byte.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -442,3 +443,36 @@ def test_the_docs_example_prints_back_identically():
     doc = (Path(__file__).parents[2] / "docs" / "text-format.md").read_text()
     example = doc.split("## Example")[1].split("```\n")[1]
     assert str(ir.parse(example)) + "\n" == example
+
+
+def test_a_steady_state_steps_layouts_print_and_parse_back() -> None:
+    from ir import models, transforms
+
+    t = transforms.training(models.mlp(8, 4, 4, 2, layers=2), "adam")
+    for g in (
+        transforms.megatron(t, 2, 2, 1, 2, zero=1),
+        transforms.megatron(t, 1, 1, 2, 2),
+        transforms.data_parallel(t, 2),
+    ):
+        text = ir.format(g)
+        assert " layout [" in text
+        back = ir.parse(text)
+        assert back.input_layouts == g.input_layouts
+        assert back.output_layouts == g.output_layouts
+        assert ir.format(back) == text
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ('["Q"]', "is not 'R', 'P' or 'S(k)'"),
+        ("[1, 2]", "a layout is a list of levels"),
+        ('["R", "R"]', "more levels than its type"),
+        ('["R@3"]', "multiply to 3"),
+    ],
+)
+def test_a_bad_layout_is_a_located_parse_error(layout, message) -> None:
+    text = f"def f(x: Tuple[Tensor[(2, 2), 0], Tensor[(2, 2), 1]] layout {layout}):\n    return x\n"
+    with pytest.raises(ir.ParseError, match=re.escape(message)) as e:
+        ir.parse(text)
+    assert e.value.line == 1
