@@ -155,28 +155,29 @@ def _emit_causal_mask(em, op, ins, outs):
     em.node("Where", [above, fill, ins[0]], outs)
 
 
+# Ops that ONNX and the registry name alike, with the same operands and no attributes:
+# exported and imported one to one.
+SAME_NAMES = (
+    "Add",
+    "Sub",
+    "Mul",
+    "Div",
+    "Neg",
+    "Relu",
+    "Tanh",
+    "Sigmoid",
+    "Exp",
+    "Sqrt",
+    "Sin",
+    "Cos",
+    "Erf",
+    "Identity",
+    "MatMul",
+    "Where",
+)
+
 EXPORTS: dict[str, Callable[..., None]] = {
-    **{
-        name: _same(name)
-        for name in [
-            "Add",
-            "Sub",
-            "Mul",
-            "Div",
-            "Neg",
-            "Relu",
-            "Tanh",
-            "Sigmoid",
-            "Exp",
-            "Sqrt",
-            "Sin",
-            "Cos",
-            "Erf",
-            "Identity",
-            "MatMul",
-            "Where",
-        ]
-    },
+    **{name: _same(name) for name in SAME_NAMES},
     "Gelu": _emit_gelu,
     "Rsqrt": _emit_rsqrt,
     "Pow": _emit_pow,

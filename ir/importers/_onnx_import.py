@@ -20,7 +20,7 @@ from ..builder import FunctionBuilder
 from ..errors import DistIRError
 from ..types import DType, TensorType
 from ..value import Value
-from ._onnx_export import _error, dtype_of
+from ._onnx_export import SAME_NAMES, _error, dtype_of
 
 # Operand positions that must be constants and become attributes.
 STATIC = {
@@ -309,27 +309,7 @@ def _read_gemm(rd, node):
 
 
 IMPORTS: dict[str, Callable[[Reader, Any], list[Value]]] = {
-    **{
-        name: _same_in(name)
-        for name in [
-            "Add",
-            "Sub",
-            "Mul",
-            "Div",
-            "Neg",
-            "Relu",
-            "Tanh",
-            "Sigmoid",
-            "Exp",
-            "Sqrt",
-            "Sin",
-            "Cos",
-            "Erf",
-            "Identity",
-            "MatMul",
-            "Where",
-        ]
-    },
+    **{name: _same_in(name) for name in SAME_NAMES},
     "Pow": _read_pow,
     "Reciprocal": _read_reciprocal,
     "Gelu": _read_gelu,
