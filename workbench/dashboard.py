@@ -23,6 +23,9 @@ import plotly.graph_objects as go
 
 from ir.device import Topology
 from ir.function import Function
+from ir.search import Row as SearchRow
+from ir.search import SearchResult
+from ir.search import search as search_strategies
 from widgets import (
     GraphOptions,
     GraphView,
@@ -31,6 +34,7 @@ from widgets import (
     compare_figure,
     gantt_figure,
     memory_figure,
+    pareto_figure,
 )
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.graph import PendingGraph, render_graph
@@ -185,6 +189,9 @@ class Workbench(w.VBox):
         self.memory_box = w.Box(layout={"width": "100%"})
         self.memory_box.add_class("distir-memory")
         self.compare_box = w.Box(layout={"width": "100%"})
+        self.search_box = w.Box(layout={"width": "100%"})
+        self.search_box.add_class("distir-search-result")
+        self.search_result: SearchResult | None = None
         self.gantt: go.FigureWidget | None = None
         self.memory: go.FigureWidget | None = None
         self._memory_devices: tuple[int, ...] = ()  # curve slots of the memory view
@@ -201,7 +208,14 @@ class Workbench(w.VBox):
         )
         main = w.VBox([self.view, self.graph], layout={"width": "63%"})
         super().__init__(
-            [self.summary, w.HBox([main, side]), self.gantt_box, self.memory_box, self.compare_box],
+            [
+                self.summary,
+                w.HBox([main, side]),
+                self.gantt_box,
+                self.memory_box,
+                self.compare_box,
+                self.search_box,
+            ],
             layout={"width": "100%"},
         )
         self.add_class("distir-workbench")
@@ -426,16 +440,59 @@ class Workbench(w.VBox):
         compare = w.Button(description="Compare with previous", layout={"width": "180px"})
         compare.add_class("distir-compare")
         compare.on_click(lambda _b: self._show_comparison())
+        search = w.Button(description="Search all", layout={"width": "120px"})
+        search.add_class("distir-search")
+        search.tooltip = "simulate every dp x hp x pp of the devices; click a point to apply it"
+        search.on_click(lambda _b: self.search())
         return w.VBox(
             [
                 w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
                 w.HBox([self.dp, self.hp, self.pp]),
                 w.HBox([self.microbatches, self.schedule]),
                 w.HBox([apply, reset]),
-                compare,
+                w.HBox([compare, search]),
             ],
             layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
         )
+
+    def search(self, **space: Any) -> SearchResult:
+        """Simulate every strategy of the ready transforms on all the devices (the space of
+        :func:`ir.search.search`, narrowed by ``space``) and show the step time x memory
+        chart below the dashboard; clicking a point applies its strategy."""
+        self.editor.busy("simulating every strategy…")
+        space.setdefault("progress", False)
+        topology = self.session.topology
+        result = search_strategies(self.session.base, topology, optimizer=None, **space)
+        self.search_result = result
+        capacity = min(d.memory_bytes for d in topology.devices)
+        figure = go.FigureWidget(pareto_figure(result, capacity_bytes=capacity))
+        for trace in figure.data:
+            trace.on_click(self._on_search_click)
+        self.search_box.children = [figure]
+        self.editor.refresh()
+        return result
+
+    def apply_search_row(self, row: SearchRow) -> bool:
+        """Apply a searched strategy through the ready transforms (one the dashboard's knobs
+        can express: no ZeRO, sequence parallelism, chunks or recomputation)."""
+        s = row.strategy
+        if s.zero or s.sequence_parallel or s.chunks > 1 or s.recompute:
+            self.session.error = f"{s}: the ready-transform knobs cannot express it; use T.megatron"
+            self.editor.refresh()
+            return False
+        self.dp.value, self.hp.value, self.pp.value = s.dp, s.tp, s.pp
+        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
+        return self.set_strategy(
+            dp=s.dp, hp=s.tp, pp=s.pp, microbatches=s.microbatches, schedule=s.schedule
+        )
+
+    def _on_search_click(self, trace: Any, points: Any, _state: Any) -> None:
+        if not points.point_inds or self.search_result is None:
+            return
+        label = trace.text[points.point_inds[0]]
+        row = next((r for r in self.search_result.rows if str(r.strategy) == label), None)
+        if row is not None:
+            self.apply_search_row(row)
 
     def _show_comparison(self) -> None:
         if self.session.previous is None:

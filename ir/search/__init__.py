@@ -38,7 +38,7 @@ def search(
     topology: Topology,
     batch: int | None = None,
     *,
-    optimizer: str = "adam",
+    optimizer: str | None = "adam",
     dp: Iterable[int] | int | None = None,
     tp: Iterable[int] | int | None = None,
     pp: Iterable[int] | int | None = None,
@@ -52,7 +52,8 @@ def search(
 ) -> SearchResult:
     """Simulate every strategy of the space for ``model`` on all of ``topology``'s devices.
 
-    ``model``: a forward program (trained with ``optimizer``) or a training step.
+    ``model``: a forward program (trained with ``optimizer``; ``None`` searches it as
+    it is, as the workbench's ready transforms run it) or a training step.
     ``batch``: the global batch, which must be the model's (build the model with the
     batch you want; a mismatch is an error rather than a silent resize).
     The other keywords narrow or widen the space (see :func:`strategies`).
@@ -66,11 +67,8 @@ def search(
         raise SearchError(f"model must be an ir.Function, got {type(model).__name__}")
     if not isinstance(topology, Topology):
         raise SearchError(f"topology must be an ir.Topology, got {type(topology).__name__}")
-    t = (
-        model
-        if any(is_optimizer(op) for op in model.ops)
-        else transforms.training(model, optimizer)
-    )
+    trained = optimizer is None or any(is_optimizer(op) for op in model.ops)
+    t = model if trained else transforms.training(model, optimizer)
     rows_of_batch = _batch(t)
     if batch is not None and batch != rows_of_batch:
         raise SearchError(
