@@ -176,7 +176,7 @@ class LinkTable(Sequence):
     @staticmethod
     def uniform(n: int, value: float) -> LinkTable:
         """Every link alike."""
-        return LinkTable(n, lambda i, j: value, (value,) if n > 1 else (), ("uniform", value))
+        return LinkTable(n, _Uniform(value), (value,) if n > 1 else (), ("uniform", value))
 
     @staticmethod
     def by_node(n: int, per_node: int, intra: Sequence[Sequence[float]], inter: float) -> LinkTable:
@@ -186,12 +186,7 @@ class LinkTable(Sequence):
         local = len(intra)  # min(per_node, n): a lone partial node may be smaller
         values = [intra[a][b] for a in range(local) for b in range(local) if a != b]
         values += [inter] if n > per_node else []
-
-        def rule(i: int, j: int) -> float:
-            if i // per_node == j // per_node:
-                return intra[i % per_node][j % per_node]
-            return inter
-
+        rule = _ByNode(per_node, intra, inter)
         return LinkTable(n, rule, values, ("by_node", per_node, intra, inter))
 
     def __len__(self) -> int:
@@ -214,6 +209,30 @@ class LinkTable(Sequence):
 
     def __repr__(self) -> str:
         return f"LinkTable({self.n}, {self.key!r})"
+
+
+@dataclass(frozen=True)
+class _Uniform:
+    """The rule of a table whose links are all alike (a class, so topologies pickle)."""
+
+    value: float
+
+    def __call__(self, i: int, j: int) -> float:
+        return self.value
+
+
+@dataclass(frozen=True)
+class _ByNode:
+    """The rule of devices filling nodes of ``per_node``: ``intra`` within, ``inter`` across."""
+
+    per_node: int
+    intra: tuple[tuple[float, ...], ...]
+    inter: float
+
+    def __call__(self, i: int, j: int) -> float:
+        if i // self.per_node == j // self.per_node:
+            return self.intra[i % self.per_node][j % self.per_node]
+        return self.inter
 
 
 class _LinkRow(Sequence):

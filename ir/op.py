@@ -30,6 +30,18 @@ def _freeze(v: Any) -> Any:
 _NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})
 
 
+def _thaw(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {k: _thaw(x) for k, x in v.items()}
+    if isinstance(v, tuple):
+        return tuple(_thaw(x) for x in v)
+    return v
+
+
+def _rebuild(op_type, inputs, outputs, attributes, device, subfunctions, name) -> Op:
+    return Op(op_type, inputs, outputs, freeze_attributes(attributes), device, subfunctions, name)
+
+
 @dataclass(frozen=True, eq=False, init=False)
 class Op:
     """One application of a registered op type.
@@ -68,6 +80,21 @@ class Op:
         d["device"] = device
         d["subfunctions"] = subfunctions
         d["name"] = name
+
+    def __reduce__(self) -> tuple:
+        # read-only attribute mappings do not pickle: send plain dicts, freeze them again
+        return (
+            _rebuild,
+            (
+                self.op_type,
+                self.inputs,
+                self.outputs,
+                _thaw(self.attributes),
+                self.device,
+                self.subfunctions,
+                self.name,
+            ),
+        )
 
     def __repr__(self) -> str:
         ins = ", ".join(v.name for v in self.inputs)

@@ -22,6 +22,7 @@ strategy the transform refuses is a row with its error, not a failed search.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from ..device import Topology
 from ..errors import DistIRError
@@ -49,6 +50,7 @@ def search(
     sequence_parallel: Iterable[bool] | bool = (False,),
     recompute: Iterable[bool] | bool = (False,),
     progress: bool = True,
+    executor: Any = None,
 ) -> SearchResult:
     """Simulate every strategy of the space for ``model`` on all of ``topology``'s devices.
 
@@ -57,6 +59,11 @@ def search(
     ``batch``: the global batch, which must be the model's (build the model with the
     batch you want; a mismatch is an error rather than a silent resize).
     The other keywords narrow or widen the space (see :func:`strategies`).
+    ``executor``: where the strategies are built and simulated: ``None`` here, one after
+    another; or anything with ``submit(fn, *args)`` returning futures with
+    ``result()``: a ``concurrent.futures.ProcessPoolExecutor``, or a
+    ``dask.distributed.Client`` when the work outgrows one machine (programs and
+    topologies pickle). The rows are the same either way, in the space's order.
     Returns a :class:`SearchResult` (``.rows``, ``.pareto()``, ``.best()``, CSV).
     """
     from tqdm.auto import tqdm
@@ -95,8 +102,23 @@ def search(
     tokens = _tokens_per_sample(t)
     rows: dict[Strategy, Row] = {s: Row(s, "pruned", error=why) for s, why in pruned.items()}
     todo = [s for s in space if s not in pruned]
-    for s in tqdm(todo, desc="simulating strategies", disable=not progress):
-        rows[s] = _simulate(s, t, topology, rows_of_batch, tokens, model_flops, peak)
+    args = (t, topology, rows_of_batch, tokens, model_flops, peak)
+    bar = tqdm(total=len(todo), desc="simulating strategies", disable=not progress)
+    with bar:
+        if executor is None:
+            for s in todo:
+                rows[s] = _simulate(s, *args)
+                bar.update()
+        else:
+            if not callable(getattr(executor, "submit", None)):
+                raise SearchError(
+                    "executor must have submit(fn, *args) (a concurrent.futures executor or "
+                    f"a dask.distributed Client), got {type(executor).__name__}"
+                )
+            futures = [(s, executor.submit(_simulate, s, *args)) for s in todo]
+            for s, future in futures:
+                rows[s] = future.result()
+                bar.update()
     return SearchResult([rows[s] for s in space])
 
 

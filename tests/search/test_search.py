@@ -144,3 +144,39 @@ def test_a_row_prints_its_strategy() -> None:
     row = Row(Strategy(2, 2, 2, 4), "pruned", error="why")
     assert row.as_record()["strategy"] == "dp2 tp2 pp2 m4 1f1b"
     assert "pruned" in SearchResult([row]).table()
+
+
+def test_an_executor_gives_the_rows_a_serial_search_gives() -> None:
+    from concurrent.futures import ProcessPoolExecutor
+
+    space = {"dp": [1, 2], "tp": [1, 2], "pp": [1, 2], "microbatches": [2]}
+    serial = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
+    with ProcessPoolExecutor(2) as pool:
+        spread = search(
+            GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=pool, **space
+        )
+    assert [r.as_record() for r in spread.rows] == [r.as_record() for r in serial.rows]
+    with pytest.raises(SearchError, match="submit"):
+        search(GPT, A100_8, progress=False, executor=object())
+
+
+def test_a_dask_cluster_on_loopback_runs_the_search() -> None:
+    distributed = pytest.importorskip(
+        "distributed", reason="dask.distributed is in the 'cluster' extra (pip install .[all])"
+    )
+    with (
+        distributed.LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address=None,
+        ) as cluster,
+        distributed.Client(cluster) as client,
+    ):
+        space = {"dp": [2, 4], "tp": [1, 2], "pp": 1}
+        spread = search(
+            GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=client, **space
+        )
+    serial = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
+    assert [r.as_record() for r in spread.rows] == [r.as_record() for r in serial.rows]
