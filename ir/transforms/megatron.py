@@ -384,6 +384,7 @@ class _Megatron:
         b = self.b = FunctionBuilder(t.name)
         self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
         self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
+        self._bodies: dict[tuple, Function] = {}  # pmap bodies, shared by microbatches
         self.acc: dict[Value, Value] = {}
         self.layouts: dict[str, tuple[str, ...]] = {}
         self.stage_of_key: dict[Value, int] = {}
@@ -553,15 +554,7 @@ class _Megatron:
         results = [v for item in run for v in item.outputs if v in later]
         if not results:
             return
-        body_b = FunctionBuilder(f"{self.t.name}_s{s}")
-        env: dict[Value, Value] = {}
-        for k in inputs:
-            env[k] = body_b.input(k.name, self.hplan.local.value(k).type)
-        for item in run:
-            outs = rebuild_op(body_b, item.op, [env[k] for k in item.keys])
-            for v, y in zip(item.outputs, outs):
-                env[v] = y
-        body = body_b.finish([env[v] for v in results])
+        body = self._body(run, inputs, results, s)
         operands = [self.value(k, mb, s) for k in inputs]
         op = b.add_op(
             "Pmap",
@@ -572,6 +565,24 @@ class _Megatron:
         )
         for v, out in zip(results, op.outputs):
             self._made(v, mb, s, out)
+
+    def _body(self, run: list[_Item], inputs: list[Value], results: list[Value], s: int):
+        """The pmap body of ``run``: written once, shared by every microbatch that runs it
+        (a stage's microbatches run the same ops on the same shapes)."""
+        key = (tuple(run), tuple(inputs), tuple(results))
+        body = self._bodies.get(key)
+        if body is not None:
+            return body
+        body_b = FunctionBuilder(f"{self.t.name}_s{s}")
+        env: dict[Value, Value] = {}
+        for k in inputs:
+            env[k] = body_b.input(k.name, self.hplan.local.value(k).type)
+        for item in run:
+            outs = rebuild_op(body_b, item.op, [env[k] for k in item.keys])
+            for v, y in zip(item.outputs, outs):
+                env[v] = y
+        body = self._bodies[key] = body_b.finish([env[v] for v in results])
+        return body
 
     def _used_later(self, run: list[_Item]) -> set[Value]:
         """The values ``run`` makes that an item outside it reads, or that are kept."""
@@ -600,11 +611,14 @@ class _Megatron:
             self._reduce_gradient(v, s)
 
     def _pmap_add(self, a: Value, x: Value, v: Value, mb: int) -> Value:
-        body_b = FunctionBuilder(f"{v.name}_acc")
         elem = a.type.elements[0].with_device(DeviceVar(_VAR))
-        p = body_b.input(f"{v.name}_acc", elem)
-        q = body_b.input(v.name, elem)
-        body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
+        body = self._bodies.get((v, elem))
+        if body is None:  # one per gradient, shared by its microbatches
+            body_b = FunctionBuilder(f"{v.name}_acc")
+            p = body_b.input(f"{v.name}_acc", elem)
+            q = body_b.input(v.name, elem)
+            body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
+            self._bodies[(v, elem)] = body
         op = self.b.add_op(
             "Pmap", [a, x], {"device_var": _VAR}, names=[f"{v.name}_acc{mb}"], subfunctions=[body]
         )
