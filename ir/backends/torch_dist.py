@@ -65,6 +65,24 @@ class _Rank:
         return device == self.device
 
 
+def _compute_device(op: Op) -> Any:
+    """Where a compute op runs: its device, or the one device all its values live on (an
+    op that makes a tuple, such as a pipeline's microbatch Split, has no single-device
+    result type)."""
+    if op.device is not None:
+        return op.device
+    found = {d for v in (*op.inputs, *op.outputs) for d in devices_of(v.type)}
+    return found.pop() if len(found) == 1 else None
+
+
+def _as_tuple(t: TupleType, parts: Any) -> tuple:
+    """A tuple value held as {element: part} (see :func:`_local_parts`) as a tuple again."""
+    return tuple(
+        _as_tuple(e, parts[k]) if isinstance(e, TupleType) else parts[k]
+        for k, e in enumerate(t.elements)
+    )
+
+
 def _local_parts(t: Any, x: Any, device: int) -> Any:
     """The part of a value that lives on ``device``: an array, a {index: array} dict, or None."""
     if isinstance(t, TensorType):
@@ -303,7 +321,9 @@ def _control(rank: _Rank, op: Op, xs: list) -> list:
     if op.op_type == "TupleGet":
         (parts,) = xs
         i = op.attributes["index"] % len(op.inputs[0].type)
-        return [parts.get(i)]
+        # a tuple made by a compute op on another device (a pipeline's microbatch split)
+        # has no part here
+        return [None if parts is None else parts.get(i)]
     if op.op_type == "MakeTuple":
         return [
             {
@@ -355,8 +375,17 @@ def _worker(
                 results = _LOWERINGS[op.op_type](rank, op, xs)
             elif opdef.kind is OpKind.CONTROL:
                 results = _control(rank, op, xs)
-            elif op.device == me:
-                results = opdef.kernel(xs, op.attributes)
+            elif _compute_device(op) == me:
+                # a tuple on one device is held as {element: array}; kernels take tuples
+                args = [
+                    _as_tuple(v.type, x) if isinstance(v.type, TupleType) else x
+                    for v, x in zip(op.inputs, xs)
+                ]
+                results = opdef.kernel(args, op.attributes)
+                results = [
+                    _local_parts(v.type, y, me) if isinstance(v.type, TupleType) else y
+                    for v, y in zip(op.outputs, results)
+                ]
             else:
                 results = [None] * len(op.outputs)
             env.update(zip(op.outputs, results))

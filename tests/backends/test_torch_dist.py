@@ -181,3 +181,19 @@ def test_the_3d_step_runs_on_real_processes(dp, tp, pp, options):
     _same(got, ir.execute(g, step_inputs))
     for a, b in zip(ir.collect(g, got, rtol=1e-5), ir.execute(t, inputs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_a_pipeline_step_runs_on_real_processes(schedule):
+    """The microbatch split is a tuple made on the first stage's device only; the other
+    stages' processes hold no part of it and receive their activations by sends."""
+    from ir import models, transforms
+
+    t = transforms.training(models.mlp(8, 4, 8, 4, layers=4))
+    g = transforms.pipeline_parallel(t, 2, 2, schedule)
+    inputs = ir.random_inputs(t, seed=7)
+    step_inputs = ir.distribute(g, inputs, source=t)
+    got = torch_dist.run(g, step_inputs)
+    _same(got, ir.execute(g, step_inputs))
+    for a, b in zip(ir.collect(g, got, rtol=1e-5), ir.execute(t, inputs)):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
