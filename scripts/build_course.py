@@ -7,9 +7,10 @@ pages a student reads offline.
 Each notebook runs in a fresh kernel from ``notebooks/`` (the project importable from this
 checkout) and becomes ``<name>.html``; ``index.html`` lists them with their run times and
 ``glossary.html`` is ``docs/glossary.md``. Nothing is loaded from the network when a page
-is opened: the template drops nbconvert's require.js, MathJax and mermaid CDN scripts (the
-notebooks write their formulas in plain text), and every plotly figure is written as HTML
-with plotly.js inline (once per page, before the first figure).
+is opened: the template drops nbconvert's require.js, MathJax, mermaid and jupyter-widgets
+CDN scripts (the notebooks write their formulas in plain text; a widget needs a kernel and
+shows as nothing), and every plotly figure is written as HTML with plotly.js inline (once
+per page, before the first figure).
 """
 
 from __future__ import annotations
@@ -93,9 +94,10 @@ def build_notebook(path: Path, out_dir: Path, timeout_s: int = 600) -> tuple[str
     figures = _embed_plotly(nb)
     _link_glossary(nb)
     exporter = HTMLExporter(template_name="offline", extra_template_basedirs=[str(TEMPLATE_DIR)])
-    body, _ = exporter.from_notebook_node(nb)
+    title = _title(nb, path.stem)
+    body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     (out_dir / f"{path.stem}.html").write_text(body, encoding="utf-8")
-    return _title(nb, path.stem), seconds, figures
+    return title, seconds, figures
 
 
 def build(notebooks: list[Path], out_dir: Path) -> dict[str, dict[str, object]]:
