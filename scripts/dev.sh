@@ -3,6 +3,7 @@
 #   scripts/dev.sh workbench   set up everything, then open JupyterLab on notebooks/
 #   scripts/dev.sh report      set up everything, then write report.html headlessly
 #   scripts/dev.sh test        set up everything, then run lint and the whole test suite
+#   scripts/dev.sh course      set up everything, then build the HTML course in build/course/
 #   scripts/dev.sh setup       only set up (system packages + .venv)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -57,6 +58,11 @@ case "${1:-}" in
         shift
         exec "$VENV/bin/python" -m workbench report "$@"
         ;;
+    course)
+        setup
+        shift
+        exec "$VENV/bin/python" scripts/build_course.py "$@"
+        ;;
     test)
         setup
         shift
@@ -65,7 +71,7 @@ case "${1:-}" in
         exec "$VENV/bin/python" -m pytest "$@"
         ;;
     *)
-        echo "usage: scripts/dev.sh {workbench|report|test|setup} [args]" >&2
+        echo "usage: scripts/dev.sh {workbench|report|course|test|setup} [args]" >&2
         exit 2
         ;;
 esac
