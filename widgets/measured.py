@@ -206,7 +206,8 @@ def measured_vs_simulated_spec(
                 "xref": "paper",
                 "yref": "paper",
                 "x": 0,
-                "y": -0.12,
+                "y": 0,
+                "yshift": -45,  # below the time axis and its title
                 "yanchor": "top",
                 "showarrow": False,
                 "align": "left",
