@@ -107,6 +107,24 @@ class Measurement:
         return {key: float(np.median(found)) for key, found in durations.items()}
 
     @cached_property
+    def wait_s(self) -> dict[tuple[Op, int], float]:
+        """(op, device) -> how long a communication op of the median step waited on this
+        device for its last participant to call it (its start minus the latest start).
+
+        The rest of the event (``dur_s - wait_s``) is what the simulator's event is:
+        the simulator starts a collective when all its participants are ready.
+        """
+        starts: dict[Op, float] = {}
+        for e in self.events:
+            if e.stream == "communication":
+                starts[e.op] = max(starts.get(e.op, e.start_s), e.start_s)
+        return {
+            (e.op, e.device): min(starts[e.op] - e.start_s, e.dur_s)
+            for e in self.events
+            if e.stream == "communication"
+        }
+
+    @cached_property
     def devices(self) -> tuple[int, ...]:
         """Ids of the devices that ran ops, ascending."""
         return tuple(sorted({e.device for events in self.step_events for e in events}))

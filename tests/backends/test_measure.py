@@ -60,6 +60,16 @@ def test_step_time_is_bounded_by_each_ranks_own_work(measured):
     assert step_s == pytest.approx(max(e.end_s for e in measured.events))
 
 
+def test_a_collective_waits_for_its_last_caller(measured):
+    for (op, device), wait_s in measured.wait_s.items():
+        mine = [e for e in measured.events if e.op is op]
+        event = next(e for e in mine if e.device == device)
+        latest = max(e.start_s for e in mine)
+        assert wait_s == pytest.approx(min(latest - event.start_s, event.dur_s))
+        assert wait_s >= 0
+    assert any(w == 0 for w in measured.wait_s.values())  # the last caller waits for nobody
+
+
 def test_the_overlay_pairs_the_same_ops(measured):
     topology = ir.Topology.preset("a100-hgx", 2)
     for program in (measured.function, _data_parallel_step()[0]):  # unrolled, and with Pmap
