@@ -18,7 +18,7 @@ IR_LEVEL = {
     "sharding": 1,
     "transforms": 1,
     "models": 1,
-    "backends": 1,
+    "backends": 2,  # a measurement is shaped like a simulation (ir.sim.result.Event)
     "importers": 1,
     "sim": 2,
     "search": 3,

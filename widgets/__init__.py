@@ -13,6 +13,7 @@ from .graph import GraphOptions, LegendEntry, RenderedGraph, legend_html, render
 from .graph_widget import GraphView, Selection
 from .ids import op_id, op_paths, shape_label, value_names
 from .live import live_figure, show
+from .measured import measured_vs_simulated_figure, measured_vs_simulated_spec
 from .memory import memory_figure, memory_spec
 from .palette import device_color
 from .pareto import pareto_figure, pareto_spec
@@ -49,6 +50,8 @@ __all__ = [
     "graph_page",
     "legend_html",
     "live_figure",
+    "measured_vs_simulated_figure",
+    "measured_vs_simulated_spec",
     "memory_figure",
     "memory_page",
     "memory_spec",

@@ -1,5 +1,7 @@
 """Execution backends beyond the numpy reference executor.
 
 ``ir.backends.torch_dist.run(function, inputs)`` runs a distributed program on one
-real torch.distributed process per device (import torch only when used).
+real torch.distributed process per device (import torch only when used);
+``torch_dist.measure(function, inputs, steps=5, warmup=2)`` times every op on every
+rank and returns a :class:`~ir.backends.measurement.Measurement`, shaped like a SimResult.
 """

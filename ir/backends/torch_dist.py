@@ -24,6 +24,7 @@ import datetime
 import multiprocessing as mp
 import queue as queue_module
 import socket
+import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -40,8 +41,9 @@ from ..registry import OpKind, get_op
 from ..types import TensorType, TupleType, devices_of
 from ..value import Value
 from ..verify import describe_op
+from .measurement import Measurement
 
-__all__ = ["BackendError", "run"]
+__all__ = ["BackendError", "Measurement", "measure", "run"]
 
 
 class BackendError(DistIRError):
@@ -349,12 +351,83 @@ def _collective_groups(function: Function) -> list[tuple[int, ...]]:
     return list(seen)
 
 
+def _involves(op: Op, device: int) -> bool:
+    """Whether ``device`` takes part in a communication op (sends, receives or reduces)."""
+    return any(device in devices_of(v.type) for v in (*op.inputs, *op.outputs))
+
+
+def _run_ops(function: Function, rank: _Rank, timed: list | None = None) -> None:
+    """Walk ``function`` on one rank, its values in ``rank.env``.
+
+    With ``timed``, append ``(op index, start, end)`` (``time.perf_counter``) for each
+    op this rank computes or takes part in: a communication op's time runs from this
+    rank's call to its completion here, waits for its peers included.
+    """
+    env, me = rank.env, rank.device
+    for index, op in enumerate(function.ops):
+        rank.tag = index
+        xs = [env[v] for v in op.inputs]
+        opdef = get_op(op.op_type)
+        start = time.perf_counter()
+        if opdef.kind is OpKind.COMMUNICATION:
+            results = _LOWERINGS[op.op_type](rank, op, xs)
+            mine = _involves(op, me)
+        elif opdef.kind is OpKind.CONTROL:
+            results, mine = _control(rank, op, xs), False
+        elif _compute_device(op) == me:
+            # a tuple on one device is held as {element: array}; kernels take tuples
+            args = [
+                _as_tuple(v.type, x) if isinstance(v.type, TupleType) else x
+                for v, x in zip(op.inputs, xs)
+            ]
+            results = [
+                _local_parts(v.type, y, me) if isinstance(v.type, TupleType) else y
+                for v, y in zip(op.outputs, opdef.kernel(args, op.attributes))
+            ]
+            mine = True
+        else:
+            results, mine = [None] * len(op.outputs), False
+        if timed is not None and mine:
+            timed.append((index, start, time.perf_counter()))
+        env.update(zip(op.outputs, results))
+
+
+def _single_threaded_blas() -> None:
+    """Ask numpy's OpenBLAS for one thread in this process, if it is OpenBLAS.
+
+    One process per device shares the cores already; a multi-threaded kernel in each
+    waits for whichever of its threads the others have descheduled (milliseconds on a
+    busy machine). Without OpenBLAS (or a known symbol) nothing changes.
+    """
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
+    except OSError:
+        return
+    for path in paths:
+        lib = ctypes.CDLL(path)
+        for name in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_"):
+            if hasattr(lib, name):
+                getattr(lib, name)(1)
+
+
 def _worker(
-    function: Function, args: list, devices: list[int], rank_id: int, port: int, outbox
+    function: Function,
+    args: list,
+    devices: list[int],
+    rank_id: int,
+    port: int,
+    outbox,
+    steps: int = 0,
 ) -> None:
+    """One process: run ``function`` once (``steps=0``) and send back its outputs, or run it
+    ``steps`` times, each after a barrier, and send back the barrier exits and op times."""
     try:
         torch, dist = _torch()
         torch.set_num_threads(1)
+        _single_threaded_blas()
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -365,31 +438,21 @@ def _worker(
         rank_of = {d: r for r, d in enumerate(devices)}
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in _collective_groups(function)}
         me = devices[rank_id]
-        env = {v: _local_parts(v.type, x, me) for v, x in zip(function.inputs, args)}
-        rank = _Rank(me, rank_of, groups, env)
-        for index, op in enumerate(function.ops):
-            rank.tag = index
-            xs = [env[v] for v in op.inputs]
-            opdef = get_op(op.op_type)
-            if opdef.kind is OpKind.COMMUNICATION:
-                results = _LOWERINGS[op.op_type](rank, op, xs)
-            elif opdef.kind is OpKind.CONTROL:
-                results = _control(rank, op, xs)
-            elif _compute_device(op) == me:
-                # a tuple on one device is held as {element: array}; kernels take tuples
-                args = [
-                    _as_tuple(v.type, x) if isinstance(v.type, TupleType) else x
-                    for v, x in zip(op.inputs, xs)
-                ]
-                results = opdef.kernel(args, op.attributes)
-                results = [
-                    _local_parts(v.type, y, me) if isinstance(v.type, TupleType) else y
-                    for v, y in zip(op.outputs, results)
-                ]
-            else:
-                results = [None] * len(op.outputs)
-            env.update(zip(op.outputs, results))
-        outbox.put((rank_id, [env[v] for v in function.outputs], None))
+        local = {v: _local_parts(v.type, x, me) for v, x in zip(function.inputs, args)}
+        rank = _Rank(me, rank_of, groups, dict(local))
+        if not steps:
+            _run_ops(function, rank)
+            outbox.put((rank_id, [rank.env[v] for v in function.outputs], None))
+        else:
+            record = []
+            for _ in range(steps):
+                rank.env = dict(local)
+                timed: list = []
+                dist.barrier()  # every rank starts the step together (one host: one clock)
+                origin = time.perf_counter()
+                _run_ops(function, rank, timed)
+                record.append((origin, timed))
+            outbox.put((rank_id, record, None))
         dist.destroy_process_group()
     except Exception:
         outbox.put((rank_id, None, traceback.format_exc()))
@@ -428,22 +491,64 @@ def run(
     The outputs have the same form as :func:`ir.execute`'s (arrays, tuples of arrays),
     assembled from the processes that hold them.
     """
+    function = _runnable(function)
+    args = _bind_inputs(function, inputs)
+    devices = _check_runnable(function)
+    results = _launch(function, args, devices, timeout_s, steps=0)
+    return tuple(_assemble(v.type, i, results, devices) for i, v in enumerate(function.outputs))
+
+
+def measure(
+    function: Function,
+    inputs: Sequence[Any] | Mapping[str, Any],
+    steps: int = 5,
+    warmup: int = 2,
+    timeout_s: float = 300.0,
+) -> Measurement:
+    """Run ``function`` ``warmup + steps`` times on real processes and time every op on every
+    rank; return the :class:`~ir.backends.measurement.Measurement` of the ``steps`` after
+    the warm-up (shaped like :class:`ir.sim.SimResult`: ``events``, ``step_time_s``,
+    ``busy_s``).
+
+    Every step starts with a barrier of all ranks; on one host all processes read one
+    monotonic clock, so a step's times are relative to the first rank's barrier exit.
+    Each step reruns the same inputs (the program's own state is not carried over).
+    Programs with a ``Pmap`` run unrolled; ``measurement.function`` is what ran.
+    """
+    if steps < 1 or warmup < 0:
+        raise BackendError(f"measure needs steps >= 1 and warmup >= 0, got {steps}, {warmup}")
+    function = _runnable(function)
+    args = _bind_inputs(function, inputs)
+    devices = _check_runnable(function)
+    results = _launch(function, args, devices, timeout_s, steps=warmup + steps)
+    records = {devices[r]: record[warmup:] for r, record in results.items()}
+    return Measurement.from_records(function, records)
+
+
+def _runnable(function: Function) -> Function:
     if any(op.op_type == "Pmap" for op in function.ops):
         from ..transforms import unroll_pmap
 
-        function = unroll_pmap(function)
-    args = _bind_inputs(function, inputs)
-    devices = _check_runnable(function)
+        return unroll_pmap(function)
+    return function
+
+
+def _launch(
+    function: Function, args: list, devices: list[int], timeout_s: float, steps: int
+) -> dict[int, Any]:
+    """One worker process per device; {rank: what it sent back}. A failure kills them all."""
     ctx = mp.get_context("fork")
     outbox = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(function, args, devices, r, port, outbox), daemon=True)
+        ctx.Process(
+            target=_worker, args=(function, args, devices, r, port, outbox, steps), daemon=True
+        )
         for r in range(len(devices))
     ]
     for p in procs:
         p.start()
-    results: dict[int, list] = {}
+    results: dict[int, Any] = {}
     try:
         for _ in procs:
             rank_id, outs, error = outbox.get(timeout=timeout_s)
@@ -451,8 +556,10 @@ def run(
                 raise BackendError(f"process for device {devices[rank_id]} failed:\n{error}")
             results[rank_id] = outs
     except queue_module.Empty:
+        waiting = [devices[r] for r in range(len(procs)) if r not in results]
         raise ExecutionError(
-            f"torch.distributed run of {function.name!r} got no result within {timeout_s} s"
+            f"torch.distributed run of {function.name!r} got no result within {timeout_s} s "
+            f"from the processes of devices {waiting}"
         ) from None
     finally:
         failed = len(results) < len(procs)
@@ -460,7 +567,7 @@ def run(
             if failed:
                 p.kill()  # the others would wait on a peer that is gone
             p.join(timeout=10)
-    return tuple(_assemble(v.type, i, results, devices) for i, v in enumerate(function.outputs))
+    return results
 
 
 def _assemble(t: Any, index: int, results: Mapping[int, list], devices: list[int]) -> Any:

@@ -1,0 +1,137 @@
+"""The simulator against real processes on this machine (docs/accuracy.md, "On this machine").
+
+    python benchmarks/bench_accuracy.py [--steps 5] [--warmup 2] [--runs 1] [--quick]
+
+Each program is an MLP training step (SGD) arranged by ``ir.transforms.megatron``:
+data, tensor and pipeline parallelism (GPipe and 1F1B) and their 3D mixes, on 1, 2
+and 4 processes, for two MLP sizes. Each is measured with
+``ir.backends.torch_dist.measure`` (gloo on this CPU, one process per device, the
+median of ``--steps`` timed steps after ``--warmup``) and simulated with
+``ir.simulate`` on ``ir.calibrate()``'s topology of this machine (``--quick``: its
+short calibration). Nothing is fitted to the measurements.
+
+Prints per program the measured and simulated step times and the error
+``(simulated - measured) / measured``, then the mean absolute percentage error
+(MAPE), the Spearman rank correlation of the programs' step times, and, per size
+and process count, whether the fastest program measured is the one the simulator
+ranks fastest. ``--runs 2`` measures everything twice (the calibration once) and
+prints each program's spread between runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+import ir
+from ir import models, transforms
+from ir.backends import torch_dist
+
+# (batch, features, hidden, classes, layers) of the two MLPs
+SIZES = {"small": (64, 64, 128, 16, 4), "large": (256, 256, 1024, 64, 4)}
+# (label, dp, tp, pp, microbatches, schedule)
+STRATEGIES = [
+    ("1 device", 1, 1, 1, 1, "1f1b"),
+    ("dp2", 2, 1, 1, 1, "1f1b"),
+    ("tp2", 1, 2, 1, 1, "1f1b"),
+    ("pp2 gpipe m4", 1, 1, 2, 4, "gpipe"),
+    ("pp2 1f1b m4", 1, 1, 2, 4, "1f1b"),
+    ("dp4", 4, 1, 1, 1, "1f1b"),
+    ("tp4", 1, 4, 1, 1, "1f1b"),
+    ("dp2 tp2", 2, 2, 1, 1, "1f1b"),
+    ("dp2 pp2 1f1b m2", 2, 1, 2, 2, "1f1b"),
+    ("tp2 pp2 gpipe m2", 1, 2, 2, 2, "gpipe"),
+]
+
+
+@dataclass(frozen=True)
+class Row:
+    size: str
+    strategy: str
+    processes: int
+    measured_s: list[float]  # one per run (each the median step of that run)
+    simulated_s: float
+
+    @property
+    def error(self) -> float:
+        return (self.simulated_s - self.measured_s[0]) / self.measured_s[0]
+
+    @property
+    def spread(self) -> float:
+        return max(self.measured_s) / min(self.measured_s) - 1
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rank correlation (no ties expected among measured times)."""
+    ra = np.argsort(np.argsort(a)).astype(float)
+    rb = np.argsort(np.argsort(b)).astype(float)
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="the short calibration")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    calibration = ir.calibrate(quick=args.quick, progress=False)
+    print(f"calibrated in {time.perf_counter() - started:.1f} s")
+    print(calibration.summary_markdown())
+    rows = []
+    for size in SIZES:
+        source = transforms.training(models.mlp(*SIZES[size]), "sgd")
+        inputs = ir.random_inputs(source, seed=0)
+        for label, dp, tp, pp, m, schedule in STRATEGIES:
+            g = transforms.megatron(source, dp, tp, pp, m, schedule)
+            n = dp * tp * pp
+            step_inputs = ir.distribute(g, inputs, source=source)
+            measured = [
+                torch_dist.measure(g, step_inputs, steps=args.steps, warmup=args.warmup)
+                for _ in range(args.runs)
+            ]
+            sim = ir.simulate(measured[0].function, calibration.topology(n))
+            row = Row(size, label, n, [x.step_time_s for x in measured], sim.step_time_s)
+            rows.append(row)
+            times = " ".join(f"{x * 1e3:8.2f}" for x in row.measured_s)
+            print(
+                f"{size:6} {label:18} {n} proc  measured {times} ms  "
+                f"simulated {row.simulated_s * 1e3:8.2f} ms  error {row.error:+7.1%}",
+                flush=True,
+            )
+    errors = [abs(r.error) for r in rows]
+    print(f"\n{len(rows)} programs; MAPE {statistics.mean(errors):.1%}, ", end="")
+    print(f"median |error| {statistics.median(errors):.1%}")
+    for run in range(args.runs):
+        measured = [r.measured_s[run] for r in rows]
+        mape = statistics.mean(abs(r.simulated_s - x) / x for r, x in zip(rows, measured))
+        rho = spearman(measured, [r.simulated_s for r in rows])
+        print(f"run {run + 1}: MAPE {mape:.1%}, Spearman {rho:.3f}")
+    if args.runs > 1:
+        spreads = [r.spread for r in rows]
+        print(f"spread between runs: median {statistics.median(spreads):.1%}, ", end="")
+        print(f"max {max(spreads):.1%}")
+    print("\nfastest per size and process count (measured / simulated):")
+    for size in SIZES:
+        for n in sorted({r.processes for r in rows}):
+            group = [r for r in rows if r.size == size and r.processes == n]
+            if len(group) < 2:
+                continue
+            fast_m = min(group, key=lambda r: r.measured_s[0])
+            fast_s = min(group, key=lambda r: r.simulated_s)
+            rho = spearman([r.measured_s[0] for r in group], [r.simulated_s for r in group])
+            hit = "yes" if fast_m is fast_s else "no"
+            print(
+                f"  {size:6} {n} proc: {fast_m.strategy} / {fast_s.strategy} "
+                f"(predicted: {hit}; Spearman {rho:.2f} over {len(group)})"
+            )
+    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+
+
+if __name__ == "__main__":
+    main()
