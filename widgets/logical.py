@@ -28,6 +28,7 @@ from ir.value import Value
 from .collapse import find_repeats
 from .drawing import GROUP_FILL, _attrs, _q, _short
 from .ids import op_id, op_paths, shape_label, value_names
+from .layout import long_edges
 from .legend import LegendEntry
 from .palette import COMMUNICATION_COLOR, COMMUNICATION_TEXT, device_color, device_label
 from .units import format_bytes, format_time
@@ -167,7 +168,10 @@ class LogicalDrawing:
             if self.source.get(v):
                 edges.setdefault((self.source[v], "return"), []).append(v)
         index = {v: k for k, v in enumerate(self.function.inputs)}
-        for (src, dst), values in edges.items():
+        far = long_edges(list(edges), self.options)
+        for k, ((src, dst), values) in enumerate(edges.items()):
+            if (src, dst) in far:  # a weight read again far below: a stub by its reader
+                src = self._stub(f"s-{k}", src, values)
             self._edge(src, dst, values, layouts, index)
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
@@ -359,7 +363,7 @@ class LogicalDrawing:
             id=nid,
             label=f"{_short(name, 20)}\n{shape_label(v.type)}",
             shape="ellipse",
-            style="striped" if len(set(devices)) > 1 else "filled",
+            style="wedged" if len(set(devices)) > 1 else "filled",
             fillcolor=self._stripes(devices),
             fontsize=9,
         )
@@ -367,6 +371,25 @@ class LogicalDrawing:
         self.tooltips[nid] = f"{name}: {_short(str(v.type), 300)}"
         self.source[v] = nid
         self.lines.append(f"  {_q(nid)} {attrs};")
+
+    def _stub(self, sid: str, src: str, values: list[Value]) -> str:
+        """A small node standing for ``src`` next to a far-away reader: dot routes a
+        long edge through one virtual node per rank it crosses, which is slow."""
+        text = self.names[values[0]] if len(values) == 1 else f"{len(values)} values"
+        kind, name = self.id_map.get(src, ("group", src))
+        self.id_map[sid] = ("value", self.names[values[0]]) if kind == "value" else (kind, name)
+        self.tooltips[sid] = f"{text} from {src} (far above)"
+        attrs = _attrs(
+            id=sid,
+            label=f"↪ {_short(text, 18)}",
+            style="dashed,rounded",
+            color="#999999",
+            fontsize=8,
+            height=0.2,
+            margin="0.04,0.02",
+        )
+        self.lines.append(f"  {_q(sid)} {attrs};")
+        return sid
 
     def _edge(
         self,
