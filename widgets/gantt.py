@@ -20,7 +20,7 @@ from ir.op import Op
 
 from .ids import op_paths, shape_label
 from .live import TEMPLATE, from_typed_array, live_figure, typed_array
-from .palette import COMMUNICATION_BAR, COMPUTE_BAR, IDLE_BAR
+from .palette import COMMUNICATION_BAR, COMPUTE_BAR, DEVICE_PALETTE, IDLE_BAR
 from .units import format_time, time_unit
 
 if TYPE_CHECKING:
@@ -36,6 +36,23 @@ _HOVER = (
 _IDLE_HOVER = "idle from %{customdata[0]:.4s}s for %{customdata[1]:.4s}s"
 _STREAM_LABEL = {"compute": "compute", "communication": "comm", "idle": "compute"}
 _KIND_COLOR = {"compute": COMPUTE_BAR, "communication": COMMUNICATION_BAR, "idle": IDLE_BAR}
+_KIND_NAME = {
+    "compute": "compute (its device's colour)",
+    "communication": "communication",
+    "idle": "idle",
+}
+# compute bars take their device's colour, as in the graph and the memory view: a
+# numeric colour per bar (sent as a binary array) on a stepwise palette colour scale
+_N = len(DEVICE_PALETTE)
+DEVICE_COLORSCALE = [
+    [round((k + edge) / _N, 6), color] for k, color in enumerate(DEVICE_PALETTE) for edge in (0, 1)
+]
+
+
+def device_color_values(device: np.ndarray) -> np.ndarray:
+    """Each bar's position on :data:`DEVICE_COLORSCALE` (cmin 0, cmax len(palette)):
+    the middle of its device's band, so plotly picks exactly the palette colour."""
+    return np.mod(np.asarray(device, dtype=np.int64), _N).astype(np.float64) + 0.5
 
 
 def row_label(device: int, stream: str, prefix: str = "") -> str:
@@ -164,16 +181,38 @@ def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
         customdata=typed_array(numbers),
         hovertext=texts,
         hovertemplate=(_HOVER if kind != "idle" else _IDLE_HOVER) + where + "</extra>",
-        marker={
-            "color": _KIND_COLOR[kind],
-            "line": {"width": 0.5, "color": "#ffffff"},
-            "pattern": {"shape": "/" if kind == "idle" else ""},
-        },
-        name=kind,
+        marker=_marker(kind, numbers[:, DEVICE]),
+        name=_KIND_NAME[kind],
         legendgroup=kind,
         # one string, not a list of thousands: see op_id_at
         meta={"kind": kind, "op_ids": "\n".join(ids)},
     )
+
+
+def _marker(kind: str, device: np.ndarray) -> dict[str, Any]:
+    marker: dict[str, Any] = {
+        "color": _KIND_COLOR[kind],
+        "line": {"width": 0.5, "color": "#ffffff"},
+        "pattern": {"shape": "/" if kind == "idle" else ""},
+    }
+    if kind == "compute":
+        marker.update(
+            color=device_color_values(device),
+            colorscale=DEVICE_COLORSCALE,
+            cmin=0,
+            cmax=_N,
+            showscale=False,
+        )
+    return marker
+
+
+def bar_colors(trace: Any) -> list[str]:
+    """The colour each bar of a Gantt trace (a dict or a plotly trace) is drawn in."""
+    marker = trace["marker"]
+    color, count = marker["color"], len(trace["x"])
+    if isinstance(color, str):
+        return [color] * count
+    return [DEVICE_PALETTE[int(v)] for v in np.asarray(color, dtype=np.float64)]
 
 
 def bar_numbers(trace: Any) -> np.ndarray:

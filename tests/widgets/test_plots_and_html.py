@@ -20,6 +20,7 @@ from widgets.gantt import (
     DUR_S,
     FLOPS,
     START_S,
+    bar_colors,
     bar_numbers,
     gantt_figure,
     gantt_traces,
@@ -29,7 +30,7 @@ from widgets.gantt import (
 from widgets.graph import render_graph
 from widgets.ids import op_paths
 from widgets.memory import memory_figure
-from widgets.palette import device_color
+from widgets.palette import COMMUNICATION_COLOR, DEVICE_PALETTE, IDLE_BAR, device_color
 from widgets.static_html import compare_page, gantt_page, graph_page, memory_page, report_page
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -78,8 +79,13 @@ def test_gantt_has_a_row_per_device_and_stream(dp):
     assert set(_rows_of(fig, comm)) <= {r for r in rows if r.endswith("comm")}
     assert len(comm.x) == sum(ev.stream == "communication" for ev in result.events)
     assert set(_rows_of(fig, _bars(fig, "idle"))) <= {r for r in rows if r.endswith("compute")}
-    colors = {kind: _bars(fig, kind).marker.color for kind in ("compute", "communication", "idle")}
-    assert len(set(colors.values())) == 3  # compute, communication and idle differ
+    # compute bars in their device's colour (as in the graph and memory views);
+    # communication and idle in colours no device has
+    devices = [int(row.split()[1]) for row in _rows_of(fig, compute)]
+    assert bar_colors(compute) == [device_color(d) for d in devices]
+    assert set(bar_colors(comm)) == {COMMUNICATION_COLOR} and comm.name == "communication"
+    assert set(bar_colors(_bars(fig, "idle"))) <= {IDLE_BAR}
+    assert not {COMMUNICATION_COLOR, IDLE_BAR} & set(DEVICE_PALETTE)
 
 
 def test_gantt_bars_match_events_and_report_op_ids(dp):
