@@ -439,13 +439,22 @@ class Workbench(w.VBox):
     def _strategy_controls(self) -> w.VBox:
         s = self.session.strategy
 
-        def knob(label: str, value: int, top: int) -> w.BoundedIntText:
+        def knob(label: str, value: int, top: int, width: str = "118px") -> w.BoundedIntText:
             return w.BoundedIntText(
-                value=value, min=1, max=top, description=label, layout={"width": "150px"}
+                value=value,
+                min=1,
+                max=top,
+                description=label,
+                style={"description_width": "initial"},  # the label in full
+                layout={"width": width},
             )
 
+        def row(*children: w.Widget) -> w.HBox:
+            # wraps rather than run past a narrow panel's right edge
+            return w.HBox(list(children), layout={"flex_flow": "row wrap"})
+
         self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
-        self.microbatches = knob("microbatches", s.microbatches, 1024)
+        self.microbatches = knob("microbatches", s.microbatches, 1024, "180px")
         self.schedule = w.Dropdown(
             options=list(SCHEDULES),
             value=s.schedule,
@@ -467,12 +476,16 @@ class Workbench(w.VBox):
         return w.VBox(
             [
                 w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
-                w.HBox([self.dp, self.hp, self.pp]),
-                w.HBox([self.microbatches, self.schedule]),
-                w.HBox([apply, reset]),
-                w.HBox([compare, search]),
+                row(self.dp, self.hp, self.pp),
+                row(self.microbatches, self.schedule),
+                row(apply, reset),
+                row(compare, search),
             ],
-            layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
+            layout={
+                "padding": "4px",
+                "border": "1px solid #ddd",
+                "margin": "6px 0 0 0",
+            },
         )
 
     def search(self, **space: Any) -> SearchResult:
