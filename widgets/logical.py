@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ir.function import Function
@@ -133,9 +134,9 @@ class LogicalDrawing:
         self.devices: dict[DeviceRef, None] = {}
         self.lines: list[str] = []
         self.source: dict[Value, str] = {}
-        self.has_comm = False
+        self.has_comm = self.has_fold = False
         self._devices_memo: dict[Op, tuple[DeviceRef, ...]] = {}
-        self.fold = options.max_ops is not None and len(function.ops) > options.max_ops
+        self.fold = False  # set by _nodes: more items than options.max_ops
 
     # -- top level -----------------------------------------------------------
 
@@ -147,6 +148,7 @@ class LogicalDrawing:
             f"  edge {_attrs(fontname=_FONT, fontsize=9, color='#555555', arrowsize=0.6)};",
         ]
         layouts = self.function.input_layouts
+        items = self._nodes()
         if not self.fold:
             for k, v in enumerate(self.function.inputs):
                 self._input_node(k, v)
@@ -154,9 +156,9 @@ class LogicalDrawing:
             for v in self.function.inputs:
                 self.source[v] = ""  # read by a fold: counted in its label, not drawn
         edges: dict[tuple[str, str], list[Value]] = {}
-        for members in self._nodes():
-            nid = self._draw(members)
-            for op in members:
+        for item in items:
+            nid = self._draw(item)
+            for op in item.ops:
                 for v in op.inputs:
                     src = self.source.get(v, "")
                     if src and src != nid:
@@ -184,44 +186,93 @@ class LogicalDrawing:
             entries = [*entries[:20], LegendEntry(f"… {len(ints)} devices", "#ffffff", "style")]
         if self.has_comm:
             entries.append(LegendEntry("communication", COMMUNICATION_COLOR, "comm"))
-        if self.groups:
+        if self.has_fold:
             entries.append(LegendEntry("folded ops (click to open)", GROUP_FILL, "group"))
         return tuple(entries)
 
     # -- which ops share a node ------------------------------------------------
 
-    def _nodes(self) -> list[list[Op]]:
-        """Top-level ops in order, grouped: one op per node, or (folding) each run of
-        two or more consecutive ops on the same devices, unless the user opened it."""
-        ops = self.function.ops
-        if not self.fold:
-            return [[op] for op in ops]
-        runs: list[list[Op]] = []
+    def _nodes(self) -> list[_Item]:
+        """What gets a node, in program order: each logical op (per-device copies of one
+        op, as a propagated program writes them, count as one); above ``max_ops``,
+        repeated layers fold, then runs of items on the same devices; a fold or a set of
+        copies the user opened shows its members."""
+        items = self._units()
+        budget = self.options.max_ops
+        self.fold = budget is not None and len(items) > budget
+        if budget is None or not self.fold:
+            return items
+        sigs = [item.signature(self._item_devices(item)) for item in items]
+        folded: list[_Item] = []
+        at = 0
+        for r in find_repeats(sigs, budget=budget, min_count=3, min_gain=2):
+            hidden = items[r.start + r.period : r.start + r.period * r.count]
+            folded += items[at : r.start + r.period]
+            at = r.start + r.period * r.count
+            block = [t for item in items[r.start : r.start + r.period] for t in item.types]
+            fold = _Item.folding(hidden, f"{r.count - 1} more × ", block)
+            folded += hidden if self._gid(fold) in self.options.expanded else [fold]
+        folded += items[at:]
+        if len(folded) <= budget:
+            return folded
+        out: list[_Item] = []
+        run: list[_Item] = []
         last: frozenset | None = None
-        for op in ops:
-            where = frozenset(self._op_devices(op))
-            if op.op_type == "SendEach" or where != last:
-                runs.append([op])
-            else:
-                runs[-1].append(op)
-            last = None if op.op_type == "SendEach" else where
-        out: list[list[Op]] = []
-        for run in runs:
-            if len(run) > 1 and self._gid(run) in self.options.expanded:
-                out += [[op] for op in run]
-            else:
-                out.append(run)
+        for item in [*folded, None]:
+            where = None if item is None else frozenset(self._item_devices(item))
+            alone = item is not None and item.ops[0].op_type == "SendEach"
+            if run and (alone or where != last or item is None):
+                fold = _Item.folding(run, "")
+                keep = len(run) > 1 and self._gid(fold) not in self.options.expanded
+                out += [fold] if keep else run
+                run = []
+            if item is not None:
+                run.append(item)
+            last = None if alone else where
         return out
 
-    def _gid(self, run: list[Op]) -> str:
-        return f"group-{self.paths[run[0]]}-{self.paths[run[-1]]}"
+    def _units(self) -> list[_Item]:
+        """Top-level ops, consecutive per-device copies of one op merged."""
+        units: list[_Item] = []
+        taken: set[DeviceRef] = set()  # where the copies of the last unit write
+        for op in self.function.ops:
+            devices = {d for v in op.outputs for d in _devices(v.type)}
+            head = units[-1] if units else None
+            if (
+                head is not None
+                and len(devices) == 1
+                and _copyable(op)
+                and _same_op(head.ops[0], op)
+                and not devices & taken
+            ):
+                head.ops.append(op)
+                head.kind = "copies"
+                taken |= devices
+                continue
+            units.append(_Item("op", [op], [op.op_type]))
+            taken = devices
+        out: list[_Item] = []
+        for u in units:
+            if u.kind == "copies" and op_id(self.paths[u.ops[0]]) in self.options.expanded:
+                out += [_Item("op", [op], [op.op_type]) for op in u.ops]
+            else:
+                out.append(u)
+        return out
+
+    def _item_devices(self, item: _Item) -> tuple[DeviceRef, ...]:
+        return tuple(dict.fromkeys(d for op in item.ops for d in self._op_devices(op)))
+
+    def _gid(self, item: _Item) -> str:
+        return f"group-{self.paths[item.ops[0]]}-{self.paths[item.ops[-1]]}"
 
     # -- nodes -----------------------------------------------------------------
 
-    def _draw(self, members: list[Op]) -> str:
-        if len(members) > 1:
-            return self._group_node(members)
-        op = members[0]
+    def _draw(self, item: _Item) -> str:
+        if item.kind == "fold":
+            return self._group_node(item)
+        if item.kind == "copies":
+            return self._copies_node(item.ops)
+        op = item.ops[0]
         if op.op_type == "Pmap":
             return self._pmap_node(op)
         if get_op(op.op_type).kind is OpKind.COMMUNICATION:
@@ -310,17 +361,35 @@ class LogicalDrawing:
             attrs.update(fontsize=9, height=0.2)
         return self._common(op, attrs, f"on devices {device_ranges(devices)}")
 
-    def _group_node(self, run: list[Op]) -> str:
-        gid = self._gid(run)
+    def _copies_node(self, ops: list[Op]) -> str:
+        """Per-device copies of one op: one node, like a pmap's."""
+        first = ops[0]
+        nid = op_id(self.paths[first])
+        self.groups[nid] = tuple(op_id(self.paths[op]) for op in ops[1:])
+        devices = tuple(d for op in ops for d in self._op_devices(op))
+        shape = ", ".join(shape_label(v.type) for v in first.outputs)
+        label = f"{first.op_type} ×{len(ops)} on {_short(device_ranges(devices), 24)}\n{shape}"
+        attrs: dict[str, object] = {"label": label, "style": "filled", "fillcolor": "#ffffff"}
+        if get_op(first.op_type).kind is OpKind.CONTROL:
+            attrs.update(fontsize=9, height=0.2)
+        tooltip = f"{len(ops)} per-device copies ({nid} … {op_id(self.paths[ops[-1]])})"
+        return self._common(first, attrs, tooltip, self._glyph(devices))
+
+    def _group_node(self, item: _Item) -> str:
+        run = item.ops
+        gid = self._gid(item)
         self.groups[gid] = tuple(op_id(self.paths[op]) for op in run)
+        self.has_fold = True
         devices = tuple(dict.fromkeys(d for op in run for d in self._op_devices(op)))
-        types = [op.op_type for op in run]
-        repeats = find_repeats(types, budget=1, min_count=2, max_period=16, min_gain=1)
+        types = item.types
+        repeats = find_repeats(types, budget=1, min_count=2, max_period=40, min_gain=1)
         best = max(repeats, key=lambda r: r.period * r.count, default=None)
-        if best is not None:
+        if item.block is not None:
+            shape = f"{item.head}[{_short(', '.join(item.block), 44)}]"
+        elif best is not None:
             block = ", ".join(types[best.start : best.start + best.period])
             shape = f"{best.count} × [{_short(block, 40)}]"
-            rest = len(run) - best.period * best.count
+            rest = len(types) - best.period * best.count
             shape += f" + {rest} more" if rest else ""
         else:
             shape = _short(", ".join(types), 48)
@@ -338,7 +407,7 @@ class LogicalDrawing:
         if reads:
             parts.append(f"reads {reads} inputs")
         label = (
-            f"▸ {len(run)} ops on {_short(device_ranges(devices), 24)} "
+            f"▸ {len(types)} ops on {_short(device_ranges(devices), 24)} "
             f"({len(set(devices))} dev)\n{shape}\n{' · '.join(parts)}"
         )
         attrs = {
@@ -351,7 +420,7 @@ class LogicalDrawing:
         }
         self.id_map[gid] = ("group", gid)
         first, last = self.groups[gid][0], self.groups[gid][-1]
-        self.tooltips[gid] = f"{len(run)} ops folded ({first} … {last}): click to open"
+        self.tooltips[gid] = f"{len(types)} ops folded ({first} … {last}): click to open"
         self._node(gid, attrs, self._glyph(devices))
         return gid
 
@@ -411,7 +480,10 @@ class LogicalDrawing:
                 label += "\n" + self.placements[names[0]]
             self.id_map[eid] = ("value", names[0])
         else:
-            label = f"{len(values)} values"
+            shapes = {shape_label(v.type) for v in values}
+            label = (
+                f"{len(values)} × {shapes.pop()}" if len(shapes) == 1 else f"{len(values)} values"
+            )
             group = src if src in self.groups else dst
             self.id_map[eid] = ("group", group) if group in self.groups else ("value", names[0])
         self.tooltips[eid] = _short(", ".join(names), 300)
@@ -438,3 +510,39 @@ def _devices(t: Type) -> tuple[DeviceRef, ...]:
     if isinstance(t, TupleType) and t.nesting == 1:
         return t.devices
     return devices_of(t)
+
+
+@dataclass
+class _Item:
+    """What one node of the logical view stands for: one op, per-device copies of one
+    op, or a fold of several items (``types``: one op type per logical op inside)."""
+
+    kind: str  # "op", "copies" or "fold"
+    ops: list[Op]
+    types: list[str]
+    head: str = ""  # a repeat fold's label prefix: "5 more × "
+    block: list[str] | None = None  # a repeat fold: the op types of the repeated layer
+
+    @staticmethod
+    def folding(items: list[_Item], head: str, block: list[str] | None = None) -> _Item:
+        ops = [op for item in items for op in item.ops]
+        return _Item("fold", ops, [t for item in items for t in item.types], head, block)
+
+    def signature(self, devices: tuple[DeviceRef, ...]) -> tuple:
+        """What must match for two items to be the same step of a repeated layer."""
+        op = self.ops[0]
+        body = sum(s.num_ops() for s in op.subfunctions)
+        return (self.kind, tuple(self.types), len(self.ops), frozenset(devices), body)
+
+
+def _copyable(op: Op) -> bool:
+    return not op.subfunctions and get_op(op.op_type).kind is not OpKind.COMMUNICATION
+
+
+def _same_op(a: Op, b: Op) -> bool:
+    """``b`` is another device's copy of ``a``: same type, arity and output shapes."""
+    return (
+        a.op_type == b.op_type
+        and len(a.inputs) == len(b.inputs)
+        and [shape_label(v.type) for v in a.outputs] == [shape_label(v.type) for v in b.outputs]
+    )

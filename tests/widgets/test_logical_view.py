@@ -93,7 +93,8 @@ def test_above_max_ops_runs_on_the_same_devices_fold_and_open_on_request() -> No
         f, {}, GraphOptions(view="logical", max_ops=20, expanded=frozenset({gid}))
     )
     shown = set(node_ids(opened.dot()))
-    assert gid not in shown and set(members) <= shown
+    inside = {m for ms in opened.groups.values() for m in ms}  # a repeated layer, still folded
+    assert gid not in shown and set(members) <= shown | inside and len(shown) > len(nodes)
 
 
 def test_communication_has_a_colour_of_its_own() -> None:
@@ -116,3 +117,20 @@ def test_device_ranges_and_glyph() -> None:
     assert device_ranges((None,)) == "?"
     glyph = device_glyph(tuple(range(64)))
     assert glyph.count("■") == 16 and "+48" in glyph
+
+
+def test_per_device_copies_of_one_op_are_one_node_and_open_when_a_copy_is_selected() -> None:
+    from ir.sharding import Mesh, S
+    from widgets.graph_widget import GraphView
+    from workbench.session import Session
+
+    session = Session(ir.models.mlp(8, 16, 32, 4), ir.Topology.preset("a100-hgx", 4))
+    assert session.annotate("wA", (Mesh((4,)), [S(1)]))
+    f = session.current.function  # propagated: each op written once per device
+    view = GraphView(f, options=LOGICAL)
+    copies = {nid: ids for nid, ids in view.rendered.groups.items() if nid.startswith("op-")}
+    assert copies and all(len(ids) == 3 for ids in copies.values())  # 4 devices, 1 drawn
+    nid, ids = next(iter(copies.items()))
+    assert "×4 on 0–3" in next(x for x in view.rendered.dot.splitlines() if f'"{nid}" [' in x)
+    view.select(ids[0])  # a Gantt click on another device's copy
+    assert view.selection is not None and view.selection.svg_id == ids[0]
