@@ -23,7 +23,7 @@ from ir.function import Function
 from ir.op import Op
 from ir.registry import OpKind, get_op
 from ir.text import format_op
-from ir.types import DeviceRef, TupleType, Type, devices_of
+from ir.types import DeviceRef, TensorType, TupleType, Type, devices_of
 from ir.value import Value
 
 from .collapse import find_repeats
@@ -260,7 +260,9 @@ class LogicalDrawing:
         return out
 
     def _item_devices(self, item: _Item) -> tuple[DeviceRef, ...]:
-        return tuple(dict.fromkeys(d for op in item.ops for d in self._op_devices(op)))
+        if item.devices is None:
+            item.devices = tuple(dict.fromkeys(d for op in item.ops for d in self._op_devices(op)))
+        return item.devices
 
     def _gid(self, item: _Item) -> str:
         return f"group-{self.paths[item.ops[0]]}-{self.paths[item.ops[-1]]}"
@@ -495,7 +497,11 @@ class LogicalDrawing:
         known = self._devices_memo.get(op)
         if known is not None:
             return known
-        seen = dict.fromkeys(d for v in (*op.inputs, *op.outputs) for d in _devices(v.type))
+        # a compute op runs where it writes (reading its inputs too costs a third of
+        # the drawing's time); a communication op spans its sources and destinations
+        comm = get_op(op.op_type).kind is OpKind.COMMUNICATION
+        values = (*op.inputs, *op.outputs) if comm or not op.outputs else op.outputs
+        seen = dict.fromkeys(d for v in values for d in _devices(v.type))
         if op.device is not None and not seen:
             seen[op.device] = None
         dest = op.attributes.get("to_devices") if op.op_type == "SendEach" else None
@@ -522,6 +528,7 @@ class _Item:
     types: list[str]
     head: str = ""  # a repeat fold's label prefix: "5 more × "
     block: list[str] | None = None  # a repeat fold: the op types of the repeated layer
+    devices: tuple[DeviceRef, ...] | None = None  # where its ops run, once known
 
     @staticmethod
     def folding(items: list[_Item], head: str, block: list[str] | None = None) -> _Item:
@@ -544,5 +551,9 @@ def _same_op(a: Op, b: Op) -> bool:
     return (
         a.op_type == b.op_type
         and len(a.inputs) == len(b.inputs)
-        and [shape_label(v.type) for v in a.outputs] == [shape_label(v.type) for v in b.outputs]
+        and [_shape(v.type) for v in a.outputs] == [_shape(v.type) for v in b.outputs]
     )
+
+
+def _shape(t: Type) -> object:
+    return (t.shape, t.dtype) if isinstance(t, TensorType) else shape_label(t)
