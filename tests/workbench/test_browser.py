@@ -234,6 +234,13 @@ def test_every_control_fits_at_1280_and_1920_px(lab: tuple[str, str], widths) ->
             page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
             page.locator("button.distir-apply-strategy").wait_for(timeout=120_000)
             page.locator(".distir-gantt .gtitle").wait_for(timeout=60_000)
+            page.locator(".distir-graph svg").first.wait_for(timeout=60_000)
+            page.wait_for_timeout(300)  # the first fit runs on the next animation frame
+            graph, panel = (
+                page.locator(sel).first.bounding_box()
+                for sel in (".distir-graph svg", ".distir-graph")
+            )
+            assert graph and panel and graph["width"] <= panel["width"] + 1  # fitted to width
             for width in widths:  # one kernel for both widths: the layout follows the window
                 page.set_viewport_size({"width": width, "height": 1000})
                 page.wait_for_timeout(500)
