@@ -13,6 +13,7 @@ import pytest
 import ir
 from ir.device import Device
 from ir.limits import MAX_DEVICES
+from widgets.breakdown import union_s
 from widgets.compare import compare_figure
 from widgets.gantt import (
     BYTES,
@@ -236,3 +237,26 @@ def test_gantt_rows_follow_the_devices_whatever_their_ids(ids):
     labels = [rows[int(y)] for y in compute["y"]]
     assert labels == [f"dev {int(d)} · compute" for d in devices]
     assert sorted(set(int(d) for d in devices)) == sorted(ids)
+
+
+def test_gantt_summarises_each_device_above_its_event_limit(pipeline):
+    f, result = pipeline
+    traces, _ = gantt_traces(result, f, summary_above=1)
+    assert [t["meta"]["kind"] for t in traces] == ["compute", "communication", "idle"]
+    assert all(t["meta"]["summary"] and not t["meta"]["op_ids"].strip() for t in traces)
+    numbers = [bar_numbers(t) for t in traces]
+    assert all(len(n) == len(result.devices) for n in numbers)  # one bar per device each
+    for i, d in enumerate(result.devices):
+        compute, comm, idle = (n[i] for n in numbers)
+        assert compute[DEVICE] == d and compute[START_S] == 0.0
+        assert comm[START_S] == compute[DUR_S] and idle[START_S] == compute[DUR_S] + comm[DUR_S]
+        step = compute[DUR_S] + comm[DUR_S] + idle[DUR_S]
+        assert step == pytest.approx(result.step_time_s)
+        assert compute[DUR_S] == pytest.approx(result.busy_s[d])  # compute never overlaps itself
+    full, _ = gantt_traces(result, f)  # under the limit: one bar per event
+    assert sum(len(t["x"]) for t in full[:2]) == len(result.bars)
+
+
+def test_step_breakdown_counts_overlapped_communication_as_hidden():
+    assert union_s(np.array([0.0, 0.5, 3.0]), np.array([1.0, 2.0, 4.0])) == 3.0
+    assert union_s(np.array([]), np.array([])) == 0.0
