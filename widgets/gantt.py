@@ -18,9 +18,10 @@ import plotly.graph_objects as go
 from ir.function import Function
 from ir.op import Op
 
+from .breakdown import step_breakdown
 from .ids import op_paths, shape_label
 from .live import TEMPLATE, from_typed_array, live_figure, typed_array
-from .palette import COMMUNICATION_BAR, COMPUTE_BAR, IDLE_BAR
+from .palette import COMMUNICATION_BAR, COMPUTE_BAR, DEVICE_PALETTE, IDLE_BAR
 from .units import format_time, time_unit
 
 if TYPE_CHECKING:
@@ -36,6 +37,51 @@ _HOVER = (
 _IDLE_HOVER = "idle from %{customdata[0]:.4s}s for %{customdata[1]:.4s}s"
 _STREAM_LABEL = {"compute": "compute", "communication": "comm", "idle": "compute"}
 _KIND_COLOR = {"compute": COMPUTE_BAR, "communication": COMMUNICATION_BAR, "idle": IDLE_BAR}
+_KIND_NAME = {
+    "compute": "compute (its device's colour)",
+    "communication": "communication",
+    "idle": "idle",
+}
+# compute bars take their device's colour, as in the graph and the memory view: a
+# numeric colour per bar (sent as a binary array) on a stepwise palette colour scale
+_N = len(DEVICE_PALETTE)
+DEVICE_COLORSCALE = [
+    [round((k + edge) / _N, 6), color] for k, color in enumerate(DEVICE_PALETTE) for edge in (0, 1)
+]
+
+
+def device_color_values(device: np.ndarray) -> np.ndarray:
+    """Each bar's position on :data:`DEVICE_COLORSCALE` (cmin 0, cmax len(palette)):
+    the middle of its device's band, so plotly picks exactly the palette colour."""
+    return np.mod(np.asarray(device, dtype=np.int64), _N).astype(np.float64) + 0.5
+
+
+SUMMARY_ABOVE_EVENTS = 3000  # events on one device above which the chart summarises
+
+
+def _summary_traces(result: SimResult, unit: tuple[str, float], prefix: str) -> list[dict]:
+    """The three traces (compute, communication, idle), one bar per device each, laid
+    end to end on the device's compute row: its step time, broken down."""
+    parts = step_breakdown(result)
+    kinds = ("compute", "communication", "idle")
+    traces = []
+    for k, kind in enumerate(kinds):
+        rows, numbers, texts = [], [], []
+        for i, p in enumerate(parts):
+            spans = (p.compute_s, p.exposed_communication_s, p.idle_s)
+            base = sum(spans[:k])
+            rows.append(2 * i)
+            numbers.append((base, spans[k], 0.0, 0.0, p.device))
+            share = spans[k] / p.step_s if p.step_s else 0.0
+            what = "exposed communication" if kind == "communication" else kind
+            texts.append(f"{what}: {format_time(spans[k])} ({share:.0%}) of {p.events} events")
+        array = np.array(numbers, dtype=np.float64).reshape(-1, 5)
+        ids = np.full(len(array), "", dtype=object)
+        trace = _bars(rows, kind, array, ids, np.array(texts, dtype=object), unit, prefix)
+        trace["name"] = f"{_KIND_NAME[kind]} (summary)"
+        trace["meta"]["summary"] = True
+        traces.append(trace)
+    return traces
 
 
 def row_label(device: int, stream: str, prefix: str = "") -> str:
@@ -50,8 +96,13 @@ def gantt_traces(
     unit: tuple[str, float] | None = None,
     prefix: str = "",
     showlegend: bool = True,
+    summary_above: int | None = SUMMARY_ABOVE_EVENTS,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The bar traces (plotly trace dicts) and the row labels.
+
+    Above ``summary_above`` events on one device, each device gets one summary bar
+    on its compute row instead (compute, exposed communication, idle: see
+    :mod:`widgets.breakdown`): thousands of slivers show nothing and cost seconds.
 
     Three traces, always in this order and always present (possibly empty), so a
     live figure can update them in place: compute bars, communication bars and
@@ -63,6 +114,12 @@ def gantt_traces(
     unit = unit or time_unit(result.step_time_s)
     bars = result.bars
     rows = [row_label(d, s, prefix) for d in result.devices for s in STREAMS]
+    per_device = np.bincount(bars.device - bars.device.min()) if len(bars) else np.zeros(1)
+    if summary_above is not None and per_device.max() > summary_above:
+        traces = _summary_traces(result, unit, prefix)
+        for trace in traces:
+            trace["showlegend"] = showlegend
+        return traces, rows
     position = {d: 2 * i for i, d in enumerate(result.devices)}
     # each bar's device among the result's (any ids: negative, sparse, huge)
     devices = np.asarray(result.devices, dtype=np.int64)
@@ -164,16 +221,38 @@ def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
         customdata=typed_array(numbers),
         hovertext=texts,
         hovertemplate=(_HOVER if kind != "idle" else _IDLE_HOVER) + where + "</extra>",
-        marker={
-            "color": _KIND_COLOR[kind],
-            "line": {"width": 0.5, "color": "#ffffff"},
-            "pattern": {"shape": "/" if kind == "idle" else ""},
-        },
-        name=kind,
+        marker=_marker(kind, numbers[:, DEVICE]),
+        name=_KIND_NAME[kind],
         legendgroup=kind,
         # one string, not a list of thousands: see op_id_at
         meta={"kind": kind, "op_ids": "\n".join(ids)},
     )
+
+
+def _marker(kind: str, device: np.ndarray) -> dict[str, Any]:
+    marker: dict[str, Any] = {
+        "color": _KIND_COLOR[kind],
+        "line": {"width": 0.5, "color": "#ffffff"},
+        "pattern": {"shape": "/" if kind == "idle" else ""},
+    }
+    if kind == "compute":
+        marker.update(
+            color=device_color_values(device),
+            colorscale=DEVICE_COLORSCALE,
+            cmin=0,
+            cmax=_N,
+            showscale=False,
+        )
+    return marker
+
+
+def bar_colors(trace: Any) -> list[str]:
+    """The colour each bar of a Gantt trace (a dict or a plotly trace) is drawn in."""
+    marker = trace["marker"]
+    color, count = marker["color"], len(trace["x"])
+    if isinstance(color, str):
+        return [color] * count
+    return [DEVICE_PALETTE[int(v)] for v in np.asarray(color, dtype=np.float64)]
 
 
 def bar_numbers(trace: Any) -> np.ndarray:

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from ir.function import Function
 from ir.op import Op
@@ -27,7 +28,11 @@ from ir.value import Value
 from .drawing import Drawing
 from .ids import op_id, op_paths, shape_label, value_names
 from .legend import LegendEntry, legend_html
+from .logical import LogicalDrawing
 from .svg import DotJob, postprocess_svg
+
+if TYPE_CHECKING:
+    from ir.sim.result import SimResult
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,9 @@ class GraphOptions:
     reading ``shared_stub_from`` or more far values gets one shared stub for them.
     Above ``bound_above_nodes`` nodes, dot's network simplex runs a bounded number
     of iterations (``nslimit``), trading a little compaction for time.
+    ``view``: ``"unrolled"`` draws each pmap's body op by op (per device, for small
+    programs); ``"logical"`` draws one node per logical op (see :mod:`widgets.logical`),
+    folding runs of ops on the same devices above ``max_ops`` top-level ops.
     """
 
     max_ops: int | None = 80
@@ -55,6 +63,7 @@ class GraphOptions:
     stub_above_nodes: int = 60
     bound_above_nodes: int = 300
     shared_stub_from: int = 4
+    view: str = "unrolled"
 
 
 @dataclass(frozen=True)
@@ -91,13 +100,16 @@ def render_graph(
     options: GraphOptions | None = None,
     *,
     dot_binary: str = "dot",
+    result: SimResult | None = None,
 ) -> RenderedGraph:
     """Draw ``function``: dot source, SVG (via the ``dot`` binary) and the id map.
 
     ``placements`` maps values (or their names) to a placement label such as
     ``S(0) R``, shown under the shape on the value's edges.
     """
-    return start_render(function, placements, options, dot_binary=dot_binary).result()
+    return start_render(
+        function, placements, options, dot_binary=dot_binary, result=result
+    ).result()
 
 
 def start_render(
@@ -106,10 +118,19 @@ def start_render(
     options: GraphOptions | None = None,
     *,
     dot_binary: str = "dot",
+    result: SimResult | None = None,
 ) -> PendingGraph:
     """:func:`render_graph` in two halves: the dot source now, graphviz's layout running
-    in its own process until :meth:`PendingGraph.result` collects it."""
-    drawing = Drawing(function, placements or {}, options or GraphOptions())
+    in its own process until :meth:`PendingGraph.result` collects it. ``result`` (the
+    logical view only) puts simulated times on collectives."""
+    options = options or GraphOptions()
+    drawing: Drawing | LogicalDrawing
+    if options.view == "logical":
+        drawing = LogicalDrawing(function, placements or {}, options, result)
+    elif options.view == "unrolled":
+        drawing = Drawing(function, placements or {}, options)
+    else:
+        raise ValueError(f"GraphOptions.view is {options.view!r}: use 'logical' or 'unrolled'")
     dot = drawing.dot()
     return PendingGraph(drawing, dot, DotJob(dot, dot_binary=dot_binary))
 
@@ -117,7 +138,7 @@ def start_render(
 class PendingGraph:
     """A drawing whose layout graphviz is computing; :meth:`result` waits for it."""
 
-    def __init__(self, drawing: Drawing, dot: str, job: DotJob) -> None:
+    def __init__(self, drawing: Drawing | LogicalDrawing, dot: str, job: DotJob) -> None:
         self._drawing, self._dot, self._job = drawing, dot, job
 
     def result(self) -> RenderedGraph:

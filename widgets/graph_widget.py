@@ -17,6 +17,7 @@ import traitlets
 
 from ir.function import Function
 from ir.op import Op
+from ir.sim.result import SimResult
 from ir.value import Value
 
 from .graph import GraphOptions, PendingGraph, RenderedGraph, legend_html, start_render
@@ -67,6 +68,7 @@ class GraphView(anywidget.AnyWidget):
         self._placements = dict(placements or {})
         self._options = options or GraphOptions()
         self._rendered: RenderedGraph | None = None
+        self._result: SimResult | None = None
         self._redraw()
 
     # -- state -----------------------------------------------------------------
@@ -74,6 +76,11 @@ class GraphView(anywidget.AnyWidget):
     @property
     def function(self) -> Function:
         return self._function
+
+    @property
+    def options(self) -> GraphOptions:
+        """How the graph is drawn now (the groups the user opened included)."""
+        return self._options
 
     @property
     def rendered(self) -> RenderedGraph:
@@ -107,11 +114,13 @@ class GraphView(anywidget.AnyWidget):
         function: Function | None = None,
         placements: Mapping[Value | str, str] | None = None,
         options: GraphOptions | None = None,
+        result: SimResult | None = None,
     ) -> PendingGraph:
         """Start drawing (graphviz lays it out in its own process); :meth:`show` it later.
 
         Nothing on display changes until then, so the caller can build other views
-        while ``dot`` runs.
+        while ``dot`` runs. ``result`` puts simulated times on the logical view's
+        collectives (kept for later redraws until another one is given).
         """
         if function is not None:
             self._function = function
@@ -119,8 +128,12 @@ class GraphView(anywidget.AnyWidget):
             self._placements = dict(placements)
         if options is not None:
             self._options = options
+        if result is not None or function is not None:
+            self._result = result
         try:
-            return start_render(self._function, self._placements, self._options)
+            return start_render(
+                self._function, self._placements, self._options, result=self._result
+            )
         except Exception as e:  # show it in the panel, keep the last good drawing
             self.error = f"{type(e).__name__}: {e}"
             raise
@@ -157,6 +170,9 @@ class GraphView(anywidget.AnyWidget):
         r = self.rendered
         if svg_id not in r.id_map:
             group = r.hidden_in(svg_id)
+            parent = svg_id.rpartition(".")[0]
+            if group is None and parent.startswith("op-"):
+                return self.select(parent)  # a pmap body op, drawn as its pmap (logical view)
             if group is None:
                 raise KeyError(
                     f"{svg_id!r} is not an op or value id of this graph "

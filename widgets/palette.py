@@ -32,9 +32,13 @@ DEVICE_PALETTE: tuple[str, ...] = (
 
 UNASSIGNED_COLOR = "#d9d9d9"  # device ``?``: not placed yet
 SYMBOLIC_COLOR = "#eeeeee"  # a device variable that could not be resolved
-COMMUNICATION_BORDER = "#b2182b"  # border of communication ops and comm bars
-COMPUTE_BAR = "#4e79a7"
-COMMUNICATION_BAR = "#e15759"
+# Communication is near-black in every view: no device colour is that dark, so a
+# communication node or bar never reads as "device 3" (it was #e15759, device 3's red).
+COMMUNICATION_COLOR = "#262626"
+COMMUNICATION_TEXT = "#ffffff"  # text on a communication fill
+COMMUNICATION_BORDER = COMMUNICATION_COLOR  # border of communication ops (unrolled view)
+COMPUTE_BAR = "#4e79a7"  # only where one bar stands for many devices (the summary bar)
+COMMUNICATION_BAR = COMMUNICATION_COLOR
 IDLE_BAR = "#e0e0e0"
 OOM_COLOR = "#d62728"
 

@@ -15,7 +15,7 @@ import html
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import ipywidgets as w
@@ -169,14 +169,23 @@ class Workbench(w.VBox):
         self.graph_note = ""
         self.graph_options = graph_options or GraphOptions()
         self.view = w.ToggleButtons(
-            options=[("distributed program", "distributed"), ("original + placements", "original")],
+            options=[
+                ("distributed program", "distributed"),
+                ("per device", "unrolled"),
+                ("original + placements", "original"),
+            ],
             value="distributed",
-            style={"button_width": "180px"},
+            tooltips=[
+                "one node per logical op: pmaps, collectives, sends",
+                "pmap bodies unrolled per device (small programs)",
+                "the program you wrote, with the placements chosen",
+            ],
+            style={"button_width": "150px"},
         )
         self.graph = GraphView(
             self.session.base, options=self.graph_options, height_px=graph_height_px
         )
-        self._drawn: tuple[Function, tuple[tuple[str, str], ...]] = (self.session.base, ())
+        self._drawn: tuple[Any, ...] = (self.session.base, (), self.graph.options.view, None)
         self.graph.add_class("distir-graph")
         self.editor = ShardingEditor(self.session)
         self.summary = w.HTML()
@@ -361,24 +370,35 @@ class Workbench(w.VBox):
             self._show_selection(self.editor.value_name, None)
 
     def _start_graph(self, d: Derived) -> tuple[PendingGraph, Any] | None:
-        """Start drawing the graph for ``d``, or None when the drawing on display fits."""
-        function, placements = self.session.base, placements_of(d)
-        distributed = d.function is not self.session.base
-        if self.view.value == "distributed" and distributed:
+        """Start drawing the graph for ``d``, or None when the drawing on display fits.
+
+        A transform's output is drawn as its logical program (one node per pmap,
+        collective or send, whatever the number of devices); "per device" unrolls
+        pmap bodies while the program has at most ``max_graph_ops`` ops.
+        """
+        function, placements, result = self.session.base, placements_of(d), None
+        view = "unrolled"
+        if self.view.value != "original" and d.function is not self.session.base:
+            function, placements, result = d.function, {}, d.result
+            view = "logical"
             ops = d.function.num_ops()
-            if ops <= self.max_graph_ops:
-                function, placements = d.function, {}
-            else:
+            if self.view.value == "unrolled" and ops <= self.max_graph_ops:
+                view = "unrolled"
+            elif self.view.value == "unrolled":
                 # graphviz needs minutes for thousands of unrolled per-device ops
                 self.graph_note = (
                     f"the distributed program has {ops} ops (more than max_graph_ops="
-                    f"{self.max_graph_ops}): the graph shows the original program with "
-                    "placements"
+                    f"{self.max_graph_ops}): the graph shows its logical view, one node "
+                    "per pmap, collective or send"
                 )
-        key = (function, tuple(sorted(placements.items())))
+        options = replace(self.graph.options, view=view)
+        key = (function, tuple(sorted(placements.items())), view, result)
         if key == self._drawn:  # graphviz layout is the slow part: skip it when unchanged
             return None
-        return self.graph.prepare(function, placements=placements), key
+        pending = self.graph.prepare(
+            function, placements=placements, options=options, result=result
+        )
+        return pending, key
 
     def _on_graph_select(self, selection: Selection | None) -> None:
         if selection is None:
@@ -419,13 +439,22 @@ class Workbench(w.VBox):
     def _strategy_controls(self) -> w.VBox:
         s = self.session.strategy
 
-        def knob(label: str, value: int, top: int) -> w.BoundedIntText:
+        def knob(label: str, value: int, top: int, width: str = "118px") -> w.BoundedIntText:
             return w.BoundedIntText(
-                value=value, min=1, max=top, description=label, layout={"width": "150px"}
+                value=value,
+                min=1,
+                max=top,
+                description=label,
+                style={"description_width": "initial"},  # the label in full
+                layout={"width": width},
             )
 
+        def row(*children: w.Widget) -> w.HBox:
+            # wraps rather than run past a narrow panel's right edge
+            return w.HBox(list(children), layout={"flex_flow": "row wrap"})
+
         self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
-        self.microbatches = knob("microbatches", s.microbatches, 1024)
+        self.microbatches = knob("microbatches", s.microbatches, 1024, "180px")
         self.schedule = w.Dropdown(
             options=list(SCHEDULES),
             value=s.schedule,
@@ -447,12 +476,16 @@ class Workbench(w.VBox):
         return w.VBox(
             [
                 w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
-                w.HBox([self.dp, self.hp, self.pp]),
-                w.HBox([self.microbatches, self.schedule]),
-                w.HBox([apply, reset]),
-                w.HBox([compare, search]),
+                row(self.dp, self.hp, self.pp),
+                row(self.microbatches, self.schedule),
+                row(apply, reset),
+                row(compare, search),
             ],
-            layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
+            layout={
+                "padding": "4px",
+                "border": "1px solid #ddd",
+                "margin": "6px 0 0 0",
+            },
         )
 
     def search(self, **space: Any) -> SearchResult:

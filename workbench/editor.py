@@ -137,6 +137,10 @@ def annotation_text(spec: Annotation) -> tuple[str, list[str], str]:
     return shape, [str(p) for p in placements], dev_text
 
 
+# rows of controls wrap rather than run past the right edge of a narrow side panel
+_WRAP = {"flex_flow": "row wrap"}
+
+
 class ShardingEditor(w.VBox):
     """The editor panel for one :class:`Session`; :meth:`select` picks the value to place."""
 
@@ -156,7 +160,7 @@ class ShardingEditor(w.VBox):
         self.devices = w.Text(
             value="", placeholder=f"0..{n - 1}", description="devices", layout={"width": "220px"}
         )
-        self.placements = w.HBox()
+        self.placements = w.HBox(layout=_WRAP)
         self.spec = w.Text(
             placeholder="devices=[0, 1] sharded_dims=[(0, 2)]",
             description="spec",
@@ -168,7 +172,9 @@ class ShardingEditor(w.VBox):
         self.redo_button = self._button("Redo", "", lambda _: self.session.redo(), "distir-redo")
         self.status = w.HTML("")
         self.status.add_class("distir-editor-status")
-        self.mesh_box = w.VBox([w.HBox([self.mesh_shape, self.devices]), self.placements])
+        self.mesh_box = w.VBox(
+            [w.HBox([self.mesh_shape, self.devices], layout=_WRAP), self.placements]
+        )
         self.spec_box = w.VBox([self.spec])
         self.form = w.VBox([self.mesh_box])
         self.mesh_shape.observe(lambda _: self._rebuild_placements(), names="value")
@@ -179,7 +185,10 @@ class ShardingEditor(w.VBox):
                 self.target,
                 self.mode,
                 self.form,
-                w.HBox([self.apply_button, self.remove_button, self.undo_button, self.redo_button]),
+                w.HBox(
+                    [self.apply_button, self.remove_button, self.undo_button, self.redo_button],
+                    layout=_WRAP,
+                ),
                 self.status,
             ],
             layout={"padding": "4px", "border": "1px solid #ddd"},

@@ -13,6 +13,7 @@ import pytest
 import ir
 from ir.device import Device
 from ir.limits import MAX_DEVICES
+from widgets.breakdown import union_s
 from widgets.compare import compare_figure
 from widgets.gantt import (
     BYTES,
@@ -20,6 +21,7 @@ from widgets.gantt import (
     DUR_S,
     FLOPS,
     START_S,
+    bar_colors,
     bar_numbers,
     gantt_figure,
     gantt_traces,
@@ -29,7 +31,7 @@ from widgets.gantt import (
 from widgets.graph import render_graph
 from widgets.ids import op_paths
 from widgets.memory import memory_figure
-from widgets.palette import device_color
+from widgets.palette import COMMUNICATION_COLOR, DEVICE_PALETTE, IDLE_BAR, device_color
 from widgets.static_html import compare_page, gantt_page, graph_page, memory_page, report_page
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -78,8 +80,13 @@ def test_gantt_has_a_row_per_device_and_stream(dp):
     assert set(_rows_of(fig, comm)) <= {r for r in rows if r.endswith("comm")}
     assert len(comm.x) == sum(ev.stream == "communication" for ev in result.events)
     assert set(_rows_of(fig, _bars(fig, "idle"))) <= {r for r in rows if r.endswith("compute")}
-    colors = {kind: _bars(fig, kind).marker.color for kind in ("compute", "communication", "idle")}
-    assert len(set(colors.values())) == 3  # compute, communication and idle differ
+    # compute bars in their device's colour (as in the graph and memory views);
+    # communication and idle in colours no device has
+    devices = [int(row.split()[1]) for row in _rows_of(fig, compute)]
+    assert bar_colors(compute) == [device_color(d) for d in devices]
+    assert set(bar_colors(comm)) == {COMMUNICATION_COLOR} and comm.name == "communication"
+    assert set(bar_colors(_bars(fig, "idle"))) <= {IDLE_BAR}
+    assert not {COMMUNICATION_COLOR, IDLE_BAR} & set(DEVICE_PALETTE)
 
 
 def test_gantt_bars_match_events_and_report_op_ids(dp):
@@ -230,3 +237,26 @@ def test_gantt_rows_follow_the_devices_whatever_their_ids(ids):
     labels = [rows[int(y)] for y in compute["y"]]
     assert labels == [f"dev {int(d)} · compute" for d in devices]
     assert sorted(set(int(d) for d in devices)) == sorted(ids)
+
+
+def test_gantt_summarises_each_device_above_its_event_limit(pipeline):
+    f, result = pipeline
+    traces, _ = gantt_traces(result, f, summary_above=1)
+    assert [t["meta"]["kind"] for t in traces] == ["compute", "communication", "idle"]
+    assert all(t["meta"]["summary"] and not t["meta"]["op_ids"].strip() for t in traces)
+    numbers = [bar_numbers(t) for t in traces]
+    assert all(len(n) == len(result.devices) for n in numbers)  # one bar per device each
+    for i, d in enumerate(result.devices):
+        compute, comm, idle = (n[i] for n in numbers)
+        assert compute[DEVICE] == d and compute[START_S] == 0.0
+        assert comm[START_S] == compute[DUR_S] and idle[START_S] == compute[DUR_S] + comm[DUR_S]
+        step = compute[DUR_S] + comm[DUR_S] + idle[DUR_S]
+        assert step == pytest.approx(result.step_time_s)
+        assert compute[DUR_S] == pytest.approx(result.busy_s[d])  # compute never overlaps itself
+    full, _ = gantt_traces(result, f)  # under the limit: one bar per event
+    assert sum(len(t["x"]) for t in full[:2]) == len(result.bars)
+
+
+def test_step_breakdown_counts_overlapped_communication_as_hidden():
+    assert union_s(np.array([0.0, 0.5, 3.0]), np.array([1.0, 2.0, 4.0])) == 3.0
+    assert union_s(np.array([]), np.array([])) == 0.0

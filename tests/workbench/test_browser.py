@@ -194,3 +194,58 @@ def test_click_a_value_apply_a_sharding_and_see_every_view_update(lab: tuple[str
             assert not outside, f"the page fetched from outside the server: {outside[:5]}"
         finally:
             browser.close()
+
+
+# Every control of the dashboard, and the text that names one.
+_CONTROLS = ".distir-workbench :is(input, select, button, textarea, .widget-label)"
+_OUT_OF_VIEW = """sel => {
+  const out = [];
+  const box = document.querySelector('.distir-workbench').getBoundingClientRect();
+  for (const el of document.querySelectorAll(sel)) {
+    const r = el.getBoundingClientRect();
+    if (r.width === 0 || r.height === 0) continue;  // not shown (a hidden widget)
+    const name = (el.textContent || el.value || el.className || el.tagName).trim().slice(0, 40);
+    if (r.left < 0 || r.right > window.innerWidth + 0.5)
+      out.push(`${name}: x ${r.left.toFixed(0)}..${r.right.toFixed(0)} outside the viewport`);
+    else if (r.left < box.left - 0.5 || r.right > box.right + 0.5)
+      out.push(`${name}: x ${r.left.toFixed(0)}..${r.right.toFixed(0)} outside the dashboard`);
+    else if (el.classList.contains('widget-label') && el.scrollWidth > el.clientWidth + 1)
+      out.push(`${name}: label cut (${el.scrollWidth} px of text in ${el.clientWidth} px)`);
+  }
+  return out;
+}"""
+
+
+@pytest.mark.parametrize("widths", [(1280, 1920)])
+def test_every_control_fits_at_1280_and_1920_px(lab: tuple[str, str], widths) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python")
+    base, token = lab
+    with sync_api.sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": widths[0], "height": 1000})
+            page.goto(f"{base}/lab/tree/workbench.ipynb?token={token}")
+            page.wait_for_function(
+                "() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
+                " const k = w && w.sessionContext && w.sessionContext.session"
+                " && w.sessionContext.session.kernel; return k && k.status === 'idle'; }",
+                timeout=120_000,
+            )
+            page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+            page.locator("button.distir-apply-strategy").wait_for(timeout=120_000)
+            page.locator(".distir-gantt .gtitle").wait_for(timeout=60_000)
+            page.locator(".distir-graph svg").first.wait_for(timeout=60_000)
+            page.wait_for_timeout(300)  # the first fit runs on the next animation frame
+            graph, panel = (
+                page.locator(sel).first.bounding_box()
+                for sel in (".distir-graph svg", ".distir-graph")
+            )
+            assert graph and panel and graph["width"] <= panel["width"] + 1  # fitted to width
+            for width in widths:  # one kernel for both widths: the layout follows the window
+                page.set_viewport_size({"width": width, "height": 1000})
+                page.wait_for_timeout(500)
+                clipped = page.evaluate(_OUT_OF_VIEW, _CONTROLS)
+                assert not clipped, f"at {width} px: {clipped}"
+                assert page.locator(_CONTROLS).count() > 10
+        finally:
+            browser.close()

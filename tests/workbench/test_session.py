@@ -208,13 +208,19 @@ def test_lab_command_serves_the_notebooks_with_a_token():
     assert "--allow-root" not in lab_command(port=1, token="", as_root=False)
 
 
-def test_a_distributed_program_too_big_to_lay_out_falls_back_to_the_original(mlp, topology):
+def test_a_transform_output_is_drawn_as_its_logical_program(mlp, topology):
     wb = Workbench(mlp, topology, max_graph_ops=5)
-    assert wb.annotate("wA", (Mesh((4,)), [S(1)]))
-    assert wb.graph.function is mlp
-    assert "S(1)" in wb.graph.rendered.dot  # placements drawn on the original
-    assert "max_graph_ops=5" in wb.summary.value
+    assert wb.set_strategy(dp=4)
+    d = wb.session.current
+    assert wb.graph.function is d.function and wb.graph.options.view == "logical"
+    drawn = [i for i in wb.graph.rendered.id_map if i.startswith("op-")]
+    assert drawn and all("." not in i for i in drawn)  # no pmap body unrolled
+    assert "max_graph_ops" not in wb.summary.value
     assert set(wb.redraw_s) == {"graph", "gantt", "memory"}
+    wb.view.value = "unrolled"  # too big to unroll: says so, keeps the logical view
+    assert "max_graph_ops=5" in wb.summary.value and wb.graph.options.view == "logical"
+    wb.view.value = "original"
+    assert wb.graph.function is mlp and wb.graph.options.view == "unrolled"
 
 
 def test_a_gantt_bar_click_selects_its_op_in_the_graph(mlp, topology):

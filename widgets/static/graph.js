@@ -59,10 +59,20 @@ function render({ model, el }) {
     view = { x: (port.clientWidth - w * k) / 2, y: 0, k };
     apply();
   };
+  // the default: the graph as wide as the panel, from its top (scroll or drag for more)
+  const fitWidth = () => {
+    const svg = stage.querySelector("svg");
+    if (!svg) return;
+    const w = svg.width.baseVal.value || 1;
+    const k = Math.min(port.clientWidth / w, 1);
+    view = { x: (port.clientWidth - w * k) / 2, y: 0, k };
+    apply();
+  };
   bar.append(
     button("+", "zoom in", () => zoomAt(1.25, port.clientWidth / 2, port.clientHeight / 2)),
     button("−", "zoom out", () => zoomAt(0.8, port.clientWidth / 2, port.clientHeight / 2)),
-    button("fit", "fit the graph into the view", fit),
+    button("width", "fit the graph to the panel's width", fitWidth),
+    button("fit", "fit the whole graph into the view", fit),
   );
 
   const highlight = () => {
@@ -81,7 +91,7 @@ function render({ model, el }) {
     highlight();
     if (first && stage.querySelector("svg")) {
       first = false;
-      requestAnimationFrame(fit);
+      requestAnimationFrame(fitWidth);
     }
   };
 
