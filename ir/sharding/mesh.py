@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import TypeRuleError
+from ..limits import MAX_DEVICES
 from ..ops import p2p
 from .errors import AnnotationError, MeshError
 
@@ -41,9 +42,14 @@ class Mesh:
 
     def __init__(self, shape: Sequence[int], devices: Sequence[int] | None = None) -> None:
         shape = (int(shape),) if isinstance(shape, int) else tuple(int(n) for n in shape)
-        devices = tuple(range(math.prod(shape))) if devices is None else tuple(devices)
         if not shape or any(n < 1 for n in shape):
             raise MeshError(f"mesh shape {list(shape)} must list positive sizes")
+        if math.prod(shape) > MAX_DEVICES:  # checked before a device list of that size is made
+            raise MeshError(
+                f"a mesh of shape {list(shape)} holds {math.prod(shape)} devices, more than "
+                f"the limit {MAX_DEVICES} (ir.limits.MAX_DEVICES)"
+            )
+        devices = tuple(range(math.prod(shape))) if devices is None else tuple(devices)
         if len(devices) != math.prod(shape):
             raise MeshError(
                 f"a mesh of shape {list(shape)} holds {math.prod(shape)} devices, "
