@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
@@ -39,6 +40,10 @@ SCHEDULES = ("gpipe", "1f1b")
 
 class SessionError(DistIRError):
     """A request the session cannot carry out (unknown value, bad degree, nothing to undo)."""
+
+
+class ListenerWarning(RuntimeWarning):
+    """A change listener (``Session.on_change``) raised; the change itself stands."""
 
 
 class UnknownValueError(SessionError, KeyError):
@@ -357,6 +362,7 @@ class Session:
         self._cache: dict[Any, Derived] = {}
         self._history = _History()
         self._listeners: list[Callable[[Session], None]] = []
+        self.listener_errors: list[Exception] = []  # what listeners raised at the last change
         # The first state must derive: there is no earlier one to fall back to.
         self._current = self._derive(state or State(strategy or Strategy()))
 
@@ -456,7 +462,11 @@ class Session:
         return list(dict.fromkeys(names))
 
     def on_change(self, callback: Callable[[Session], None]) -> None:
-        """Call ``callback(session)`` after every change, failed ones included."""
+        """Call ``callback(session)`` after every change, failed ones included.
+
+        The change is committed first: a callback that raises does not undo it nor
+        make the method report failure; its exception goes to :attr:`listener_errors`
+        and a :class:`ListenerWarning` is issued, and later callbacks still run."""
         self._listeners.append(callback)
 
     # -- changes -------------------------------------------------------------------------
@@ -573,5 +583,19 @@ class Session:
         return False
 
     def _notify(self) -> None:
+        # A change is committed before listeners hear of it: one that raises must not make
+        # the change look failed, nor keep the others from hearing it. Its error is kept
+        # in listener_errors and reported as a ListenerWarning.
+        self.listener_errors = []
         for callback in self._listeners:
-            callback(self)
+            try:
+                callback(self)
+            except Exception as e:
+                self.listener_errors.append(e)
+                name = getattr(callback, "__qualname__", repr(callback))
+                warnings.warn(
+                    f"session listener {name} raised {type(e).__name__}: {e} (the session's "
+                    "state is as the change left it)",
+                    ListenerWarning,
+                    stacklevel=4,
+                )
