@@ -45,7 +45,25 @@ __all__ = ["BackendError", "run"]
 
 
 class BackendError(DistIRError):
-    """The program cannot run on torch.distributed (or a worker process failed)."""
+    """The program cannot run on torch.distributed (or a worker process failed).
+
+    For a failed worker, ``device``, ``rank`` and ``op`` (the op as printed, None when
+    it failed before running ops) say where, and ``worker_traceback`` holds the
+    worker's traceback; the message gives all but the traceback, the original error last.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: int | None = None,
+        rank: int | None = None,
+        op: str | None = None,
+        worker_traceback: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.device, self.rank, self.op = device, rank, op
+        self.worker_traceback = worker_traceback
 
 
 # -- what one process holds -------------------------------------------------------
@@ -332,6 +350,7 @@ def _collective_groups(function: Function) -> list[tuple[int, ...]]:
 def _worker(
     function: Function, args: list, devices: list[int], rank_id: int, port: int, outbox
 ) -> None:
+    where: tuple[int, str] | None = None  # the op running: (index, as printed)
     try:
         torch, dist = _torch()
         torch.set_num_threads(1)
@@ -348,6 +367,7 @@ def _worker(
         env = {v: _local_parts(v.type, x, me) for v, x in zip(function.inputs, args)}
         rank = _Rank(me, rank_of, groups, env)
         for index, op in enumerate(function.ops):
+            where = (index, describe_op(op))
             rank.tag = index
             xs = [env[v] for v in op.inputs]
             opdef = get_op(op.op_type)
@@ -360,10 +380,11 @@ def _worker(
             else:
                 results = [None] * len(op.outputs)
             env.update(zip(op.outputs, results))
+        where = None
         outbox.put((rank_id, [env[v] for v in function.outputs], None))
         dist.destroy_process_group()
-    except Exception:
-        outbox.put((rank_id, None, traceback.format_exc()))
+    except Exception as e:  # said to the parent as text: an exception may not pickle
+        outbox.put((rank_id, None, (where, f"{type(e).__name__}: {e}", traceback.format_exc())))
 
 
 def _free_port() -> int:
@@ -419,7 +440,7 @@ def run(
         for _ in procs:
             rank_id, outs, error = outbox.get(timeout=timeout_s)
             if error is not None:
-                raise BackendError(f"process for device {devices[rank_id]} failed:\n{error}")
+                raise _worker_failed(function, devices, rank_id, *error)
             results[rank_id] = outs
     except queue_module.Empty:
         raise ExecutionError(
@@ -432,6 +453,30 @@ def run(
                 p.kill()  # the others would wait on a peer that is gone
             p.join(timeout=10)
     return tuple(_assemble(v.type, i, results, devices) for i, v in enumerate(function.outputs))
+
+
+def _worker_failed(
+    function: Function,
+    devices: list[int],
+    rank_id: int,
+    where: tuple[int, str] | None,
+    error: str,
+    worker_traceback: str,
+) -> BackendError:
+    device = devices[rank_id]
+    who = f"device {device} (rank {rank_id} of {len(devices)}) running {function.name!r}"
+    if where is None:
+        message = f"{who} failed outside its ops (setting up or sending results): {error}"
+    else:
+        index, op = where
+        message = f"{who} failed at op {index}: {op}\n  {error}"
+    return BackendError(
+        message + "\n  (the worker's traceback: BackendError.worker_traceback)",
+        device=device,
+        rank=rank_id,
+        op=None if where is None else where[1],
+        worker_traceback=worker_traceback,
+    )
 
 
 def _assemble(t: Any, index: int, results: Mapping[int, list], devices: list[int]) -> Any:
