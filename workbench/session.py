@@ -473,7 +473,7 @@ class Session:
 
     def annotate(self, value_name: str, spec: Annotation) -> bool:
         """Place ``value_name`` (a value of the base program) as ``spec`` and propagate."""
-        if value_name not in self.annotatable():
+        if not isinstance(value_name, str) or value_name not in self.annotatable():
             return self._fail(
                 f"cannot annotate {value_name!r}: it is not a value of the program "
                 f"{self.base.name!r}; choose one of {', '.join(self.annotatable()[:12])}"
@@ -488,7 +488,7 @@ class Session:
     def annotate_many(self, annotations: dict[str, Annotation], what: str = "") -> bool:
         """Place several values at once, as one change (one undo step)."""
         known = set(self.annotatable())
-        unknown = [name for name in annotations if name not in known]
+        unknown = [name for name in annotations if not isinstance(name, str) or name not in known]
         if unknown:
             return self._fail(f"cannot annotate {unknown}: not values of {self.base.name!r}")
         new = self.state
