@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import ir
@@ -274,7 +275,9 @@ def test_a_corrupt_file_is_a_project_error_and_leaves_the_session_as_it_was(tmp_
     bad = tmp_path / "bad.json"
     bad.write_bytes(mutate(text).encode("utf-8", errors="surrogateescape"))
     if s.restore(bad):
+        event("still a valid session")
         return  # the mutation kept the file valid (a digit for a digit, a space...)
+    event("refused at " + (re.match(r"session file '[^']*'(, [$.\w]+)?", s.error)[1] or ": file"))
     assert s.error.startswith(f"session file {str(bad)!r}")
     after = (s.current, s._history.undo, s._history.redo, s.base, s.topology)
     assert after == before
