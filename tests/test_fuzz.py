@@ -58,3 +58,13 @@ def test_an_array_where_a_name_is_expected_is_refused():
     s = Session(mlp, ir.Topology.uniform(4))
     assert not s.annotate(np.array([1, 2]), (Mesh((4,)), ["S(1)"]))
     assert "not a value of the program" in s.error
+
+
+def test_a_device_map_with_too_few_sub_devices_is_a_type_error_when_simulated():
+    """Found by fuzzing (2 inputs in 100,000): pmap's device_map gave device 2 one
+    sub-device where the body names ``d.1``; simulate raised a bare IndexError."""
+    golden = Path(__file__).resolve().parent / "ir" / "golden" / "nested_pmap.txt"
+    text = golden.read_text().replace("2: [2, 4]", "2: [2]")
+    f = ir.parse(text)
+    with pytest.raises(ir.DistIRError, match=r"sub-device 1 of device 2.* lists 1 sub-device"):
+        ir.simulate(f, ir.Topology.uniform(5))
