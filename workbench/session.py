@@ -586,7 +586,7 @@ class Session:
         # A change is committed before listeners hear of it: one that raises must not make
         # the change look failed, nor keep the others from hearing it. Its error is kept
         # in listener_errors and reported as a ListenerWarning.
-        self.listener_errors = []
+        self.listener_errors.clear()  # in place: a new list would free the old (gc.freeze)
         for callback in self._listeners:
             try:
                 callback(self)
