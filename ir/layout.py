@@ -47,7 +47,9 @@ from .errors import DistIRError
 from .types import TensorType, TupleType, Type
 
 Levels = tuple[str, ...]
-_LEVEL = re.compile(r"^(R|P|S\((\d+)\))(?:@(\d+))?$")
+# ASCII digits, at most 19 (int64's): \d would take any Unicode digit and a 5000-digit
+# number would reach int()'s own limit (a ValueError, not a LayoutError)
+_LEVEL = re.compile(r"^(R|P|S\(([0-9]{1,19})\))(?:@([0-9]{1,19}))?$")
 
 
 class LayoutError(DistIRError):

@@ -313,10 +313,18 @@ def bind_device(
         return ref if concrete is None else DeviceVar(str(concrete), ref.sub)
     node = device_map[concrete]
     for i, k in enumerate(ref.sub):
+        children = sorted(node) if isinstance(node, dict) else node
+        if not isinstance(children, list | tuple) or not 0 <= k < len(children):
+            # a map that gives fewer sub-devices than the body names (found by fuzzing)
+            count = len(children) if isinstance(children, list | tuple) else 0
+            raise InvalidTypeError(
+                f"device {ref} is sub-device {k} of device {concrete}, but the pmap's "
+                f"device_map lists {count} sub-device(s) for it: {device_map[concrete]!r}"
+            )
         if isinstance(node, dict):
-            node = node[sorted(node)[k]] if i < len(ref.sub) - 1 else sorted(node)[k]
+            node = node[children[k]] if i < len(ref.sub) - 1 else children[k]
         else:
-            node = node[k]
+            node = children[k]
     return node
 
 

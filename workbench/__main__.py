@@ -125,15 +125,35 @@ def run_report(args: argparse.Namespace) -> int:
         devices=args.devices,
         strategies=tuple(args.strategy or DEFAULT_STRATEGIES),
     )
+    out = Path(args.out)
+    problem = _unwritable(out)
+    if problem:  # said before minutes of simulation, not after
+        print(f"error: --out {out}: {problem}", file=sys.stderr)
+        return 1
     try:
         function = build_model(config)
-        path = write_report(Path(args.out), function, config, progress=not args.quiet)
+        path = write_report(out, function, config, progress=not args.quiet)
     except DistIRError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    except OSError as e:
+        print(f"error: --out {out}: cannot write it: {e.strerror or e}", file=sys.stderr)
         return 1
     size_mb = path.stat().st_size / 1e6
     print(f"wrote {path} ({size_mb:.1f} MB, self-contained: open it in any browser, offline)")
     return 0
+
+
+def _unwritable(path: Path) -> str:
+    """Why a file cannot be written at ``path`` ("" when it looks writable)."""
+    if path.is_dir():
+        return "is a folder; give a file name, e.g. report.html"
+    folder = path.parent
+    if not folder.is_dir():
+        return f"the folder {folder} does not exist; create it or choose another"
+    if not os.access(folder, os.W_OK):
+        return f"the folder {folder} is not writable"
+    return ""
 
 
 def parser() -> argparse.ArgumentParser:

@@ -162,9 +162,12 @@ class Workbench(w.VBox):
         graph_options: GraphOptions | None = None,
         graph_height_px: int = 460,
         max_graph_ops: int = 400,
+        session: Session | None = None,
     ) -> None:
-        topology = topology or Topology.preset(DEFAULT_PRESET, 8)
-        self.session = Session(function, topology, strategy=strategy)
+        if session is None:  # else ``function`` and ``topology`` are the session's
+            topology = topology or Topology.preset(DEFAULT_PRESET, 8)
+            session = Session(function, topology, strategy=strategy)
+        self.session = session
         self.max_graph_ops = max_graph_ops
         self.graph_note = ""
         self.graph_options = graph_options or GraphOptions()
@@ -211,8 +214,9 @@ class Workbench(w.VBox):
         self.graph.on_select(self._on_graph_select)
         self.view.observe(lambda _: self.refresh(), names="value")
         self.session.on_change(lambda _s: self.refresh())
+        self.file_controls = self._file_controls()
         side = w.VBox(
-            [self.selection, self.editor, self.controls],
+            [self.selection, self.editor, self.controls, self.file_controls],
             layout={"width": "36%", "min_width": "330px"},
         )
         main = w.VBox([self.view, self.graph], layout={"width": "63%"})
@@ -273,6 +277,71 @@ class Workbench(w.VBox):
 
         weights = {n: self.arguments[n] for n in self.weight_names} if with_weights else None
         return save_onnx(self.session, path, weights)
+
+    # -- session files ------------------------------------------------------------------
+
+    def save(self, path: Any) -> Any:
+        """Save the session (program, topology, state, undo/redo history) to ``path`` as
+        JSON; see docs/workbench.md. The arrays of ``wb.arguments`` are not saved."""
+        return self.session.save(path)
+
+    @classmethod
+    def load(cls, path: Any, **kw: Any) -> Workbench:
+        """The dashboard over the session saved at ``path`` (``kw``: display options)."""
+        session = Session.load(path)
+        return cls(session.base, session.topology, session=session, **kw)
+
+    def restore(self, path: Any) -> bool:
+        """What the Load button does: replace this dashboard's session by the one saved at
+        ``path``. False, with the error shown and nothing changed, when it cannot."""
+        if not self.session.restore(path):
+            return False
+        self.arguments, self.weight_names = {}, ()  # they belonged to the program replaced
+        if self.editor.value_name not in self.session.annotatable():
+            self.editor.select(None)
+        s = self.session.strategy
+        self.dp.value, self.hp.value, self.pp.value = s.dp, s.hp, s.pp
+        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
+        self.editor.refresh()
+        return True
+
+    def _save_to_box(self) -> None:
+        try:
+            path = self.save(self.file_path.value.strip())
+        except SessionError as e:
+            self.session.error = str(e)
+        else:
+            self.session.error = None
+            self.file_status.value = f"<small>saved {html.escape(str(path))}</small>"
+        self.editor.refresh()
+
+    def _load_from_box(self) -> None:
+        self.file_status.value = ""
+        self.editor.busy("loading the session…")
+        if self.restore(self.file_path.value.strip()):
+            self.file_status.value = (
+                f"<small>loaded {html.escape(self.file_path.value.strip())}</small>"
+            )
+        self.editor.refresh()
+
+    def _file_controls(self) -> w.VBox:
+        self.file_path = w.Text(value="session.json", description="file", layout={"width": "98%"})
+        self.file_path.add_class("distir-session-path")
+        self.save_button = w.Button(description="Save", layout={"width": "80px"})
+        self.save_button.add_class("distir-session-save")
+        self.save_button.on_click(lambda _b: self._save_to_box())
+        self.load_button = w.Button(description="Load", layout={"width": "80px"})
+        self.load_button.add_class("distir-session-load")
+        self.load_button.on_click(lambda _b: self._load_from_box())
+        self.file_status = w.HTML("")
+        return w.VBox(
+            [
+                w.HTML("<b>Session file</b> (errors show in the editor above)"),
+                self.file_path,
+                w.HBox([self.save_button, self.load_button, self.file_status]),
+            ],
+            layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
+        )
 
     # -- driving it from code ---------------------------------------------------------
 

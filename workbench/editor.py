@@ -19,6 +19,7 @@ from typing import Any
 import ipywidgets as w
 
 from ir.errors import DistIRError
+from ir.limits import MAX_DEVICES
 from ir.sharding import Mesh, ShardingSpec, placement
 
 from .session import Annotation, Session, SessionError
@@ -26,18 +27,41 @@ from .session import Annotation, Session, SessionError
 PARTIAL_OPS = ("sum", "max", "min", "mean")
 
 
+MAX_MESH_AXES = 16
+"""Mesh axes the editor accepts (it shows one placement dropdown per axis)."""
+
+
+def _shown(text: str) -> str:
+    return repr(text) if len(text) <= 40 else repr(text[:37] + "...")
+
+
 def parse_mesh_shape(text: str) -> tuple[int, ...]:
     """``"2x4"``, ``"2, 4"``, ``"(2, 4)"`` or ``"8"`` -> the mesh shape.
+
+    At most :data:`MAX_MESH_AXES` axes and ``ir.limits.MAX_DEVICES`` devices in all,
+    checked before anything of that size is made.
 
     >>> parse_mesh_shape("2x4"), parse_mesh_shape("8")
     ((2, 4), (8,))
     """
     parts = [p for p in re.split(r"[x×*,\s()\[\]]+", text.strip().lower()) if p]
-    if not parts or not all(p.isdigit() and int(p) > 0 for p in parts):
+    # ASCII digits only ('²' is a digit to str.isdigit), and no more than a size can need
+    if not parts or not all(re.fullmatch(r"[0-9]{1,19}", p) and int(p) > 0 for p in parts):
         raise SessionError(
-            f"mesh shape {text!r}: write positive sizes separated by 'x', e.g. '8' or '2x4'"
+            f"mesh shape {_shown(text)}: write positive sizes separated by 'x', e.g. '8' or '2x4'"
         )
-    return tuple(int(p) for p in parts)
+    if len(parts) > MAX_MESH_AXES:
+        raise SessionError(
+            f"mesh shape {_shown(text)} has {len(parts)} axes; the editor takes at most "
+            f"{MAX_MESH_AXES}"
+        )
+    shape = tuple(int(p) for p in parts)
+    if math.prod(shape) > MAX_DEVICES:
+        raise SessionError(
+            f"mesh shape {_shown(text)} holds {math.prod(shape)} devices, more than the limit "
+            f"{MAX_DEVICES} (ir.limits.MAX_DEVICES)"
+        )
+    return shape
 
 
 def parse_devices(text: str, size: int) -> tuple[int, ...]:
@@ -54,14 +78,18 @@ def parse_devices(text: str, size: int) -> tuple[int, ...]:
         if not part:
             continue
         lo, dots, hi = part.partition("..")
-        if not (lo.isdigit() and (not dots or hi.isdigit())):
+        number = r"[0-9]{1,19}"  # ASCII digits, no more than a device id can need
+        if not (re.fullmatch(number, lo) and (not dots or re.fullmatch(number, hi))):
             raise SessionError(
-                f"devices {text!r}: cannot read {part!r}; write e.g. '0..7' or '0, 2'"
+                f"devices {_shown(text)}: cannot read {_shown(part)}; write e.g. '0..7' or '0, 2'"
             )
-        found += list(range(int(lo), int(hi) + 1)) if dots else [int(lo)]
+        first, last = int(lo), int(hi) if dots else int(lo)
+        if len(found) + max(0, last - first + 1) > size:  # counted before it is listed
+            raise SessionError(f"devices {_shown(text)} list more devices than the mesh's {size}")
+        found += range(first, last + 1)
     if len(found) != size:
         raise SessionError(
-            f"devices {text!r} lists {len(found)} device(s) but the mesh holds {size}"
+            f"devices {_shown(text)} lists {len(found)} device(s) but the mesh holds {size}"
         )
     return tuple(found)
 
@@ -118,8 +146,10 @@ def parse_spec(text: str) -> ShardingSpec:
         key = "sharded_dims" if key == "dims" else key
         try:
             fields[key] = ast.literal_eval(raw.strip().rstrip(","))
-        except (ValueError, SyntaxError):
-            raise SessionError(f"spec {text!r}: {key} = {raw.strip()!r} is not a literal") from None
+        except (ValueError, SyntaxError, RecursionError, MemoryError):  # too deep nests too
+            raise SessionError(
+                f"spec {_shown(text)}: {key} = {_shown(raw.strip())} is not a literal"
+            ) from None
     if "devices" not in fields:
         raise SessionError(f"spec {text!r}: give the devices, e.g. 'devices=[0, 1]'")
     return ShardingSpec(**fields)
@@ -262,8 +292,9 @@ class ShardingEditor(w.VBox):
             return
         try:
             spec = self.annotation()
-        except (DistIRError, ValueError, TypeError) as e:
-            self.session.error = f"cannot read the form: {e}"
+        except Exception as e:  # a button's handler: whatever the form holds, say so in the panel
+            kind = "" if isinstance(e, DistIRError) else f"{type(e).__name__}: "
+            self.session.error = f"cannot read the form: {kind}{e}"
             self.refresh()
             return
         self.busy(f"propagating {self.value_name} and simulating…")

@@ -18,10 +18,13 @@ No Jupyter import here: the dashboard listens with :meth:`Session.on_change`.
 from __future__ import annotations
 
 import gc
+import os
 import time
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from ir.device import Topology
@@ -37,6 +40,10 @@ SCHEDULES = ("gpipe", "1f1b")
 
 class SessionError(DistIRError):
     """A request the session cannot carry out (unknown value, bad degree, nothing to undo)."""
+
+
+class ListenerWarning(RuntimeWarning):
+    """A change listener (``Session.on_change``) raised; the change itself stands."""
 
 
 class UnknownValueError(SessionError, KeyError):
@@ -136,9 +143,12 @@ class State:
         return dict(self.annotations).get(value_name)
 
     def with_annotation(self, value_name: str, spec: Annotation) -> State:
-        """This state plus ``value_name: spec`` (replacing an earlier one); strategy reset."""
+        """This state plus ``value_name: spec`` (replacing an earlier one); strategy reset.
+
+        ``spec`` is kept in one form (:func:`normal_annotation`), so equal choices make
+        equal states whichever way they were written."""
         rest = tuple((n, s) for n, s in self.annotations if n != value_name)
-        return State(Strategy(), (*rest, (value_name, spec)))
+        return State(Strategy(), (*rest, (value_name, normal_annotation(value_name, spec))))
 
     def without_annotation(self, value_name: str) -> State:
         """This state without the annotation on ``value_name``."""
@@ -166,6 +176,42 @@ class Derived:
     report: Any = None  # propagation's report (layouts per value), when annotated
     derive_s: float = 0.0  # Python time to transform or propagate
     simulate_s: float = 0.0  # Python time to simulate
+
+
+def normal_annotation(value_name: str, spec: Annotation) -> Annotation:
+    """``spec`` as ``(Mesh, tuple of placements)`` or a ShardingSpec (what a session keeps
+    and a session file holds); a Layout, a mesh given by its shape, placements as text or
+    in a list are converted. Anything else is a SessionError naming the value.
+
+    >>> from ir.sharding import Mesh, S
+    >>> normal_annotation("wA", ((4,), ["S(1)"])) == (Mesh((4,)), (S(1),))
+    True
+    """
+    from ir.sharding import Layout, Mesh, ShardingSpec, placement
+
+    if isinstance(spec, ShardingSpec):
+        return spec
+    if isinstance(spec, Layout):
+        return spec.mesh, tuple(spec.placements)
+    if isinstance(spec, tuple) and len(spec) == 2:
+        mesh, placements = spec
+        if isinstance(placements, str):
+            placements = [placements]
+        try:
+            if not isinstance(mesh, Mesh):
+                mesh = Mesh(mesh)
+            if isinstance(placements, list | tuple):
+                return mesh, tuple(placement(p) for p in placements)
+        except DistIRError as e:
+            raise SessionError(f"annotation of {value_name!r}: {e}") from None
+        except (TypeError, ValueError, AttributeError, OverflowError, MemoryError) as e:
+            raise SessionError(
+                f"annotation of {value_name!r}: cannot read {spec!r}: {type(e).__name__}"
+            ) from None
+    raise SessionError(
+        f"annotation of {value_name!r} must be (Mesh, placements), a Layout or a "
+        f"ShardingSpec, got {spec!r}"
+    )
 
 
 def describe_annotation(value_name: str, spec: Annotation) -> str:
@@ -308,6 +354,7 @@ class Session:
         topology: Topology,
         *,
         strategy: Strategy | None = None,
+        state: State | None = None,
     ) -> None:
         self.base = function
         self.topology = topology
@@ -315,8 +362,56 @@ class Session:
         self._cache: dict[Any, Derived] = {}
         self._history = _History()
         self._listeners: list[Callable[[Session], None]] = []
+        self.listener_errors: list[Exception] = []  # what listeners raised at the last change
         # The first state must derive: there is no earlier one to fall back to.
-        self._current = self._derive(State(strategy or Strategy()))
+        self._current = self._derive(state or State(strategy or Strategy()))
+
+    # -- files -----------------------------------------------------------------------------
+
+    def save(self, path: str | os.PathLike[str]) -> Path:
+        """Write the program, topology, state and undo/redo history to ``path`` as JSON
+        (``workbench.session_file``); atomic: a failure leaves an earlier file intact."""
+        from . import session_file
+
+        h = self._history
+        return session_file.save(path, self.base, self.topology, self.state, h.undo, h.redo)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> Session:
+        """The session saved at ``path`` (:meth:`save`): its program, topology, state and
+        history; a file that cannot be read or does not apply raises SessionFileError."""
+        from .session_file import SessionFileError, read
+
+        saved = read(path)
+        try:
+            with long_lived_allocations():
+                session = cls(saved.function, saved.topology, state=saved.state)
+        except Exception as e:  # the file's state is checked, but deriving may still refuse it
+            kind = "" if isinstance(e, DistIRError) else f"{type(e).__name__}: "
+            field = "$.annotations" if saved.state.annotations else "$.strategy"
+            raise SessionFileError(
+                path, field, f"the saved state does not apply: {kind}{e}"
+            ) from None
+        session._history = _History(list(saved.undo), list(saved.redo))
+        return session
+
+    def restore(self, path: str | os.PathLike[str]) -> bool:
+        """Replace this session's program, topology, state and history by those saved at
+        ``path``, keeping its listeners. False (with :attr:`error` set, nothing changed)
+        when the file cannot be loaded."""
+        try:
+            other = Session.load(path)
+        except DistIRError as e:
+            return self._fail(str(e))
+        self.adopt(other)
+        return True
+
+    def adopt(self, other: Session) -> None:
+        """Take over ``other``'s program, topology, state, history and cache (one change
+        to listeners; this session's own history is replaced, not extended)."""
+        self.base, self.topology = other.base, other.topology
+        self._cache, self._history, self._current = other._cache, other._history, other._current
+        self._changed()
 
     # -- what the views read -----------------------------------------------------------
 
@@ -367,31 +462,41 @@ class Session:
         return list(dict.fromkeys(names))
 
     def on_change(self, callback: Callable[[Session], None]) -> None:
-        """Call ``callback(session)`` after every change, failed ones included."""
+        """Call ``callback(session)`` after every change, failed ones included.
+
+        The change is committed first: a callback that raises does not undo it nor
+        make the method report failure; its exception goes to :attr:`listener_errors`
+        and a :class:`ListenerWarning` is issued, and later callbacks still run."""
         self._listeners.append(callback)
 
     # -- changes -------------------------------------------------------------------------
 
     def annotate(self, value_name: str, spec: Annotation) -> bool:
         """Place ``value_name`` (a value of the base program) as ``spec`` and propagate."""
-        if value_name not in self.annotatable():
+        if not isinstance(value_name, str) or value_name not in self.annotatable():
             return self._fail(
                 f"cannot annotate {value_name!r}: it is not a value of the program "
                 f"{self.base.name!r}; choose one of {', '.join(self.annotatable()[:12])}"
                 + (", ..." if len(self.annotatable()) > 12 else "")
             )
-        new = self.state.with_annotation(value_name, spec)
+        try:
+            new = self.state.with_annotation(value_name, spec)
+        except SessionError as e:
+            return self._fail(str(e))
         return self._commit(new, f"annotating {describe_annotation(value_name, spec)}")
 
     def annotate_many(self, annotations: dict[str, Annotation], what: str = "") -> bool:
         """Place several values at once, as one change (one undo step)."""
         known = set(self.annotatable())
-        unknown = [name for name in annotations if name not in known]
+        unknown = [name for name in annotations if not isinstance(name, str) or name not in known]
         if unknown:
             return self._fail(f"cannot annotate {unknown}: not values of {self.base.name!r}")
         new = self.state
-        for name, spec in annotations.items():
-            new = new.with_annotation(name, spec)
+        try:
+            for name, spec in annotations.items():
+                new = new.with_annotation(name, spec)
+        except SessionError as e:
+            return self._fail(str(e))
         shown = ", ".join(describe_annotation(n, s) for n, s in annotations.items())
         return self._commit(new, what or f"annotating {shown}")
 
@@ -420,19 +525,28 @@ class Session:
         """Go back one change. False (with :attr:`error` set) when there is none."""
         if not self._history.undo:
             return self._fail("nothing to undo")
-        self._history.redo.append(self.state)
-        self._current = self._derive(self._history.undo.pop())
-        return self._changed()
+        return self._step(self._history.undo, self._history.redo, "undo")
 
     def redo(self) -> bool:
         """Re-apply the change last undone."""
         if not self._history.redo:
             return self._fail("nothing to redo")
-        self._history.undo.append(self.state)
-        self._current = self._derive(self._history.redo.pop())
-        return self._changed()
+        return self._step(self._history.redo, self._history.undo, "redo")
 
     # -- internals -------------------------------------------------------------------------
+
+    def _step(self, source: list[State], target: list[State], what: str) -> bool:
+        # Cached states derive at once; one loaded from a file may not derive at all.
+        try:
+            with long_lived_allocations():
+                derived = self._derive(source[-1])
+        except Exception as e:
+            kind = "" if isinstance(e, DistIRError) else f"{type(e).__name__}: "
+            return self._fail(f"{what} failed: {kind}{e}")
+        source.pop()
+        target.append(self.state)
+        self._current = derived
+        return self._changed()
 
     def _derive(self, state: State) -> Derived:
         key = _cache_key(state)
@@ -469,5 +583,19 @@ class Session:
         return False
 
     def _notify(self) -> None:
+        # A change is committed before listeners hear of it: one that raises must not make
+        # the change look failed, nor keep the others from hearing it. Its error is kept
+        # in listener_errors and reported as a ListenerWarning.
+        self.listener_errors.clear()  # in place: a new list would free the old (gc.freeze)
         for callback in self._listeners:
-            callback(self)
+            try:
+                callback(self)
+            except Exception as e:
+                self.listener_errors.append(e)
+                name = getattr(callback, "__qualname__", repr(callback))
+                warnings.warn(
+                    f"session listener {name} raised {type(e).__name__}: {e} (the session's "
+                    "state is as the change left it)",
+                    ListenerWarning,
+                    stacklevel=4,
+                )

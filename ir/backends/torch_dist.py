@@ -47,7 +47,25 @@ __all__ = ["BackendError", "Measurement", "measure", "run"]
 
 
 class BackendError(DistIRError):
-    """The program cannot run on torch.distributed (or a worker process failed)."""
+    """The program cannot run on torch.distributed (or a worker process failed).
+
+    For a failed worker, ``device``, ``rank`` and ``op`` (the op as printed, None when
+    it failed before running ops) say where, and ``worker_traceback`` holds the
+    worker's traceback; the message gives all but the traceback, the original error last.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        device: int | None = None,
+        rank: int | None = None,
+        op: str | None = None,
+        worker_traceback: str = "",
+    ) -> None:
+        super().__init__(message)
+        self.device, self.rank, self.op = device, rank, op
+        self.worker_traceback = worker_traceback
 
 
 # -- what one process holds -------------------------------------------------------
@@ -424,6 +442,7 @@ def _worker(
 ) -> None:
     """One process: run ``function`` once (``steps=0``) and send back its outputs, or run it
     ``steps`` times, each after a barrier, and send back the barrier exits and op times."""
+    rank: _Rank | None = None
     try:
         torch, dist = _torch()
         torch.set_num_threads(1)
@@ -439,9 +458,10 @@ def _worker(
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in _collective_groups(function)}
         me = devices[rank_id]
         local = {v: _local_parts(v.type, x, me) for v, x in zip(function.inputs, args)}
-        rank = _Rank(me, rank_of, groups, dict(local))
+        rank = _Rank(me, rank_of, groups, dict(local), tag=-1)
         if not steps:
             _run_ops(function, rank)
+            rank.tag = -1
             outbox.put((rank_id, [rank.env[v] for v in function.outputs], None))
         else:
             record = []
@@ -451,11 +471,14 @@ def _worker(
                 dist.barrier()  # every rank starts the step together (one host: one clock)
                 origin = time.perf_counter()
                 _run_ops(function, rank, timed)
+                rank.tag = -1
                 record.append((origin, timed))
             outbox.put((rank_id, record, None))
         dist.destroy_process_group()
-    except Exception:
-        outbox.put((rank_id, None, traceback.format_exc()))
+    except Exception as e:  # said to the parent as text: an exception may not pickle
+        index = rank.tag if rank is not None else -1  # the op running (-1: none)
+        where = (index, describe_op(function.ops[index])) if index >= 0 else None
+        outbox.put((rank_id, None, (where, f"{type(e).__name__}: {e}", traceback.format_exc())))
 
 
 def _free_port() -> int:
@@ -553,7 +576,7 @@ def _launch(
         for _ in procs:
             rank_id, outs, error = outbox.get(timeout=timeout_s)
             if error is not None:
-                raise BackendError(f"process for device {devices[rank_id]} failed:\n{error}")
+                raise _worker_failed(function, devices, rank_id, *error)
             results[rank_id] = outs
     except queue_module.Empty:
         waiting = [devices[r] for r in range(len(procs)) if r not in results]
@@ -568,6 +591,30 @@ def _launch(
                 p.kill()  # the others would wait on a peer that is gone
             p.join(timeout=10)
     return results
+
+
+def _worker_failed(
+    function: Function,
+    devices: list[int],
+    rank_id: int,
+    where: tuple[int, str] | None,
+    error: str,
+    worker_traceback: str,
+) -> BackendError:
+    device = devices[rank_id]
+    who = f"device {device} (rank {rank_id} of {len(devices)}) running {function.name!r}"
+    if where is None:
+        message = f"{who} failed outside its ops (setting up or sending results): {error}"
+    else:
+        index, op = where
+        message = f"{who} failed at op {index}: {op}\n  {error}"
+    return BackendError(
+        message + "\n  (the worker's traceback: BackendError.worker_traceback)",
+        device=device,
+        rank=rank_id,
+        op=None if where is None else where[1],
+        worker_traceback=worker_traceback,
+    )
 
 
 def _assemble(t: Any, index: int, results: Mapping[int, list], devices: list[int]) -> Any:

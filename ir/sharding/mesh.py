@@ -18,14 +18,29 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import TypeRuleError
+from ..limits import MAX_DEVICES
 from ..ops import p2p
 from .errors import AnnotationError, MeshError
+
+
+def _whole_numbers(what: str, items: object) -> tuple[int, ...]:
+    """``items`` as a tuple of ints (numpy integers too); else a MeshError naming ``what``.
+    ``int()`` would read 1.5 as 1, True as 1 and "8" as 8."""
+    if isinstance(items, str | bytes) or not isinstance(items, Sequence | np.ndarray):
+        raise MeshError(f"{what} must be a sequence of integers, got {items!r}")
+    out = []
+    for n in items:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+            raise MeshError(f"{what} must hold integers, got {n!r} in {list(items)!r}")
+        out.append(int(n))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -40,10 +55,18 @@ class Mesh:
     devices: tuple[int, ...] = ()
 
     def __init__(self, shape: Sequence[int], devices: Sequence[int] | None = None) -> None:
-        shape = (int(shape),) if isinstance(shape, int) else tuple(int(n) for n in shape)
-        devices = tuple(range(math.prod(shape))) if devices is None else tuple(devices)
+        single = isinstance(shape, numbers.Integral) and not isinstance(shape, bool)
+        shape = _whole_numbers("mesh shape", (shape,) if single else shape)
         if not shape or any(n < 1 for n in shape):
             raise MeshError(f"mesh shape {list(shape)} must list positive sizes")
+        if math.prod(shape) > MAX_DEVICES:  # checked before a device list of that size is made
+            raise MeshError(
+                f"a mesh of shape {list(shape)} holds {math.prod(shape)} devices, more than "
+                f"the limit {MAX_DEVICES} (ir.limits.MAX_DEVICES)"
+            )
+        if devices is None:
+            devices = tuple(range(math.prod(shape)))
+        devices = _whole_numbers("mesh devices", devices)
         if len(devices) != math.prod(shape):
             raise MeshError(
                 f"a mesh of shape {list(shape)} holds {math.prod(shape)} devices, "

@@ -27,6 +27,7 @@ import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,13 @@ def _whole(x: object, what: str) -> int:
     if isinstance(x, numbers.Integral) and not isinstance(x, bool):
         return int(x)
     raise AnnotationError(f"{what} must hold integers, got {x!r} ({type(x).__name__})")
+
+
+def _sequence(x: object, what: str) -> Sequence[Any]:
+    """``x`` if it is a list, tuple or array (not a string), else an AnnotationError."""
+    if isinstance(x, str | bytes) or not isinstance(x, Sequence | np.ndarray):
+        raise AnnotationError(f"{what} must be a sequence, got {x!r} ({type(x).__name__})")
+    return x
 
 
 @dataclass(frozen=True)
@@ -57,12 +65,19 @@ class ShardingSpec:
         device_map: Mapping[int, Sequence[int]] | None = None,
     ) -> None:
         # Whole numbers only: int() would read the device 1.5 as 1 and True as 1.
-        devices = tuple(_whole(d, "devices") for d in devices)
-        dims = tuple(
-            (_whole(a, "sharded_dims"), _whole(n, "sharded_dims")) for a, n in sharded_dims
-        )
+        devices = tuple(_whole(d, "devices") for d in _sequence(devices, "devices"))
+        pairs = [_sequence(p, "sharded_dims") for p in _sequence(sharded_dims, "sharded_dims")]
+        if any(len(p) != 2 for p in pairs):
+            raise AnnotationError(
+                f"sharded_dims must hold (axis, num_shards) pairs, got {sharded_dims!r}"
+            )
+        dims = tuple((_whole(a, "sharded_dims"), _whole(n, "sharded_dims")) for a, n in pairs)
+        if device_map is not None and not isinstance(device_map, Mapping):
+            raise AnnotationError(f"device_map must be a mapping, got {device_map!r}")
         dmap = {
-            _whole(k, "device_map"): tuple(_whole(d, "device_map") for d in v)
+            _whole(k, "device_map"): tuple(
+                _whole(d, "device_map") for d in _sequence(v, "device_map")
+            )
             for k, v in (device_map or {}).items()
         }
         shards = math.prod(n for _, n in dims)

@@ -133,11 +133,11 @@ class Engine:
         shared_records: bool = True,
         classes: Sequence[Sequence[int]] = (),
     ) -> None:
-        if combine not in COMBINE_MODES:
+        if not isinstance(combine, str) or combine not in COMBINE_MODES:
             raise SimulationError(
                 f"combine must be one of {', '.join(COMBINE_MODES)}, got {combine!r}"
             )
-        if comm not in COMM_MODES:
+        if not isinstance(comm, str) or comm not in COMM_MODES:
             raise SimulationError(
                 f"comm must be one of {', '.join(COMM_MODES)} ('channels': one FIFO channel "
                 f"per peer pair and per collective group; 'serial': one FIFO communication "

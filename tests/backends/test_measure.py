@@ -111,8 +111,12 @@ def test_a_failing_rank_gives_a_project_error_naming_its_device(monkeypatch):
 
     monkeypatch.setitem(torch_dist._LOWERINGS, "AllReduce", broken)  # forked workers see it
     g, inputs = _data_parallel_step()
-    with pytest.raises(torch_dist.BackendError, match=r"device 1 failed(.|\n)*rank 1 broke"):
+    with pytest.raises(
+        torch_dist.BackendError,
+        match=r"device 1 \(rank 1 of 2\)(.|\n)*AllReduce(.|\n)*rank 1 broke",
+    ) as e:
         torch_dist.measure(g, inputs, steps=1, warmup=0, timeout_s=60)
+    assert e.value.device == 1 and "AllReduce" in e.value.op
 
 
 def test_measure_refuses_no_steps():

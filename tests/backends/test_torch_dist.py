@@ -10,6 +10,7 @@ import ir
 from ir import DeviceVar, FunctionBuilder, TensorType, TupleType
 from ir.backends import torch_dist
 from ir.registry import OpKind
+from ir.verify import describe_op
 
 pytest.importorskip("torch.distributed", reason="torch is not installed (pip install torch)")
 
@@ -97,6 +98,33 @@ def test_a_failing_worker_reports_the_device():
     f = b.finish([b.call("AllReduce", xs)])
     with pytest.raises(ir.ExecutionError, match="needs a tuple of 2 arrays"):
         torch_dist.run(f, [(np.ones(2),)])
+
+
+@pytest.mark.parametrize(("device", "label"), [(1, 7), (0, -1), (1, 2**40)])
+def test_a_crashing_rank_names_its_device_the_op_and_the_original_error(device, label):
+    b = FunctionBuilder("two")
+    outs = []
+    for d in (0, 1):
+        y = b.input(f"y{d}", T(3, 4, device=d))
+        z = b.input(f"z{d}", TensorType((3,), "int64", device=d))
+        outs.append(b.call("Loss", y, z, name=f"l{d}"))
+    f = b.finish(outs)
+    labels = [np.array([0, 1, 2]), np.array([0, 1, 2])]
+    labels[device][1] = label  # out of range on one device only
+    args = [np.ones((3, 4), np.float32), labels[0], np.ones((3, 4), np.float32), labels[1]]
+    with pytest.raises(torch_dist.BackendError) as caught:
+        torch_dist.run(f, args, timeout_s=60)
+    e = caught.value
+    op = next(op for op in f.ops if op.device == device)
+    assert (e.device, e.rank, e.op) == (device, device, describe_op(op))
+    first_line, error_line = str(e).splitlines()[:2]
+    assert first_line == (
+        f"device {device} (rank {device} of 2) running 'two' failed at op {device}: {e.op}"
+    )
+    assert error_line.strip() == (
+        f"ExecutionError: Loss: class labels z must be in [0, 4), got {label} at index [1]"
+    )
+    assert "Traceback" not in str(e) and "Traceback" in e.worker_traceback
 
 
 @pytest.mark.parametrize(
