@@ -454,17 +454,7 @@ class Drawing:
             self.tooltips[sid] = f"{text}: {v.type}\nfrom {where} (far above)"
         else:
             self.tooltips[sid] = f"{text} from {where} (far above)"
-        attrs = _attrs(
-            id=sid,
-            label=f"↪ {_short(text, 18)}",
-            shape="box",
-            style="dashed,rounded",
-            color="#999999",
-            fontsize=8,
-            height=0.2,
-            margin="0.04,0.02",
-        )
-        self.lines.append(f"  {_q(sid)} {attrs};")
+        self.lines.append(stub_line(sid, text))
         return sid
 
     def _edge(self, src: str, target: str, eid: str, v: Value, *, labelled: bool = True) -> None:
@@ -509,3 +499,19 @@ def _plain_map(m: object) -> dict | None:
     if m is None:
         return None
     return {k: (_plain_map(v) if hasattr(v, "items") else list(v)) for k, v in m.items()}  # type: ignore[attr-defined]
+
+
+def stub_line(sid: str, text: str) -> str:
+    """The dot line of a stub: a small dashed node standing for a value made far above
+    its reader (dot routes a long edge through one virtual node per rank it crosses)."""
+    attrs = _attrs(
+        id=sid,
+        label=f"↪ {_short(text, 18)}",
+        shape="box",
+        style="dashed,rounded",
+        color="#999999",
+        fontsize=8,
+        height=0.2,
+        margin="0.04,0.02",
+    )
+    return f"  {_q(sid)} {attrs};"

@@ -27,7 +27,7 @@ from ir.types import DeviceRef, TensorType, TupleType, Type, devices_of
 from ir.value import Value
 
 from .collapse import find_repeats
-from .drawing import GROUP_FILL, _attrs, _q, _short
+from .drawing import GROUP_FILL, _attrs, _q, _short, stub_line
 from .ids import op_id, op_paths, shape_label, value_names
 from .layout import long_edges
 from .legend import LegendEntry
@@ -450,16 +450,7 @@ class LogicalDrawing:
         kind, name = self.id_map.get(src, ("group", src))
         self.id_map[sid] = ("value", self.names[values[0]]) if kind == "value" else (kind, name)
         self.tooltips[sid] = f"{text} from {src} (far above)"
-        attrs = _attrs(
-            id=sid,
-            label=f"↪ {_short(text, 18)}",
-            style="dashed,rounded",
-            color="#999999",
-            fontsize=8,
-            height=0.2,
-            margin="0.04,0.02",
-        )
-        self.lines.append(f"  {_q(sid)} {attrs};")
+        self.lines.append(stub_line(sid, text))
         return sid
 
     def _edge(
