@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 import ir
 from ir import models, transforms
 from ir.function import Function
-from ir.registry import CostContext, get_op
+from ir.registry import ops_cost
 
 MATMULS = ("MatMul", "MatMulGrad")
 # The attention's elementwise ops on the (batch, heads, seq, seq) scores: memory-bound.
@@ -135,21 +135,8 @@ def build(case: Case) -> Function:
 
 def counted_flops(f: Function) -> tuple[float, float]:
     """(all FLOPs, matrix FLOPs) of the top-level ops of ``f``, from their cost rules."""
-    total = matrix = 0.0
-    for op in f.ops:
-        rule = get_op(op.op_type).cost_rule
-        if rule is None:
-            continue
-        c = rule(
-            CostContext(
-                tuple(v.type for v in op.inputs),
-                tuple(v.type for v in op.outputs),
-                op.attributes,
-            )
-        )
-        total += c.flops
-        matrix += c.matrix_flops
-    return total, matrix
+    cost = ops_cost(f.ops)
+    return cost.flops, cost.matrix_flops
 
 
 def derated(topology: ir.Topology, matrix_efficiency: float) -> ir.Topology:

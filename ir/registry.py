@@ -9,7 +9,7 @@ autodiff read. Nothing else keys behaviour by op-name strings.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -70,6 +70,21 @@ class Cost:
             self.bytes_written + other.bytes_written,
             self.matrix_flops + other.matrix_flops,
         )
+
+
+def ops_cost(ops: Iterable[Any]) -> Cost:
+    """The summed cost of ``ops`` as their records' cost rules give it (ops without a
+    rule, and pmap bodies, count nothing: a step's top level, not its devices)."""
+    total = Cost()
+    for op in ops:
+        rule = get_op(op.op_type).cost_rule
+        if rule is None or op.subfunctions:
+            continue
+        types_in = tuple(v.type for v in op.inputs)
+        total = total + rule(
+            CostContext(types_in, tuple(v.type for v in op.outputs), op.attributes)
+        )
+    return total
 
 
 @dataclass(frozen=True)

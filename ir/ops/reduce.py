@@ -85,11 +85,15 @@ def _reduce_sum_types(c: TypeContext):
     return [x.with_shape(shape)]
 
 
-def _reduce_sum_kernel(xs, a):
-    x = xs[0]
-    axes = a["axes"]
-    axes = tuple(range(x.ndim)) if axes is None else axes
-    return [np.sum(x, axis=axes, keepdims=bool(a["keepdims"])).astype(x.dtype)]
+def _reduce_kernel(reduce):
+    """A kernel reducing x over its ``axes`` attribute (None: all) with ``reduce``."""
+
+    def kernel(xs, a):
+        x = xs[0]
+        axes = tuple(range(x.ndim)) if a["axes"] is None else a["axes"]
+        return [reduce(x, axis=axes, keepdims=bool(a["keepdims"])).astype(x.dtype)]
+
+    return kernel
 
 
 register_op(
@@ -98,7 +102,7 @@ register_op(
         operands=("x",),
         results=("y",),
         type_rule=_reduce_sum_types,
-        kernel=_reduce_sum_kernel,
+        kernel=_reduce_kernel(np.sum),
         cost_rule=lambda c: memory_cost(c, c.input_types[0].num_elements),
         attributes=(
             Attr("axes", None, "axes to sum over; None sums over all of them", kind=kinds.AXES),
@@ -116,20 +120,13 @@ register_op(
 )
 
 
-def _reduce_mean_kernel(xs, a):
-    x = xs[0]
-    axes = a["axes"]
-    axes = tuple(range(x.ndim)) if axes is None else axes
-    return [np.mean(x, axis=axes, keepdims=bool(a["keepdims"])).astype(x.dtype)]
-
-
 register_op(
     OpDef(
         name="ReduceMean",
         operands=("x",),
         results=("y",),
         type_rule=_reduce_sum_types,
-        kernel=_reduce_mean_kernel,
+        kernel=_reduce_kernel(np.mean),
         cost_rule=lambda c: memory_cost(c, c.input_types[0].num_elements + 1),
         attributes=(
             Attr(

@@ -27,7 +27,7 @@ from typing import Any
 from ..device import Topology
 from ..errors import DistIRError
 from ..function import Function
-from ..registry import CostContext, get_op
+from ..registry import ops_cost
 from ..transforms._rewrite import batch_inputs, batch_size, is_optimizer
 from ..types import compute_dtype
 from .result import STATUSES, Row, SearchResult
@@ -178,17 +178,7 @@ def _tokens_per_sample(t: Function) -> int:
 
 def _flops(t: Function) -> tuple[float, object]:
     """The FLOPs of one sequential step (its cost rules) and the dtype it computes in."""
-    total = 0.0
-    for op in t.ops:
-        rule = get_op(op.op_type).cost_rule
-        if rule is None or op.subfunctions:
-            continue
-        total += rule(
-            CostContext(
-                tuple(v.type for v in op.inputs), tuple(v.type for v in op.outputs), op.attributes
-            )
-        ).flops
-    return total, compute_dtype(v.type for v in t.inputs)
+    return ops_cost(t.ops).flops, compute_dtype(v.type for v in t.inputs)
 
 
 __all__ = [

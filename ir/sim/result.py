@@ -116,9 +116,15 @@ class SimResult:
                 out.setdefault(rep, [rep]).append(i)
         return out
 
-    def _as(self, index: int) -> list[int]:
+    @cached_property
+    def _stands_for(self) -> list[tuple[int, ...]]:
+        """Per device index, the device indices a compute instance on it stands for."""
+        mirrors = self._mirrors
+        return [tuple(mirrors.get(i, (i,))) for i in range(len(self._e.rep_of))]
+
+    def _as(self, index: int) -> tuple[int, ...]:
         """The device indices a compute instance on ``index`` stands for."""
-        return self._mirrors.get(index) or [index]
+        return self._stands_for[index]
 
     @cached_property
     def _used(self) -> list[int]:
