@@ -17,12 +17,10 @@ No Jupyter import here: the dashboard listens with :meth:`Session.on_change`.
 
 from __future__ import annotations
 
-import gc
 import os
 import time
 import warnings
 from collections.abc import Callable
-from contextlib import AbstractContextManager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +28,6 @@ from typing import Any
 from ir.device import Topology
 from ir.errors import DistIRError
 from ir.function import Function
-from ir.sim.engine import paused_gc
 
 Annotation = Any
 """``(ir.sharding.Mesh, placements)`` or an ``ir.sharding.ShardingSpec``."""
@@ -278,61 +275,6 @@ def _cache_key(state: State) -> Any:
     return state
 
 
-def long_lived_allocations() -> AbstractContextManager[None]:
-    """Run a change without the cyclic garbage collector scanning what it allocates.
-
-    A derivation creates tens of thousands of IR objects that live as long as the
-    session caches them (undo, redo) and make no reference cycles. Collecting
-    mid-click rescans them generation after generation (100-300 ms on a 24-layer
-    GPT); collecting once afterwards still walks every one of them (10-30 ms).
-    Instead the collector is paused, and at the end everything it tracks moves
-    to the oldest generation in O(1) (``gc.freeze`` then ``gc.unfreeze``).
-
-    Cycles that became garbage during the change move there too, and CPython
-    does not count objects moved this way towards its next full collection; so
-    this counts them itself and collects in full once they are four times the
-    oldest generation in number, and at least two million (:class:`_Promotions`):
-    about one click in 50 on a 24-layer GPT, and that click pays for a full
-    collection (1.2 s at 1.4 million objects on this 2-core host). If other code
-    has frozen objects (``gc.get_freeze_count()``), they stay frozen and nothing
-    is moved; if the collector was off, it stays off.
-    """
-    return paused_gc(before_resuming=_PROMOTIONS.promote_young)
-
-
-@dataclass
-class _Promotions:
-    """Objects moved to the oldest generation since the last full collection, and how
-    many of them trigger the next one. CPython's own rule (a quarter of that
-    generation) would collect every few clicks, each time rescanning the session's
-    cached derivations, which are most of what moved and stay alive until the
-    session drops them; the garbage among them is the odd cycle."""
-
-    since_full: int = 0
-    limit: int | None = None
-    growth: float = 4.0
-    at_least: int = 2_000_000
-
-    def promote_young(self) -> None:
-        if gc.get_freeze_count():  # others' frozen objects: unfreezing would thaw them
-            return
-        self.since_full += gc.get_count()[0]  # tracked objects made since the young collection
-        if self.limit is None:
-            self.limit = self._next_limit()
-        if self.since_full > self.limit:
-            gc.collect()  # the cycles promoted changes left behind are freed here
-            self.since_full, self.limit = 0, self._next_limit()
-        else:
-            gc.freeze()
-            gc.unfreeze()
-
-    def _next_limit(self) -> int:
-        return max(self.at_least, int(self.growth * len(gc.get_objects(generation=2))))
-
-
-_PROMOTIONS = _Promotions()
-
-
 @dataclass
 class _History:
     undo: list[State] = field(default_factory=list)
@@ -384,8 +326,7 @@ class Session:
 
         saved = read(path)
         try:
-            with long_lived_allocations():
-                session = cls(saved.function, saved.topology, state=saved.state)
+            session = cls(saved.function, saved.topology, state=saved.state)
         except Exception as e:  # the file's state is checked, but deriving may still refuse it
             kind = "" if isinstance(e, DistIRError) else f"{type(e).__name__}: "
             field = "$.annotations" if saved.state.annotations else "$.strategy"
@@ -538,8 +479,7 @@ class Session:
     def _step(self, source: list[State], target: list[State], what: str) -> bool:
         # Cached states derive at once; one loaded from a file may not derive at all.
         try:
-            with long_lived_allocations():
-                derived = self._derive(source[-1])
+            derived = self._derive(source[-1])
         except Exception as e:
             kind = "" if isinstance(e, DistIRError) else f"{type(e).__name__}: "
             return self._fail(f"{what} failed: {kind}{e}")
@@ -555,10 +495,6 @@ class Session:
         return self._cache[key]
 
     def _commit(self, state: State, what: str) -> bool:
-        with long_lived_allocations():
-            return self._commit_now(state, what)
-
-    def _commit_now(self, state: State, what: str) -> bool:
         if state == self.state:
             self.error = None
             return self._changed()
@@ -586,7 +522,7 @@ class Session:
         # A change is committed before listeners hear of it: one that raises must not make
         # the change look failed, nor keep the others from hearing it. Its error is kept
         # in listener_errors and reported as a ListenerWarning.
-        self.listener_errors.clear()  # in place: a new list would free the old (gc.freeze)
+        self.listener_errors.clear()
         for callback in self._listeners:
             try:
                 callback(self)

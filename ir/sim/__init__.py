@@ -15,7 +15,7 @@ from ..arguments import function_arg
 from ..device import Topology
 from ..errors import ArgumentError
 from ..function import Function
-from .engine import COMBINE_MODES, COMM_MODES, Engine, SimulationError, paused_gc
+from .engine import COMBINE_MODES, COMM_MODES, Engine, SimulationError
 from .result import Event, SimResult
 
 __all__ = ["COMBINE_MODES", "COMM_MODES", "Event", "SimResult", "SimulationError", "simulate"]
@@ -61,6 +61,5 @@ def simulate(
         )
     classes = function.rank_classes if symmetry else ()
     engine = Engine(topology, combine, comm=comm, classes=classes)
-    with paused_gc():
-        engine.run(function)
+    engine.run(function)
     return SimResult(engine)

@@ -29,9 +29,7 @@ variable bound (sub-devices resolved through ``device_map``).
 
 from __future__ import annotations
 
-import gc
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..device import Topology
@@ -65,25 +63,6 @@ _COMPUTE_KIND, _COMMUNICATION_KIND, _CONTROL_KIND = (
 )
 
 
-@contextmanager
-def paused_gc(before_resuming: Callable[[], None] | None = None) -> Iterator[None]:
-    """Pause the cyclic garbage collector: building many small long-lived tuples (the
-    walk, the columns, the events) makes it rescan them again and again, which turns
-    linear work super-linear on 100k-op programs; none of it creates cycles.
-
-    ``before_resuming`` runs just before the collector is turned back on (not at all
-    if it was off to begin with)."""
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if collecting:
-            if before_resuming is not None:
-                before_resuming()
-            gc.enable()
-
-
 class SimulationError(DistIRError):
     """A program the simulator cannot cost: unknown device, op without a cost rule, ..."""
 
@@ -100,7 +79,9 @@ class _Scope(dict):
         super().__init__()
         self.index_of = index_of
         self.bindings = bindings  # ((var, concrete id, device_map), ...), innermost first
-        self.key = tuple((var, concrete, id(device_map)) for var, concrete, device_map in bindings)
+        self.key = tuple(
+            (var, concrete, _map_key(device_map)) for var, concrete, device_map in bindings
+        )
 
     def __missing__(self, ref: Any) -> int:
         bound = ref
@@ -118,11 +99,7 @@ class _Scope(dict):
 
 
 class Engine:
-    """One simulation run; :func:`ir.simulate` builds one and wraps its lists in a SimResult.
-
-    ``shared_records=False`` walks the top level as a pmap body is walked (each op
-    prepared on its own): the reference the shared-record walk is tested against.
-    """
+    """One simulation run; :func:`ir.simulate` builds one and wraps its lists in a SimResult."""
 
     def __init__(
         self,
@@ -130,7 +107,6 @@ class Engine:
         combine: str = "roofline",
         *,
         comm: str = "channels",
-        shared_records: bool = True,
         classes: Sequence[Sequence[int]] = (),
     ) -> None:
         if not isinstance(combine, str) or combine not in COMBINE_MODES:
@@ -146,7 +122,6 @@ class Engine:
         self.serial_comm = comm == "serial"
         self.topology = topology
         self.additive = combine == "additive"
-        self.shared_records = shared_records
         self.index_of = {d.device_id: i for i, d in enumerate(topology.devices)}
         # devices of one model (the same figures) time an op alike: cost each model once
         models: dict[tuple, int] = {}
@@ -183,12 +158,6 @@ class Engine:
         self.comm_instances: list[int] = []  # the instances whose ``where`` is a tuple
         self.comm_channels: list[tuple[int, ...]] = []  # their channels, in the same order
         self._prepared: dict[Op, tuple] = {}
-        # the top-level walk's records (see walk.py), by identity and by structure
-        self._records_by_identity: dict[tuple, tuple] = {}
-        self._records_by_structure: dict[tuple, tuple] = {}
-        self._structural_by_type: dict[str, Any] = {}  # op type -> structural handler
-        self._type_descriptors: dict[int, Any] = {}  # id(type) -> hashable structure
-        self._attribute_keys: dict[int, Any] = {}  # id(attributes) -> hashable items
         self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
         self._comm_cache: dict[tuple, tuple] = {}  # by collective, size, devices, root
@@ -278,17 +247,7 @@ class Engine:
                 ) from None
             env[v] = slots
             self.pinned.extend(_leaves(slots))
-        try:
-            if self.shared_records:
-                from .walk import run_top_level
-
-                run_top_level(self, function.ops, env, scope)
-            else:
-                self._run_ops(function.ops, env, scope)
-        finally:  # keyed by the ids of objects only ``function`` keeps alive: not beyond it
-            self._records_by_identity.clear()
-            self._type_descriptors.clear()
-            self._attribute_keys.clear()
+        self._run_ops(function.ops, env, scope)
         for v in function.outputs:
             self.pinned.extend(_leaves(env[v]))
 
@@ -299,10 +258,10 @@ class Engine:
     # -- the walk -------------------------------------------------------------
 
     def _run_ops(self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope) -> None:
-        # The general walk (pmap bodies; the top level when shared_records is off): each op
-        # prepared once, its devices and comm timing resolved per pmap iteration. Locals for
-        # everything it touches, one append per instance and per slot, C-level map/max over
-        # operands, last uses settled later with numpy.
+        # The one walk (the top level and pmap bodies): each op prepared once, its devices
+        # and comm timing resolved per pmap iteration. Locals for everything it touches,
+        # one append per instance and per slot, C-level map/max over operands, last uses
+        # settled later with numpy.
         prepared = self._prepared
         slot_ready = self.slot_ready
         new_ready, new_bytes = slot_ready.append, self.slot_bytes.append
@@ -319,6 +278,7 @@ class Engine:
         ready_of, value_of = slot_ready.__getitem__, env.__getitem__
         compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
         prepare = self._prepare
+        mirrored, rep_of = self.mirrored, self.rep_of
         for op in ops:
             prep = prepared.get(op)
             if prep is None:
@@ -334,6 +294,8 @@ class Engine:
                         ready = max(map(ready_of, ins)) if ins else 0.0
                     _, cost, dev_ref, templates, size, out_ref = prep
                     where = scope[dev_ref]
+                    if mirrored and rep_of[where] != where:
+                        raise self._false_class(op, where)
                     dur = cost[2][where]
                     start = compute_free[where]
                     if ready > start:
@@ -380,6 +342,15 @@ class Engine:
                         env[v] = self._new_slots(template, scope, end, producer)
             except _UnknownDeviceError as e:
                 raise self._device_error(op, e.ref) from None
+
+    def _false_class(self, op: Op, where: int) -> SimulationError:
+        ids = self.topology.device_ids
+        return SimulationError(
+            f"{op.op_type} runs on device {ids[where]} alone, but the program declares that "
+            f"device's rank class identical to device {ids[self.rep_of[where]]} "
+            "(rank_classes): a transform that declares classes must give every member the "
+            f"same work\n  in: {describe_op(op)}"
+        )
 
     def _new_slots(self, template: Any, scope: _Scope, ready: float, producer: int) -> Any:
         """Slots for a value of ``template``'s structure (an int, or nested tuples of ints)."""
@@ -442,12 +413,12 @@ class Engine:
             )
         # Ops of one type on equal shapes cost the same: key the cost rule's answer (and the
         # output sizes) by type and shapes, so a long program evaluates each rule a few times.
-        key = [opdef.name, self._attributes_of(op)]
+        key = [opdef.name, _attributes_key(op)]
         for v in (*op.inputs, *op.outputs):
             t = v.type
             if t.__class__ is TensorType:
                 key.append(t.shape)
-                key.append(id(t.dtype))  # enum members are singletons; their hash is slow
+                key.append(t.dtype)
             else:
                 key.append(t)
         key = tuple(key)
@@ -477,14 +448,6 @@ class Engine:
         single = templates[0] if len(templates) == 1 and templates[0].__class__ is tuple else None
         size, out_ref = single if single is not None else (None, None)
         return (_COMPUTE_KIND, cost, dev_ref, templates, size, out_ref)
-
-    def _attributes_of(self, op: Op) -> Any:
-        """:func:`_attributes_key` once per attribute mapping (ops share theirs); the ops,
-        alive all run, keep the mappings' ids from being reused."""
-        key = self._attribute_keys.get(id(op.attributes))
-        if key is None:
-            key = self._attribute_keys[id(op.attributes)] = _attributes_key(op)
-        return key
 
     def _durations(
         self, flops: float, nbytes: float, matrix_flops: float = 0.0, dtype: Any = None
@@ -665,6 +628,15 @@ def _attributes_key(op: Op) -> Any:
         return key
     except TypeError:
         return op  # unhashable attributes: cost this op on its own
+
+
+def _map_key(device_map: Any) -> Any:
+    """A pmap's ``device_map`` as a dict key (nested lists become tuples)."""
+    if isinstance(device_map, (list, tuple)):
+        return tuple(_map_key(m) for m in device_map)
+    if isinstance(device_map, Mapping):
+        return tuple(sorted(((k, _map_key(v)) for k, v in device_map.items()), key=repr))
+    return device_map
 
 
 def _shown(ref: Any) -> str:

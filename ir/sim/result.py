@@ -12,7 +12,7 @@ import numpy as np
 from ..device import Topology
 from ..op import Op
 from ..verify import describe_op
-from .engine import COMMUNICATION, COMPUTE, Engine, SimulationError, paused_gc
+from .engine import COMMUNICATION, COMPUTE, Engine, SimulationError
 from .memory import MemoryCurves, memory_curves
 
 STREAMS = ("compute", "communication")
@@ -167,10 +167,6 @@ class SimResult:
     @cached_property
     def events(self) -> list[Event]:
         """Every event, in program order (a collective's events one per participant)."""
-        with paused_gc():
-            return self._events()
-
-    def _events(self) -> list[Event]:
         ids = self.topology.device_ids
         out: list[Event] = []
         e = self._e

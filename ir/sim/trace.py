@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..verify import describe_op
 
 if TYPE_CHECKING:
+    from ..op import Op
     from .result import SimResult
 
 _US = 1e6
@@ -29,11 +30,11 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
         events.append(_meta("process_sort_index", device, 0, {"sort_index": device}))
         events.append(_meta("thread_name", device, 0, {"name": "compute"}))
     tids: dict[tuple[int, str], int] = {}
-    labels: dict[int, str] = {}
+    labels: dict[Op, str] = {}  # an op's events share its printed line
     for ev in result.events:
-        label = labels.get(id(ev.op))
+        label = labels.get(ev.op)
         if label is None:
-            label = labels[id(ev.op)] = describe_op(ev.op)
+            label = labels[ev.op] = describe_op(ev.op)
         tid = 0
         if ev.stream != "compute":
             tid = tids.get((ev.device, ev.channel), 0)

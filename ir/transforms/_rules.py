@@ -140,17 +140,17 @@ class MegatronRule:
         self,
         n: int,
         forced: frozenset[Value],
-        cache: dict[int, tuple[Op, list[Candidate]]] | None = None,
+        cache: dict[Op, list[Candidate]] | None = None,
     ) -> None:
         self.n, self.forced = n, forced
-        # The candidates of each op (keyed by identity), shared by the replanning rounds.
+        # The candidates of each op, shared by the replanning rounds.
         self._cache = {} if cache is None else cache
 
     def candidates(self, op: Op) -> list[Candidate]:
-        hit = self._cache.get(id(op))
-        if hit is None or hit[0] is not op:
-            hit = self._cache[id(op)] = (op, candidates(op, self.n))
-        return hit[1]
+        found = self._cache.get(op)
+        if found is None:
+            found = self._cache[op] = candidates(op, self.n)
+        return found
 
     def __call__(self, op: Op, st: list[Shard | None]) -> RuleResult | None:
         cands = self.candidates(op)

@@ -13,17 +13,16 @@ import sim_programs as programs
 from hypothesis import given, settings
 from test_sim_properties import build, link_bandwidths, topology
 from test_sim_properties import programs as random_programs
-from test_sim_shared_records import _gpt
+from test_sim_walk import gpt as _gpt
 
 import ir
 from ir.sim import SimResult
-from ir.sim.engine import Engine, paused_gc
+from ir.sim.engine import Engine
 
 
 def _result(f: ir.Function, topo: ir.Topology) -> SimResult:
     engine = Engine(topo)
-    with paused_gc():
-        engine.run(f)
+    engine.run(f)
     return SimResult(engine)
 
 
