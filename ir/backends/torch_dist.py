@@ -43,7 +43,7 @@ from ..value import Value
 from ..verify import describe_op
 from .measurement import Measurement
 
-__all__ = ["BackendError", "Measurement", "measure", "run"]
+__all__ = ["BackendError", "Measurement", "measure", "run", "run_ranked"]
 
 
 class BackendError(DistIRError):
@@ -629,3 +629,12 @@ def _whole(t: Any, parts: list, devices: list[int]) -> Any:
         _whole(e, [None if p is None else p.get(k) for p in parts], devices)
         for k, e in enumerate(t.elements)
     )
+
+
+def run_ranked(ranked: Any, inputs: Sequence[Any] | Mapping[str, Any], **options: Any) -> tuple:
+    """Run a :class:`ir.sharding.RankedProgram` on one process per rank, each with only its
+    rank class's program, torch kernels and gloo communication; see
+    :func:`ir.backends.torch_ranked.run_ranked` (``steps``, ``carry``, ``timeout_s``)."""
+    from .torch_ranked import run_ranked as run_ranks
+
+    return run_ranks(ranked, inputs, **options)
