@@ -4,7 +4,8 @@ Each entry of :data:`TORCH_KERNELS` computes what the op's numpy kernel in
 ``ir/ops`` computes (same formula, same dtype), on ``torch.Tensor`` operands:
 ``kernel(inputs, attributes) -> list of results``. The ops covered are those of
 the MLP and GPT programs (forward, backward, SGD and Adam) and the ops that
-lowering adds (``Slice``, ``Concat``, ``Sum``, ``Split``, tuples). An op without
+lowering adds (``Slice``, ``Concat``, ``Sum``, ``Split``, tuples), and ``Conv2D`` for the
+halo exchange of a spatially sharded convolution. An op without
 an entry is refused before any process starts (:func:`check_kernels`).
 
 Imported only where torch is used (the backend's workers): it imports torch.
@@ -196,6 +197,16 @@ def _split(xs, a):
     ]
 
 
+def _conv2d(xs, a):
+    from ..ops.conv import conv_pads
+
+    x, w = xs  # NHWC and (Kh, Kw, Cin, Cout), stride 1, as ir/ops/conv.py
+    top, bottom, left, right = conv_pads(a["padding"], w.shape[0], w.shape[1])
+    xp = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
+    y = torch.nn.functional.conv2d(xp, w.permute(3, 2, 0, 1))
+    return [y.permute(0, 2, 3, 1).contiguous()]
+
+
 def _transpose(xs, a):
     x = xs[0]
     perm = tuple(reversed(range(x.dim()))) if a["perm"] is None else tuple(a["perm"])
@@ -228,6 +239,7 @@ TORCH_KERNELS: dict[str, Kernel] = {
     "Scale": lambda xs, a: [xs[0] * a["factor"]],
     "MatMul": lambda xs, a: [torch.matmul(xs[0], xs[1])],
     "MatMulGrad": _matmul_grad,
+    "Conv2D": _conv2d,
     "Softmax": _softmax,
     "SoftmaxGrad": _softmax_grad,
     "LayerNorm": _layer_norm,

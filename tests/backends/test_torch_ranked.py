@@ -127,13 +127,24 @@ def test_a_rank_that_fails_names_its_rank_and_op():
 
 
 def test_an_op_without_a_torch_kernel_is_refused_before_any_process_starts():
-    b = ir.FunctionBuilder("conv")
-    a = b.input("a", ir.TensorType((1, 4, 4, 2), device=0))
-    w = b.input("w", ir.TensorType((3, 3, 2, 2), device=0))
-    f = b.finish([b.call("Conv2D", a, w, name="r")])
+    b = ir.FunctionBuilder("erf")
+    a = b.input("a", ir.TensorType((4, 3), device=0))
+    f = b.finish([b.call("Erf", a, name="r")])
     ranked = lower_to_ranks(f)
-    with pytest.raises(torch_dist.BackendError, match="Conv2D has no torch kernel"):
+    with pytest.raises(torch_dist.BackendError, match="Erf has no torch kernel"):
         torch_dist.run_ranked(ranked, ir.random_inputs(f, 0))
+
+
+def test_the_conv_halo_exchange_runs_on_gloo():
+    b = ir.FunctionBuilder("conv")
+    a = b.input("a", ir.TensorType((1, 7, 5, 3), device=0))
+    w = b.input("w", ir.TensorType((3, 3, 3, 4), device=0))
+    f = b.finish([b.call("Conv2D", a, w, padding="same", name="r")])
+    g, _ = propagate(f, {"a": (Mesh((3,)), [S(1)])})  # 3, 2, 2 rows
+    ranked = lower_to_ranks(g)
+    assert "RecvFrom" in [op.op_type for op in ranked.programs[1].ops]  # halo rows move
+    inputs = ir.random_inputs(f, 4)
+    assert_same(torch_dist.run_ranked(ranked, inputs), ir.execute(f, inputs), rtol=1e-5)
 
 
 def test_steps_without_carry_are_refused():
