@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
 import queue as queue_module
 import socket
 import time
@@ -410,6 +411,22 @@ def _run_ops(function: Function, rank: _Rank, timed: list | None = None) -> None
         env.update(zip(op.outputs, results))
 
 
+def _die_with_parent(parent: int) -> None:
+    """Ask Linux to kill this worker when its parent dies, even by SIGKILL (a worker left
+    behind holds its memory and its port); without prctl, nothing changes."""
+    import ctypes
+    import os
+    import signal
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGKILL))  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os._exit(1)
+
+
 def _single_threaded_blas() -> None:
     """Ask numpy's OpenBLAS for one thread in this process, if it is OpenBLAS.
 
@@ -439,11 +456,13 @@ def _worker(
     port: int,
     outbox,
     steps: int = 0,
+    parent: int = 0,
 ) -> None:
     """One process: run ``function`` once (``steps=0``) and send back its outputs, or run it
     ``steps`` times, each after a barrier, and send back the barrier exits and op times."""
     rank: _Rank | None = None
     try:
+        _die_with_parent(parent)
         torch, dist = _torch()
         torch.set_num_threads(1)
         _single_threaded_blas()
@@ -565,7 +584,9 @@ def _launch(
     port = _free_port()
     procs = [
         ctx.Process(
-            target=_worker, args=(function, args, devices, r, port, outbox, steps), daemon=True
+            target=_worker,
+            args=(function, args, devices, r, port, outbox, steps, os.getpid()),
+            daemon=True,
         )
         for r in range(len(devices))
     ]

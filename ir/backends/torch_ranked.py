@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
 import queue as queue_module
 import traceback
 from collections.abc import Mapping, Sequence
@@ -32,7 +33,7 @@ import numpy as np
 from ..errors import ExecutionError
 from ..function import Function
 from ..verify import describe_op
-from .torch_dist import BackendError, _free_port, _single_threaded_blas
+from .torch_dist import BackendError, _die_with_parent, _free_port, _single_threaded_blas
 
 __all__ = ["carry_of", "run_ranked"]
 
@@ -116,6 +117,7 @@ def run_ranked(
         "groups": _groups(ranked),
         "steps": steps,
         "port": _free_port(),
+        "parent": os.getpid(),
     }
     outs = _launch(ranked, args, pairs, plan, timeout_s)
     return global_outputs(ranked, outs)
@@ -175,6 +177,7 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
     program, parameters, args, pairs = work
     state = {"op": None}
     try:
+        _die_with_parent(plan["parent"])
         import torch
         import torch.distributed as dist
 

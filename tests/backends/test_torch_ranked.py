@@ -152,3 +152,81 @@ def test_steps_without_carry_are_refused():
     ranked = lower_to_ranks(transforms.unroll_pmap(transforms.data_parallel(f, 2)))
     with pytest.raises(torch_dist.BackendError, match="needs carry"):
         torch_dist.run_ranked(ranked, ir.random_inputs(f, 0), steps=2)
+
+
+# -- a rank that hangs, a parent that is killed -----------------------------------------
+
+HANGING = """
+import numpy as np
+import ir
+from ir.sharding import lower_to_ranks
+from ir.sharding.rank_classes import classes, instantiate
+from dataclasses import replace
+
+b = ir.FunctionBuilder("hang")
+x = b.input("x", ir.TensorType((2, 3), device=0))
+moved = b.call("Send", x, to_device=1, name="moved")
+f = b.finish([b.call("Relu", moved, name="y")])
+ranked = lower_to_ranks(f)
+recv = [op.op_type for op in ranked.programs[1].ops].index("RecvFrom")
+programs = {0: ranked.programs[0], 1: instantiate(ranked.programs[1], {(recv, "tag"): 99})}
+unique, dedup, parameters = classes(programs)
+hanging = replace(ranked, programs=programs, unique=unique, dedup=dedup, parameters=parameters)
+inputs = [np.ones((2, 3), np.float32)]
+"""
+
+
+def test_a_rank_that_waits_forever_ends_the_run_within_the_timeout_naming_the_ranks():
+    namespace: dict = {}
+    exec(HANGING, namespace)  # rank 1 waits for a message with a tag nobody sends
+    with pytest.raises(ir.ExecutionError, match=r"within 3 s from ranks \[0, 1\]"):
+        torch_dist.run_ranked(namespace["hanging"], namespace["inputs"], timeout_s=3)
+
+
+def _children(pid: int) -> list[int]:
+    from pathlib import Path
+
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in path.read_text().split()] if path.exists() else []
+
+
+def _alive(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def test_no_worker_survives_its_parent_killed_by_sigkill():
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = HANGING + "\nfrom ir.backends import torch_dist\n"
+    script += "torch_dist.run_ranked(hanging, inputs, timeout_s=600)\n"
+    root = Path(__file__).resolve().parents[2]
+    parent = subprocess.Popen([sys.executable, "-c", script], cwd=root)
+    try:
+        deadline = time.monotonic() + 60
+        workers: list[int] = []
+        while len(workers) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+            workers = _children(parent.pid)
+        assert len(workers) >= 2, "the two rank processes did not start"
+        time.sleep(1.0)  # they are inside the gloo world, waiting
+    finally:
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = [w for w in workers if _alive(w)]
+    for w in survivors:
+        os.kill(w, signal.SIGKILL)  # a failing test leaves no orphans behind either
+    assert not survivors
