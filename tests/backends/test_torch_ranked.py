@@ -80,6 +80,20 @@ def test_an_uneven_shard_keeps_its_tail_block_on_gloo():
     assert_same(got, ir.execute(f, inputs), rtol=1e-5)
 
 
+def test_the_rfc_tail_block_64_plus_2_runs_on_gloo():
+    b = ir.FunctionBuilder("rfc")
+    x = b.input("x", ir.TensorType((8, 8), device=0))
+    a = b.input("A", ir.TensorType((8, 66), device=0))
+    w = b.input("B", ir.TensorType((66, 8), device=0))
+    y = b.call("Gelu", b.call("MatMul", x, a, name="lv0"), name="Y")
+    f = b.finish([b.call("MatMul", y, w, name="Z")])
+    g, _ = propagate(f, {"A": (Mesh((2,)), [S(1, block=64)])})
+    ranked = lower_to_ranks(g)
+    assert [p.inputs[1].type.shape for p in ranked.programs.values()] == [(8, 64), (8, 2)]
+    inputs = ir.random_inputs(f, 5)
+    assert_same(torch_dist.run_ranked(ranked, inputs), ir.execute(f, inputs), rtol=1e-5)
+
+
 def _next_inputs(step: ir.Function, inputs: list, outputs: tuple, carry: dict) -> list:
     names = [v.name for v in step.inputs]
     new = list(inputs)
