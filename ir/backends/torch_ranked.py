@@ -33,7 +33,8 @@ import numpy as np
 from ..errors import ExecutionError
 from ..function import Function
 from ..verify import describe_op
-from .torch_dist import BackendError, _die_with_parent, _free_port, _single_threaded_blas
+from .torch_dist import BackendError
+from .workers import die_with_parent, free_port, single_threaded_blas
 
 __all__ = ["carry_of", "run_ranked"]
 
@@ -116,7 +117,7 @@ def run_ranked(
         "ranks": ranks,
         "groups": _groups(ranked),
         "steps": steps,
-        "port": _free_port(),
+        "port": free_port(),
         "parent": os.getpid(),
     }
     outs = _launch(ranked, args, pairs, plan, timeout_s)
@@ -177,14 +178,14 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
     program, parameters, args, pairs = work
     state = {"op": None}
     try:
-        _die_with_parent(plan["parent"])
+        die_with_parent(plan["parent"])
         import torch
         import torch.distributed as dist
 
         from ..sharding.rank_classes import instantiate
 
         torch.set_num_threads(1)
-        _single_threaded_blas()
+        single_threaded_blas()
         ranks = plan["ranks"]
         rank_of = {r: i for i, r in enumerate(ranks)}
         dist.init_process_group(
