@@ -372,27 +372,18 @@ class _Lowering:
         for v, nv in zip(op.outputs, new.outputs):
             self.rep[v] = self._unpacked(b, r, nv)
 
-    def _on_rank(self, v: Value, r: int, op) -> Value:
-        """``v`` as one local value on rank ``r`` (a tuple rebuilt with ``MakeTuple``)."""
-        rep = self.local(v)
-        if _is_single(rep):
-            rank, local = rep
-            if rank != r:
-                raise LoweringError(
-                    f"{describe_op(op)} on rank {r} reads {v.name!r} of rank {rank}"
-                )
-            return local
-        parts = [self._on_rank_rep(e, r, v, op) for e in rep]
-        return self.rank(r).call("MakeTuple", *parts, name=f"{v.name}_local")
-
-    def _on_rank_rep(self, rep: Rep, r: int, v: Value, op) -> Value:
+    def _on_rank(self, v: Value, r: int, op, rep: Rep = None) -> Value:
+        """``v`` (or its element ``rep``) as one local value on rank ``r`` (a tuple rebuilt
+        with ``MakeTuple``); a part on another rank is an error naming both ranks."""
+        rep = self.local(v) if rep is None else rep
         if _is_single(rep):
             if rep[0] != r:
                 raise LoweringError(
-                    f"{describe_op(op)} on rank {r} reads an element of {v.name!r} on rank {rep[0]}"
+                    f"{describe_op(op)} on rank {r} reads {v.name!r} (or an element of it) "
+                    f"on rank {rep[0]}"
                 )
             return rep[1]
-        parts = [self._on_rank_rep(e, r, v, op) for e in rep]
+        parts = [self._on_rank(v, r, op, e) for e in rep]
         return self.rank(r).call("MakeTuple", *parts, name=f"{v.name}_local")
 
     def _unpacked(self, b: FunctionBuilder, r: int, local: Value) -> Rep:
