@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -312,19 +312,33 @@ def bind_device(
     if device_map is None or concrete is None or concrete not in device_map:
         return ref if concrete is None else DeviceVar(str(concrete), ref.sub)
     node = device_map[concrete]
+    path = [concrete]  # the devices walked down the map's tree: d, d.k, d.k.j, ...
     for i, k in enumerate(ref.sub):
-        children = sorted(node) if isinstance(node, dict) else node
+        # a tree of maps (d.1.1): parsed attributes are read-only mappings, not dicts
+        children = sorted(node) if isinstance(node, Mapping) else node
         if not isinstance(children, list | tuple) or not 0 <= k < len(children):
             # a map that gives fewer sub-devices than the body names (found by fuzzing)
             count = len(children) if isinstance(children, list | tuple) else 0
+            where = " -> ".join(map(str, path))
             raise InvalidTypeError(
-                f"device {ref} is sub-device {k} of device {concrete}, but the pmap's "
-                f"device_map lists {count} sub-device(s) for it: {device_map[concrete]!r}"
+                f"device {ref} is sub-device {k} of device {where}, but the pmap's "
+                f"device_map lists {count} sub-device(s) for it: "
+                f"{_plain_map(device_map[concrete])!r}"
             )
-        if isinstance(node, dict):
+        path.append(children[k])
+        if isinstance(node, Mapping):
             node = node[children[k]] if i < len(ref.sub) - 1 else children[k]
         else:
             node = children[k]
+    return node
+
+
+def _plain_map(node: object) -> object:
+    """A device map (or a subtree of one) as plain dicts and lists, for messages."""
+    if isinstance(node, Mapping):
+        return {k: _plain_map(v) for k, v in node.items()}
+    if isinstance(node, tuple):
+        return [_plain_map(v) for v in node]
     return node
 
 

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import datetime
 import multiprocessing as mp
+import os
 import queue as queue_module
-import socket
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
@@ -42,8 +42,9 @@ from ..types import TensorType, TupleType, devices_of
 from ..value import Value
 from ..verify import describe_op
 from .measurement import Measurement
+from .workers import die_with_parent, free_port, single_threaded_blas
 
-__all__ = ["BackendError", "Measurement", "measure", "run"]
+__all__ = ["BackendError", "Measurement", "measure", "run", "run_ranked"]
 
 
 class BackendError(DistIRError):
@@ -410,27 +411,6 @@ def _run_ops(function: Function, rank: _Rank, timed: list | None = None) -> None
         env.update(zip(op.outputs, results))
 
 
-def _single_threaded_blas() -> None:
-    """Ask numpy's OpenBLAS for one thread in this process, if it is OpenBLAS.
-
-    One process per device shares the cores already; a multi-threaded kernel in each
-    waits for whichever of its threads the others have descheduled (milliseconds on a
-    busy machine). Without OpenBLAS (or a known symbol) nothing changes.
-    """
-    import ctypes
-
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    except OSError:
-        return
-    for path in paths:
-        lib = ctypes.CDLL(path)
-        for name in ("openblas_set_num_threads", "scipy_openblas_set_num_threads64_"):
-            if hasattr(lib, name):
-                getattr(lib, name)(1)
-
-
 def _worker(
     function: Function,
     args: list,
@@ -439,14 +419,16 @@ def _worker(
     port: int,
     outbox,
     steps: int = 0,
+    parent: int = 0,
 ) -> None:
     """One process: run ``function`` once (``steps=0``) and send back its outputs, or run it
     ``steps`` times, each after a barrier, and send back the barrier exits and op times."""
     rank: _Rank | None = None
     try:
+        die_with_parent(parent)
         torch, dist = _torch()
         torch.set_num_threads(1)
-        _single_threaded_blas()
+        single_threaded_blas()
         dist.init_process_group(
             "gloo",
             init_method=f"tcp://127.0.0.1:{port}",
@@ -479,12 +461,6 @@ def _worker(
         index = rank.tag if rank is not None else -1  # the op running (-1: none)
         where = (index, describe_op(function.ops[index])) if index >= 0 else None
         outbox.put((rank_id, None, (where, f"{type(e).__name__}: {e}", traceback.format_exc())))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _check_runnable(function: Function) -> list[int]:
@@ -562,10 +538,12 @@ def _launch(
     """One worker process per device; {rank: what it sent back}. A failure kills them all."""
     ctx = mp.get_context("fork")
     outbox = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [
         ctx.Process(
-            target=_worker, args=(function, args, devices, r, port, outbox, steps), daemon=True
+            target=_worker,
+            args=(function, args, devices, r, port, outbox, steps, os.getpid()),
+            daemon=True,
         )
         for r in range(len(devices))
     ]
@@ -629,3 +607,12 @@ def _whole(t: Any, parts: list, devices: list[int]) -> Any:
         _whole(e, [None if p is None else p.get(k) for p in parts], devices)
         for k, e in enumerate(t.elements)
     )
+
+
+def run_ranked(ranked: Any, inputs: Sequence[Any] | Mapping[str, Any], **options: Any) -> tuple:
+    """Run a :class:`ir.sharding.RankedProgram` on one process per rank, each with only its
+    rank class's program, torch kernels and gloo communication; see
+    :func:`ir.backends.torch_ranked.run_ranked` (``steps``, ``carry``, ``timeout_s``)."""
+    from .torch_ranked import run_ranked as run_ranks
+
+    return run_ranks(ranked, inputs, **options)

@@ -2,7 +2,8 @@
 
 Per-device values are tuples (``Tuple[T@1, ..., T@N]``). Uneven splits follow
 one rule everywhere (``split_sizes``): when ``n`` rows go to ``k`` devices, the
-first ``n % k`` devices get one row more than the others.
+first ``n % k`` devices get one row more than the others. Layouts may instead
+ask for fixed blocks with a short tail (``block_sizes``, placement ``S(i, b)``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,27 @@ def split_sizes(n: int, k: int) -> list[int]:
     """Sizes of ``k`` shards of ``n`` elements: the first ``n % k`` get one more."""
     base, extra = divmod(n, k)
     return [base + (1 if i < extra else 0) for i in range(k)]
+
+
+def block_sizes(n: int, k: int, block: int) -> list[int]:
+    """Sizes of ``k`` shards of ``n`` elements in fixed blocks of ``block`` with a short
+    tail (the RFC's second convention: 66 in blocks of 64 over 2 devices is 64 + 2).
+
+    Every shard must hold at least one element: ``(k - 1) * block < n <= k * block``.
+    """
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise TypeRuleError(f"a shard block must be a positive integer, got {block!r}")
+    if not (k - 1) * block < n <= k * block:
+        raise TypeRuleError(
+            f"{n} elements in blocks of {block} over {k} devices: the blocks must cover "
+            f"them with a non-empty tail, {(k - 1) * block} < {n} <= {k * block}"
+        )
+    return [block] * (k - 1) + [n - (k - 1) * block]
+
+
+def shard_sizes(n: int, k: int, block: int | None = None) -> list[int]:
+    """``split_sizes`` (balanced) without ``block``, ``block_sizes`` with it."""
+    return split_sizes(n, k) if block is None else block_sizes(n, k, block)
 
 
 def split_array(x: np.ndarray, k: int, axis: int) -> list[np.ndarray]:

@@ -6,8 +6,10 @@ tensor axis ``i`` over that mesh axis, ``"R"`` replicates, ``"P(sum)"`` (or
 ``max``, ``min``, ``mean``) holds partial values still to be reduced. Mesh
 coordinates are flattened row-major (the last mesh axis varies fastest), and
 uneven shards follow ``communication.split_sizes``: the first ``n % k`` shards
-get one element more. Two mesh axes may shard the same tensor axis; the lower
-mesh axis splits first (outer), the higher one splits each piece again.
+get one element more; ``"S(i, b)"`` asks instead for fixed blocks of ``b`` with a
+short tail (``communication.block_sizes``: 66 over 2 is 64 + 2). Two mesh axes
+may shard the same tensor axis; the lower mesh axis splits first (outer), the
+higher one splits each piece again.
 
 Ops:
 
@@ -36,23 +38,42 @@ from ..registry import Attr, CostContext, OpDef, OpKind, TypeContext, attach_rul
 from ..types import DType, TensorType, TupleType
 from ._common import memory_cost, tensor
 from ._examples import ctx, t
-from .communication import REDUCTIONS, split_sizes
+from .communication import REDUCTIONS, shard_sizes
 
-_PLACEMENT = re.compile(r"\s*(?:(R)|S\(\s*(-?\d+)\s*\)|P\(\s*(\w+)\s*\))\s*\Z")
+_PLACEMENT = re.compile(r"\s*(?:(R)|S\(\s*(-?\d+)\s*(?:,\s*(\d+)\s*)?\)|P\(\s*(\w+)\s*\))\s*\Z")
 
 
 def parse_placement(text: str) -> tuple[str, int | str | None]:
-    """``"S(1)"`` -> ``("S", 1)``, ``"R"`` -> ``("R", None)``, ``"P(sum)"`` -> ``("P", "sum")``."""
-    m = _PLACEMENT.match(str(text))
-    if not m:
-        raise TypeRuleError(f"placement {text!r} is not one of S(i), R, P(sum|max|min|mean)")
+    """``"S(1)"`` -> ``("S", 1)``, ``"R"`` -> ``("R", None)``, ``"P(sum)"`` -> ``("P", "sum")``;
+    ``"S(1, 64)"`` -> ``("S", 1)`` too (its block: :func:`shard_block`)."""
+    m = _match(text)
     if m.group(1):
         return ("R", None)
     if m.group(2) is not None:
         return ("S", int(m.group(2)))
-    if m.group(3) not in REDUCTIONS:
+    if m.group(4) not in REDUCTIONS:
         raise TypeRuleError(f"partial placement {text!r}: reduction must be one of {REDUCTIONS}")
-    return ("P", m.group(3))
+    return ("P", m.group(4))
+
+
+def _match(text: str) -> re.Match:
+    m = _PLACEMENT.match(str(text))
+    if not m:
+        raise TypeRuleError(
+            f"placement {text!r} is not one of S(i), S(i, block), R, P(sum|max|min|mean)"
+        )
+    return m
+
+
+def shard_block(text: str) -> int | None:
+    """The block of ``"S(i, b)"`` (fixed blocks of ``b``, a short tail), None otherwise."""
+    m = _match(text)
+    if m.group(3) is None:
+        return None
+    block = int(m.group(3))
+    if block < 1:
+        raise TypeRuleError(f"placement {text!r}: the block must be positive")
+    return block
 
 
 def mesh_coords(mesh_shape: Sequence[int]) -> list[tuple[int, ...]]:
@@ -71,7 +92,7 @@ def local_bounds(
             continue
         axis = int(arg)
         start, stop = bounds[axis]
-        sizes = split_sizes(stop - start, mesh_shape[k])
+        sizes = shard_sizes(stop - start, mesh_shape[k], shard_block(p))
         offset = start + sum(sizes[: coord[k]])
         bounds[axis] = (offset, offset + sizes[coord[k]])
     return bounds
@@ -109,14 +130,19 @@ def check_layout(
                 f"placement {p} on mesh axis {k}: {mesh_shape[k]} shards of an axis with "
                 f"{pieces[axis]} element(s) would leave empty shards (more shards than elements)"
             )
-        pieces[axis] = split_sizes(pieces[axis], mesh_shape[k])[-1]
+        pieces[axis] = shard_sizes(pieces[axis], mesh_shape[k], shard_block(p))[-1]
 
 
 def _normal(placements: Sequence[str], rank: int) -> list[str]:
     out = []
     for p in placements:
         kind, arg = parse_placement(p)
-        out.append(f"S({int(arg) % max(rank, 1)})" if kind == "S" else p)
+        if kind == "S":
+            block = shard_block(p)
+            axis = int(arg) % max(rank, 1)
+            out.append(f"S({axis})" if block is None else f"S({axis}, {block})")
+        else:
+            out.append(p)
     return out
 
 

@@ -28,7 +28,7 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
             if _is_halo(rule, p, i, "operand", "axis"):
                 return ("halo",)
             if isinstance(p, Shard) and rule.operands[i][p.dim] is not None:
-                return ("shard", rule.operands[i][p.dim])
+                return _shard(rule.operands[i][p.dim], p)
             if isinstance(p, Partial) and p.op in rule.partial_ops:
                 for members in rule.linear:
                     if i in members:
@@ -41,7 +41,7 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
             if _is_halo(rule, p, j, "result", "result_axis") and j == 0:
                 return ("halo",)
             if isinstance(p, Shard) and rule.results[j][p.dim] is not None:
-                return ("shard", rule.results[j][p.dim])
+                return _shard(rule.results[j][p.dim], p)
             if isinstance(p, Partial):
                 for f, op in rule.reduce.items():
                     if op == p.op and f not in rule.results[j]:
@@ -54,6 +54,11 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
         if choice is not None:
             return choice
     return ("replicate",)
+
+
+def _shard(factor, p: Shard) -> tuple:
+    """The choice splitting ``factor`` as ``p`` splits its axis (fixed blocks kept)."""
+    return ("shard", factor) if p.block is None else ("shard", factor, p.block)
 
 
 def _is_halo(rule: Rule, p: Placement, index: int, which: str, axis_key: str) -> bool:

@@ -5,7 +5,9 @@ DTensor): ``S(i)`` shards tensor axis ``i`` over that mesh axis, ``R``
 replicates, ``P(op)`` holds partial values still to be reduced with ``op`` (the
 RFC's ``I_SUM``). Devices are listed row-major over the mesh. Uneven shards
 follow ``ir.ops.communication.split_sizes``: the first ``n % k`` shards get one
-element more.
+element more; ``S(i, block=b)`` (text ``"S(i, b)"``) is the RFC's other
+convention, fixed blocks of ``b`` with a short tail (66 over 2 in blocks of 64:
+64 + 2).
 
 >>> import numpy as np
 >>> layout = Layout(Mesh((2,), (0, 1)), (S(0),))
@@ -20,13 +22,14 @@ import itertools
 import math
 import numbers
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..errors import TypeRuleError
 from ..limits import MAX_DEVICES
 from ..ops import p2p
+from ..ops.communication import shard_sizes
 from .errors import AnnotationError, MeshError
 
 
@@ -138,12 +141,21 @@ class Mesh:
 
 @dataclass(frozen=True)
 class Shard:
-    """``S(dim)``: the tensor axis ``dim`` is split over the mesh axis."""
+    """``S(dim)``: the tensor axis ``dim`` is split over the mesh axis, balanced (the first
+    ``n % k`` shards one element more); ``S(dim, block=b)``: in fixed blocks of ``b`` with
+    a short tail (the RFC's second convention: 66 over 2 in blocks of 64 is 64 + 2)."""
 
     dim: int
+    block: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.block is not None and (
+            isinstance(self.block, bool) or not isinstance(self.block, int) or self.block < 1
+        ):
+            raise AnnotationError(f"S({self.dim}, block={self.block!r}): a block is an int >= 1")
 
     def __str__(self) -> str:
-        return f"S({self.dim})"
+        return f"S({self.dim})" if self.block is None else f"S({self.dim}, {self.block})"
 
 
 @dataclass(frozen=True)
@@ -186,7 +198,7 @@ def placement(p: Placement | str) -> Placement:
     except TypeRuleError as e:
         raise AnnotationError(str(e)) from None
     if kind == "S":
-        return Shard(int(arg))  # type: ignore[arg-type]
+        return Shard(int(arg), p2p.shard_block(p))  # type: ignore[arg-type]
     return R if kind == "R" else Partial(str(arg))
 
 
@@ -194,7 +206,10 @@ def placement(p: Placement | str) -> Placement:
 def _bounds(shape, mesh_shape, placements, coord) -> tuple[tuple[int, int], ...]:
     # A pure function of hashable arguments, memoised: propagation asks it the same
     # questions for every strategy of every op.
-    texts = [f"S({p.dim % len(shape)})" if isinstance(p, Shard) else str(p) for p in placements]
+    texts = [
+        str(replace(p, dim=p.dim % len(shape))) if isinstance(p, Shard) else str(p)
+        for p in placements
+    ]
     return tuple(p2p.local_bounds(shape, mesh_shape, texts, coord))
 
 
@@ -209,14 +224,17 @@ def block_shapes(
     its devices, so it is memoised across meshes (bounded).
     """
     rank = len(shape)
-    splits = [(k, p.dim % rank) for k, p in enumerate(placements) if isinstance(p, Shard)]
+    splits = [(k, p.dim % rank, p.block) for k, p in enumerate(placements) if isinstance(p, Shard)]
     count = math.prod(mesh_shape)
     if not splits:
         return (shape,) * count
     out = []
     for coord in itertools.product(*[range(n) for n in mesh_shape]):
         dims = list(shape)
-        for k, axis in splits:
+        for k, axis, block in splits:
+            if block is not None:
+                dims[axis] = shard_sizes(dims[axis], mesh_shape[k], block)[coord[k]]
+                continue
             base, extra = divmod(dims[axis], mesh_shape[k])
             dims[axis] = base + 1 if coord[k] < extra else base
         out.append(tuple(dims))
@@ -238,6 +256,11 @@ def shape_fits(
         axis = p.dim % rank
         if mesh_shape[k] > pieces[axis]:
             return False
+        if p.block is not None:  # fixed blocks: they must cover the axis, the tail non-empty
+            if not (mesh_shape[k] - 1) * p.block < pieces[axis] <= mesh_shape[k] * p.block:
+                return False
+            pieces[axis] -= (mesh_shape[k] - 1) * p.block  # the tail
+            continue
         pieces[axis] //= mesh_shape[k]  # the last (smallest) shard's size
     return True
 
@@ -287,7 +310,10 @@ class Layout:
 
     def normalized(self, rank: int) -> Layout:
         """Negative shard axes made positive for a rank-``rank`` tensor."""
-        ps = [S(p.dim % rank) if isinstance(p, Shard) and rank else p for p in self.placements]
+        ps = [
+            replace(p, dim=p.dim % rank) if isinstance(p, Shard) and rank else p
+            for p in self.placements
+        ]
         return Layout(self.mesh, ps)
 
     def check(self, shape: Sequence[int], value: str = "tensor") -> None:

@@ -162,7 +162,7 @@ class _Materialiser(Chooser):
         else:
             devices = list(self.mesh.devices)
             ps = layout.placements
-            if self.mesh.ndim == 1 and isinstance(ps[0], Shard):
+            if self.mesh.ndim == 1 and isinstance(ps[0], Shard) and ps[0].block is None:
                 op_type, attrs = "Scatter", {"dim": ps[0].dim, "devices": devices}
             elif layout.is_replicated:
                 op_type, attrs = "Broadcast", {"devices": devices}

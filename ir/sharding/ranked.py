@@ -216,14 +216,35 @@ def run_ranked(ranked: RankedProgram, inputs: Sequence[Any] | Mapping[str, Any])
 
     Inputs are split into each rank's blocks by their bindings; outputs are merged back.
     """
+    args = rank_arguments(ranked, inputs)
+    outs, _ = schedule(ranked, args)
+    return global_outputs(ranked, outs)
+
+
+def _global_inputs(ranked: RankedProgram, inputs: Sequence[Any] | Mapping[str, Any]) -> list:
+    """One global input per binding: by name from a mapping, by position from a sequence."""
     if isinstance(inputs, Mapping):
-        inputs = [inputs[b.name] for b in ranked.inputs]
-    if len(inputs) != len(ranked.inputs):
-        raise ExecutionError(f"ranked program takes {len(ranked.inputs)} inputs, got {len(inputs)}")
+        missing = [b.name for b in ranked.inputs if b.name not in inputs]
+        if missing:
+            raise ExecutionError(f"ranked program: no value given for inputs {missing}")
+        return [inputs[b.name] for b in ranked.inputs]
+    count = len({b.source for b in ranked.inputs})
+    if len(inputs) != count:
+        raise ExecutionError(f"ranked program takes {count} inputs, got {len(inputs)}")
+    if any(b.source < 0 for b in ranked.inputs):
+        return list(inputs)
+    order = sorted({b.source for b in ranked.inputs})
+    return [inputs[order.index(b.source)] for b in ranked.inputs]
+
+
+def rank_arguments(
+    ranked: RankedProgram, inputs: Sequence[Any] | Mapping[str, Any]
+) -> dict[int, list]:
+    """Each rank's arguments: the global ``inputs`` split into its blocks by the bindings."""
     args: dict[int, list] = {r: [None] * len(p.inputs) for r, p in ranked.programs.items()}
-    for binding, x in zip(ranked.inputs, inputs):
-        if binding.elements:  # a per-device tuple: one element per rank
-            for (r, pos), part in zip(binding.elements, x, strict=True):
+    for binding, x in zip(ranked.inputs, _global_inputs(ranked, inputs)):
+        if binding.elements:  # a per-device tuple: each leaf on its rank
+            for (r, pos), part in zip(binding.elements, binding.flatten(x), strict=True):
                 args[r][pos] = part
             continue
         x = np.asarray(x)
@@ -240,11 +261,15 @@ def run_ranked(ranked: RankedProgram, inputs: Sequence[Any] | Mapping[str, Any])
         for v, a in zip(p.inputs, args[r]):
             if a is not None:
                 args[r][p.inputs.index(v)] = np.asarray(a).astype(v.type.dtype.numpy, copy=False)
-    outs, _ = schedule(ranked, args)
+    return args
+
+
+def global_outputs(ranked: RankedProgram, outs: Mapping[int, Sequence[Any]]) -> tuple:
+    """The global outputs from each rank's outputs (blocks merged by the bindings)."""
     result = []
     for binding in ranked.outputs:
         if binding.elements:
-            result.append(tuple(outs[r][pos] for r, pos in binding.elements))
+            result.append(binding.unflatten([outs[r][pos] for r, pos in binding.elements]))
         elif binding.layout is None:
             ((r, pos),) = binding.positions.items()
             result.append(outs[r][pos])

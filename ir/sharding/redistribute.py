@@ -11,6 +11,9 @@ first, so that nested shards come apart inner-first):
 ``R -> S(j)``             local slice (no communication)
 ========================  ================================================
 
+A fixed-block shard ``S(j, b)`` is never made by a reduce-scatter or an all-to-all
+(their blocks are balanced): all-reduce or all-gather, then slice.
+
 Times come from ``ir.collectives.collective_time_s`` on the given topology
 (groups along one mesh axis run in parallel: the step takes the slowest).
 """
@@ -20,16 +23,16 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..builder import FunctionBuilder
 from ..collectives import collective_time_s
 from ..device import Topology
-from ..ops.communication import split_sizes
+from ..ops.communication import shard_sizes
 from ..types import TensorType, TupleType, Type
 from ..value import Value
 from .errors import PropagationError
-from .mesh import Layout, Mesh, Partial, Placement, R, Replicate, S, Shard, block_shapes
+from .mesh import Layout, Mesh, Partial, Placement, R, Replicate, Shard, block_shapes
 
 
 @dataclass(frozen=True, init=False)
@@ -151,7 +154,12 @@ def _steps(
         if not inner_block and (c is w or c == w):
             continue
         if isinstance(c, Partial):
-            if want_dims[k] is not None and not sharded_elsewhere(want_dims[k], k):
+            # a reduce-scatter keeps balanced blocks; fixed blocks: all-reduce, then slice
+            if (
+                want_dims[k] is not None
+                and not sharded_elsewhere(want_dims[k], k)
+                and w.block is None  # type: ignore[union-attr]
+            ):
                 steps.append(Step("reducescatter", k, c, w))
                 cur[k], cur_dims[k] = w, want_dims[k]
             else:
@@ -164,6 +172,8 @@ def _steps(
                 and not inner_block
                 and not sharded_elsewhere(c_dim, k)
                 and not sharded_elsewhere(w_dim, k)
+                and c.block is None  # type: ignore[union-attr]
+                and w.block is None  # type: ignore[union-attr]
                 and _even_alltoall(shape, mesh_shape, cur, k, w_dim)
             ):
                 steps.append(Step("alltoall", k, c, w))
@@ -190,7 +200,7 @@ def _steps(
 def _normal(placements: tuple[Placement, ...], rank: int) -> list[Placement]:
     """``Layout.normalized``'s placements: shard axes taken modulo the rank."""
     if rank and any(type(p) is Shard and not 0 <= p.dim < rank for p in placements):
-        return [S(p.dim % rank) if isinstance(p, Shard) else p for p in placements]
+        return [replace(p, dim=p.dim % rank) if isinstance(p, Shard) else p for p in placements]
     return list(placements)
 
 
@@ -309,7 +319,7 @@ def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
         for i, d in enumerate(mesh.devices):
             x = value.locals[i]
             n = _elem(x.type).shape[dim]
-            sizes = split_sizes(n, mesh.shape[step.axis])
+            sizes = shard_sizes(n, mesh.shape[step.axis], step.dst.block)  # type: ignore[union-attr]
             c = mesh.coord_of(d)[step.axis]
             start = sum(sizes[:c])
             new[i] = b.call(

@@ -26,7 +26,7 @@ from ..verify import attributes_key, describe_op
 from .errors import PropagationError
 from .mesh import Mesh, Partial, Placement, R, Replicate, Shard
 
-Choice = tuple  # ("shard", f) | ("replicate",) | ("partial", L, op) | ("halo",)
+Choice = tuple  # ("shard", f[, block]) | ("replicate",) | ("partial", L, op) | ("halo",)
 
 
 @dataclass(frozen=True)
@@ -111,11 +111,12 @@ def axis_placements(rule: Rule, choice: Choice) -> tuple[list[Placement], list[P
         ins = [Shard(h["axis"]) if i == h["operand"] else R for i in range(n_in)]
         return ins, [Shard(h["result_axis"])] * n_out
     f = choice[1]
-    ins = [Shard(names.index(f)) if f in names else R for names in rule.operands]
+    block = choice[2] if len(choice) > 2 else None  # ("shard", f, b): fixed blocks of b
+    ins = [Shard(names.index(f), block) if f in names else R for names in rule.operands]
     outs: list[Placement] = []
     for names in rule.results:
         if f in names:
-            outs.append(Shard(names.index(f)))
+            outs.append(Shard(names.index(f), block))
         elif f in rule.reduce:
             outs.append(Partial(rule.reduce[f]))
         else:
@@ -126,6 +127,12 @@ def axis_placements(rule: Rule, choice: Choice) -> tuple[list[Placement], list[P
 def axis_choices(rule: Rule, current: Sequence[Placement | None], axis_size: int) -> list[Choice]:
     """Every choice worth trying on one mesh axis, given operands' current placements there."""
     choices: list[Choice] = [("shard", f) for f in rule.factors] + [("replicate",)]
+    for i, p in enumerate(current):  # an operand in fixed blocks: its factor in those blocks
+        if isinstance(p, Shard) and p.block is not None and i < len(rule.operands):
+            names = rule.operands[i]
+            f = names[p.dim] if -len(names) <= p.dim < len(names) else None
+            if f is not None and ("shard", f, p.block) not in choices:
+                choices.append(("shard", f, p.block))
     partial_ops = {p.op for p in current if isinstance(p, Partial)}
     for members in rule.linear:
         for op in sorted(partial_ops & set(rule.partial_ops)):

@@ -234,6 +234,13 @@ class _Megatron:
         self.stage_of_post = {op: stage_of_op[op] for op in self.post}
         if self.tp > 1:
             lead = self._token_shape() if self.sequence_parallel else None
+            if lead is not None and lead[-1] % self.tp:
+                # one pmap body serves every tensor-parallel rank: the blocks must be equal
+                raise TransformError(
+                    f"sequence parallelism splits the {lead[-1]} tokens along axis "
+                    f"{len(lead) - 1} of {t.name}'s activations {self.tp} ways; give a length "
+                    f"divisible by tp={self.tp} (or sequence_parallel=False)"
+                )
             hplan = horizontal_plan(self.piece, self.tp, _VAR, sequence=lead)
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
                 raise TransformError(

@@ -114,10 +114,19 @@ def test_conv_halo_exchange_matches_the_rfc_example():
     assert check_deadlock(ranked).messages == ((1, 0, 1), (0, 1, 2))
 
 
-@pytest.mark.parametrize(("height", "padding", "devices"), [(11, "same", 4), (9, "valid", 3)])
-def test_conv_halo_exchange_over_more_devices_and_uneven_rows(height, padding, devices):
+@pytest.mark.parametrize(
+    ("height", "padding", "devices", "classes"),
+    [(11, "same", 4, ((0,), (1, 2), (3,))), (9, "valid", 3, ((0,), (1,), (2,)))],
+)
+def test_conv_halo_exchange_over_more_devices_and_uneven_rows(height, padding, devices, classes):
     ranked = ranked_equals_original(conv(height, padding), {"a": (Mesh((devices,)), [S(1)])})
-    assert ranked.num_unique == devices  # neighbours differ, so every rank is its own program
+    # the edge ranks differ from the interior ones; interior ranks of equal block size form
+    # one class whose ranks differ only in their peers and tags
+    assert ranked.classes == classes
+    for r in ranked.ranks:
+        assert ranked.program_for(r).is_equivalent(ranked.programs[r])
+    if devices == 4:
+        assert {attr for _, attr in ranked.parameters[2]} == {"peer", "tag"}
 
 
 # -- deadlock ----------------------------------------------------------------------------

@@ -190,6 +190,14 @@ def test_sequence_parallel_with_one_tensor_rank_changes_nothing() -> None:
     )
 
 
+def test_sequence_parallelism_over_an_uneven_sequence_is_refused_with_a_reason() -> None:
+    """A 3-token sequence over 2 tensor ranks made a pmap body of 2 tokens that its
+    1-token element did not fit: a VerifyError from deep inside the builder."""
+    t = ir.models.gpt(4, 3, 8, 2, 11, 1, training=True, dtype=ir.DType.float64)
+    with pytest.raises(TransformError, match=r"splits the 3 tokens along axis 1 .* 2 ways"):
+        megatron(t, 1, 2, 1, sequence_parallel=True)
+
+
 def test_zero_and_sequence_parallel_together() -> None:
     t = transforms.training(GPT, optimizer="adam")
     _run(t, megatron(t, 2, 2, 1, 2, zero=1, sequence_parallel=True))

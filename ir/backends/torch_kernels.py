@@ -1,0 +1,281 @@
+"""Torch implementations of the registry's compute ops, for ranked programs on torch ranks.
+
+Each entry of :data:`TORCH_KERNELS` computes what the op's numpy kernel in
+``ir/ops`` computes (same formula, same dtype), on ``torch.Tensor`` operands:
+``kernel(inputs, attributes) -> list of results``. The ops covered are those of
+the MLP and GPT programs (forward, backward, SGD and Adam) and the ops that
+lowering adds (``Slice``, ``Concat``, ``Sum``, ``Split``, tuples), and ``Conv2D`` for the
+halo exchange of a spatially sharded convolution. An op without
+an entry is refused before any process starts (:func:`check_kernels`).
+
+Imported only where torch is used (the backend's workers): it imports torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import torch
+
+from ..errors import ExecutionError
+from ..ops.communication import split_sizes
+
+Kernel = Callable[[list, Mapping[str, Any]], list]
+
+_GELU_C = math.sqrt(2.0 / math.pi)
+
+
+def _unary(fn: Callable[[torch.Tensor], torch.Tensor]) -> Kernel:
+    return lambda xs, a: [fn(xs[0])]
+
+
+def _tensors(xs: list) -> list:
+    """A variadic op's operands: several tensors, or one tuple of them."""
+    return list(xs[0]) if len(xs) == 1 and isinstance(xs[0], tuple) else list(xs)
+
+
+def _matmul_grad(xs, a):
+    x, w, dy = xs
+    dx = torch.matmul(dy, w.transpose(-1, -2))
+    if w.dim() == 2 and x.dim() > 2:
+        dw = torch.tensordot(x, dy, dims=(list(range(x.dim() - 1)), list(range(dy.dim() - 1))))
+    else:
+        dw = torch.matmul(x.transpose(-1, -2), dy)
+    return [dw, dx]
+
+
+def _gelu(x):
+    return 0.5 * x * (1.0 + torch.tanh(_GELU_C * (x + 0.044715 * x**3)))
+
+
+def _gelu_grad(xs, a):
+    x, dy = xs
+    t = torch.tanh(_GELU_C * (x + 0.044715 * x**3))
+    d_inner = _GELU_C * (1.0 + 3 * 0.044715 * x**2)
+    return [dy * (0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * d_inner)]
+
+
+def _softmax(xs, a):
+    x = xs[0]
+    e = torch.exp(x - torch.amax(x, dim=a["axis"], keepdim=True))
+    return [e / torch.sum(e, dim=a["axis"], keepdim=True)]
+
+
+def _softmax_grad(xs, a):
+    y, dy = xs
+    return [y * (dy - torch.sum(dy * y, dim=a["axis"], keepdim=True))]
+
+
+def _normalise(x, epsilon: float):
+    mean = torch.mean(x, dim=-1, keepdim=True)
+    var = torch.mean((x - mean) ** 2, dim=-1, keepdim=True)
+    inv_std = 1.0 / torch.sqrt(var + epsilon)
+    return (x - mean) * inv_std, inv_std
+
+
+def _layer_norm(xs, a):
+    x, gamma, beta = xs
+    xhat, _ = _normalise(x, a["epsilon"])
+    return [xhat * gamma + beta]
+
+
+def _layer_norm_grad(xs, a):
+    x, gamma, dy = xs
+    xhat, inv_std = _normalise(x, a["epsilon"])
+    lead = tuple(range(x.dim() - 1))
+    g = dy * gamma
+    dx = inv_std * (
+        g - torch.mean(g, dim=-1, keepdim=True) - xhat * torch.mean(g * xhat, dim=-1, keepdim=True)
+    )
+    dgamma = torch.sum(dy * xhat, dim=lead) if lead else dy * xhat
+    dbeta = torch.sum(dy, dim=lead) if lead else dy.clone()
+    return [dx, dgamma, dbeta]
+
+
+def _causal_mask(xs, a):
+    x = xs[0]
+    rows, cols = x.shape[-2:]
+    above = torch.triu(torch.ones((rows, cols), dtype=torch.bool), diagonal=1)
+    return [torch.where(above, torch.tensor(a["fill"], dtype=x.dtype), x)]
+
+
+def _denominator(y, a) -> float:
+    if a["denominator"] > 0:
+        return float(a["denominator"])
+    if a["kind"] == "cross_entropy" or y.dim() >= 2:
+        return float(max(math.prod(y.shape[:-1]), 1))
+    return float(max(y.numel(), 1))
+
+
+def _labels(op: str, z, classes: int):
+    if z.numel() and (int(z.min()) < 0 or int(z.max()) >= classes):
+        raise ExecutionError(f"{op}: class labels z must lie in [0, {classes}), got {z.tolist()}")
+    return z.long().unsqueeze(-1)
+
+
+def _log_softmax(y):
+    shifted = y - torch.amax(y, dim=-1, keepdim=True)
+    return shifted - torch.log(torch.sum(torch.exp(shifted), dim=-1, keepdim=True))
+
+
+def _loss(xs, a):
+    y, z = xs
+    if a["kind"] == "cross_entropy":
+        total = -torch.sum(torch.gather(_log_softmax(y), -1, _labels("Loss", z, y.shape[-1])))
+    else:
+        total = torch.sum((y - z) ** 2)
+    return [total / _denominator(y, a)]
+
+
+def _loss_grad(xs, a):
+    y, z = xs
+    factor = a["scale"] / _denominator(y, a)
+    if a["kind"] == "cross_entropy":
+        dy = torch.exp(_log_softmax(y))
+        labels = _labels("LossGrad", z, y.shape[-1])
+        dy = dy.scatter(-1, labels, torch.gather(dy, -1, labels) - 1.0)
+    else:
+        dy = 2.0 * (y - z)
+    return [dy * factor]
+
+
+def _adam(xs, a):
+    w, dw, m, v = xs
+    if bool(torch.any(v < 0)):
+        raise ExecutionError("Adam: the second moment v must be >= 0")
+    b1, b2, step = a["beta1"], a["beta2"], a["step"]
+    m1 = b1 * m + (1.0 - b1) * dw
+    v1 = b2 * v + (1.0 - b2) * dw * dw
+    m_hat = m1 / (1.0 - b1**step)
+    v_hat = v1 / (1.0 - b2**step)
+    return [w - a["lr"] * m_hat / (torch.sqrt(v_hat) + a["epsilon"]), m1, v1]
+
+
+def _embedding(xs, a):
+    table, ids = xs
+    if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
+        raise ExecutionError(f"Embedding: ids must lie in [0, {table.shape[0]})")
+    return [table[ids.long()]]
+
+
+def _embedding_grad(xs, a):
+    ids, dy = xs
+    out = torch.zeros((a["num_embeddings"], dy.shape[-1]), dtype=dy.dtype)
+    out.index_add_(0, ids.reshape(-1).long(), dy.reshape(-1, dy.shape[-1]))
+    if a["padding_idx"] is not None:
+        out[a["padding_idx"]] = 0
+    return [out]
+
+
+def _reduce(fn):
+    def kernel(xs, a):
+        x = xs[0]
+        axes = tuple(range(x.dim())) if a["axes"] is None else tuple(a["axes"])
+        if not axes:
+            return [x.clone()]
+        return [fn(x, dim=axes, keepdim=bool(a["keepdims"]))]
+
+    return kernel
+
+
+def _slice(xs, a):
+    x = xs[0]
+    axis = a["axis"] % x.dim()
+    n = x.shape[axis]
+    start = a["start"] + n if a["start"] < 0 else a["start"]
+    end = n if a["end"] is None else (a["end"] + n if a["end"] < 0 else a["end"])
+    return [x.narrow(axis, start, end - start).clone()]
+
+
+def _split(xs, a):
+    x = xs[0]
+    dim = a["dim"] % x.dim()
+    return [
+        tuple(p.clone() for p in torch.split(x, split_sizes(x.shape[dim], a["partitions"]), dim))
+    ]
+
+
+def _conv2d(xs, a):
+    from ..ops.conv import conv_pads
+
+    x, w = xs  # NHWC and (Kh, Kw, Cin, Cout), stride 1, as ir/ops/conv.py
+    top, bottom, left, right = conv_pads(a["padding"], w.shape[0], w.shape[1])
+    xp = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
+    y = torch.nn.functional.conv2d(xp, w.permute(3, 2, 0, 1))
+    return [y.permute(0, 2, 3, 1).contiguous()]
+
+
+def _transpose(xs, a):
+    x = xs[0]
+    perm = tuple(reversed(range(x.dim()))) if a["perm"] is None else tuple(a["perm"])
+    return [x.permute(perm).contiguous()]
+
+
+def _sum(xs, a):
+    parts = _tensors(xs)
+    out = parts[0].clone()
+    for p in parts[1:]:
+        out = out + p
+    return [out]
+
+
+TORCH_KERNELS: dict[str, Kernel] = {
+    "Add": lambda xs, a: [xs[0] + xs[1]],
+    "Sub": lambda xs, a: [xs[0] - xs[1]],
+    "Mul": lambda xs, a: [xs[0] * xs[1]],
+    "Div": lambda xs, a: [xs[0] / xs[1]],
+    "Neg": _unary(torch.neg),
+    "Identity": lambda xs, a: [xs[0]],  # values are never written in place
+    "Relu": _unary(torch.relu),
+    "ReluGrad": lambda xs, a: [xs[1] * (xs[0] > 0).to(xs[1].dtype)],
+    "Gelu": _unary(_gelu),
+    "GeluGrad": _gelu_grad,
+    "Tanh": _unary(torch.tanh),
+    "TanhGrad": lambda xs, a: [xs[1] * (1.0 - xs[0] * xs[0])],
+    "Exp": _unary(torch.exp),
+    "Sqrt": _unary(torch.sqrt),
+    "Scale": lambda xs, a: [xs[0] * a["factor"]],
+    "MatMul": lambda xs, a: [torch.matmul(xs[0], xs[1])],
+    "MatMulGrad": _matmul_grad,
+    "Conv2D": _conv2d,
+    "Softmax": _softmax,
+    "SoftmaxGrad": _softmax_grad,
+    "LayerNorm": _layer_norm,
+    "LayerNormGrad": _layer_norm_grad,
+    "CausalMask": _causal_mask,
+    "Loss": _loss,
+    "LossGrad": _loss_grad,
+    "SGDOptimizer": lambda xs, a: [xs[0] - a["lr"] * xs[1]],
+    "Adam": _adam,
+    "Embedding": _embedding,
+    "EmbeddingGrad": _embedding_grad,
+    "ReduceSum": _reduce(torch.sum),
+    "ReduceMean": _reduce(torch.mean),
+    "Reshape": lambda xs, a: [xs[0].reshape(tuple(a["shape"]))],
+    "Transpose": _transpose,
+    "Slice": _slice,
+    "Concat": lambda xs, a: [torch.cat(_tensors(xs), dim=a["dim"])],
+    "Split": _split,
+    "Sum": _sum,
+    "MakeTuple": lambda xs, a: [tuple(xs)],
+    "TupleGet": lambda xs, a: [xs[0][a["index"]]],
+}
+
+
+def check_kernels(op_types: Iterable[str], where: str) -> None:
+    """Refuse, naming it, the first op type without a torch kernel (communication ops of
+    ranked programs are the runner's own)."""
+    from .torch_dist import BackendError
+
+    for t in op_types:
+        if t not in TORCH_KERNELS and t not in ("SendTo", "RecvFrom", "RankCollective"):
+            raise BackendError(
+                f"{where}: {t} has no torch kernel in ir.backends.torch_kernels "
+                f"(covered: {', '.join(sorted(TORCH_KERNELS))}); add one there or run the "
+                "program with ir.sharding.run_ranked (numpy)"
+            )
+
+
+__all__ = ["TORCH_KERNELS", "check_kernels"]

@@ -1,0 +1,311 @@
+"""Run ranked (per-rank) programs on real processes: torch kernels, torch.distributed gloo.
+
+:func:`run_ranked` takes what ``ir.sharding.lower_to_ranks`` makes: one process per
+rank receives only its rank class's program and its own rank parameters
+(``RankedProgram.unique`` and ``parameters``; ranks of a class share one program),
+executes its ops with torch kernels (``ir.backends.torch_kernels``) and talks to the
+others through ``torch.distributed`` over loopback (a port the OS picks):
+
+* ``SendTo`` / ``RecvFrom`` pairs, as the lowering matched them (peer and tag), are
+  ``isend`` / ``irecv``; a rank waits for its sends at the end of a step;
+* a ``RankCollective`` runs on the process group of its ``group`` (every group of
+  every program is made, in one order, on every process): ``all_reduce``, and, as
+  gloo has no reduce-scatter or all-to-all, all-gathers and all-reduces whose
+  results each rank slices (uneven blocks padded for the gather and cut back).
+
+With ``steps > 1`` the program runs that many times on its ranks; ``carry`` says
+which outputs are the next step's inputs (a training step's new weights and
+optimizer state): they stay on their ranks between steps, as in a training loop.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue as queue_module
+import traceback
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExecutionError
+from ..function import Function
+from ..verify import describe_op
+from .torch_dist import BackendError
+from .workers import die_with_parent, free_port, single_threaded_blas
+
+__all__ = ["carry_of", "run_ranked"]
+
+
+def carry_of(source: Function) -> dict[int, str]:
+    """``{output index: input name}`` for a step built from ``source`` (a sequential
+    training program): each optimizer's new weight or state is the next step's input of
+    that name (the transforms keep the source's input names and output order)."""
+    from ..transforms._emit import carried_inputs
+
+    return {source.outputs.index(out): v.name for out, v in carried_inputs(source).items()}
+
+
+def _carry_pairs(ranked, carry: Mapping[int, str]) -> dict[int, list[tuple[int, int]]]:
+    """Per rank, (output position, input position) pairs that carry state to the next step."""
+    by_name: dict[str, list] = {}
+    for b in ranked.inputs:
+        by_name.setdefault(b.name, []).append(b)
+    pairs: dict[int, list[tuple[int, int]]] = {r: [] for r in ranked.ranks}
+    for index, name in carry.items():
+        if not 0 <= index < len(ranked.outputs):
+            raise BackendError(f"carry: output {index} does not exist ({len(ranked.outputs)})")
+        found = by_name.get(name, [])
+        if len(found) != 1:
+            raise BackendError(
+                f"carry: output {index} updates input {name!r}, which has "
+                f"{'no' if not found else 'several'} rank bindings"
+            )
+        out, inp = ranked.outputs[index], found[0]
+        outs = list(out.elements) or sorted(out.positions.items())
+        ins = list(inp.elements) or sorted(inp.positions.items())
+        if [r for r, _ in outs] != [r for r, _ in ins] or out.layout != inp.layout:
+            raise BackendError(
+                f"carry: output {index} ({out.name!r}) lives on ranks {[r for r, _ in outs]} "
+                f"but input {name!r} on ranks {[r for r, _ in ins]}: the state is not resident "
+                "(use a steady-state step, resident=True)"
+            )
+        for (r, o), (_, i) in zip(outs, ins):
+            pairs[r].append((o, i))
+    return pairs
+
+
+def _groups(ranked) -> list[tuple[int, ...]]:
+    """Every RankCollective group of every rank, sorted, each once, in one fixed order."""
+    seen: dict[tuple[int, ...], None] = {}
+    for r in ranked.ranks:
+        for op in ranked.programs[r].ops:
+            if op.op_type == "RankCollective":
+                seen[tuple(sorted(op.attributes["group"]))] = None
+    return sorted(seen)
+
+
+def run_ranked(
+    ranked,
+    inputs: Sequence[Any] | Mapping[str, Any],
+    *,
+    steps: int = 1,
+    carry: Mapping[int, str] | None = None,
+    timeout_s: float = 120.0,
+) -> tuple:
+    """Run ``ranked`` (a :class:`ir.sharding.RankedProgram`) on one process per rank; return
+    the global outputs of the last step (merged as ``ir.sharding.run_ranked`` merges them).
+
+    ``steps``: how many steps in a row; ``carry`` (``{output index: input name}``, see
+    :func:`carry_of`) feeds each step's outputs to the next step's inputs on their ranks.
+    """
+    from ..sharding.ranked import global_outputs, rank_arguments
+    from .torch_kernels import check_kernels
+
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise BackendError(f"steps must be a positive integer, got {steps!r}")
+    if steps > 1 and not carry:
+        raise BackendError("steps > 1 needs carry={output index: input name} (see carry_of)")
+    for i, program in enumerate(ranked.unique):
+        check_kernels((op.op_type for op in program.ops), f"rank class {i} ({program.name})")
+    pairs = _carry_pairs(ranked, carry or {})
+    args = rank_arguments(ranked, inputs)
+    ranks = list(ranked.ranks)
+    plan = {
+        "ranks": ranks,
+        "groups": _groups(ranked),
+        "steps": steps,
+        "port": free_port(),
+        "parent": os.getpid(),
+    }
+    outs = _launch(ranked, args, pairs, plan, timeout_s)
+    return global_outputs(ranked, outs)
+
+
+def _launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
+    ctx = mp.get_context("fork")
+    outbox = ctx.Queue()
+    ranks = plan["ranks"]
+    procs = []
+    for r in ranks:
+        # each process gets its class's program, its parameters and its own arguments only
+        work = (
+            ranked.unique[ranked.dedup[r]],
+            dict(ranked.parameters.get(r, {})),
+            args[r],
+            pairs[r],
+        )
+        procs.append(ctx.Process(target=_worker, args=(r, work, plan, outbox), daemon=True))
+    for p in procs:
+        p.start()
+    results: dict[int, list] = {}
+    try:
+        for _ in procs:
+            r, outs, error = outbox.get(timeout=timeout_s)
+            if error is not None:
+                raise _failed(r, *error)
+            results[r] = outs
+    except queue_module.Empty:
+        waiting = [r for r in ranks if r not in results]
+        raise ExecutionError(
+            f"ranked torch.distributed run got no result within {timeout_s} s from ranks {waiting}"
+        ) from None
+    finally:
+        failed = len(results) < len(procs)
+        for p in procs:
+            if failed:
+                p.kill()  # the others would wait on a rank that is gone
+            p.join(timeout=10)
+    return results
+
+
+def _failed(rank: int, where: str | None, error: str, worker_traceback: str) -> BackendError:
+    at = "outside its ops (setting up or sending results)" if where is None else f"at `{where}`"
+    return BackendError(
+        f"rank {rank} failed {at}\n  {error}\n  (the worker's traceback: "
+        "BackendError.worker_traceback)",
+        device=rank,
+        rank=rank,
+        op=where,
+        worker_traceback=worker_traceback,
+    )
+
+
+def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
+    """One rank: join the gloo world, run its program ``steps`` times, send back outputs."""
+    program, parameters, args, pairs = work
+    state = {"op": None}
+    try:
+        die_with_parent(plan["parent"])
+        import torch
+        import torch.distributed as dist
+
+        from ..sharding.rank_classes import instantiate
+
+        torch.set_num_threads(1)
+        single_threaded_blas()
+        ranks = plan["ranks"]
+        rank_of = {r: i for i, r in enumerate(ranks)}
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{plan['port']}",
+            rank=rank_of[rank],
+            world_size=len(ranks),
+            timeout=datetime.timedelta(seconds=120),
+        )
+        groups = {g: dist.new_group([rank_of[d] for d in g]) for g in plan["groups"]}
+        program = instantiate(program, parameters)
+        values = [torch.from_numpy(np.array(a, copy=True)) for a in args]
+        for _ in range(plan["steps"]):
+            outs = _step(program, values, rank, rank_of, groups, state)
+            for o, i in pairs:
+                values[i] = outs[o]
+        state["op"] = None
+        result = [o.numpy() if hasattr(o, "numpy") else o for o in outs]
+        dist.barrier()
+        outbox.put((rank, result, None))
+        dist.destroy_process_group()
+    except Exception as e:  # said to the parent as text: an exception may not pickle
+        op = state["op"]
+        where = describe_op(op) if op is not None else None
+        outbox.put((rank, None, (where, f"{type(e).__name__}: {e}", traceback.format_exc())))
+
+
+def _step(program: Function, args: list, me: int, rank_of, groups, state) -> list:
+    import torch.distributed as dist
+
+    from .torch_kernels import TORCH_KERNELS
+
+    env = dict(zip(program.inputs, args))
+    sends = []
+    for op in program.ops:
+        state["op"] = op
+        xs = [env[v] for v in op.inputs]
+        a = op.attributes
+        if op.op_type == "SendTo":
+            x = xs[0].contiguous()
+            sends.append(dist.isend(x, rank_of[a["peer"]], tag=a["tag"]))
+            results = [x]
+        elif op.op_type == "RecvFrom":
+            import torch
+
+            buf = torch.empty(tuple(a["shape"]), dtype=_torch_dtype(op.outputs[0].type.dtype))
+            dist.irecv(buf, rank_of[a["peer"]], tag=a["tag"]).wait()
+            results = [buf]
+        elif op.op_type == "RankCollective":
+            results = [_collective(xs[0], op, me, rank_of, groups)]
+        else:
+            results = TORCH_KERNELS[op.op_type](xs, a)
+        for v, y in zip(op.outputs, results):
+            if not isinstance(y, tuple) and y.dtype != _torch_dtype(v.type.dtype):
+                y = y.to(_torch_dtype(v.type.dtype))  # python floats in a formula promote
+            env[v] = y
+    for work in sends:
+        work.wait()
+    return [env[v] for v in program.outputs]
+
+
+def _torch_dtype(dtype):
+    import torch
+
+    return getattr(torch, np.dtype(dtype.numpy).name)
+
+
+def _collective(x, op, me: int, rank_of, groups):
+    """This rank's part of a collective over ``op``'s group (module doc)."""
+    import torch
+    import torch.distributed as dist
+
+    from ..ops.communication import split_sizes
+
+    a = op.attributes
+    group = [int(r) for r in a["group"]]
+    pg = groups[tuple(sorted(group))]
+    pos = group.index(me)
+    kind, k = a["kind"], len(group)
+    x = x.contiguous()
+    if kind in ("allreduce", "reducescatter"):
+        how = a["op"]
+        ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM}
+        ops.update(max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN)
+        y = x.clone()
+        dist.all_reduce(y, op=ops[how], group=pg)
+        if how == "mean":
+            y = y / k
+        if kind == "allreduce":
+            return y
+        dim = a["dim"] % y.dim()
+        sizes = split_sizes(y.shape[dim], k)
+        return y.narrow(dim, sum(sizes[:pos]), sizes[pos]).clone()
+    dim = a["dim"] % x.dim()
+    parts = _all_gather(x, dim, group, pg)
+    if kind == "allgather":
+        return torch.cat(parts, dim=dim)
+    # alltoall: from every member, the chunk of its split_dim that is this rank's
+    sizes = split_sizes(x.shape[dim], k)
+    start = sum(sizes[:pos])
+    chunks = [p.narrow(dim, start, sizes[pos]) for p in parts]
+    return torch.cat(chunks, dim=a["concat_dim"] % x.dim())
+
+
+def _all_gather(x, dim: int, group: list[int], pg) -> list:
+    """Every member's ``x`` in ``group`` order; uneven sizes along ``dim`` padded and cut."""
+    import torch
+    import torch.distributed as dist
+
+    order = sorted(group)  # a process group's ranks are in ascending order
+    size = torch.tensor([x.shape[dim]], dtype=torch.int64)
+    sizes = [torch.zeros_like(size) for _ in group]
+    dist.all_gather(sizes, size, group=pg)
+    biggest = int(max(s.item() for s in sizes))
+    padded = x
+    if x.shape[dim] < biggest:
+        pad_shape = list(x.shape)
+        pad_shape[dim] = biggest - x.shape[dim]
+        padded = torch.cat([x, torch.zeros(pad_shape, dtype=x.dtype)], dim=dim)
+    out = [torch.empty_like(padded) for _ in group]
+    dist.all_gather(out, padded.contiguous(), group=pg)
+    by_rank = {r: o.narrow(dim, 0, int(s.item())) for r, o, s in zip(order, out, sizes)}
+    return [by_rank[r] for r in group]
