@@ -28,7 +28,7 @@ from .errors import (
     UnknownOpError,
     VerifyError,
 )
-from .execute import execute, random_inputs
+from .execute import execute, execute_step, random_inputs
 from .function import Function
 from .importers import from_onnx, from_torch, to_onnx
 from .layout import LayoutError, collect, distribute
@@ -73,6 +73,7 @@ __all__ = [
     "collect",
     "distribute",
     "execute",
+    "execute_step",
     "format",
     "from_onnx",
     "from_torch",

@@ -49,6 +49,29 @@ def execute(function: Function, inputs: Sequence[Any] | Mapping[str, Any]) -> tu
     return _run(function, args)
 
 
+def execute_step(
+    step: Function,
+    inputs: Sequence[Any] | Mapping[str, Any],
+    source: Function | None = None,
+    *,
+    rtol: float = 1e-9,
+) -> list[Any]:
+    """Run a steady-state step on the sequential program's ``inputs``; return its outputs
+    as whole arrays.
+
+    The inputs are laid out by the step's input layouts (:func:`ir.distribute`), the
+    step runs, and its outputs are put back together by their layouts
+    (:func:`ir.collect`, replicas checked to agree to ``rtol``): what an execution proof
+    compares with ``execute(source, inputs)``. Positional ``inputs`` follow ``source``'s
+    inputs (default: the step's own, which keep the sequential names and order).
+    """
+    from ..layout import collect, distribute
+
+    function_arg("execute_step", "step", step)
+    laid_out = distribute(step, inputs, step if source is None else source)
+    return collect(step, execute(step, laid_out), rtol)
+
+
 def _bind_inputs(function: Function, inputs: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
     if isinstance(inputs, Mapping):
         missing = [v.name for v in function.inputs if v.name not in inputs]

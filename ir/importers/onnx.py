@@ -29,7 +29,7 @@ from ..registry import OpKind, get_op
 from ..sharding.annotations import annotate
 from ..sharding.mesh import Layout
 from ..sharding.stages import annotate_stages
-from ..types import TensorType
+from ..types import TensorType, Type
 from ..value import Value
 from . import _onnx_export as out
 from . import _onnx_import as read
@@ -105,6 +105,11 @@ def to_onnx(
     find, layouts, stages = _markers(function)
     names = _Names()
     for v in function.inputs:
+        if not isinstance(v.type, TensorType):
+            raise OnnxError(
+                f"input {v.name!r} is {_short(v.type)}, a per-device value of an explicitly "
+                f"distributed program; {_LOGICAL_ONLY}"
+            )
         names.of(v)
     builder = out.Emitter(onnx, names.of)
     stage_nodes: list[tuple[int, int]] = []  # (first node, stage) per staged op
@@ -166,13 +171,23 @@ class _Names:
         return [v for v in self.names if isinstance(v.type, TensorType)]
 
 
+_LOGICAL_ONLY = (
+    "to_onnx writes logical programs: export the annotated program (ShardAnnotate, "
+    "PipelineStage) that propagate started from"
+)
+
+
+def _short(t: Type) -> str:
+    text = str(t)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def _check_exportable(op) -> None:
     opdef = get_op(op.op_type)
     if opdef.kind is OpKind.COMMUNICATION or op.subfunctions:
         raise OnnxError(
             f"{op.op_type} is a {opdef.kind.value} op of an explicitly distributed program; "
-            "to_onnx writes logical programs: export the annotated program (ShardAnnotate, "
-            "PipelineStage) that propagate started from"
+            f"{_LOGICAL_ONLY}"
         )
     if op.op_type not in out.EXPORTS:
         raise OnnxError(

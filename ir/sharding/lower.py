@@ -150,7 +150,15 @@ class RankedProgram:
 
 
 def lower_to_ranks(function: Function, *, pad: bool = False) -> RankedProgram:
-    """Split a distributed Function into deduplicated per-rank programs (module doc)."""
+    """Split a distributed Function into deduplicated per-rank programs (module doc).
+
+    Pmaps (a propagated step's symmetric ops, a transform's stage bodies) are unrolled
+    into per-device ops first.
+    """
+    if any(op.op_type == "Pmap" for op in function.ops):
+        from ..transforms.unroll import unroll_pmap
+
+        function = unroll_pmap(function)
     return _Lowering(function, pad).run()
 
 

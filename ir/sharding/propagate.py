@@ -3,27 +3,38 @@
 1. *Desired layouts*: user annotations are fixed; forward and backward sweeps
    through the ops' sharding rules give every other value a layout (values no
    rule reaches are replicated).
-2. *Materialisation*: inputs are scattered / broadcast onto the mesh; each op
+2. *Materialisation*: each input arrives laid out on the mesh; each op
    picks the strategy (per mesh axis: split a factor, replicate, pass a
    Partial through, or a halo exchange) with the smallest predicted time:
    redistributing its operands (``ir.collectives`` on the topology) plus its
    compute divided over the shards; then runs per device. A value that a user
    annotated is redistributed to that layout right away: annotations win.
-   Outputs are gathered back to whole tensors.
+
+The result is a steady-state step (``inputs="resident"``, the default): each
+input is a per-device tuple already laid out on the mesh (``Function.input_layouts``,
+see :mod:`ir.layout`), each output stays on the devices that computed it, with its
+layout, and an optimizer's updated state comes back in the layout its input had, so
+step N+1 takes step N's outputs. ``ir.distribute`` / ``ir.collect`` lay sequential
+values out and back; ``T.setup_program`` is the one-time distribution. With
+``inputs="distribute"`` the program is the seeds' teaching form instead: whole
+inputs are scattered / broadcast from their device every step and outputs gathered
+back to whole tensors.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..builder import FunctionBuilder
 from ..device import Topology
 from ..function import Function
-from ..op import Op
+from ..layout import with_layouts
+from ..op import Op, freeze_attributes
+from ..registry import OpKind, get_op
 from ..types import TensorType, TupleType, Type
 from ..value import Value
-from ..verify import describe_op, hashed_key
+from ..verify import describe_op, hashed_key, infer_types
 from . import annotations as ann
 from . import halo
 from .choice import Chooser
@@ -33,6 +44,7 @@ from .facts import op_signatures
 from .mesh import Layout, Mesh, Partial, R, Shard
 from .redistribute import DistValue, emit, plan, step_bytes
 from .rules import Rule, describe
+from .spmd import pmap, symmetric_body
 
 
 @dataclass(frozen=True)
@@ -93,22 +105,59 @@ def propagate(
     topology: Topology | None = None,
     *,
     mesh: Mesh | None = None,
+    inputs: str = "resident",
 ) -> tuple[Function, PropagationReport]:
-    """Distribute ``function`` by ``annotations`` (value name -> layout); see the module doc."""
+    """Distribute ``function`` by ``annotations`` (value name -> layout); see the module doc.
+
+    ``inputs``: ``"resident"`` (a steady-state step on laid-out inputs) or
+    ``"distribute"`` (whole inputs scattered and outputs gathered every step).
+    """
+    if inputs not in _INPUT_MODES:
+        raise PropagationError(
+            f"inputs must be one of {', '.join(map(repr, _INPUT_MODES))} ('resident': "
+            "each input arrives laid out on the mesh; 'distribute': scattered from its "
+            f"device every step), got {inputs!r}"
+        )
     fixed, mesh = ann.collect(function, annotations, mesh)
     if topology is None:
         topology = Topology.uniform(max(mesh.devices) + 1)
     ann.devices_in(topology.device_ids, mesh)
     desired = desired_layouts(function, fixed, mesh)
-    return _Materialiser(function, mesh, topology, fixed, desired).run()
+    return _Materialiser(function, mesh, topology, fixed, desired, inputs == "resident").run()
+
+
+_INPUT_MODES = ("resident", "distribute")
+
+
+def levels_of(layout: Layout) -> tuple[str, ...]:
+    """A mesh layout as the levels of :mod:`ir.layout` over its flat device tuple.
+
+    >>> levels_of(Layout(Mesh((2, 4)), ("S(0)", "R")))
+    ('S(0)@2', 'R@4')
+    >>> levels_of(Layout(Mesh((4,)), ("P(sum)",)))
+    ('P',)
+    """
+    texts = []
+    for p in layout.placements:
+        if isinstance(p, Shard):
+            texts.append(f"S({p.dim})")
+        elif isinstance(p, Partial):
+            texts.append("P")
+        else:
+            texts.append("R")
+    if layout.mesh.ndim == 1:
+        return tuple(texts)
+    return tuple(f"{t}@{n}" for t, n in zip(texts, layout.mesh.shape))
 
 
 # -- phase 2: materialisation -----------------------------------------------------------
 
 
 class _Materialiser(Chooser):
-    def __init__(self, function, mesh, topology, fixed, desired) -> None:
+    def __init__(self, function, mesh, topology, fixed, desired, resident: bool) -> None:
         self.f = function
+        self.resident = resident
+        self._in_levels: dict[str, tuple[str, ...]] = {}
         self.mesh = mesh
         self.topology = topology
         self.fixed = fixed
@@ -135,7 +184,12 @@ class _Materialiser(Chooser):
                 )
                 continue
             self._op(op)
-        outs = [self._collect(v) for v in self.f.outputs]
+        if self.resident:
+            outs, out_levels = (
+                zip(*[self._keep(v) for v in self.f.outputs]) if self.f.outputs else ((), ())
+            )
+        else:
+            outs = [self._collect(v) for v in self.f.outputs]
         texts: dict[Layout, tuple[str, ...]] = {}  # each layout's texts printed once
         layouts = self.report.layouts
         for v, d in self.dist.items():
@@ -143,7 +197,12 @@ class _Materialiser(Chooser):
             if found is None:
                 found = texts[d.layout] = tuple(d.layout.texts)
             layouts.setdefault(v.name, found)
-        return self.b.finish(outs), self.report
+        g = self.b.finish(list(outs))
+        if self.resident:
+            g = with_layouts(g, self._in_levels, list(out_levels))
+            if self.mesh.size > 1 and _symmetric(g, self.mesh.size):
+                g = replace(g, rank_classes=(tuple(self.mesh.devices),))
+        return g, self.report
 
     # -- inputs and outputs --------------------------------------------------------------
 
@@ -153,8 +212,15 @@ class _Materialiser(Chooser):
                 f"input {x.name!r} is {x.type}, already per-device: propagate distributes a "
                 "sequential program (unroll or gather it first)"
             )
-        nx = self.b.input(x.name, x.type)
         layout = self._layout_of(self.desired.get(x, (R,) * self.mesh.ndim))
+        if self.resident:  # the input arrives laid out: one piece per mesh device
+            if _has_partial(layout):  # partial sums are results, never resident state
+                layout = Layout.replicated(self.mesh)
+            local = self._local_types(x.type, layout.placements)
+            nx = self.b.input(x.name, TupleType(tuple(local)))
+            self._in_levels[x.name] = levels_of(layout)
+            return DistValue(None, layout, x.type, whole=nx)
+        nx = self.b.input(x.name, x.type)
         names = [f"{x.name}_s"]
         known = self._distributions.get((x.type, layout))
         if known is not None:  # inputs of one type and layout (every layer's weights) alike
@@ -171,8 +237,39 @@ class _Materialiser(Chooser):
             op = self.b.add_op(op_type, [nx], attrs, names=names)
             self._distributions[x.type, layout] = (op_type, op.attributes, (op.outputs[0].type,))
             xs = op.outputs[0]
-        locs = self.b.unpack(xs, [x.name + s for s in self._suffixes])
-        return DistValue(locs, layout, x.type)
+        return DistValue(None, layout, x.type, whole=xs, name=x.name)
+
+    def _keep(self, v: Value) -> tuple[Value, tuple[str, ...] | None]:
+        """Output ``v`` where it was computed: a per-device tuple and its layout. An
+        optimizer's updated state takes the layout of the state it updates."""
+        d = self.dist[v]
+        if isinstance(v.type, TupleType):  # a tuple-valued result (Split): gathered whole
+            return self._collect(v), None
+        state = self._state_inputs().get(v)
+        if state is not None and d.layout != self.dist[state].layout:
+            d = self.redistribute(
+                d, self.dist[state].layout, f"{v.name!r} is {state.name!r} updated"
+            )
+        elif _has_partial(d.layout):
+            reduced = [w for w in self.views.get(v, {}).values() if not _has_partial(w.layout)]
+            if reduced:  # already reduced for a consumer: keep that, do not reduce again
+                d = reduced[0]
+            elif any(isinstance(p, Partial) and p.op != "sum" for p in d.layout.placements):
+                d = self.redistribute(d, Layout.replicated(self.mesh), "a partial max/min output")
+        return d.whole_in(self.b), levels_of(d.layout)
+
+    def _state_inputs(self) -> dict[Value, Value]:
+        """Each optimizer result that is updated state -> the input it updates (the
+        parameter, then the optimizer's state operands after the gradient)."""
+        found: dict[Value, Value] = {}
+        inputs = set(self.f.inputs)
+        for op in self.f.ops:
+            if get_op(op.op_type).extra.get("optimizer", False):
+                state = [op.inputs[0], *op.inputs[2:]]
+                for out, x in zip(op.outputs, state):
+                    if x in inputs:
+                        found[out] = x
+        return found
 
     def _collect(self, v: Value) -> Value:
         d = self.dist[v]
@@ -187,13 +284,13 @@ class _Materialiser(Chooser):
             for e, t in enumerate(v.type.elements):
                 locs = tuple(
                     self.b.call("TupleGet", x, index=e, name=f"{v.name}{e}_{dev}")
-                    for x, dev in zip(d.locals, self.mesh.devices)
+                    for x, dev in zip(d.locals_in(self.b, self._suffixes), self.mesh.devices)
                 )
                 parts.append(
                     self._collect_value(Value(f"{v.name}{e}", t), DistValue(locs, d.layout, t))
                 )
             return self.b.call("MakeTuple", *parts, name=v.name)
-        xs = self.b.call("MakeTuple", *d.locals, name=f"{v.name}_parts")
+        xs = d.whole_in(self.b)
         p = d.layout.placements
         device = getattr(v.type, "device", None)
         if self.mesh.ndim == 1 and isinstance(p[0], Shard):
@@ -212,7 +309,7 @@ class _Materialiser(Chooser):
     # -- redistribution --------------------------------------------------------------------
 
     def redistribute(self, value: DistValue, target: Layout, reason: str) -> DistValue:
-        name = value.locals[0].name.rsplit("_", 1)[0]
+        name = value.name
         for step in plan(value.shape, value.layout, target):
             time_s = self._costs.step_time_s(value.type, value.layout, step)
             size = step_bytes(value.type, value.layout, step)
@@ -296,35 +393,69 @@ class _Materialiser(Chooser):
                 views[target] = source
             operands.append(source)
         if decision.halo:
+            for x in operands:
+                x.locals_in(self.b, self._suffixes)
             outs = [lay.placements for lay in decision.out_layouts]
             expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
             results = halo.emit(self, op, decision.rule, decision.strategy, operands, expected)
-        elif decision.local_ops is not None and not op.subfunctions:
-            # The same decision means the same local operand types (its key holds the
-            # operands' types and layouts): the type rules' answers for the first op hold.
-            suffixes = self._suffixes  # "_<device>" per device: names as f"{name}_{d}"
-            if len(op.outputs) == 1:
-                name = op.outputs[0].name
-                names = [[name + s] for s in suffixes]
+            values = [DistValue(locs, None, None) for locs in zip(*results)]
+        elif not op.subfunctions:
+            if decision.local_ops is None:  # the first op of this decision: plan the local op
+                in_types = list(zip(*[x.local_types for x in operands])) or [()] * self.mesh.size
+                decision.local_ops = self._plan_locals(op, decision, in_types)
+                decision.body = symmetric_body(op, in_types, decision.local_ops)
+            if decision.body is not None:  # every device runs the same op: one Pmap
+                wholes = [x.whole_in(self.b) for x in operands]
+                new = pmap(self.b, decision.body, wholes, [v.name for v in op.outputs])
+                values = [DistValue(None, None, None, whole=y) for y in new.outputs]
             else:
-                names = [[v.name + s for v in op.outputs] for s in suffixes]
-            rows = list(zip(*[x.locals for x in operands])) if operands else [()] * len(names)
-            results = self.b.add_inferred_rows(op.op_type, rows, decision.local_ops, names)
+                values = self._emit_rows(op, decision, operands)
         else:
             results = self._emit_checked(op, decision, operands)
-        for v, locs, layout in zip(op.outputs, zip(*results), decision.out_layouts):
-            value = DistValue(locs, layout, v.type)
+            values = [DistValue(locs, None, None) for locs in zip(*results)]
+        for v, value, layout in zip(op.outputs, values, decision.out_layouts):
+            value.layout, value.type, value.name = layout, v.type, v.name
             if v in self.fixed and value.layout != self.fixed[v]:
                 value = self.redistribute(value, self.fixed[v], f"user annotation on {v.name!r}")
             self.dist[v] = value
+
+    def _emit_rows(self, op, decision: _Decision, operands: list[DistValue]) -> list[DistValue]:
+        """One op per device, with the planned local ops' attributes and result types (the
+        same decision means the same local operand types: its key holds their types and
+        layouts)."""
+        suffixes = self._suffixes  # "_<device>" per device: names as f"{name}_{d}"
+        if len(op.outputs) == 1:
+            name = op.outputs[0].name
+            names = [[name + s] for s in suffixes]
+        else:
+            names = [[v.name + s for v in op.outputs] for s in suffixes]
+        local = [x.locals_in(self.b, suffixes) for x in operands]
+        rows = list(zip(*local)) if operands else [()] * len(names)
+        results = self.b.add_inferred_rows(op.op_type, rows, decision.local_ops, names)
+        return [DistValue(locs, None, None) for locs in zip(*results)]
+
+    def _plan_locals(self, op, decision: _Decision, in_types: list[tuple[Type, ...]]) -> list:
+        """Per device, the local op's frozen attributes and result types (its type rule's
+        answer for that device's operand types)."""
+        opdef = get_op(op.op_type)
+        outs = [lay.placements for lay in decision.out_layouts]
+        expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
+        local_ops = []
+        for i, d in enumerate(self.mesh.devices):
+            want = [e[i] for e in expected]
+            attrs = self._local_attrs(op, decision.rule, list(in_types[i]), want, d)
+            types, full = infer_types(opdef, in_types[i], attrs)
+            local_ops.append((freeze_attributes(full), tuple(types)))
+        return local_ops
 
     def _emit_checked(self, op, decision: _Decision, operands: list[DistValue]) -> list[tuple]:
         """The local ops through the builder's checks; their answers go into ``decision``."""
         outs = [lay.placements for lay in decision.out_layouts]
         expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
+        local = [x.locals_in(self.b, self._suffixes) for x in operands]
         results = []
         for i, d in enumerate(self.mesh.devices):
-            local_in = [x.locals[i] for x in operands]
+            local_in = [x[i] for x in local]
             want = [e[i] for e in expected]
             attrs = self._local_attrs(op, decision.rule, [x.type for x in local_in], want, d)
             names = [f"{v.name}_{d}" for v in op.outputs]
@@ -351,6 +482,24 @@ class _Decision:
     halo: bool
     # per device, the local op's (frozen attributes, result types): set by the first emission
     local_ops: list[tuple[Mapping, tuple[Type, ...]]] | None = None
+    # the Pmap body every device runs, when they all run the same local op (ir.sharding.spmd)
+    body: Function | None = None
+
+
+def _symmetric(g: Function, devices: int) -> bool:
+    """Every mesh device does the same work at the same time: the step's ops outside
+    pmap bodies are structural, or collectives over all ``devices`` at once (an op per
+    device, a per-group all-to-all or a halo exchange makes devices differ)."""
+    for op in g.ops:
+        kind = get_op(op.op_type).kind
+        if kind is OpKind.CONTROL:
+            continue
+        if kind is not OpKind.COMMUNICATION or not op.inputs:
+            return False
+        t = op.inputs[0].type
+        if not isinstance(t, TupleType) or len(t.elements) != devices:
+            return False
+    return True
 
 
 def _has_partial(layout: Layout) -> bool:

@@ -53,24 +53,62 @@ class Step:
         d["dst"] = dst
 
 
-@dataclass(frozen=True, init=False)
 class DistValue:
-    """A logical value in the distributed program: one local Value per mesh device."""
+    """A logical value of the distributed program, held either way the emission made it:
+    as its per-device tuple (``whole``, one element per mesh device, the form ``Pmap``
+    results and collectives take) or as one local Value per mesh device (``locals``,
+    what a per-device op reads). :meth:`whole_in` and :meth:`locals_in` add the one
+    ``MakeTuple`` / ``TupleGet`` s that give the other form, once."""
 
-    locals: tuple[Value, ...]
-    layout: Layout
-    type: Type  # the logical (whole) type
+    __slots__ = ("_locals", "_whole", "layout", "name", "type")
 
-    def __init__(self, locals: tuple[Value, ...], layout: Layout, type: Type) -> None:
-        # Item stores, not object.__setattr__ per field: one per result of every op.
-        d = self.__dict__
-        d["locals"] = locals
-        d["layout"] = layout
-        d["type"] = type
+    def __init__(
+        self,
+        locals: tuple[Value, ...] | None,
+        layout: Layout,
+        type: Type,
+        whole: Value | None = None,
+        name: str | None = None,
+    ) -> None:
+        if locals is None and whole is None:
+            raise ValueError("a DistValue needs its locals or its per-device tuple")
+        self._locals = locals
+        self._whole = whole
+        self.layout = layout
+        self.type = type  # the logical (whole) type
+        if name is None:
+            name = whole.name if whole is not None else locals[0].name.rsplit("_", 1)[0]
+        self.name = name
 
     @property
     def shape(self) -> tuple[int, ...]:
         return _elem(self.type).shape
+
+    @property
+    def locals(self) -> tuple[Value, ...]:
+        """The per-device Values, once :meth:`locals_in` made them (halo exchanges)."""
+        if self._locals is None:
+            raise PropagationError(f"{self.name}: its per-device values were never unpacked")
+        return self._locals
+
+    @property
+    def local_types(self) -> tuple[Type, ...]:
+        """The type each mesh device holds, without adding an op."""
+        if self._locals is not None:
+            return tuple(v.type for v in self._locals)
+        return self._whole.type.elements  # type: ignore[union-attr]
+
+    def whole_in(self, b: FunctionBuilder) -> Value:
+        """The per-device tuple (made by one ``MakeTuple`` the first time it is needed)."""
+        if self._whole is None:
+            self._whole = b.call("MakeTuple", *self._locals, name=self.name)
+        return self._whole
+
+    def locals_in(self, b: FunctionBuilder, suffixes: Sequence[str]) -> tuple[Value, ...]:
+        """One Value per mesh device (``TupleGet`` s the first time they are needed)."""
+        if self._locals is None:
+            self._locals = b.unpack(self._whole, [self.name + s for s in suffixes])
+        return self._locals
 
 
 def _elem(t: Type) -> TensorType:
@@ -309,47 +347,91 @@ class RedistributionCosts:
 
 
 def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
-    """Append the ops of one step to ``b``; return the redistributed value."""
+    """Append the ops of one step to ``b``; return the redistributed value.
+
+    One op on the value's per-device tuple: ``KeepShard`` for a local slice (nothing
+    moves), a collective for the rest, with ``groups`` (tuple positions) where the mesh
+    axis has several groups. An all-to-all, which has no grouped form, runs per group.
+    """
     layout = value.layout
     mesh = layout.mesh
-    new = list(value.locals)
-    name = value.locals[0].name.rsplit("_", 1)[0]
+    name, after = value.name, _after(layout, step)
+    groups = [[mesh.devices.index(d) for d in g] for g in mesh.groups(step.axis)]
+    grouped = {"groups": groups} if len(groups) > 1 else {}
+    # One op over the whole tuple takes pieces of one shape; uneven pieces (a tail block,
+    # an axis split unevenly by another mesh axis) go per device or per group.
+    uneven = len({_elem(t).shape for t in value.local_types}) > 1
+    if step.kind == "slice" and (uneven or step.dst.block is not None):  # type: ignore[union-attr]
+        return _slice_per_device(b, value, step, after)
+    if step.kind == "alltoall" or uneven:
+        return _per_group(b, value, step, groups, after)
+    xs = value.whole_in(b)
     if step.kind == "slice":
-        dim = step.dst.dim  # type: ignore[union-attr]
-        for i, d in enumerate(mesh.devices):
-            x = value.locals[i]
-            n = _elem(x.type).shape[dim]
-            sizes = shard_sizes(n, mesh.shape[step.axis], step.dst.block)  # type: ignore[union-attr]
-            c = mesh.coord_of(d)[step.axis]
-            start = sum(sizes[:c])
-            new[i] = b.call(
-                "Slice", x, axis=dim, start=start, end=start + sizes[c], name=f"{name}_{d}"
+        ys = b.call("KeepShard", xs, dim=step.dst.dim, name=f"{name}_kept", **grouped)  # type: ignore[union-attr]
+    elif step.kind == "allgather":
+        ys = b.call("AllGather", xs, dim=step.src.dim, name=f"{name}_gathered", **grouped)  # type: ignore[union-attr]
+    elif step.kind == "allreduce":
+        ys = b.call("AllReduce", xs, op=step.src.op, name=f"{name}_reduced", **grouped)  # type: ignore[union-attr]
+    elif step.kind == "reducescatter":
+        ys = b.call(
+            "ReduceScatter",
+            xs,
+            dim=step.dst.dim,  # type: ignore[union-attr]
+            op=step.src.op,  # type: ignore[union-attr]
+            name=f"{name}_scattered",
+            **grouped,
+        )
+    return DistValue(None, after, value.type, whole=ys, name=name)
+
+
+def _slice_per_device(b: FunctionBuilder, value: DistValue, step: Step, after: Layout) -> DistValue:
+    """A local slice into fixed blocks with a short tail (``S(i, block=b)``), per device."""
+    mesh = value.layout.mesh
+    suffixes = [f"_{d}" for d in mesh.devices]
+    dim = step.dst.dim  # type: ignore[union-attr]
+    new = []
+    for d, x in zip(mesh.devices, value.locals_in(b, suffixes)):
+        n = _elem(x.type).shape[dim]
+        sizes = shard_sizes(n, mesh.shape[step.axis], step.dst.block)  # type: ignore[union-attr]
+        c = mesh.coord_of(d)[step.axis]
+        start = sum(sizes[:c])
+        new.append(
+            b.call(
+                "Slice", x, axis=dim, start=start, end=start + sizes[c], name=f"{value.name}_{d}"
             )
-    else:
-        for group in mesh.groups(step.axis):
-            idx = [mesh.devices.index(d) for d in group]
-            xs = b.call("MakeTuple", *(value.locals[i] for i in idx), name=f"{name}_parts")
-            if step.kind == "allgather":
-                ys = b.call("AllGather", xs, dim=step.src.dim, name=f"{name}_gathered")  # type: ignore[union-attr]
-            elif step.kind == "allreduce":
-                ys = b.call("AllReduce", xs, op=step.src.op, name=f"{name}_reduced")  # type: ignore[union-attr]
-            elif step.kind == "reducescatter":
-                ys = b.call(
-                    "ReduceScatter",
-                    xs,
-                    dim=step.dst.dim,  # type: ignore[union-attr]
-                    op=step.src.op,  # type: ignore[union-attr]
-                    name=f"{name}_scattered",
-                )
-            else:
-                ys = b.call(
-                    "AllToAll",
-                    xs,
-                    split_dim=step.dst.dim,  # type: ignore[union-attr]
-                    concat_dim=step.src.dim,  # type: ignore[union-attr]
-                    name=f"{name}_exchanged",
-                )
-            parts = b.unpack(ys, [f"{name}_{mesh.devices[i]}" for i in idx])
-            for i, part in zip(idx, parts):
-                new[i] = part
-    return DistValue(tuple(new), _after(layout, step), value.type)
+        )
+    return DistValue(tuple(new), after, value.type, name=value.name)
+
+
+def _per_group(
+    b: FunctionBuilder, value: DistValue, step: Step, groups: list[list[int]], after: Layout
+) -> DistValue:
+    """The step's collective once per group of the mesh axis, on that group's pieces."""
+    suffixes = [f"_{d}" for d in value.layout.mesh.devices]
+    new = list(value.locals_in(b, suffixes))
+    name = value.name
+    for idx in groups:
+        xs = b.call("MakeTuple", *(new[i] for i in idx), name=f"{name}_parts")
+        if step.kind == "allgather":
+            ys = b.call("AllGather", xs, dim=step.src.dim, name=f"{name}_gathered")  # type: ignore[union-attr]
+        elif step.kind == "allreduce":
+            ys = b.call("AllReduce", xs, op=step.src.op, name=f"{name}_reduced")  # type: ignore[union-attr]
+        elif step.kind == "reducescatter":
+            ys = b.call(
+                "ReduceScatter",
+                xs,
+                dim=step.dst.dim,  # type: ignore[union-attr]
+                op=step.src.op,  # type: ignore[union-attr]
+                name=f"{name}_scattered",
+            )
+        else:
+            ys = b.call(
+                "AllToAll",
+                xs,
+                split_dim=step.dst.dim,  # type: ignore[union-attr]
+                concat_dim=step.src.dim,  # type: ignore[union-attr]
+                name=f"{name}_exchanged",
+            )
+        for i, part in zip(idx, b.unpack(ys, [name + suffixes[i] for i in idx])):
+            new[i] = part
+    return DistValue(tuple(new), after, value.type, name=name)

@@ -47,7 +47,16 @@ def unroll_pmap(f: Function) -> Function:
     return verify(layouts_of(b.finish([env[v] for v in f.outputs]), f))
 
 
-def _inline(b: FunctionBuilder, ops, env: dict[Value, Value], bind: Binder, suffix: str) -> None:
+def _inline(
+    b: FunctionBuilder,
+    ops,
+    env: dict[Value, Value],
+    bind: Binder,
+    suffix: str,
+    names: Mapping[Value, str] | None = None,
+) -> None:
+    """Copy ``ops``; a result is named ``names[v]`` (else its own name) plus ``suffix``."""
+    names = names or {}
     for op in ops:
         ins = [env[v] for v in op.inputs]
         if op.op_type == "Pmap":
@@ -57,7 +66,7 @@ def _inline(b: FunctionBuilder, ops, env: dict[Value, Value], bind: Binder, suff
                 op.op_type,
                 ins,
                 {k: _bind_attr(x, bind) for k, x in op.attributes.items()},
-                names=[v.name + suffix for v in op.outputs],
+                names=[names.get(v, v.name) + suffix for v in op.outputs],
                 subfunctions=op.subfunctions,
                 op_name=op.name,
             )
@@ -72,21 +81,24 @@ def _unroll(b: FunctionBuilder, op: Op, ins: list[Value], suffix: str) -> list[V
     if not isinstance(ins[0].type, TupleType):
         raise TransformError(f"pmap operand {ins[0].name!r} is not a per-device tuple")
     devices = ins[0].type.devices
+    # a device's copy of a value the pmap takes or returns is named after the pmap's
+    # operand or result (``x_1``, ``h_mb0_1``), whatever the body calls it
+    outer_names = {v: r.name for v, r in zip(body.outputs, op.outputs)}
     per_device: list[list[Value]] = []
     for k, dev in enumerate(devices):
         tag = f"{suffix}_{format_device(dev).replace('.', '_')}"
         env: dict[Value, Value] = {}
         for param, xs in zip(body.inputs, ins):
-            env[param] = b.call("TupleGet", xs, index=k, name=param.name + tag)
+            env[param] = b.call("TupleGet", xs, index=k, name=xs.name + tag)
 
         def bind(ref: DeviceRef, dev: DeviceRef = dev) -> DeviceRef:
             return bind_device(ref, var, dev, device_map)
 
-        _inline(b, body.ops, env, bind, tag)
+        _inline(b, body.ops, env, bind, tag, outer_names)
         per_device.append([env[v] for v in body.outputs])
     return [
-        b.call("MakeTuple", *(outs[j] for outs in per_device), name=out.name + suffix + "s")
-        for j, out in enumerate(body.outputs)
+        b.call("MakeTuple", *(outs[j] for outs in per_device), name=result.name + suffix)
+        for j, result in enumerate(op.outputs)
     ]
 
 

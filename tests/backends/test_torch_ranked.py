@@ -72,7 +72,7 @@ def test_an_uneven_shard_keeps_its_tail_block_on_gloo():
     w2 = b.input("w2", ir.TensorType((9, 4), device=0))
     h = b.call("Relu", b.call("MatMul", x, w1, name="h"), name="a")
     f = b.finish([b.call("MatMul", h, w2, name="y")])
-    g, _ = propagate(f, {"w1": (Mesh((2,)), [S(1)]), "x": (Mesh((2,)), ["R"])})
+    g, _ = propagate(f, {"w1": (Mesh((2,)), [S(1)]), "x": (Mesh((2,)), ["R"])}, inputs="distribute")
     ranked = lower_to_ranks(g)
     assert [p.inputs[1].type.shape for p in ranked.programs.values()] == [(6, 5), (6, 4)]
     inputs = ir.random_inputs(f, 1)
@@ -87,7 +87,7 @@ def test_the_rfc_tail_block_64_plus_2_runs_on_gloo():
     w = b.input("B", ir.TensorType((66, 8), device=0))
     y = b.call("Gelu", b.call("MatMul", x, a, name="lv0"), name="Y")
     f = b.finish([b.call("MatMul", y, w, name="Z")])
-    g, _ = propagate(f, {"A": (Mesh((2,)), [S(1, block=64)])})
+    g, _ = propagate(f, {"A": (Mesh((2,)), [S(1, block=64)])}, inputs="distribute")
     ranked = lower_to_ranks(g)
     assert [p.inputs[1].type.shape for p in ranked.programs.values()] == [(8, 64), (8, 2)]
     inputs = ir.random_inputs(f, 5)
@@ -132,7 +132,7 @@ def test_a_rank_that_fails_names_its_rank_and_op():
     table = b.input("table", ir.TensorType((5, 3), F64, 0))
     ids = b.input("ids", ir.TensorType((4,), ir.DType.int64, 0))
     f = b.finish([b.call("Embedding", table, ids, name="rows")])
-    g, _ = propagate(f, {"ids": (Mesh((2,)), [S(0)])})
+    g, _ = propagate(f, {"ids": (Mesh((2,)), [S(0)])}, inputs="distribute")
     ranked = lower_to_ranks(g)
     bad = [np.zeros((5, 3)), np.array([0, 1, 2, 9])]  # row 9 is on rank 1
     with pytest.raises(torch_dist.BackendError, match=r"rank 1 failed at `rows.*Embedding") as e:
@@ -154,7 +154,7 @@ def test_the_conv_halo_exchange_runs_on_gloo():
     a = b.input("a", ir.TensorType((1, 7, 5, 3), device=0))
     w = b.input("w", ir.TensorType((3, 3, 3, 4), device=0))
     f = b.finish([b.call("Conv2D", a, w, padding="same", name="r")])
-    g, _ = propagate(f, {"a": (Mesh((3,)), [S(1)])})  # 3, 2, 2 rows
+    g, _ = propagate(f, {"a": (Mesh((3,)), [S(1)])}, inputs="distribute")  # 3, 2, 2 rows
     ranked = lower_to_ranks(g)
     assert "RecvFrom" in [op.op_type for op in ranked.programs[1].ops]  # halo rows move
     inputs = ir.random_inputs(f, 4)

@@ -58,7 +58,7 @@ def test_imported_transformer_parallelises_and_executes_equal(model: str, strate
     else:
         middle = f.ops[len(f.ops) // 2].outputs[0].name
         distributed = place_stages(annotate_stages(f, {middle: 1}), [0, 1])
-    (logits,) = ir.execute(distributed, args)
+    (logits,) = ir.execute_step(distributed, args, source=f, rtol=1e-5)
     np.testing.assert_allclose(logits, want, rtol=1e-4, atol=1e-5)
     result = ir.simulate(distributed, ir.Topology.preset("a100-hgx", 2))
     assert result.step_time_s > 0 and set(result.devices) == {0, 1}
@@ -74,7 +74,7 @@ def test_a_data_parallel_training_step_of_an_imported_model_equals_the_sequentia
     want = ir.execute(step, args)
     distributed, _ = propagate(step, {"ids": (MESH, [S(0)]), "target": (MESH, [S(0)])})
     assert set(ir.simulate(distributed, ir.Topology.preset("a100-hgx", 2)).devices) == {0, 1}
-    got = ir.execute(distributed, args)
+    got = ir.execute_step(distributed, args, source=step, rtol=1e-5)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
 

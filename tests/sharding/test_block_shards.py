@@ -76,7 +76,7 @@ def _equal(f: ir.Function, g: ir.Function, ranked, seed: int = 0) -> None:
 
 def test_the_rfc_tail_block_64_plus_2_propagates_lowers_and_runs():
     f = rfc_matmul()
-    g, _ = propagate(f, {"A": (M2, [S(1, block=64)])})
+    g, _ = propagate(f, {"A": (M2, [S(1, block=64)])}, inputs="distribute")
     ranked = lower_to_ranks(g)
     check_deadlock(ranked)
     shapes = {r: [v.type.shape for v in p.inputs] for r, p in ranked.programs.items()}
@@ -87,7 +87,7 @@ def test_the_rfc_tail_block_64_plus_2_propagates_lowers_and_runs():
     padded = lower_to_ranks(g, pad=True)
     assert [v.type.shape for v in padded.programs[1].inputs] == [(8, 8), (8, 64), (64, 8)]
     _equal(f, g, padded)
-    balanced, _ = propagate(f, {"A": (M2, [S(1)])})
+    balanced, _ = propagate(f, {"A": (M2, [S(1)])}, inputs="distribute")
     assert lower_to_ranks(balanced).num_unique == 1  # 33 + 33: one program
 
 
@@ -104,7 +104,7 @@ def test_the_rfc_tail_block_64_plus_2_propagates_lowers_and_runs():
 )
 def test_redistribution_into_and_out_of_blocks_keeps_the_values(annotations):
     f = rfc_matmul()
-    g, _ = propagate(f, annotations)
+    g, _ = propagate(f, annotations, inputs="distribute")  # the RFC's form: inputs scattered
     ranked = lower_to_ranks(g)
     check_deadlock(ranked)
     _equal(f, g, ranked, seed=3)

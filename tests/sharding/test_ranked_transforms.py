@@ -136,7 +136,7 @@ def test_megatron_rank_classes_are_the_transforms_own(dp, tp, pp):
 def test_ranks_that_differ_only_in_slice_offsets_share_one_program():
     f = ir.models.mlp(8, 4, 8, 4, training=True)
     # data parallel by propagation: each rank updates its rows of the weights (Slice)
-    g, _ = propagate(f, {"x": (Mesh((4,)), [S(0)])})
+    g, _ = propagate(f, {"x": (Mesh((4,)), [S(0)])}, inputs="distribute")
     ranked = lower_to_ranks(g)
     assert ranked.num_unique == 1
     (program,) = ranked.unique
@@ -155,7 +155,7 @@ def test_ranks_that_differ_only_in_slice_offsets_share_one_program():
 def test_a_2x2_mesh_gives_one_program_whose_groups_are_rank_parameters():
     f = ir.models.mlp(8, 4, 6, 4, training=True)
     mesh = Mesh((2, 2))
-    g, _ = propagate(f, {"x": (mesh, [S(0), "R"]), "wA": (mesh, ["R", S(1)])})
+    g, _ = propagate(f, {"x": (mesh, [S(0), "R"]), "wA": (mesh, ["R", S(1)])}, inputs="distribute")
     ranked = lower_to_ranks(g)
     assert ranked.num_unique == 1
     assert {a for r in ranked.ranks for _, a in ranked.parameters[r]} >= {"group"}

@@ -22,13 +22,18 @@ from ir.sharding import (
 M2, M22 = Mesh((2,)), Mesh((2, 2))
 
 
-def ranked_equals_original(f: ir.Function, annotations, pad: bool = False):
-    g, _ = propagate(f, annotations)
+def ranked_equals_original(
+    f: ir.Function, annotations, pad: bool = False, inputs: str = "resident"
+):
+    """Propagate, lower, run the ranks; equal to ``f``. ``inputs="distribute"`` lowers the
+    RFC's form, whose scattered inputs become rank inputs (tail blocks, padding)."""
+    g, _ = propagate(f, annotations, inputs=inputs)
     ranked = lower_to_ranks(g, pad=pad)
     check_deadlock(ranked)
-    inputs = ir.random_inputs(f, 1)
-    for want, got in zip(ir.execute(f, inputs), run_ranked(ranked, inputs), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    xs = ir.random_inputs(f, 1)
+    got = ir.collect(g, run_ranked(ranked, ir.distribute(g, xs, source=f)), rtol=1e-5)
+    for want, out in zip(ir.execute(f, xs), got, strict=True):
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
     return ranked
 
 
@@ -53,7 +58,10 @@ def test_tail_blocks_keep_their_own_shapes():
 
 
 def test_padding_gives_every_rank_the_same_input_shapes():
-    ranked = ranked_equals_original(mlp(hidden=9), {"w1": (M2, [S(1)])}, pad=True)
+    # padding is an option of the RFC's form: a scattered input arrives padded
+    ranked = ranked_equals_original(
+        mlp(hidden=9), {"w1": (M2, [S(1)])}, pad=True, inputs="distribute"
+    )
     assert (
         input_shapes(ranked.programs[0])
         == input_shapes(ranked.programs[1])
@@ -219,9 +227,7 @@ def test_gpt_ranked_equals_the_original(training, annotations):
     assert len(ranked.ranks) == len(next(iter(annotations.values()))[0].devices)
 
 
-def test_lowering_refuses_pmap_programs_with_a_reason():
-    from ir.sharding import LoweringError
-
+def test_a_pmap_program_lowers_as_its_unrolled_form():
     body = FunctionBuilder("body")
     xi = body.input("xi", TensorType((2, 3), device=ir.DeviceVar("d")))
     body_f = body.finish([body.call("Relu", xi, name="yi")])
@@ -230,8 +236,11 @@ def test_lowering_refuses_pmap_programs_with_a_reason():
     xs = b.call("Scatter", x, dim=0, devices=[1, 2], name="xs")
     ys = b.call("Pmap", xs, subfunctions=[body_f], name="ys")
     f = b.finish([b.call("Gather", ys, dim=0, to_device=0, name="y")])
-    with pytest.raises(LoweringError, match="unroll pmaps first"):
-        lower_to_ranks(f)
+    ranked = lower_to_ranks(f)
+    assert all(op.op_type != "Pmap" for p in ranked.unique for op in p.ops)
+    x = np.arange(-6.0, 6.0).reshape(4, 3).astype(np.float32)
+    (got,) = run_ranked(ranked, [x])
+    np.testing.assert_array_equal(got, np.maximum(x, 0))
 
 
 def _flat(values) -> list:

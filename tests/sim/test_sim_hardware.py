@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
-import numpy as np
 import pytest
 
 import ir
@@ -51,29 +48,23 @@ def test_newer_gpus_are_faster():
     assert flops == sorted(flops)
 
 
-def test_calibrate_cpu_predicts_a_numpy_matmul():
-    # How long calibration takes is a benchmark figure (docs/simulator.md), not a test.
+def test_calibrate_cpu_gives_a_topology_the_simulator_times_by():
+    # How well it predicts this machine is a benchmark figure (benchmarks/bench_accuracy.py,
+    # docs/calibration.md): a timed comparison here would flake on a busy machine.
     topology = calibrate_cpu()
     device = topology.devices[0]
     assert device.device_type == "cpu"
     assert device.peak_flops > 1e8 and device.mem_bandwidth_bytes_per_s > 1e8
 
-    n = 384
-    b = FunctionBuilder("mm")
-    x = b.input("x", TensorType((n, n), device=0))
-    f = b.finish([b.call("MatMul", x, x)])
-    predicted = ir.simulate(f, topology).step_time_s
-    a = np.ones((n, n), dtype=np.float32)
-    measured = min(_timed(lambda: ir.execute(f, [a])) for _ in range(10))
-    # a machine shared with other jobs: calibration and execution may meet different
-    # loads, so only the magnitude is checked (a CPU is not 50x faster or slower)
-    assert predicted / 50 < measured < predicted * 50
+    def matmul_s(n: int) -> float:
+        b = FunctionBuilder("mm")
+        x = b.input("x", TensorType((n, n), device=0))
+        return ir.simulate(b.finish([b.call("MatMul", x, x)]), topology).step_time_s
 
-
-def _timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
+    # the roofline on the fitted figures: never faster than the fitted peak allows, and
+    # a matmul 4x larger each way costs more than 4x (flops grow 64x, bytes 16x)
+    assert matmul_s(384) >= 2 * 384**3 / device.peak_flops_for("float32", matrix=True)
+    assert matmul_s(1536) > 4 * matmul_s(384)
 
 
 def test_a_multi_device_cpu_topology_links_processes_by_memory_copies():

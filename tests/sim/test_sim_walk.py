@@ -41,7 +41,6 @@ def test_ops_sharing_types_but_not_attributes_are_costed_apart(monkeypatch):
     assert result.bars.flops.tolist() == [1e9, 2e9, 2e9, 3e9]
 
 
-
 def _error(f: ir.Function, topo: ir.Topology) -> str:
     with pytest.raises(SimulationError) as err:
         ir.simulate(f, topo)
@@ -63,7 +62,7 @@ def test_bad_programs_are_refused_with_the_device_and_op():
 
 @pytest.mark.parametrize("mesh_shape", [(8,), (2, 4), (1, 8)])
 def test_a_propagated_gpt_keeps_columns_of_numbers(mesh_shape):
-    result = ir.simulate(gpt(mesh_shape), ir.Topology.preset("a100-hgx", 8))
+    result = ir.simulate(gpt(mesh_shape, training=True), ir.Topology.preset("a100-hgx", 8))
     bars = result.bars
     assert bars.device.dtype == np.int64 and bars.stream.dtype == np.int8
     assert len(bars.ops) == len(bars.start_s) == len(bars.flops)

@@ -124,13 +124,16 @@ def test_per_device_copies_of_one_op_are_one_node_and_open_when_a_copy_is_select
     from widgets.graph_widget import GraphView
     from workbench.session import Session
 
-    session = Session(ir.models.mlp(8, 16, 32, 4), ir.Topology.preset("a100-hgx", 4))
+    # hidden 30 over 4 devices (8, 8, 7, 7): the devices differ, so propagation writes
+    # each op once per device (an even split is one Pmap instead)
+    session = Session(ir.models.mlp(8, 16, 30, 4), ir.Topology.preset("a100-hgx", 4))
     assert session.annotate("wA", (Mesh((4,)), [S(1)]))
-    f = session.current.function  # propagated: each op written once per device
+    f = session.current.function
     view = GraphView(f, options=LOGICAL)
     copies = {nid: ids for nid, ids in view.rendered.groups.items() if nid.startswith("op-")}
-    assert copies and all(len(ids) == 3 for ids in copies.values())  # 4 devices, 1 drawn
-    nid, ids = next(iter(copies.items()))
+    whole = {nid: ids for nid, ids in copies.items() if len(ids) == 3}  # 4 devices, 1 drawn
+    assert whole and all(len(ids) in (1, 3) for ids in copies.values())  # 8+8 | 7+7 pairs
+    nid, ids = next(iter(whole.items()))
     assert "×4 on 0–3" in next(x for x in view.rendered.dot.splitlines() if f'"{nid}" [' in x)
     view.select(ids[0])  # a Gantt click on another device's copy
     assert view.selection is not None and view.selection.svg_id == ids[0]
