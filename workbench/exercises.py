@@ -85,6 +85,11 @@ def _fmt(x: float) -> str:
     return f"{x:.4g}"
 
 
+def _show(x: object) -> str:
+    """A choice as the reader wrote it: strings quoted, objects by their printed form (S(0))."""
+    return repr(x) if isinstance(x, str) else str(x)
+
+
 def _sentence(text: str) -> str:
     text = text.strip()
     return text[:1].upper() + text[1:] if text else ""
@@ -155,11 +160,11 @@ def check_choice(
     if answer is None:
         raise NotAnsweredError(Verdict(False, _NOT_YET))
     if options is not None and answer not in options:
-        listed = ", ".join(repr(o) for o in options)
-        raise _fail(f"Not quite: {answer!r} is not one of the options ({listed}).")
+        listed = ", ".join(_show(o) for o in options)
+        raise _fail(f"Not quite: {_show(answer)} is not one of the options ({listed}).")
     if answer == expected:
-        return Verdict(True, f"Right: {answer!r}" + (f" — {right}" if right else "."))
-    said = f"Not quite: you chose {answer!r}, the answer is {expected!r}."
+        return Verdict(True, f"Right: {_show(answer)}" + (f" — {right}" if right else "."))
+    said = f"Not quite: you chose {_show(answer)}, the answer is {_show(expected)}."
     reasons = dict(mistakes or {})
     raise _fail(said, reasons.get(answer, hint) if _hashable(answer) else hint)
 

@@ -148,3 +148,11 @@ def test_a_formula_that_fails_or_returns_nonsense_is_wrong_not_a_crash():
         check_formula(lambda n: "fast", [({"n": 2}, 1.0)])
     with pytest.raises(WrongAnswerError, match="should be a function"):
         check_formula(3.0, [({"n": 2}, 1.0)])
+
+
+def test_placements_are_shown_as_written():
+    from ir.sharding import R, S
+
+    assert check_choice(S(0), S(0), options=(R, S(0), S(1))).message == "Right: S(0)."
+    with pytest.raises(WrongAnswerError, match=r"you chose R, the answer is S\(0\)\."):
+        check_choice(R, S(0), options=(R, S(0), S(1)))
