@@ -156,3 +156,8 @@ def test_placements_are_shown_as_written():
     assert check_choice(S(0), S(0), options=(R, S(0), S(1))).message == "Right: S(0)."
     with pytest.raises(WrongAnswerError, match=r"you chose R, the answer is S\(0\)\."):
         check_choice(R, S(0), options=(R, S(0), S(1)))
+
+
+def test_an_explanation_that_starts_with_code_keeps_its_case():
+    with pytest.raises(WrongAnswerError, match=r"'hp=8'\. hp=8 peaks higher\.$"):
+        check_choice("dp=8", "hp=8", hint="hp=8 peaks higher.")
