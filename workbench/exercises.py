@@ -93,7 +93,9 @@ def _show(x: object) -> str:
 def _sentence(text: str) -> str:
     # Capitalise a word ("that is ..."), not code or a label ("hp=8 peaks ...").
     text = text.strip()
-    return text[:1].upper() + text[1:] if text and text.split()[0].isalpha() else text
+    if not text or not text.split()[0].rstrip(":,;.").isalpha():
+        return text
+    return text[:1].upper() + text[1:]
 
 
 def _fail(message: str, hint: str = "") -> WrongAnswerError:

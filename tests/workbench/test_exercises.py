@@ -161,3 +161,8 @@ def test_placements_are_shown_as_written():
 def test_an_explanation_that_starts_with_code_keeps_its_case():
     with pytest.raises(WrongAnswerError, match=r"'hp=8'\. hp=8 peaks higher\.$"):
         check_choice("dp=8", "hp=8", hint="hp=8 peaks higher.")
+
+
+def test_an_explanation_that_starts_with_a_word_is_capitalised():
+    with pytest.raises(WrongAnswerError, match=r"expected 4\.5\. Close: count the all-gather\.$"):
+        check_number(8, 4.5, mistakes={8: "close: count the all-gather."})
