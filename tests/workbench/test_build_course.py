@@ -81,4 +81,9 @@ def test_the_course_page_of_a_notebook_loads_nothing_remote(tmp_path: Path) -> N
     assert f"<title>{NOTEBOOK.stem[:2]}. Interleaved" in page
     index = (out / "index.html").read_text(encoding="utf-8")
     assert f'href="{NOTEBOOK.stem}.html"' in index and f'href="{WIDGETS.stem}.html"' in index
-    assert "Plotly.newPlot" in (out / f"{WIDGETS.stem}.html").read_text(encoding="utf-8")
+    widgets_page = (out / f"{WIDGETS.stem}.html").read_text(encoding="utf-8")
+    assert "Plotly.newPlot" in widgets_page
+    # the progress-bar widget is drawn from its saved state, as it was when the run finished
+    progress = re.search(r"<progress [^>]*>", widgets_page)
+    assert progress and 'value="6.0"' in progress[0] and 'max="6.0"' in progress[0]
+    assert "widget-view+json" not in widgets_page and "widget-state+json" not in widgets_page
