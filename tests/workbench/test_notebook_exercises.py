@@ -68,3 +68,23 @@ def test_each_answer_is_filled_in_and_followed_by_its_check(path: Path):
             f"{path.name} cell {i + 1}: the check must be the cell's last expression"
         )
         assert getattr(last.value.func, "id", None) in CHECKS, f"{path.name} cell {i + 1}"
+
+
+def test_notebook_5s_checks_refuse_wrong_answers_and_accept_the_reference(monkeypatch):
+    """Run notebook 5's code in this process, then its checks after wrong answers."""
+    monkeypatch.chdir(NOTEBOOKS)
+    cells = [c for c in _cells(NOTEBOOKS / "05_composing_dhp.ipynb") if c["cell_type"] == "code"]
+    namespace: dict = {}
+    for cell in cells:  # the reference answers pass their checks
+        exec(compile(_source(cell), "notebook 5", "exec"), namespace)
+    checks = [c for c in cells if "exercise-check" in _tags(c)]
+    wrong = [  # (exercise, wrong answer, what the check must say)
+        (0, "def rank(s, i, j, dp, tp):\n    return s * dp * tp + j * dp + i", "replicas next"),
+        (1, "answer_partner = 0", "tensor-parallel peer"),
+        (1, "answer_partner = 6", "other replica"),
+        (1, "answer_partner = None", "Not yet"),
+    ]
+    for exercise, answer, says in wrong:
+        exec(compile(answer, "answer", "exec"), namespace)
+        with pytest.raises(exercises.WrongAnswerError, match=says):
+            exec(compile(_source(checks[exercise]), "check", "exec"), namespace)
