@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ir.errors import DistIRError
+from ir.function import Function
 
 __all__ = [
     "NotAnsweredError",
@@ -38,6 +39,7 @@ __all__ = [
     "check_choice",
     "check_formula",
     "check_number",
+    "check_program",
 ]
 
 
@@ -228,5 +230,33 @@ def check_formula(
         except Exception:  # a mistake formula that fails matches nothing
             continue
         if all(_close(g, t, rel_tol) for g, t in zip(got, theirs)):
+            raise _fail(said, why)
+    raise _fail(said, hint)
+
+
+def check_program(
+    program: Function | None,
+    expected: Function,
+    *,
+    right: str = "",
+    hint: str = "",
+    mistakes: Mapping[str, Function] | None = None,
+) -> Verdict:
+    """Check that the reader's ``program`` (what their clicks or annotations built) is
+    equivalent to ``expected`` (``Function.is_equivalent``: the same ops on the same devices).
+
+    Many answers can build one program (an annotation here or one that propagates from
+    there), so the program is compared, not the clicks. ``mistakes`` maps an explanation to a
+    program that a common wrong answer builds; a program equivalent to one gets it.
+    """
+    if program is None:
+        raise NotAnsweredError(Verdict(False, _NOT_YET))
+    if not isinstance(program, Function):
+        raise _fail(f"Not quite: your answer should be a program (a Function), not {program!r}.")
+    if program.is_equivalent(expected):
+        return Verdict(True, "Right: the program you built" + (f" — {right}" if right else "."))
+    said = "Not quite: the program you built is not the expected one."
+    for why, wrong in (mistakes or {}).items():
+        if program.is_equivalent(wrong):
             raise _fail(said, why)
     raise _fail(said, hint)

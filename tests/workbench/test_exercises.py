@@ -166,3 +166,25 @@ def test_an_explanation_that_starts_with_code_keeps_its_case():
 def test_an_explanation_that_starts_with_a_word_is_capitalised():
     with pytest.raises(WrongAnswerError, match=r"expected 4\.5\. Close: count the all-gather\.$"):
         check_number(8, 4.5, mistakes={8: "close: count the all-gather."})
+
+
+def test_a_program_is_checked_by_equivalence_not_by_how_it_was_built():
+    from ir import models
+    from ir.sharding import Mesh, S, propagate
+    from workbench.exercises import check_program
+
+    topology = ir.Topology.preset("a100-hgx", 4)
+    f = models.mlp(batch=8, features=16, hidden=32, classes=4)
+    mesh = Mesh((4,))
+    megatron, _ = propagate(f, {"wA": (mesh, [S(1)])}, topology=topology)
+    from_wb, _ = propagate(f, {"wB": (mesh, [S(0)])}, topology=topology)  # same program
+    data_parallel, _ = propagate(f, {"x": (mesh, [S(0)])}, topology=topology)
+    assert check_program(from_wb, megatron, right="column then row.").correct
+    with pytest.raises(WrongAnswerError, match="That splits the batch"):
+        check_program(data_parallel, megatron, mistakes={"that splits the batch.": data_parallel})
+    with pytest.raises(WrongAnswerError, match=r"not the expected one\. Split wA"):
+        check_program(f, megatron, hint="split wA.")
+    with pytest.raises(WrongAnswerError, match="should be a program"):
+        check_program("wA: S(1)", megatron)
+    with pytest.raises(NotAnsweredError):
+        check_program(None, megatron)
