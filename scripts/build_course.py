@@ -8,9 +8,11 @@ Each notebook runs in a fresh kernel from ``notebooks/`` (the project importable
 checkout) and becomes ``<name>.html``; ``index.html`` lists them with their run times and
 ``glossary.html`` is ``docs/glossary.md``. Nothing is loaded from the network when a page
 is opened: the template drops nbconvert's require.js, MathJax, mermaid and jupyter-widgets
-CDN scripts (the notebooks write their formulas in plain text; a widget needs a kernel and
-shows as nothing), and every plotly figure is written as HTML with plotly.js inline (once
-per page, before the first figure).
+CDN scripts (the notebooks write their formulas in plain text), every plotly figure is
+written as HTML with plotly.js inline (once per page, before the first figure), and every
+widget (the workbench's dashboard, a progress bar) is drawn statically from the widget state
+the run saved, as it was when the notebook finished (``widgets.saved_widget``; a live plotly
+chart inside a widget becomes a note, since its saved state is its first figure).
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ from nbconvert.filters.markdown_mistune import markdown2html_mistune
 from nbconvert.preprocessors import ExecutePreprocessor
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # render with this checkout's widgets, as the kernels run it
+    sys.path.insert(0, str(ROOT))
+
+from widgets.saved_widget import WIDGET_STATE_MIME, WIDGET_VIEW_MIME, SavedWidgets  # noqa: E402
+
 NOTEBOOKS = ROOT / "notebooks"
 GLOSSARY = ROOT / "docs" / "glossary.md"
 TEMPLATE_DIR = Path(__file__).resolve().parent / "course_template"
@@ -37,23 +44,31 @@ PLOTLY_MIME = "application/vnd.plotly.v1+json"
 GLOSSARY_LINK = ("../docs/glossary.md", "glossary.html")
 
 
-def _embed_plotly(nb: nbformat.NotebookNode) -> int:
-    """Give every plotly output an HTML form with the library inline before the first one.
+def _static_outputs(nb: nbformat.NotebookNode) -> tuple[int, int]:
+    """Give every plotly figure and every widget output an HTML form; (figures, widgets).
 
-    Returns the number of figures. The JSON form stays for Jupyter; the HTML exporter
-    cannot draw it, so without this a figure would be missing from the page.
+    plotly.js goes inline once, before the first figure. The JSON form of a figure stays for
+    Jupyter; the HTML exporter cannot draw it. A widget output keeps only its model id, so its
+    HTML is drawn from the saved widget state and replaces the widget view (which needs a
+    kernel); a live plotly chart inside a widget is a note (see ``widgets.saved_widget``).
     """
-    figures = 0
+    state = nb.metadata.get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
+    saved = SavedWidgets(state)
+    figures = widgets = 0
     for cell in nb.cells:
         for out in cell.get("outputs", []):
             data = out.get("data", {})
             if PLOTLY_MIME in data:
-                figure = data[PLOTLY_MIME]
                 data["text/html"] = pio.to_html(
-                    figure, include_plotlyjs=figures == 0, full_html=False
+                    data[PLOTLY_MIME], include_plotlyjs=figures == 0, full_html=False
                 )
                 figures += 1
-    return figures
+            elif WIDGET_VIEW_MIME in data:
+                view = data.pop(WIDGET_VIEW_MIME)
+                data["text/html"] = saved.html(view.get("model_id", ""))
+                widgets += 1
+    nb.metadata.pop("widgets", None)  # drawn: the state (MBs for a dashboard) stays out
+    return figures, widgets
 
 
 def _link_glossary(nb: nbformat.NotebookNode) -> None:
@@ -83,21 +98,21 @@ def _page(title: str, body: str) -> str:
     )
 
 
-def build_notebook(path: Path, out_dir: Path, timeout_s: int = 600) -> tuple[str, float, int]:
-    """Execute ``path`` and write ``out_dir/<stem>.html``; returns (title, seconds, figures)."""
+def build_notebook(path: Path, out_dir: Path, timeout_s: int = 600) -> tuple[str, float, int, int]:
+    """Execute ``path`` and write ``out_dir/<stem>.html``; (title, seconds, figures, widgets)."""
     nb = nbformat.read(path, as_version=4)
     start = time.perf_counter()
     ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
         nb, {"metadata": {"path": str(NOTEBOOKS)}}
     )
     seconds = time.perf_counter() - start
-    figures = _embed_plotly(nb)
+    figures, widgets = _static_outputs(nb)
     _link_glossary(nb)
     exporter = HTMLExporter(template_name="offline", extra_template_basedirs=[str(TEMPLATE_DIR)])
     title = _title(nb, path.stem)
     body, _ = exporter.from_notebook_node(nb, resources={"metadata": {"name": title}})
     (out_dir / f"{path.stem}.html").write_text(body, encoding="utf-8")
-    return title, seconds, figures
+    return title, seconds, figures, widgets
 
 
 def build(notebooks: list[Path], out_dir: Path) -> dict[str, dict[str, object]]:
@@ -110,9 +125,14 @@ def build(notebooks: list[Path], out_dir: Path) -> dict[str, dict[str, object]]:
         os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT), *paths])
     built: dict[str, dict[str, object]] = {}
     for path in notebooks:
-        title, seconds, figures = build_notebook(path, out_dir)
-        built[path.stem] = {"title": title, "seconds": round(seconds, 1), "figures": figures}
-        print(f"{path.name:45s} {seconds:6.1f} s  {figures} figures", flush=True)
+        title, seconds, figures, widgets = build_notebook(path, out_dir)
+        built[path.stem] = {
+            "title": title,
+            "seconds": round(seconds, 1),
+            "figures": figures,
+            "widgets": widgets,
+        }
+        print(f"{path.name:45s} {seconds:6.1f} s  {figures} figures, {widgets} widgets", flush=True)
     glossary = markdown2html_mistune(GLOSSARY.read_text(encoding="utf-8"))
     (out_dir / "glossary.html").write_text(_page("Glossary", glossary), encoding="utf-8")
     rows = "\n".join(
