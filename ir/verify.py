@@ -71,7 +71,7 @@ def _infer_key(
 ) -> tuple | None:
     """A hashable key of a type-rule question, or None when an attribute is not hashable."""
     try:
-        return hashed_key((id(opdef), tuple(input_types), attributes_key(attributes)))
+        return hashed_key((opdef.name, tuple(input_types), attributes_key(attributes)))
     except RecursionError:  # a value nested beyond reason: its kind check refuses it
         return None
 

@@ -63,7 +63,7 @@ def rule_for(op: Op, input_types: Sequence[Type] | None = None) -> Rule:
     key = None
     if not op.subfunctions:  # a repeated layer asks the same question per layer
         try:
-            key = (id(opdef), types, attributes_key(op.attributes))
+            key = (opdef.name, types, attributes_key(op.attributes))
             found = _RULES.get(key)
         except TypeError:  # an attribute that is not hashable (an array)
             key = found = None
