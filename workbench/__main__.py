@@ -124,6 +124,7 @@ def run_report(args: argparse.Namespace) -> int:
         preset=args.preset,
         devices=args.devices,
         strategies=tuple(args.strategy or DEFAULT_STRATEGIES),
+        search=args.search,
     )
     out = Path(args.out)
     problem = _unwritable(out)
@@ -200,6 +201,13 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="a strategy such as 'dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b'; repeat to "
         f"compare several (default: {' and '.join(DEFAULT_STRATEGIES)})",
+    )
+    rep.add_argument(
+        "--search",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also search every dp x tp x pp of the devices and show the Pareto front of "
+        "step time against peak memory (default; a few seconds on the default model)",
     )
     rep.add_argument("--out", default="report.html", help="output file (default report.html)")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -189,7 +189,7 @@ def test_report_is_self_contained(tmp_path, mlp):
     assert not re.search(r"<script[^>]+src=[\"']?https?:", page)
     assert not re.search(r"<link[^>]+href=[\"']?https?:", page)
     assert re.search(r"plotly\.js v\d", page)  # the bundle itself, inlined
-    assert page.count("<svg") >= 2 and "dp=99" in page and "dp=2 vs hp=2" in page
+    assert page.count("<svg") >= 2 and "dp=99" in page and "A = dp=2 vs B = hp=2" in page
 
 
 def test_cli_report_with_defaults_for_everything_but_size(tmp_path):
