@@ -37,6 +37,7 @@ from widgets import (
     pareto_figure,
 )
 from widgets.gantt import connect_clicks, gantt_spec
+from widgets.gantt_zoom import GanttZoom
 from widgets.graph import PendingGraph, render_graph
 from widgets.live import live_figure, show
 from widgets.memory import memory_spec
@@ -205,6 +206,7 @@ class Workbench(w.VBox):
         self.search_box.add_class("distir-search-result")
         self.search_result: SearchResult | None = None
         self.gantt: go.FigureWidget | None = None
+        self.gantt_zoom: GanttZoom | None = None
         self.memory: go.FigureWidget | None = None
         self._memory_devices: tuple[int, ...] = ()  # curve slots of the memory view
         self.last_redraw_s = 0.0
@@ -402,12 +404,13 @@ class Workbench(w.VBox):
         except Exception as e:  # the other views must still show the new state
             self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         started = time.perf_counter()
-        gantt = gantt_spec(d.result, d.function)
         if self.gantt is None:
-            self.gantt = live_figure(*gantt)
+            self.gantt = live_figure(*gantt_spec(d.result, d.function))
+            # zooming into a summarised step's time window shows that window's events
+            self.gantt_zoom = GanttZoom(self.gantt, d.result, d.function)
             connect_clicks(self.gantt, self._on_gantt_select)
             self.gantt_box.children = [self.gantt]
-        elif not show(self.gantt, *gantt):
+        elif not self.gantt_zoom.show(d.result, d.function):
             connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
         gantt_done = time.perf_counter()
         # a curve slot for every device shown so far: the next program redraws in place
