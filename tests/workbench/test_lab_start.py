@@ -73,6 +73,7 @@ def test_the_lab_opens_the_dashboard_without_the_news_pop_up(tmp_path: Path) -> 
     env = dict(os.environ)
     env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "user-settings")  # a first start
     env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
     log = (tmp_path / "lab.log").open("w")
     server = subprocess.Popen(
         [sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"],
