@@ -11,8 +11,9 @@ import ir
 from ir import transforms
 from ir.function import Function
 from ir.sim import simulate
+from widgets.device_marks import device_glyph, device_ranges
 from widgets.graph import GraphOptions, render_graph
-from widgets.logical import LogicalDrawing, device_glyph, device_ranges
+from widgets.logical import LogicalDrawing
 from widgets.palette import COMMUNICATION_COLOR, DEVICE_PALETTE
 
 LOGICAL = GraphOptions(view="logical")
