@@ -214,6 +214,7 @@ class Workbench(w.VBox):
         self._shown: Derived | None = None
         self._shown_view = "distributed"
         self.graph.on_select(self._on_graph_select)
+        self.graph.observe(lambda _c: self._fit_charts(), names="dashboard_width_px")
         self.view.observe(lambda _: self.refresh(), names="value")
         self.session.on_change(lambda _s: self.refresh())
         self.file_controls = self._file_controls()
@@ -420,6 +421,7 @@ class Workbench(w.VBox):
         if self.memory is None:
             self.memory = live_figure(*memory)
             self.memory_box.children = [self.memory]
+            self._fit_charts()
         else:
             show(self.memory, *memory)
         figures_done = time.perf_counter()
@@ -440,6 +442,16 @@ class Workbench(w.VBox):
         self.last_redraw_s = time.perf_counter() - start
         if self.editor.value_name is not None:
             self._show_selection(self.editor.value_name, None)
+
+    def _fit_charts(self) -> None:
+        """Give the Gantt and memory charts the dashboard's width, as the browser reports
+        it (plotly's widget draws before it is on the page, at 700 px, and never refits)."""
+        width = self.graph.dashboard_width_px
+        if width <= 0:
+            return
+        for chart in (self.gantt, self.memory):
+            if chart is not None and chart.layout.width != width:
+                chart.layout.width = width
 
     def _start_graph(self, d: Derived) -> tuple[PendingGraph, Any] | None:
         """Start drawing the graph for ``d``, or None when the drawing on display fits.

@@ -258,3 +258,14 @@ def test_compare_shows_the_previous_state_next_to_this_one(mlp, topology):
     assert any("before: sequential" in t for t in titles)
     assert any("now: dp=2" in t for t in titles)
     assert wb.session.previous.state.strategy.is_sequential
+
+
+def test_the_charts_take_the_dashboard_width_the_browser_reports(mlp, topology):
+    wb = Workbench(mlp, topology)
+    assert wb.gantt.layout.width is None  # nothing reported yet: plotly's default
+    wb.graph.dashboard_width_px = 1500  # what graph.js sets on render and on resize
+    assert wb.gantt.layout.width == wb.memory.layout.width == 1500
+    wb.set_strategy(dp=2)  # a redraw keeps the width
+    assert wb.gantt.layout.width == wb.memory.layout.width == 1500
+    wb.graph.dashboard_width_px = 900
+    assert wb.gantt.layout.width == wb.memory.layout.width == 900

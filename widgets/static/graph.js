@@ -138,11 +138,25 @@ function render({ model, el }) {
   model.on("change:height_px", draw);
   model.on("change:selected", highlight);
   draw();
+
+  // Report the width of the dashboard this view sits in (Python sizes the charts by it:
+  // plotly's widget draws before it is on the page, at 700 px, and never refits).
+  const measure = () => {
+    const host = el.closest(".distir-workbench");
+    const width = host ? Math.round(host.clientWidth) : 0;
+    if (width > 0 && width !== model.get("dashboard_width_px")) {
+      model.set("dashboard_width_px", width);
+      model.save_changes();
+    }
+  };
+  const watcher = new ResizeObserver(measure);
+  watcher.observe(el);
   return () => {
     for (const name of ["svg", "legend_html", "error", "height_px"]) {
       model.off(`change:${name}`, draw);
     }
     model.off("change:selected", highlight);
+    watcher.disconnect();
   };
 }
 
