@@ -100,6 +100,8 @@ class LogicalDrawing:
         self.source: dict[Value, str] = {}
         self.has_comm = self.has_fold = False
         self.plan = NodePlan(function, self.paths, options)
+        self.lanes = 0  # pipeline stages drawn as lanes (see _lanes)
+        self.node_devices: dict[str, frozenset] = {}  # where each op or fold node runs
 
     # -- top level -----------------------------------------------------------
 
@@ -121,6 +123,7 @@ class LogicalDrawing:
         edges: dict[tuple[str, str], list[Value]] = {}
         for item in items:
             nid = self._draw(item)
+            self.node_devices[nid] = frozenset(self.plan.item_devices(item))
             for op in item.ops:
                 for v in op.inputs:
                     src = self.source.get(v, "")
@@ -128,6 +131,7 @@ class LogicalDrawing:
                         edges.setdefault((src, nid), []).append(v)
                 for v in op.outputs:
                     self.source[v] = nid
+        self._lanes(self.node_devices)
         self.lines.append(f'  "return" {_attrs(id="return", label="return", style="rounded")};')
         for v in self.function.outputs:
             if self.source.get(v):
@@ -140,6 +144,27 @@ class LogicalDrawing:
             self._edge(src, dst, values, layouts, index)
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
+
+    def _lanes(self, placed: dict[str, frozenset]) -> None:
+        """One lane (a dashed box) per pipeline stage: the nodes that run on exactly one
+        stage's devices, when at least two disjoint sets of devices hold two nodes each.
+        At 64 devices a pipeline's folds otherwise scatter over the whole drawing."""
+        counts = Counter(placed.values())
+        stages: list[frozenset] = []
+        for devices, n in counts.most_common():
+            if n >= 2 and len(devices) > 0 and all(not devices & s for s in stages):
+                stages.append(devices)
+        if len(stages) < 2:
+            return
+        stages.sort(key=lambda s: min(str(d) for d in s) if None in s else min(s))
+        # dot's older ranking fails on clusters of this shape ("trouble in init_rank")
+        self.lines.append("  graph [newrank=true];")
+        for k, devices in enumerate(stages):
+            members = " ".join(_q(nid) for nid, where in placed.items() if where == devices)
+            label = f"stage {k}: devices {device_ranges(tuple(devices))}"
+            lane = _attrs(id=f"lane-{k}", label=label, style="dashed", color="#bbbbbb")
+            self.lines.append(f"  subgraph {_q(f'cluster_lane_{k}')} {{ graph {lane}; {members} }}")
+        self.lanes = len(stages)
 
     def legend(self) -> tuple[LegendEntry, ...]:
         ints = sorted(d for d in self.devices if isinstance(d, int))
