@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .compare import compare_figure
 from .gantt import bar_numbers, connect_clicks, gantt_figure, gantt_spec, gantt_widget, op_id_at
+from .gantt_zoom import GanttZoom
 from .graph import GraphOptions, LegendEntry, RenderedGraph, legend_html, render_graph
 from .graph_widget import GraphView, Selection
 from .ids import op_id, op_paths, shape_label, value_names
@@ -28,8 +29,11 @@ from .static_html import (
     report_page,
 )
 from .svg import GraphvizError
+from .timeline import GanttError
 
 __all__ = [
+    "GanttError",
+    "GanttZoom",
     "GraphOptions",
     "GraphView",
     "GraphvizError",

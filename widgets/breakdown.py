@@ -48,16 +48,25 @@ def union_s(start_s: np.ndarray, end_s: np.ndarray) -> float:
     return float((reach[last] - lo[first]).sum())
 
 
-def step_breakdown(result: SimResult) -> list[StepBreakdown]:
-    """Per device of ``result``: compute time, exposed communication, idle, event count."""
+def step_breakdown(
+    result: SimResult, window: tuple[float, float] | None = None
+) -> list[StepBreakdown]:
+    """Per device of ``result``: compute time, exposed communication, idle, event count.
+
+    ``window`` (``(start_s, end_s)``): the same within that time window only, events
+    cut at its edges; ``events`` counts those that overlap it.
+    """
     bars = result.bars
-    end = bars.start_s + bars.dur_s
+    start, end = bars.start_s, bars.start_s + bars.dur_s
+    t0, t1 = (0.0, result.step_time_s) if window is None else window
+    inside = (start < t1) & (end > t0) if window is not None else np.ones(len(bars), bool)
+    start, end = np.clip(start, t0, t1), np.clip(end, t0, t1)
     out = []
     for d in result.devices:
-        mine = bars.device == d
+        mine = inside & (bars.device == d)
         compute = mine & (bars.stream == 0)
-        busy = union_s(bars.start_s[mine], end[mine])
-        compute_s = union_s(bars.start_s[compute], end[compute])
-        idle_s = max(result.step_time_s - busy, 0.0)
+        busy = union_s(start[mine], end[mine])
+        compute_s = union_s(start[compute], end[compute])
+        idle_s = max(t1 - t0 - busy, 0.0)
         out.append(StepBreakdown(int(d), compute_s, busy - compute_s, idle_s, int(mine.sum())))
     return out

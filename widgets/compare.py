@@ -39,7 +39,9 @@ def compare_figure(
 ) -> go.Figure:
     """Gantt of ``a`` above Gantt of ``b`` (shared time axis), then both memory curves.
 
-    ``a``'s memory curves are solid, ``b``'s dashed; both share one byte unit.
+    ``a``'s memory curves are solid, ``b``'s dashed; both share one byte unit. The one
+    legend names the Gantt's kinds of bar; each memory curve has its device's colour
+    (named on hover), as that device's compute bars.
     """
     end_s = max(a.step_time_s, b.step_time_s)
     t_unit = time_unit(end_s)
@@ -59,7 +61,8 @@ def compare_figure(
         subplot_titles=[
             _summary(labels[0], a),
             _summary(labels[1], b),
-            f"live memory ({b_unit[0]}): {labels[0]} solid, {labels[1]} dashed",
+            f"live memory ({b_unit[0]}) per device, in its Gantt colour: {labels[0]} "
+            f"solid, {labels[1]} dashed",
         ],
     )
     for row, traces in ((1, traces_a), (2, traces_b)):
@@ -74,7 +77,9 @@ def compare_figure(
             dash=dash,
             end_s=end_s,
         ):
-            fig.add_trace(trace, row=3, col=1)
+            # one legend for the chart: the Gantt's kinds of bar. A curve per device and
+            # strategy listed beside them said nothing the colours and titles do not.
+            fig.add_trace({**trace, "showlegend": False}, row=3, col=1)
     for row, rows in ((1, rows_a), (2, rows_b)):
         fig.update_yaxes(
             tickmode="array",
@@ -93,6 +98,7 @@ def compare_figure(
         title=title or f"{labels[0]} vs {labels[1]}",
         height=260 + 26 * sum(heights),
         margin={"l": 10, "r": 10, "t": 60, "b": 40},
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
         template="plotly_white",
     )
     return fig

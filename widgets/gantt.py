@@ -22,6 +22,13 @@ from .breakdown import step_breakdown
 from .ids import op_paths, shape_label
 from .live import TEMPLATE, from_typed_array, live_figure, typed_array
 from .palette import COMMUNICATION_BAR, COMPUTE_BAR, DEVICE_PALETTE, IDLE_BAR
+from .timeline import (
+    SUMMARY_ABOVE_EVENTS,
+    check_window,
+    idle_intervals,
+    summarised,
+    window_bars,
+)
 from .units import format_time, time_unit
 
 if TYPE_CHECKING:
@@ -56,25 +63,32 @@ def device_color_values(device: np.ndarray) -> np.ndarray:
     return np.mod(np.asarray(device, dtype=np.int64), _N).astype(np.float64) + 0.5
 
 
-SUMMARY_ABOVE_EVENTS = 3000  # events on one device above which the chart summarises
-
-
-def _summary_traces(result: SimResult, unit: tuple[str, float], prefix: str) -> list[dict]:
+def _summary_traces(
+    result: SimResult,
+    unit: tuple[str, float],
+    prefix: str,
+    window: tuple[float, float] | None = None,
+) -> list[dict]:
     """The three traces (compute, communication, idle), one bar per device each, laid
-    end to end on the device's compute row: its step time, broken down."""
-    parts = step_breakdown(result)
+    end to end on the device's compute row from the window's start: its step time (or
+    the window's time), broken down."""
+    parts = step_breakdown(result, window)
+    start_s = 0.0 if window is None else window[0]
     kinds = ("compute", "communication", "idle")
     traces = []
     for k, kind in enumerate(kinds):
         rows, numbers, texts = [], [], []
         for i, p in enumerate(parts):
             spans = (p.compute_s, p.exposed_communication_s, p.idle_s)
-            base = sum(spans[:k])
+            base = start_s + sum(spans[:k])
             rows.append(2 * i)
             numbers.append((base, spans[k], 0.0, 0.0, p.device))
             share = spans[k] / p.step_s if p.step_s else 0.0
             what = "exposed communication" if kind == "communication" else kind
-            texts.append(f"{what}: {format_time(spans[k])} ({share:.0%}) of {p.events} events")
+            texts.append(
+                f"{what}: {format_time(spans[k])} ({share:.0%}) of {p.events} events"
+                "<br>(zoom in on a time window to see its events)"
+            )
         array = np.array(numbers, dtype=np.float64).reshape(-1, 5)
         ids = np.full(len(array), "", dtype=object)
         trace = _bars(rows, kind, array, ids, np.array(texts, dtype=object), unit, prefix)
@@ -97,12 +111,16 @@ def gantt_traces(
     prefix: str = "",
     showlegend: bool = True,
     summary_above: int | None = SUMMARY_ABOVE_EVENTS,
+    window: tuple[float, float] | None = None,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The bar traces (plotly trace dicts) and the row labels.
 
     Above ``summary_above`` events on one device, each device gets one summary bar
     on its compute row instead (compute, exposed communication, idle: see
     :mod:`widgets.breakdown`): thousands of slivers show nothing and cost seconds.
+    ``window`` (``(start_s, end_s)``) keeps only the events that overlap it, and the
+    idle gaps within it: zoomed in far enough, a summarised step shows its events
+    (the limit applies to the events in the window).
 
     Three traces, always in this order and always present (possibly empty), so a
     live figure can update them in place: compute bars, communication bars and
@@ -112,11 +130,11 @@ def gantt_traces(
     ``meta`` holds its kind and the op id of every bar (``""`` for idle gaps).
     """
     unit = unit or time_unit(result.step_time_s)
-    bars = result.bars
+    t0, t1 = check_window(result, window)
+    bars = result.bars if window is None else window_bars(result.bars, t0, t1)
     rows = [row_label(d, s, prefix) for d in result.devices for s in STREAMS]
-    per_device = np.bincount(bars.device - bars.device.min()) if len(bars) else np.zeros(1)
-    if summary_above is not None and per_device.max() > summary_above:
-        traces = _summary_traces(result, unit, prefix)
+    if summarised(bars, summary_above):
+        traces = _summary_traces(result, unit, prefix, None if window is None else (t0, t1))
         for trace in traces:
             trace["showlegend"] = showlegend
         return traces, rows
@@ -135,7 +153,7 @@ def gantt_traces(
         )
     idle_rows, idle_numbers = [], []
     for d in result.devices:
-        for lo, hi in idle_intervals(result, d):
+        for lo, hi in idle_intervals(result, d, None if window is None else (t0, t1)):
             idle_rows.append(position[d])
             idle_numbers.append((lo, hi - lo, 0.0, 0.0, d))
     numbers = np.array(idle_numbers, dtype=np.float64).reshape(-1, 5)
@@ -263,54 +281,54 @@ def bar_numbers(trace: Any) -> np.ndarray:
     return np.asarray(data, dtype=np.float64).reshape(-1, DEVICE + 1)
 
 
-def idle_intervals(result: SimResult, device: int) -> list[tuple[float, float]]:
-    """Gaps in the step when ``device`` has neither compute nor communication running."""
-    bars = result.bars
-    mine = bars.device == device
-    return _gaps(bars.start_s[mine], bars.start_s[mine] + bars.dur_s[mine], result)
-
-
-def _gaps(lo: np.ndarray, hi: np.ndarray, result: SimResult) -> list[tuple[float, float]]:
-    """The gaps in [0, step time] that no ``[lo, hi)`` span covers."""
-    step_s = result.step_time_s
-    order = np.argsort(lo, kind="stable")
-    lo, hi = lo[order], hi[order]
-    # reach[k]: covered up to, before span k (the last: after every span)
-    starts = np.maximum.accumulate(np.concatenate([[0.0], hi]))
-    ends = np.concatenate([lo, [step_s]])
-    tiny = 1e-9 * max(step_s, 1e-30)
-    keep = ends - starts > tiny
-    return list(zip(starts[keep].tolist(), ends[keep].tolist()))
-
-
 def gantt_figure(
-    result: SimResult, function: Function | None = None, *, title: str | None = None
+    result: SimResult,
+    function: Function | None = None,
+    *,
+    title: str | None = None,
+    window: tuple[float, float] | None = None,
+    summary_above: int | None = SUMMARY_ABOVE_EVENTS,
 ) -> go.Figure:
-    """The Gantt chart of a simulated step; pass ``function`` so bars know their op ids."""
-    traces, layout = gantt_spec(result, function, title=title)
+    """The Gantt chart of a simulated step; pass ``function`` so bars know their op ids.
+
+    ``window=(start_s, end_s)`` shows that time window's events (see :func:`gantt_traces`):
+    how a step too long to draw bar by bar is seen in detail.
+    """
+    traces, layout = gantt_spec(
+        result, function, title=title, window=window, summary_above=summary_above
+    )
     return go.Figure(data=traces, layout={**layout, "template": TEMPLATE})
 
 
 def gantt_spec(
-    result: SimResult, function: Function | None = None, *, title: str | None = None
+    result: SimResult,
+    function: Function | None = None,
+    *,
+    title: str | None = None,
+    window: tuple[float, float] | None = None,
+    summary_above: int | None = SUMMARY_ABOVE_EVENTS,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The Gantt chart as plain plotly dicts (traces, layout without a template).
 
     What :func:`gantt_figure` wraps, and what a live widget updates itself from
-    (:func:`widgets.live.show`) without building a Figure first.
+    (:func:`widgets.live.show`) without building a Figure first. The time unit is the
+    step's, window or not, so that a zoomed view keeps its axis.
     """
     unit = time_unit(result.step_time_s)
-    traces, rows = gantt_traces(result, function, unit=unit)
+    traces, rows = gantt_traces(
+        result, function, unit=unit, window=window, summary_above=summary_above
+    )
+    heading = title or f"step {format_time(result.step_time_s)} on {len(result.devices)} devices"
+    t0, t1 = check_window(result, window)
+    if window is not None:
+        heading += f" · {format_time(t0)} to {format_time(t1)}"
+    if traces[0]["meta"].get("summary"):
+        heading += " · summary per device: zoom in to see events"
+    x_range = [0, t1 / unit[1] * 1.01] if window is None else [t0 / unit[1], t1 / unit[1]]
     layout = {
         "barmode": "overlay",
-        "title": {
-            "text": title
-            or f"step {format_time(result.step_time_s)} on {len(result.devices)} devices"
-        },
-        "xaxis": {
-            "title": {"text": f"time ({unit[0]})"},
-            "range": [0, result.step_time_s / unit[1] * 1.01],
-        },
+        "title": {"text": heading},
+        "xaxis": {"title": {"text": f"time ({unit[0]})"}, "range": x_range},
         "yaxis": {
             "tickmode": "array",
             "tickvals": list(range(len(rows))),

@@ -9,6 +9,8 @@ size of the drawing. Above ``GraphOptions.max_ops`` ops, each run of consecutive
 ops on the same devices (a pipeline stage's forward or backward of one
 microbatch) folds into one node naming its repeated layers; a click opens it.
 Pure Python: it writes dot source and the id map, :mod:`widgets.graph` runs dot.
+Which ops share a node is :mod:`widgets.logical_plan`'s; how a node shows its
+devices, :mod:`widgets.device_marks`'s.
 """
 
 from __future__ import annotations
@@ -16,21 +18,22 @@ from __future__ import annotations
 import html
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ir.function import Function
 from ir.op import Op
 from ir.registry import OpKind, get_op
 from ir.text import format_op
-from ir.types import DeviceRef, TensorType, TupleType, Type, devices_of
+from ir.types import DeviceRef, TupleType, Type
 from ir.value import Value
 
 from .collapse import find_repeats
+from .device_marks import MAX_STRIPES, device_glyph, device_ranges
 from .drawing import GROUP_FILL, _attrs, _q, _short, stub_line
 from .ids import op_id, op_paths, shape_label, value_names
 from .layout import long_edges
 from .legend import LegendEntry
+from .logical_plan import Item, NodePlan, value_devices
 from .palette import COMMUNICATION_COLOR, COMMUNICATION_TEXT, device_color, device_label
 from .units import format_bytes, format_time
 
@@ -40,45 +43,6 @@ if TYPE_CHECKING:
     from .graph import GraphOptions
 
 _FONT = "Helvetica,Arial,sans-serif"
-MAX_STRIPES = 8  # colour stripes on one node: more are unreadable slivers
-
-
-def device_ranges(devices: tuple[DeviceRef, ...]) -> str:
-    """Devices as compact ranges: ``0–3, 8``; ``?`` for unplaced ones.
-
-    >>> device_ranges((0, 1, 2, 3, 8))
-    '0–3, 8'
-    """
-    ints = sorted({d for d in devices if isinstance(d, int)})
-    parts: list[str] = []
-    start = prev = None
-    for d in [*ints, None]:
-        if d is not None and prev is not None and d == prev + 1:
-            prev = d
-            continue
-        if start is not None:
-            parts.append(str(start) if start == prev else f"{start}–{prev}")
-        start = prev = d
-    parts += [
-        "?" if d is None else str(d) for d in dict.fromkeys(devices) if not isinstance(d, int)
-    ]
-    return ", ".join(parts)
-
-
-def device_glyph(devices: tuple[DeviceRef, ...], per_row: int = 8, most: int = 16) -> str:
-    """A small grid of device-coloured squares (graphviz HTML text), one per device, so
-    a node shows where it runs without colouring its label; past ``most``, a count.
-
-    >>> device_glyph((0, 1)).count("■")
-    2
-    """
-    shown = list(dict.fromkeys(devices))[:most]
-    cells = [f'<FONT COLOR="{device_color(d)}">■</FONT>' for d in shown]
-    rows = ["".join(cells[i : i + per_row]) for i in range(0, len(cells), per_row)]
-    extra = len(set(devices)) - len(shown)
-    if extra > 0:
-        rows[-1] += f'<FONT POINT-SIZE="8"> +{extra}</FONT>'
-    return "<BR/>".join(rows)
 
 
 def _html_text(text: str) -> str:
@@ -135,8 +99,9 @@ class LogicalDrawing:
         self.lines: list[str] = []
         self.source: dict[Value, str] = {}
         self.has_comm = self.has_fold = False
-        self._devices_memo: dict[Op, tuple[DeviceRef, ...]] = {}
-        self.fold = False  # set by _nodes: more items than options.max_ops
+        self.plan = NodePlan(function, self.paths, options)
+        self.lanes = 0  # pipeline stages drawn as lanes (see _lanes)
+        self.node_devices: dict[str, frozenset] = {}  # where each op or fold node runs
 
     # -- top level -----------------------------------------------------------
 
@@ -148,8 +113,8 @@ class LogicalDrawing:
             f"  edge {_attrs(fontname=_FONT, fontsize=9, color='#555555', arrowsize=0.6)};",
         ]
         layouts = self.function.input_layouts
-        items = self._nodes()
-        if not self.fold:
+        items = self.plan.items()
+        if not self.plan.fold:
             for k, v in enumerate(self.function.inputs):
                 self._input_node(k, v)
         else:
@@ -158,6 +123,7 @@ class LogicalDrawing:
         edges: dict[tuple[str, str], list[Value]] = {}
         for item in items:
             nid = self._draw(item)
+            self.node_devices[nid] = frozenset(self.plan.item_devices(item))
             for op in item.ops:
                 for v in op.inputs:
                     src = self.source.get(v, "")
@@ -165,6 +131,7 @@ class LogicalDrawing:
                         edges.setdefault((src, nid), []).append(v)
                 for v in op.outputs:
                     self.source[v] = nid
+        self._lanes(self.node_devices)
         self.lines.append(f'  "return" {_attrs(id="return", label="return", style="rounded")};')
         for v in self.function.outputs:
             if self.source.get(v):
@@ -178,6 +145,27 @@ class LogicalDrawing:
         self.lines.append("}")
         return "\n".join(self.lines) + "\n"
 
+    def _lanes(self, placed: dict[str, frozenset]) -> None:
+        """One lane (a dashed box) per pipeline stage: the nodes that run on exactly one
+        stage's devices, when at least two disjoint sets of devices hold two nodes each.
+        At 64 devices a pipeline's folds otherwise scatter over the whole drawing."""
+        counts = Counter(placed.values())
+        stages: list[frozenset] = []
+        for devices, n in counts.most_common():
+            if n >= 2 and len(devices) > 0 and all(not devices & s for s in stages):
+                stages.append(devices)
+        if len(stages) < 2:
+            return
+        stages.sort(key=lambda s: min(str(d) for d in s) if None in s else min(s))
+        # dot's older ranking fails on clusters of this shape ("trouble in init_rank")
+        self.lines.append("  graph [newrank=true];")
+        for k, devices in enumerate(stages):
+            members = " ".join(_q(nid) for nid, where in placed.items() if where == devices)
+            label = f"stage {k}: devices {device_ranges(tuple(devices))}"
+            lane = _attrs(id=f"lane-{k}", label=label, style="dashed", color="#bbbbbb")
+            self.lines.append(f"  subgraph {_q(f'cluster_lane_{k}')} {{ graph {lane}; {members} }}")
+        self.lanes = len(stages)
+
     def legend(self) -> tuple[LegendEntry, ...]:
         ints = sorted(d for d in self.devices if isinstance(d, int))
         rest = [d for d in self.devices if not isinstance(d, int)]
@@ -190,86 +178,9 @@ class LogicalDrawing:
             entries.append(LegendEntry("folded ops (click to open)", GROUP_FILL, "group"))
         return tuple(entries)
 
-    # -- which ops share a node ------------------------------------------------
-
-    def _nodes(self) -> list[_Item]:
-        """What gets a node, in program order: each logical op (per-device copies of one
-        op, as a propagated program writes them, count as one); above ``max_ops``,
-        repeated layers fold, then runs of items on the same devices; a fold or a set of
-        copies the user opened shows its members."""
-        items = self._units()
-        budget = self.options.max_ops
-        self.fold = budget is not None and len(items) > budget
-        if budget is None or not self.fold:
-            return items
-        sigs = [item.signature(self._item_devices(item)) for item in items]
-        folded: list[_Item] = []
-        at = 0
-        for r in find_repeats(sigs, budget=budget, min_count=3, min_gain=2):
-            hidden = items[r.start + r.period : r.start + r.period * r.count]
-            folded += items[at : r.start + r.period]
-            at = r.start + r.period * r.count
-            block = [t for item in items[r.start : r.start + r.period] for t in item.types]
-            fold = _Item.folding(hidden, f"{r.count - 1} more × ", block)
-            folded += hidden if self._gid(fold) in self.options.expanded else [fold]
-        folded += items[at:]
-        if len(folded) <= budget:
-            return folded
-        out: list[_Item] = []
-        run: list[_Item] = []
-        last: frozenset | None = None
-        for item in [*folded, None]:
-            where = None if item is None else frozenset(self._item_devices(item))
-            alone = item is not None and item.ops[0].op_type == "SendEach"
-            if run and (alone or where != last or item is None):
-                fold = _Item.folding(run, "")
-                keep = len(run) > 1 and self._gid(fold) not in self.options.expanded
-                out += [fold] if keep else run
-                run = []
-            if item is not None:
-                run.append(item)
-            last = None if alone else where
-        return out
-
-    def _units(self) -> list[_Item]:
-        """Top-level ops, consecutive per-device copies of one op merged."""
-        units: list[_Item] = []
-        taken: set[DeviceRef] = set()  # where the copies of the last unit write
-        for op in self.function.ops:
-            devices = {d for v in op.outputs for d in _devices(v.type)}
-            head = units[-1] if units else None
-            if (
-                head is not None
-                and len(devices) == 1
-                and _copyable(op)
-                and _same_op(head.ops[0], op)
-                and not devices & taken
-            ):
-                head.ops.append(op)
-                head.kind = "copies"
-                taken |= devices
-                continue
-            units.append(_Item("op", [op], [op.op_type]))
-            taken = devices
-        out: list[_Item] = []
-        for u in units:
-            if u.kind == "copies" and op_id(self.paths[u.ops[0]]) in self.options.expanded:
-                out += [_Item("op", [op], [op.op_type]) for op in u.ops]
-            else:
-                out.append(u)
-        return out
-
-    def _item_devices(self, item: _Item) -> tuple[DeviceRef, ...]:
-        if item.devices is None:
-            item.devices = tuple(dict.fromkeys(d for op in item.ops for d in self._op_devices(op)))
-        return item.devices
-
-    def _gid(self, item: _Item) -> str:
-        return f"group-{self.paths[item.ops[0]]}-{self.paths[item.ops[-1]]}"
-
     # -- nodes -----------------------------------------------------------------
 
-    def _draw(self, item: _Item) -> str:
+    def _draw(self, item: Item) -> str:
         if item.kind == "fold":
             return self._group_node(item)
         if item.kind == "copies":
@@ -308,7 +219,7 @@ class LogicalDrawing:
 
     def _pmap_node(self, op: Op) -> str:
         (body,) = op.subfunctions
-        devices = self._op_devices(op)
+        devices = self.plan.op_devices(op)
         kinds = Counter(o.op_type for o in body.ops)
         summary = ", ".join(f"{t}×{n}" if n > 1 else t for t, n in kinds.most_common(3))
         more = "…" if len(kinds) > 3 else ""
@@ -322,7 +233,7 @@ class LogicalDrawing:
 
     def _comm_node(self, op: Op) -> str:
         self.has_comm = True
-        devices = self._op_devices(op)
+        devices = self.plan.op_devices(op)
         self.devices.update(dict.fromkeys(devices))
         nbytes = sum(_tensor_bytes(v.type) for v in op.inputs)
         cost = format_bytes(nbytes) + "/dev"
@@ -352,7 +263,7 @@ class LogicalDrawing:
         return self._common(op, attrs, f"{cost} on devices {device_ranges(devices)}")
 
     def _plain_node(self, op: Op) -> str:
-        devices = self._op_devices(op)
+        devices = self.plan.op_devices(op)
         outs = ", ".join(self.names[v] for v in op.outputs)
         attrs = {
             "label": _short(f"{outs} = {op.op_type}", 34),
@@ -368,7 +279,7 @@ class LogicalDrawing:
         first = ops[0]
         nid = op_id(self.paths[first])
         self.groups[nid] = tuple(op_id(self.paths[op]) for op in ops[1:])
-        devices = tuple(d for op in ops for d in self._op_devices(op))
+        devices = tuple(d for op in ops for d in self.plan.op_devices(op))
         shape = ", ".join(shape_label(v.type) for v in first.outputs)
         label = f"{first.op_type} ×{len(ops)} on {_short(device_ranges(devices), 24)}\n{shape}"
         attrs: dict[str, object] = {"label": label, "style": "filled", "fillcolor": "#ffffff"}
@@ -377,12 +288,12 @@ class LogicalDrawing:
         tooltip = f"{len(ops)} per-device copies ({nid} … {op_id(self.paths[ops[-1]])})"
         return self._common(first, attrs, tooltip, self._glyph(devices))
 
-    def _group_node(self, item: _Item) -> str:
+    def _group_node(self, item: Item) -> str:
         run = item.ops
-        gid = self._gid(item)
+        gid = self.plan.group_id(item)
         self.groups[gid] = tuple(op_id(self.paths[op]) for op in run)
         self.has_fold = True
-        devices = tuple(dict.fromkeys(d for op in run for d in self._op_devices(op)))
+        devices = tuple(dict.fromkeys(d for op in run for d in self.plan.op_devices(op)))
         types = item.types
         repeats = find_repeats(types, budget=1, min_count=2, max_period=40, min_gain=1)
         best = max(repeats, key=lambda r: r.period * r.count, default=None)
@@ -429,7 +340,7 @@ class LogicalDrawing:
     def _input_node(self, k: int, v: Value) -> None:
         nid = f"in-{k}"
         name = self.names[v]
-        devices = _devices(v.type)
+        devices = value_devices(v.type)
         attrs = _attrs(
             id=nid,
             label=f"{_short(name, 20)}\n{shape_label(v.type)}",
@@ -483,68 +394,3 @@ class LogicalDrawing:
         self.lines.append(f"  {_q(src)} -> {_q(dst)} {_attrs(id=eid, label=_short(label, 40))};")
 
     # -- helpers ----------------------------------------------------------------
-
-    def _op_devices(self, op: Op) -> tuple[DeviceRef, ...]:
-        known = self._devices_memo.get(op)
-        if known is not None:
-            return known
-        # a compute op runs where it writes (reading its inputs too costs a third of
-        # the drawing's time); a communication op spans its sources and destinations
-        comm = get_op(op.op_type).kind is OpKind.COMMUNICATION
-        values = (*op.inputs, *op.outputs) if comm or not op.outputs else op.outputs
-        seen = dict.fromkeys(d for v in values for d in _devices(v.type))
-        if op.device is not None and not seen:
-            seen[op.device] = None
-        dest = op.attributes.get("to_devices") if op.op_type == "SendEach" else None
-        seen.update(dict.fromkeys(dest or ()))
-        known = self._devices_memo[op] = tuple(seen) or (None,)
-        return known
-
-
-def _devices(t: Type) -> tuple[DeviceRef, ...]:
-    """:func:`devices_of`, using a tuple of tensors' cached device list (the logical
-    program's values are per-device tuples; this walk is most of the drawing's time)."""
-    if isinstance(t, TupleType) and t.nesting == 1:
-        return t.devices
-    return devices_of(t)
-
-
-@dataclass
-class _Item:
-    """What one node of the logical view stands for: one op, per-device copies of one
-    op, or a fold of several items (``types``: one op type per logical op inside)."""
-
-    kind: str  # "op", "copies" or "fold"
-    ops: list[Op]
-    types: list[str]
-    head: str = ""  # a repeat fold's label prefix: "5 more × "
-    block: list[str] | None = None  # a repeat fold: the op types of the repeated layer
-    devices: tuple[DeviceRef, ...] | None = None  # where its ops run, once known
-
-    @staticmethod
-    def folding(items: list[_Item], head: str, block: list[str] | None = None) -> _Item:
-        ops = [op for item in items for op in item.ops]
-        return _Item("fold", ops, [t for item in items for t in item.types], head, block)
-
-    def signature(self, devices: tuple[DeviceRef, ...]) -> tuple:
-        """What must match for two items to be the same step of a repeated layer."""
-        op = self.ops[0]
-        body = sum(s.num_ops() for s in op.subfunctions)
-        return (self.kind, tuple(self.types), len(self.ops), frozenset(devices), body)
-
-
-def _copyable(op: Op) -> bool:
-    return not op.subfunctions and get_op(op.op_type).kind is not OpKind.COMMUNICATION
-
-
-def _same_op(a: Op, b: Op) -> bool:
-    """``b`` is another device's copy of ``a``: same type, arity and output shapes."""
-    return (
-        a.op_type == b.op_type
-        and len(a.inputs) == len(b.inputs)
-        and [_shape(v.type) for v in a.outputs] == [_shape(v.type) for v in b.outputs]
-    )
-
-
-def _shape(t: Type) -> object:
-    return (t.shape, t.dtype) if isinstance(t, TensorType) else shape_label(t)

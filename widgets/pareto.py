@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
 
+from .live import TEMPLATE
+from .memory import CAPACITY_OFF_SCALE
 from .palette import DEVICE_PALETTE, OOM_COLOR
 
 if TYPE_CHECKING:
@@ -21,7 +23,12 @@ FRONT_COLOR = "#222222"
 
 def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> dict[str, Any]:
     """Traces (one per pipeline degree, then the front, then the strategies over capacity)
-    and the layout: memory in GiB on x, step time in ms on y, the strategy on hover."""
+    and the layout: memory in GiB on x, step time in ms on y, the strategy on hover.
+
+    ``capacity_bytes`` is drawn as a dashed line, unless it lies more than
+    :data:`~widgets.memory.CAPACITY_OFF_SCALE` times beyond the largest peak drawn: then
+    the title gives it, and the points keep the width of the plot.
+    """
     gib, ms = 2**-30, 1e3
     traces: list[dict[str, Any]] = []
     by_pp: dict[int, list] = {}
@@ -64,6 +71,12 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
             }
         )
     shapes = []
+    drawn = [r.peak_memory_bytes for r in result.rows if r.status in ("ok", "over capacity")]
+    note = ""
+    if capacity_bytes is not None and capacity_bytes > CAPACITY_OFF_SCALE * max(drawn, default=0):
+        # a line at 80 GB beside points under 1 GB squeezes them all onto the axis
+        note = f" (capacity {capacity_bytes * gib:.3g} GiB per device, far to the right)"
+        capacity_bytes = None
     if capacity_bytes is not None:
         shapes.append(
             {
@@ -81,7 +94,7 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
     layout = {
         "title": (
             f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "
-            f"{counts['error']} refused: step time against peak memory"
+            f"{counts['error']} refused: step time against peak memory{note}"
         ),
         "xaxis": {"title": "peak memory per device (GiB)"},
         "yaxis": {"title": "step time (ms)"},
@@ -95,7 +108,7 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
 def pareto_figure(result: SearchResult, capacity_bytes: float | None = None) -> go.Figure:
     """The figure of :func:`pareto_spec`."""
     spec = pareto_spec(result, capacity_bytes)
-    figure = go.Figure(layout=spec["layout"])
+    figure = go.Figure(layout={**spec["layout"], "template": TEMPLATE})
     for trace in spec["traces"]:
         figure.add_trace(go.Scatter(hovertemplate="%{text}<extra></extra>", **trace))
     return figure

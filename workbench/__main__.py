@@ -1,7 +1,9 @@
 """The command line: ``python -m workbench lab`` and ``python -m workbench report``.
 
 ``lab`` starts JupyterLab on the tutorial notebooks (``notebooks/``) with the
-workbench importable from the kernel and prints the address to open.
+workbench importable from the kernel, the dashboard notebook as its start page,
+and no news or update pop-ups (settings overrides of its own, not the user's
+configuration), and prints the address to open.
 ``report`` simulates a model under one or more strategies and writes the
 static, self-contained HTML report; every option has a default, so
 ``python -m workbench report --out report.html`` works as is.
@@ -10,17 +12,29 @@ static, self-contained HTML report; every option has a default, so
 from __future__ import annotations
 
 import argparse
+import contextlib
+import json
 import os
 import secrets
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
+DASHBOARD = "00_workbench.ipynb"
+# JupyterLab's announcements: "Would you like to get notified about official Jupyter
+# news?" over the dashboard at first start, and a check for updates; both go online.
+LAB_OVERRIDES = {
+    "@jupyterlab/apputils-extension:notification": {
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    }
+}
 
 DEFAULT_STRATEGIES = ("dp=8", "dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b")  # = report's
 
@@ -31,6 +45,47 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def lab_settings(folder: Path, defaults: Path | None = None) -> Path:
+    """An application settings folder for JupyterLab in ``folder``: the one JupyterLab
+    would use (``defaults``: its ``overrides.json`` and ``page_config.json``), with
+    :data:`LAB_OVERRIDES` on top. Returns the folder to pass as ``LabApp.app_settings_dir``.
+
+    Only this lab process reads it: the user's settings and configuration are untouched
+    (and a setting the user chose still wins over an override).
+    """
+    settings = folder / "settings"
+    settings.mkdir(parents=True, exist_ok=True)
+    overrides: dict[str, dict] = {}
+    if defaults is not None and (defaults / "overrides.json").is_file():
+        try:
+            overrides = json.loads((defaults / "overrides.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            overrides = {}  # JupyterLab would have ignored it too
+    for plugin, values in LAB_OVERRIDES.items():
+        overrides[plugin] = {**overrides.get(plugin, {}), **values}
+    (settings / "overrides.json").write_text(json.dumps(overrides, indent=2), encoding="utf-8")
+    if defaults is not None:
+        if (defaults / "page_config.json").is_file():  # extensions the installation disables
+            (settings / "page_config.json").write_bytes(
+                (defaults / "page_config.json").read_bytes()
+            )
+        static = defaults.parent / "static"  # JupyterLab reads its package.json next door
+        if static.is_dir() and not (folder / "static").exists():
+            # only extension metadata is read there: JupyterLab does without if this fails
+            with contextlib.suppress(OSError):
+                (folder / "static").symlink_to(static, target_is_directory=True)
+    return settings
+
+
+def default_lab_settings() -> Path | None:
+    """The application settings folder JupyterLab uses when told none (None if unknown)."""
+    try:
+        from jupyterlab.commands import get_app_dir
+    except ImportError:
+        return None
+    return Path(get_app_dir()) / "settings"
+
+
 def lab_command(
     *,
     port: int,
@@ -39,8 +94,13 @@ def lab_command(
     open_browser: bool = False,
     ip: str = "localhost",
     as_root: bool | None = None,
+    app_settings_dir: Path | None = None,
 ) -> list[str]:
     """The ``jupyter lab`` command line ``python -m workbench lab`` runs.
+
+    The start page (``/``, and the browser ``open_browser`` opens) is the dashboard
+    notebook when ``notebook_dir`` has it; ``app_settings_dir`` (see
+    :func:`lab_settings`) carries the settings overrides.
 
     >>> cmd = lab_command(port=8899, token="", notebook_dir=Path("nb"), as_root=True)
     >>> cmd[1:3], "--allow-root" in cmd, "--IdentityProvider.token=" in cmd
@@ -60,6 +120,10 @@ def lab_command(
         "--ServerApp.port_retries=0",  # the printed address must be the one served
         f"--IdentityProvider.token={token}",
     ]
+    if (notebook_dir / DASHBOARD).is_file():
+        cmd.append(f"--LabApp.default_url=/lab/tree/{DASHBOARD}")
+    if app_settings_dir is not None:
+        cmd.append(f"--LabApp.app_settings_dir={app_settings_dir}")
     if not open_browser:
         cmd.append("--no-browser")
     if as_root:
@@ -75,15 +139,27 @@ def run_lab(args: argparse.Namespace) -> int:
         return 2
     port = args.port or _free_port()
     token = "" if args.no_token else secrets.token_hex(16)
-    cmd = lab_command(
-        port=port, token=token, notebook_dir=notebook_dir, open_browser=args.browser, ip=args.ip
-    )
+    with tempfile.TemporaryDirectory(prefix="distir-lab-") as folder:
+        settings = lab_settings(Path(folder), default_lab_settings())
+        cmd = lab_command(
+            port=port,
+            token=token,
+            notebook_dir=notebook_dir,
+            open_browser=args.browser,
+            ip=args.ip,
+            app_settings_dir=settings,
+        )
+        return _serve(cmd, notebook_dir, port, token, args.ip)
+
+
+def _serve(cmd: list[str], notebook_dir: Path, port: int, token: str, ip: str) -> int:
+    """Run JupyterLab's command line until it stops (Ctrl-C or SIGTERM stop it)."""
     # The kernels JupyterLab starts inherit this environment: make `import ir, workbench` work
     # from a fresh clone even when the project is not pip-installed.
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    host = "localhost" if args.ip in ("localhost", "127.0.0.1", "0.0.0.0") else args.ip
-    url = f"http://{host}:{port}/lab/tree/00_workbench.ipynb" + (f"?token={token}" if token else "")
+    host = "localhost" if ip in ("localhost", "127.0.0.1", "0.0.0.0") else ip
+    url = f"http://{host}:{port}/lab/tree/{DASHBOARD}" + (f"?token={token}" if token else "")
     print(f"DistIR Workbench: JupyterLab on {notebook_dir}\n  open {url}\n  (Ctrl-C to stop)")
     sys.stdout.flush()
     proc = subprocess.Popen(cmd, env=env)
@@ -124,6 +200,7 @@ def run_report(args: argparse.Namespace) -> int:
         preset=args.preset,
         devices=args.devices,
         strategies=tuple(args.strategy or DEFAULT_STRATEGIES),
+        search=args.search,
     )
     out = Path(args.out)
     problem = _unwritable(out)
@@ -200,6 +277,13 @@ def parser() -> argparse.ArgumentParser:
         action="append",
         help="a strategy such as 'dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b'; repeat to "
         f"compare several (default: {' and '.join(DEFAULT_STRATEGIES)})",
+    )
+    rep.add_argument(
+        "--search",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also search every dp x tp x pp of the devices and show the Pareto front of "
+        "step time against peak memory (default; a few seconds on the default model)",
     )
     rep.add_argument("--out", default="report.html", help="output file (default report.html)")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -37,6 +37,7 @@ from widgets import (
     pareto_figure,
 )
 from widgets.gantt import connect_clicks, gantt_spec
+from widgets.gantt_zoom import GanttZoom
 from widgets.graph import PendingGraph, render_graph
 from widgets.live import live_figure, show
 from widgets.memory import memory_spec
@@ -205,6 +206,7 @@ class Workbench(w.VBox):
         self.search_box.add_class("distir-search-result")
         self.search_result: SearchResult | None = None
         self.gantt: go.FigureWidget | None = None
+        self.gantt_zoom: GanttZoom | None = None
         self.memory: go.FigureWidget | None = None
         self._memory_devices: tuple[int, ...] = ()  # curve slots of the memory view
         self.last_redraw_s = 0.0
@@ -212,6 +214,7 @@ class Workbench(w.VBox):
         self._shown: Derived | None = None
         self._shown_view = "distributed"
         self.graph.on_select(self._on_graph_select)
+        self.graph.observe(lambda _c: self._fit_charts(), names="dashboard_width_px")
         self.view.observe(lambda _: self.refresh(), names="value")
         self.session.on_change(lambda _s: self.refresh())
         self.file_controls = self._file_controls()
@@ -402,12 +405,13 @@ class Workbench(w.VBox):
         except Exception as e:  # the other views must still show the new state
             self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         started = time.perf_counter()
-        gantt = gantt_spec(d.result, d.function)
         if self.gantt is None:
-            self.gantt = live_figure(*gantt)
+            self.gantt = live_figure(*gantt_spec(d.result, d.function))
+            # zooming into a summarised step's time window shows that window's events
+            self.gantt_zoom = GanttZoom(self.gantt, d.result, d.function)
             connect_clicks(self.gantt, self._on_gantt_select)
             self.gantt_box.children = [self.gantt]
-        elif not show(self.gantt, *gantt):
+        elif not self.gantt_zoom.show(d.result, d.function):
             connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
         gantt_done = time.perf_counter()
         # a curve slot for every device shown so far: the next program redraws in place
@@ -417,6 +421,7 @@ class Workbench(w.VBox):
         if self.memory is None:
             self.memory = live_figure(*memory)
             self.memory_box.children = [self.memory]
+            self._fit_charts()
         else:
             show(self.memory, *memory)
         figures_done = time.perf_counter()
@@ -437,6 +442,16 @@ class Workbench(w.VBox):
         self.last_redraw_s = time.perf_counter() - start
         if self.editor.value_name is not None:
             self._show_selection(self.editor.value_name, None)
+
+    def _fit_charts(self) -> None:
+        """Give the Gantt and memory charts the dashboard's width, as the browser reports
+        it (plotly's widget draws before it is on the page, at 700 px, and never refits)."""
+        width = self.graph.dashboard_width_px
+        if width <= 0:
+            return
+        for chart in (self.gantt, self.memory):
+            if chart is not None and chart.layout.width != width:
+                chart.layout.width = width
 
     def _start_graph(self, d: Derived) -> tuple[PendingGraph, Any] | None:
         """Start drawing the graph for ``d``, or None when the drawing on display fits.

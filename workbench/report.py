@@ -1,35 +1,53 @@
 """The static report: a model under several strategies as one self-contained HTML file.
 
 The page carries plotly.js inline (once) and the graphs as inline SVG, and
-fetches nothing, so it opens offline, from an e-mail or a CI artifact. It holds
-a table of the strategies (step time, peak memory, communication, idle), the
-comparison of the first two on one time axis, and per strategy its program
-graph, Gantt chart and memory curves.
+fetches nothing, so it opens offline, from an e-mail or a CI artifact. It opens
+with the summary table of the strategies (step time, peak memory, exposed
+communication, idle), then the strategy search's Pareto front (step time against
+peak memory over every dp x tp x pp of the devices), the comparison of the first
+two strategies on one time axis, and per strategy its Gantt chart, memory curves
+and logical program graph (one node per pmap, collective or send, fitted to the
+page's width). Each chart has one legend.
 """
 
 from __future__ import annotations
 
 import html
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ir.device import Topology
 from ir.errors import DistIRError
 from ir.function import Function
-from widgets import GraphOptions, compare_figure, gantt_figure, memory_figure, render_graph
+from widgets import (
+    GraphOptions,
+    compare_figure,
+    gantt_figure,
+    memory_figure,
+    pareto_figure,
+    render_graph,
+)
+from widgets.breakdown import step_breakdown
 from widgets.static_html import Part, page_html
 from widgets.units import format_bytes, format_time
 
 from .session import Derived, State, Strategy, derive
+
+if TYPE_CHECKING:
+    from ir.search import SearchResult
 
 DEFAULT_STRATEGIES = ("dp=8", "dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b")
 
 
 @dataclass(frozen=True)
 class ReportConfig:
-    """What ``python -m workbench report`` simulates; every field has a default."""
+    """What ``python -m workbench report`` simulates; every field has a default.
+
+    ``search``: also search every dp x tp x pp of the devices (1F1B pipelines,
+    power-of-two microbatches; see :func:`ir.search.search`) and show its Pareto front.
+    """
 
     model: str = "gpt"
     batch: int = 16
@@ -44,6 +62,7 @@ class ReportConfig:
     preset: str = "a100-hgx"
     devices: int = 8
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    search: bool = True
 
     @property
     def is_file(self) -> bool:
@@ -128,7 +147,10 @@ def simulate_strategies(
 
 
 def summary_table(outcomes: Sequence[Outcome]) -> str:
-    """An HTML table: one row per strategy with its step time, peaks and times."""
+    """An HTML table: one row per strategy with its step time, peak memory, exposed
+    communication and idle time (each the largest over devices), the fastest first marked."""
+    times = [o.derived.result.step_time_s for o in outcomes if o.derived is not None]
+    fastest = min(times, default=None)
     rows = []
     for o in outcomes:
         label = html.escape(o.label)
@@ -140,21 +162,59 @@ def summary_table(outcomes: Sequence[Outcome]) -> str:
             continue
         r = o.derived.result
         peak = max(r.peak_memory_bytes.values(), default=0.0)
-        comm = max(r.communication_s.values(), default=0.0)
-        idle = max((r.idle_fraction(d) for d in r.devices), default=0.0)
+        parts = step_breakdown(r)
+        exposed = max((p.exposed_communication_s for p in parts), default=0.0)
+        idle = max((p.idle_s for p in parts), default=0.0)
         over = getattr(r, "over_capacity", ())
         oom = f"out of memory on {list(over)}" if over else "fits"
+        best = " <b>(fastest)</b>" if r.step_time_s == fastest and len(times) > 1 else ""
+        share = idle / r.step_time_s if r.step_time_s else 0.0
         rows.append(
-            f"<tr><td>{label}</td><td>{format_time(r.step_time_s)}</td>"
-            f"<td>{format_bytes(peak)}</td><td>{format_time(comm)}</td>"
-            f"<td>{idle:.0%}</td><td>{oom}</td></tr>"
+            f"<tr><td>{label}{best}</td><td>{format_time(r.step_time_s)}</td>"
+            f"<td>{format_bytes(peak)}</td><td>{format_time(exposed)}</td>"
+            f"<td>{format_time(idle)} ({share:.0%})</td><td>{oom}</td></tr>"
         )
     head = (
         "<tr><th>strategy</th><th>step time</th><th>peak memory (max device)</th>"
-        "<th>communication (max device)</th><th>idle (max device)</th><th>memory</th></tr>"
+        "<th>exposed communication (max device)</th><th>idle (max device)</th>"
+        "<th>memory</th></tr>"
     )
-    style = "border-collapse:collapse" if rows else ""
-    return f"<table border='1' cellpadding='4' style='{style}'>{head}{''.join(rows)}</table>"
+    return f"<table border='1' class='distir-summary'>{head}{''.join(rows)}</table>"
+
+
+def search_strategies(
+    function: Function, topology: Topology, *, progress: bool = False
+) -> SearchResult | str:
+    """Every dp x tp x pp of ``topology``'s devices for ``function`` (as it is: a training
+    step trains, a forward program runs forward), or why the search could not run."""
+    from ir.search import search
+
+    try:
+        return search(function, topology, optimizer=None, progress=progress)
+    except DistIRError as e:
+        return str(e)
+
+
+def search_part(search: SearchResult | str, topology: Topology) -> list[tuple[str, Part]]:
+    """The report's search section: the Pareto figure and the front as a table."""
+    heading = "Strategy search: step time against peak memory"
+    if isinstance(search, str):
+        return [(heading, f"<p>The search could not run: {html.escape(search)}</p>")]
+    front = search.pareto()
+    rows = "".join(
+        f"<tr><td>{html.escape(str(r.strategy))}</td><td>{format_time(r.step_time_s)}</td>"
+        f"<td>{format_bytes(r.peak_memory_bytes)}</td><td>{r.mfu:.0%}</td>"
+        f"<td>{format_time(r.exposed_comm_s)}</td><td>{r.bubble:.0%}</td></tr>"
+        for r in front
+    )
+    table = (
+        "<p>The Pareto front (no other strategy is both faster and smaller), fastest "
+        "first:</p><table border='1' class='distir-pareto'><tr><th>strategy</th>"
+        "<th>step time</th><th>peak memory</th><th>MFU</th><th>exposed communication "
+        f"(mean)</th><th>bubble (mean)</th></tr>{rows}</table>"
+    )
+    capacity = min(device.memory_bytes for device in topology.devices)
+    return [(heading, pareto_figure(search, capacity)), ("", table)]
 
 
 def report_html(
@@ -165,40 +225,54 @@ def report_html(
     title: str,
     description: str = "",
     graph_options: GraphOptions | None = None,
+    search: SearchResult | str | None = None,
 ) -> str:
-    """The report page (a complete HTML document with plotly.js inlined)."""
+    """The report page (a complete HTML document with plotly.js inlined).
+
+    The summary table comes first; ``search`` (a search's result, or why it failed)
+    adds its Pareto front. Each strategy's program is drawn as its logical graph
+    (one node per pmap, collective or send, whatever the number of devices), the
+    sequential program op by op with repeated layers folded.
+    """
     options = graph_options or GraphOptions()
+    logical = replace(options, view="logical")
     intro = (
         f"<p>{html.escape(description)}</p><p>Hardware: {html.escape(topology.name)}, "
         f"{len(topology.devices)} devices. Times are simulated (see docs/simulator.md).</p>"
     )
-    parts: list[tuple[str, Part]] = [("", intro), ("Strategies", summary_table(outcomes))]
+    parts: list[tuple[str, Part]] = [("Summary", summary_table(outcomes)), ("", intro)]
+    if search is not None:
+        parts += search_part(search, topology)
     done = [o for o in outcomes if o.derived is not None]
     if len(done) >= 2:
         a, b = done[0].derived, done[1].derived
         assert a is not None and b is not None
-        parts.append(
-            (
-                f"{done[0].label} vs {done[1].label}",
-                compare_figure(
-                    a.result,
-                    b.result,
-                    function_a=a.function,
-                    function_b=b.function,
-                    labels=(done[0].label, done[1].label),
-                ),
-            )
+        # A and B name the rows: a strategy's description before every row label would
+        # take half the chart's width
+        heading = f"A = {done[0].label} vs B = {done[1].label}"
+        figure = compare_figure(
+            a.result,
+            b.result,
+            function_a=a.function,
+            function_b=b.function,
+            labels=("A", "B"),
+            title=heading,
         )
+        parts.append((heading, figure))
     for o in done:
         d = o.derived
         assert d is not None
         parts += [
             (f"{o.label}: timeline", gantt_figure(d.result, d.function)),
             (f"{o.label}: memory", memory_figure(d.result)),
-            (f"{o.label}: program", render_graph(d.function, None, options)),
+            (
+                f"{o.label}: program (one node per logical op)",
+                render_graph(d.function, None, logical, result=d.result),
+            ),
         ]
     parts.append(("The sequential program", render_graph(function, None, options)))
-    parts.append(("The sequential program as text", f"<pre>{html.escape(str(function))}</pre>"))
+    text = html.escape(str(function))
+    parts.append(("", f"<details><summary>as text</summary><pre>{text}</pre></details>"))
     return page_html(title, parts)
 
 
@@ -210,7 +284,8 @@ def write_report(
     topology: Topology | None = None,
     progress: bool = False,
 ) -> Path:
-    """Simulate ``function`` under ``config.strategies`` and write the report to ``path``."""
+    """Simulate ``function`` under ``config.strategies`` (and search the strategies when
+    ``config.search``) and write the report to ``path``."""
     from tqdm.auto import tqdm
 
     config = config or ReportConfig()
@@ -219,6 +294,7 @@ def write_report(
     if not any(o.derived is not None for o in outcomes):
         errors = "; ".join(f"{o.label}: {o.error}" for o in outcomes)
         raise DistIRError(f"no strategy could be simulated: {errors}")
+    found = search_strategies(function, topology, progress=progress) if config.search else None
     with tqdm(total=1, desc="drawing the report", disable=not progress) as bar:
         page = report_html(
             function,
@@ -226,6 +302,7 @@ def write_report(
             outcomes,
             title=f"DistIR Workbench report: {function.name} on {topology.name}",
             description=config.describe_model(),
+            search=found,
         )
         bar.update(1)
     path = Path(path)

@@ -19,7 +19,8 @@ def result():
 
 
 def test_every_simulated_strategy_is_a_point_and_the_front_is_joined(result) -> None:
-    spec = pareto_spec(result, capacity_bytes=80e9)
+    capacity = 2 * max(r.peak_memory_bytes for r in result.simulated())
+    spec = pareto_spec(result, capacity_bytes=capacity)
     *groups, front = spec["traces"]
     drawn = sorted(t for g in groups for t in g["text"])
     assert drawn == sorted(str(r.strategy) for r in result.rows if r.status == "ok")
@@ -27,7 +28,7 @@ def test_every_simulated_strategy_is_a_point_and_the_front_is_joined(result) -> 
     assert front["text"] == [str(r.strategy) for r in result.pareto()]
     assert front["y"] == [r.step_time_s * 1e3 for r in result.pareto()]
     assert front["y"] == sorted(front["y"]) and front["x"] == sorted(front["x"], reverse=True)
-    assert spec["layout"]["shapes"][0]["x0"] == pytest.approx(80e9 / 2**30)
+    assert spec["layout"]["shapes"][0]["x0"] == pytest.approx(capacity / 2**30)
     assert {g["name"] for g in groups} == {f"pp = {r.strategy.pp}" for r in result.simulated()}
 
 
@@ -41,3 +42,12 @@ def test_strategies_over_capacity_are_crossed_out(result) -> None:
     assert over["name"] == "over capacity" and over["text"] == [str(rows[0].strategy)]
     figure = pareto_figure(type(result)(rows))
     assert [t.name for t in figure.data][-1] == "over capacity"
+
+
+def test_a_capacity_far_beyond_every_peak_is_named_not_drawn(result) -> None:
+    """80 GB beside peaks of a few MB: a line there would squeeze every point onto the axis."""
+    spec = pareto_spec(result, capacity_bytes=80e9)
+    assert spec["layout"]["shapes"] == []
+    assert "capacity 74.5 GiB per device" in spec["layout"]["title"]
+    largest = max(x for t in spec["traces"] for x in t["x"])
+    assert largest < 80e9 / 2**30 / 4

@@ -11,8 +11,9 @@ import ir
 from ir import transforms
 from ir.function import Function
 from ir.sim import simulate
+from widgets.device_marks import device_glyph, device_ranges
 from widgets.graph import GraphOptions, render_graph
-from widgets.logical import LogicalDrawing, device_glyph, device_ranges
+from widgets.logical import LogicalDrawing
 from widgets.palette import COMMUNICATION_COLOR, DEVICE_PALETTE
 
 LOGICAL = GraphOptions(view="logical")
@@ -137,3 +138,33 @@ def test_per_device_copies_of_one_op_are_one_node_and_open_when_a_copy_is_select
     assert "×4 on 0–3" in next(x for x in view.rendered.dot.splitlines() if f'"{nid}" [' in x)
     view.select(ids[0])  # a Gantt click on another device's copy
     assert view.selection is not None and view.selection.svg_id == ids[0]
+
+
+def _lanes(dot: str) -> list[tuple[str, list[str]]]:
+    found = re.findall(
+        r'subgraph "cluster_lane_\d+" \{ graph \[[^]]*label="([^"]*)"[^]]*\]; (.*) \}', dot
+    )
+    return [(label, re.findall(r'"([^"]+)"', members)) for label, members in found]
+
+
+def test_a_pipeline_draws_one_lane_per_stage_on_that_stages_devices() -> None:
+    f = step(2, 1, pp=2, microbatches=2)  # stages on devices 0-1 and 2-3
+    for options in (LOGICAL, GraphOptions(view="logical", max_ops=6)):  # folded, or not
+        drawing = LogicalDrawing(f, {}, options)
+        lanes = _lanes(drawing.dot())
+        assert [label for label, _ in lanes] == ["stage 0: devices 0–1", "stage 1: devices 2–3"]
+        assert drawing.lanes == 2
+        for stage, (_, members) in zip(({0, 1}, {2, 3}), lanes):
+            assert len(members) >= 2
+            assert all(drawing.node_devices[nid] == stage for nid in members)
+            outside = [n for n, d in drawing.node_devices.items() if d == stage]
+            assert sorted(outside) == sorted(members)  # every node on the stage is in it
+        all_members = [nid for _, members in lanes for nid in members]
+        assert len(all_members) == len(set(all_members))  # a node is in one lane
+    svg = render_graph(f, options=GraphOptions(view="logical", max_ops=6)).svg
+    assert 'id="lane-0"' in svg and 'id="lane-1"' in svg
+
+
+def test_no_lanes_without_a_pipeline() -> None:
+    drawing = LogicalDrawing(step(2, 2), {}, LOGICAL)
+    assert not _lanes(drawing.dot()) and drawing.lanes == 0

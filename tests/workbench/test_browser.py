@@ -216,6 +216,12 @@ _OUT_OF_VIEW = """sel => {
 }"""
 
 
+_CHART_WIDTHS = """() => [
+  document.querySelector('.distir-gantt .main-svg').getBoundingClientRect().width,
+  document.querySelector('.distir-workbench').clientWidth,
+]"""
+
+
 @pytest.mark.parametrize("widths", [(1280, 1920)])
 def test_every_control_fits_at_1280_and_1920_px(lab: tuple[str, str], widths) -> None:
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python")
@@ -247,5 +253,9 @@ def test_every_control_fits_at_1280_and_1920_px(lab: tuple[str, str], widths) ->
                 clipped = page.evaluate(_OUT_OF_VIEW, _CONTROLS)
                 assert not clipped, f"at {width} px: {clipped}"
                 assert page.locator(_CONTROLS).count() > 10
+                # the charts take the dashboard's width (not plotly's default 700 px)
+                page.wait_for_timeout(1000)  # the kernel answers the new width
+                chart, board = page.evaluate(_CHART_WIDTHS)
+                assert board - 2 <= chart <= board + 0.5, f"at {width} px: {chart} of {board}"
         finally:
             browser.close()

@@ -190,7 +190,7 @@ def test_report_is_self_contained(tmp_path, mlp):
     assert not re.search(r"<script[^>]+src=[\"']?https?:", page)
     assert not re.search(r"<link[^>]+href=[\"']?https?:", page)
     assert re.search(r"plotly\.js v\d", page)  # the bundle itself, inlined
-    assert page.count("<svg") >= 2 and "dp=99" in page and "dp=2 vs hp=2" in page
+    assert page.count("<svg") >= 2 and "dp=99" in page and "A = dp=2 vs B = hp=2" in page
 
 
 def test_cli_report_with_defaults_for_everything_but_size(tmp_path):
@@ -259,3 +259,14 @@ def test_compare_shows_the_previous_state_next_to_this_one(mlp, topology):
     assert any("before: sequential" in t for t in titles)
     assert any("now: dp=2" in t for t in titles)
     assert wb.session.previous.state.strategy.is_sequential
+
+
+def test_the_charts_take_the_dashboard_width_the_browser_reports(mlp, topology):
+    wb = Workbench(mlp, topology)
+    assert wb.gantt.layout.width is None  # nothing reported yet: plotly's default
+    wb.graph.dashboard_width_px = 1500  # what graph.js sets on render and on resize
+    assert wb.gantt.layout.width == wb.memory.layout.width == 1500
+    wb.set_strategy(dp=2)  # a redraw keeps the width
+    assert wb.gantt.layout.width == wb.memory.layout.width == 1500
+    wb.graph.dashboard_width_px = 900
+    assert wb.gantt.layout.width == wb.memory.layout.width == 900

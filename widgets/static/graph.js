@@ -50,24 +50,18 @@ function render({ model, el }) {
     view = { x: cx - ((cx - view.x) * k) / view.k, y: cy - ((cy - view.y) * k) / view.k, k };
     apply();
   };
-  const fit = () => {
+  // fit the graph to the panel's width (whole: and height), from its top (the default)
+  const fitter = (whole) => () => {
     const svg = stage.querySelector("svg");
     if (!svg) return;
     const w = svg.width.baseVal.value || 1;
     const h = svg.height.baseVal.value || 1;
-    const k = Math.min(port.clientWidth / w, port.clientHeight / h, 1);
+    const k = Math.min(port.clientWidth / w, whole ? port.clientHeight / h : 1, 1);
     view = { x: (port.clientWidth - w * k) / 2, y: 0, k };
     apply();
   };
-  // the default: the graph as wide as the panel, from its top (scroll or drag for more)
-  const fitWidth = () => {
-    const svg = stage.querySelector("svg");
-    if (!svg) return;
-    const w = svg.width.baseVal.value || 1;
-    const k = Math.min(port.clientWidth / w, 1);
-    view = { x: (port.clientWidth - w * k) / 2, y: 0, k };
-    apply();
-  };
+  const fit = fitter(true);
+  const fitWidth = fitter(false);
   bar.append(
     button("+", "zoom in", () => zoomAt(1.25, port.clientWidth / 2, port.clientHeight / 2)),
     button("−", "zoom out", () => zoomAt(0.8, port.clientWidth / 2, port.clientHeight / 2)),
@@ -131,18 +125,24 @@ function render({ model, el }) {
   };
   port.addEventListener("pointerup", stop);
   port.addEventListener("pointerleave", stop);
-
-  model.on("change:svg", draw);
-  model.on("change:legend_html", draw);
-  model.on("change:error", draw);
-  model.on("change:height_px", draw);
+  const drawn = ["svg", "legend_html", "error", "height_px"];
+  drawn.forEach((name) => model.on(`change:${name}`, draw));
   model.on("change:selected", highlight);
   draw();
-  return () => {
-    for (const name of ["svg", "legend_html", "error", "height_px"]) {
-      model.off(`change:${name}`, draw);
+  // the width of the dashboard around this view: Python sizes the charts by it
+  const measure = () => {
+    const width = Math.round(el.closest(".distir-workbench")?.clientWidth || 0);
+    if (width > 0 && width !== model.get("dashboard_width_px")) {
+      model.set("dashboard_width_px", width);
+      model.save_changes();
     }
+  };
+  const watcher = new ResizeObserver(measure); // on render, and as the window resizes
+  watcher.observe(el);
+  return () => {
+    drawn.forEach((name) => model.off(`change:${name}`, draw));
     model.off("change:selected", highlight);
+    watcher.disconnect();
   };
 }
 

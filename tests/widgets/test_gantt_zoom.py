@@ -1,0 +1,133 @@
+"""Gantt zoom from summary to detail: a time window shows its events, in Python."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ir
+from ir import models, transforms
+from ir.errors import DistIRError
+from widgets.breakdown import step_breakdown
+from widgets.gantt import (
+    DUR_S,
+    START_S,
+    bar_numbers,
+    gantt_figure,
+    gantt_spec,
+    gantt_traces,
+    op_id_at,
+)
+from widgets.gantt_zoom import GanttZoom
+from widgets.live import live_figure, plotted
+from widgets.timeline import GanttError
+
+
+@pytest.fixture(scope="module")
+def pipeline():
+    f = transforms.training(models.mlp(8, 4, 8, 4, layers=4))
+    g = transforms.pipeline_parallel(f, 2, 4)
+    return g, ir.simulate(g, ir.Topology.preset("a100-hgx", 2))
+
+
+def _overlapping(result, t0: float, t1: float) -> np.ndarray:
+    bars = result.bars
+    return (bars.start_s < t1) & (bars.start_s + bars.dur_s > t0)
+
+
+def test_a_window_shows_exactly_the_events_that_overlap_it(pipeline):
+    g, result = pipeline
+    t0, t1 = 0.3 * result.step_time_s, 0.5 * result.step_time_s
+    traces, _ = gantt_traces(result, g, window=(t0, t1))
+    shown = np.concatenate([bar_numbers(t) for t in traces[:2]])
+    assert len(shown) == int(_overlapping(result, t0, t1).sum()) < len(result.bars)
+    assert (shown[:, START_S] < t1).all() and (shown[:, START_S] + shown[:, DUR_S] > t0).all()
+    idle = bar_numbers(traces[2])
+    assert len(idle) and (idle[:, START_S] >= t0).all()
+    assert (idle[:, START_S] + idle[:, DUR_S] <= t1 * (1 + 1e-12)).all()
+    ids = [op_id_at(gantt_figure(result, g, window=(t0, t1)), 0, i) for i in range(3)]
+    assert all(i and i.startswith("op-") for i in ids)  # a click still selects the op
+
+
+def test_a_summarised_step_shows_a_windows_events_when_zoomed_in(pipeline):
+    g, result = pipeline
+    whole = gantt_figure(result, g, summary_above=5)
+    assert all(t.meta["summary"] for t in whole.data)
+    assert "zoom in to see events" in whole.layout.title.text
+    t0, t1 = 0.40 * result.step_time_s, 0.45 * result.step_time_s
+    per_device = np.bincount(result.bars.device[_overlapping(result, t0, t1)])
+    assert per_device.max() <= 5  # few enough in the window to draw one by one
+    zoomed = gantt_figure(result, g, window=(t0, t1), summary_above=5)
+    assert not any(t.meta.get("summary") for t in zoomed.data)
+    assert sum(len(t.x) for t in zoomed.data[:2]) == per_device.sum()
+    unit = 1e-6  # the step's unit (µs), kept in the window
+    assert list(zoomed.layout.xaxis.range) == pytest.approx([t0 / unit, t1 / unit])
+
+
+def test_a_window_still_too_dense_is_summarised_over_the_window(pipeline):
+    g, result = pipeline
+    t0, t1 = 0.1 * result.step_time_s, 0.9 * result.step_time_s
+    traces, _ = gantt_traces(result, g, window=(t0, t1), summary_above=2)
+    numbers = [bar_numbers(t) for t in traces]
+    parts = step_breakdown(result, (t0, t1))
+    for i, part in enumerate(parts):
+        compute, comm, idle = (n[i] for n in numbers)
+        assert compute[START_S] == pytest.approx(t0)
+        assert compute[DUR_S] + comm[DUR_S] + idle[DUR_S] == pytest.approx(t1 - t0)
+        assert part.events == int(_overlapping(result, t0, t1)[result.bars.device == i].sum())
+    assert sum(p.compute_s for p in parts) < sum(p.compute_s for p in step_breakdown(result))
+
+
+@pytest.mark.parametrize("window", [(2e-6, 1e-6), (1e-6, 1e-6), (0.0, float("nan")), ("a",)])
+def test_a_bad_window_is_a_clear_error(pipeline, window):
+    g, result = pipeline
+    with pytest.raises(GanttError, match="window") as caught:
+        gantt_figure(result, g, window=window)
+    assert isinstance(caught.value, DistIRError)
+
+
+def test_zooming_the_live_chart_redraws_it_in_place(pipeline):
+    g, result = pipeline
+    widget = live_figure(*gantt_spec(result, g, summary_above=5))
+    zoom = GanttZoom(widget, result, g, summary_above=5)
+    t0, t1 = 0.40 * result.step_time_s, 0.45 * result.step_time_s
+    unit = 1e-6
+    # what plotly.js sends when the user drags a window on the time axis
+    widget.plotly_relayout({"xaxis.range[0]": t0 / unit, "xaxis.range[1]": t1 / unit})
+    assert zoom.window == pytest.approx((t0, t1))
+    assert (
+        plotted(widget)[0]
+        == plotted(gantt_figure(result, g, window=zoom.window, summary_above=5))[0]
+    )
+    widget.plotly_relayout({"xaxis.autorange": True})  # a double-click: the whole step
+    assert zoom.window is None and all(t.meta["summary"] for t in widget.data)
+    # the next drag, though autorange may still read True on this side
+    widget.plotly_relayout({"xaxis.range": [t0 / unit, t1 / unit]})
+    assert zoom.window == pytest.approx((t0, t1))
+    assert not any(t.meta.get("summary") for t in widget.data)
+
+
+def test_a_step_drawn_bar_by_bar_is_left_to_plotlys_own_zoom(pipeline):
+    g, result = pipeline
+    widget = live_figure(*gantt_spec(result, g))
+    zoom = GanttZoom(widget, result, g)
+    before = plotted(widget)[0]
+    widget.plotly_relayout({"xaxis.range": [1.0, 2.0]})
+    assert zoom.window is None and plotted(widget)[0] == before
+
+
+def test_the_dashboard_zooms_its_gantt(pipeline):
+    from workbench import Workbench
+
+    wb = Workbench(
+        transforms.training(models.mlp(8, 4, 8, 4, layers=4)), ir.Topology.preset("a100-hgx", 2)
+    )
+    assert wb.set_strategy(pp=2, microbatches=4)
+    result = wb.session.current.result
+    assert wb.gantt_zoom is not None and wb.gantt_zoom.result is result
+    wb.gantt_zoom.summary_above = 5
+    wb.gantt_zoom.show(result, wb.session.current.function)
+    assert all(t.meta["summary"] for t in wb.gantt.data)
+    t0, t1 = 0.40 * result.step_time_s, 0.45 * result.step_time_s
+    wb.gantt.plotly_relayout({"xaxis.range": [t0 / 1e-6, t1 / 1e-6]})
+    assert not any(t.meta.get("summary") for t in wb.gantt.data)

@@ -1,0 +1,120 @@
+"""``python -m workbench lab``: the dashboard notebook open, no news pop-up over it."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from workbench.__main__ import DASHBOARD, LAB_OVERRIDES, NOTEBOOKS, lab_command, lab_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+CHROMIUM = Path("/usr/bin/chromium")
+NEWS = "Would you like to get notified about official Jupyter news?"
+
+
+def test_the_settings_overrides_keep_the_installations_own(tmp_path: Path) -> None:
+    defaults = tmp_path / "app" / "settings"
+    defaults.mkdir(parents=True)
+    theirs = {
+        "@jupyterlab/apputils-extension:themes": {"theme": "JupyterLab Dark"},
+        "@jupyterlab/apputils-extension:notification": {"doNotDisturbMode": True},
+    }
+    (defaults / "overrides.json").write_text(json.dumps(theirs))
+    (defaults / "page_config.json").write_text('{"disabledExtensions": {"x": true}}')
+    (tmp_path / "app" / "static").mkdir()
+    settings = lab_settings(tmp_path / "run", defaults)
+    written = json.loads((settings / "overrides.json").read_text())
+    notification = written["@jupyterlab/apputils-extension:notification"]
+    assert notification == {
+        "doNotDisturbMode": True,
+        "fetchNews": "false",
+        "checkForUpdates": False,
+    }
+    assert written["@jupyterlab/apputils-extension:themes"] == {"theme": "JupyterLab Dark"}
+    assert json.loads((settings / "page_config.json").read_text()) == {
+        "disabledExtensions": {"x": True}
+    }
+    assert (tmp_path / "run" / "static").resolve() == (tmp_path / "app" / "static").resolve()
+    assert json.loads((defaults / "overrides.json").read_text()) == theirs  # untouched
+
+
+def test_the_lab_starts_on_the_dashboard_with_its_settings(tmp_path: Path) -> None:
+    cmd = lab_command(port=1, token="t", app_settings_dir=tmp_path, as_root=False)
+    assert f"--LabApp.default_url=/lab/tree/{DASHBOARD}" in cmd
+    assert f"--LabApp.app_settings_dir={tmp_path}" in cmd
+    assert (NOTEBOOKS / DASHBOARD).is_file()
+    elsewhere = lab_command(port=1, token="t", notebook_dir=tmp_path, as_root=False)
+    assert not any(a.startswith("--LabApp.default_url") for a in elsewhere)  # no dashboard there
+    assert set(LAB_OVERRIDES) == {"@jupyterlab/apputils-extension:notification"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+@pytest.mark.timeout(300)
+def test_the_lab_opens_the_dashboard_without_the_news_pop_up(tmp_path: Path) -> None:
+    """The command the README gives, in Chromium, with a fresh user (no settings yet):
+    the first thing JupyterLab would otherwise show is the news question."""
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python")
+    port = _free_port()
+    env = dict(os.environ)
+    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "user-settings")  # a first start
+    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
+    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
+    log = (tmp_path / "lab.log").open("w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            assert server.poll() is None, (tmp_path / "lab.log").read_text()[-2000:]
+            try:
+                urllib.request.urlopen(f"{base}/api/status", timeout=5).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "JupyterLab did not answer within 120 s"
+                time.sleep(0.25)
+        with sync_api.sync_playwright() as pw:
+            browser = pw.chromium.launch(
+                executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
+            )
+            try:
+                page = browser.new_page(viewport={"width": 1280, "height": 900})
+                page.goto(f"{base}/")  # the start page, as `--browser` opens it
+                page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
+                tab = page.locator(".lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+                assert DASHBOARD in tab.all_text_contents()
+                assert f"/lab/tree/{DASHBOARD}" in page.url
+                # the question comes once the application is restored: give it time
+                page.wait_for_timeout(5000)
+                assert page.get_by_text(NEWS).count() == 0
+            finally:
+                browser.close()
+    finally:
+        server.send_signal(signal.SIGTERM)  # the workbench stops JupyterLab and its kernels
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
+        log.close()
