@@ -385,6 +385,7 @@ class _Megatron:
         self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
         self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
         self._bodies: dict[tuple, Function] = {}  # pmap bodies, shared by microbatches
+        self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
         self.acc: dict[Value, Value] = {}
         self.layouts: dict[str, tuple[str, ...]] = {}
         self.stage_of_key: dict[Value, int] = {}
@@ -500,9 +501,9 @@ class _Megatron:
         if home is None:
             raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
         src = self.vals[(key, mb, home)]
-        moved = self.b.call(
-            "SendEach", src, to_devices=self.devices(stage), name=f"{key.name}_mb{mb}_s{stage}"
-        )
+        attributes = {"to_devices": self.devices(stage)}
+        names = [f"{key.name}_mb{mb}_s{stage}"]
+        (moved,) = self._add(("send", key, home, stage), "SendEach", [src], attributes, names)
         self.vals[(key, mb, stage)] = moved
         return moved
 
@@ -543,7 +544,6 @@ class _Megatron:
     def _emit_ops(self, run: list[_Item], s: int, mb: int) -> None:
         if not run:
             return
-        b = self.b
         made = {v for item in run for v in item.outputs}
         inputs: list[Value] = []
         for item in run:
@@ -556,15 +556,31 @@ class _Megatron:
             return
         body = self._body(run, inputs, results, s)
         operands = [self.value(k, mb, s) for k in inputs]
-        op = b.add_op(
-            "Pmap",
-            operands,
-            {"device_var": _VAR},
-            names=[f"{v.name}_mb{mb}" for v in results],
-            subfunctions=[body],
-        )
-        for v, out in zip(results, op.outputs):
+        names = [f"{v.name}_mb{mb}" for v in results]
+        outs = self._add(("pmap", body), "Pmap", operands, {"device_var": _VAR}, names, body)
+        for v, out in zip(results, outs):
             self._made(v, mb, s, out)
+
+    def _add(
+        self,
+        step: tuple,
+        op_type: str,
+        inputs: list[Value],
+        attributes: dict[str, Any],
+        names: list[str],
+        body: Function | None = None,
+    ) -> tuple[Value, ...]:
+        """Append an op; ``step`` names what it does (its body, conversion, gradient or
+        transfer, which fix its attributes), and the same step of a later microbatch, on
+        operands of the same types, is added like the first (typed once:
+        ``FunctionBuilder.add_like``)."""
+        first = self._first.get(step)
+        if first is not None:
+            return self.b.add_like(first, inputs, names).outputs
+        bodies = [body] if body is not None else []
+        op = self.b.add_op(op_type, inputs, attributes, names=names, subfunctions=bodies)
+        self._first[step] = op
+        return op.outputs
 
     def _body(self, run: list[_Item], inputs: list[Value], results: list[Value], s: int):
         """The pmap body of ``run``: written once, shared by every microbatch that runs it
@@ -602,7 +618,9 @@ class _Megatron:
         if self.zero == 2:  # ZeRO-2: each microbatch's gradient reduce-scattered as made
             zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
             if zd is not None:
-                out = self._reduce_scatter(out, zd, f"{v.name}_mb{mb}_dp")
+                attributes = {"dim": zd, "op": "sum", "groups": self.dp_groups()}
+                names = [f"{v.name}_mb{mb}_dp"]
+                (out,) = self._add(("zero2", v), "ReduceScatter", [out], attributes, names)
         prev = self.acc.get(v)
         if prev is not None:
             out = self._pmap_add(prev, out, v, mb)
@@ -619,10 +637,8 @@ class _Megatron:
             q = body_b.input(v.name, elem)
             body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
             self._bodies[(v, elem)] = body
-        op = self.b.add_op(
-            "Pmap", [a, x], {"device_var": _VAR}, names=[f"{v.name}_acc{mb}"], subfunctions=[body]
-        )
-        return op.outputs[0]
+        names = [f"{v.name}_acc{mb}"]
+        return self._add(("pmap", body), "Pmap", [a, x], {"device_var": _VAR}, names, body)[0]
 
     def _reduce_gradient(self, v: Value, s: int) -> None:
         """All-reduce a weight gradient among the replicas holding the same shard (ZeRO-1:
@@ -651,20 +667,21 @@ class _Megatron:
     def _emit_conversion(self, item: _Item, s: int, mb: int) -> None:
         src, dst = item.src, item.dst
         xs = self.value(item.keys[0], mb, s)
-        name = f"{item.outputs[0].name}_mb{mb}"
+        names = [f"{item.outputs[0].name}_mb{mb}"]
         groups = self.tp_groups()
         if dst == R and src.kind == "S":
-            out = self.b.call("AllGather", xs, dim=src.dim, groups=groups, name=name)
+            op_type, attributes = "AllGather", {"dim": src.dim, "groups": groups}
         elif dst == R and src == P:
-            out = self.b.call("AllReduce", xs, op="sum", groups=groups, name=name)
+            op_type, attributes = "AllReduce", {"op": "sum", "groups": groups}
         elif dst.kind == "S" and src == P:
-            out = self.b.call("ReduceScatter", xs, dim=dst.dim, op="sum", groups=groups, name=name)
+            op_type, attributes = "ReduceScatter", {"dim": dst.dim, "op": "sum", "groups": groups}
         elif dst.kind == "S" and src == R:  # into a sequence-parallel region: no transfer
-            out = self.b.call("KeepShard", xs, dim=dst.dim, groups=groups, name=name)
+            op_type, attributes = "KeepShard", {"dim": dst.dim, "groups": groups}
         else:
             raise TransformError(
                 f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
             )
+        (out,) = self._add(("conversion", item, s), op_type, [xs], attributes, names)
         self._made(item.outputs[0], mb, s, out)
 
     # -- optimizer and outputs -------------------------------------------------------------
