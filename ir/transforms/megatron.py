@@ -70,13 +70,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..builder import FunctionBuilder, rebuild_op
+from ..builder import FunctionBuilder
+from ..errors import VerifyError
 from ..function import Function
 from ..layout import with_layouts
 from ..op import Op
 from ..registry import get_op
 from ..types import DeviceVar, TensorType, TupleType
 from ..value import Value
+from ..verify import describe_op
 from ._rewrite import (
     TransformError,
     batch_inputs,
@@ -127,6 +129,15 @@ class _Item:
     dst: Shard = R
     grads: list[Value] = field(default_factory=list)  # summed keys this item completes
     regather: bool = False  # a forward all-gather of token slices made again for backward
+
+
+def _copy_op(builder: FunctionBuilder, op: Op, inputs: list[Value]) -> tuple[Value, ...]:
+    """``op`` (of a plan's per-device program: built, so verified) added to ``builder`` on
+    ``inputs``, keeping its names: typed again only if the operand types differ."""
+    try:
+        return builder.add_like(op, inputs, [v.name for v in op.outputs]).outputs
+    except VerifyError as e:
+        raise VerifyError(f"{e}\n  while rebuilding: {describe_op(op)}") from None
 
 
 class _Megatron:
@@ -210,7 +221,7 @@ class _Megatron:
                     env[lv] = b.input(k.name, lv.type)
                     self.source_of[env[lv]] = k
                 ins.append(env[lv])
-            for x, y in zip(local.outputs, rebuild_op(b, local, ins)):
+            for x, y in zip(local.outputs, _copy_op(b, local, ins)):
                 env[x] = y
         self.key_of = {env[loc.env[k]]: k for k in loc.env if loc.env[k] in env}
         needed = [st.keys[0] for st in self.conv_dst.values()]
@@ -594,7 +605,7 @@ class _Megatron:
         for k in inputs:
             env[k] = body_b.input(k.name, self.hplan.local.value(k).type)
         for item in run:
-            outs = rebuild_op(body_b, item.op, [env[k] for k in item.keys])
+            outs = _copy_op(body_b, item.op, [env[k] for k in item.keys])
             for v, y in zip(item.outputs, outs):
                 env[v] = y
         body = self._bodies[key] = body_b.finish([env[v] for v in results])
