@@ -395,7 +395,8 @@ class _Megatron:
         b = self.b = FunctionBuilder(t.name)
         self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
         self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
-        self._bodies: dict[tuple, Function] = {}  # pmap bodies, shared by microbatches
+        self._bodies: dict[tuple, Function] = {}  # gradient sums' bodies, by gradient
+        self._runs: dict[tuple[_Item, ...], tuple] = {}  # each run of items: _body's answer
         self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
         self.acc: dict[Value, Value] = {}
         self.layouts: dict[str, tuple[str, ...]] = {}
@@ -555,17 +556,12 @@ class _Megatron:
     def _emit_ops(self, run: list[_Item], s: int, mb: int) -> None:
         if not run:
             return
-        made = {v for item in run for v in item.outputs}
-        inputs: list[Value] = []
-        for item in run:
-            for k in item.keys:
-                if k not in made and k not in inputs:
-                    inputs.append(k)
-        later = self._used_later(run)
-        results = [v for item in run for v in item.outputs if v in later]
+        key = tuple(run)
+        if key not in self._runs:  # the first microbatch to run these items
+            self._runs[key] = self._body(run, s)
+        inputs, results, body = self._runs[key]
         if not results:
             return
-        body = self._body(run, inputs, results, s)
         operands = [self.value(k, mb, s) for k in inputs]
         names = [f"{v.name}_mb{mb}" for v in results]
         outs = self._add(("pmap", body), "Pmap", operands, {"device_var": _VAR}, names, body)
@@ -593,13 +589,20 @@ class _Megatron:
         self._first[step] = op
         return op.outputs
 
-    def _body(self, run: list[_Item], inputs: list[Value], results: list[Value], s: int):
-        """The pmap body of ``run``: written once, shared by every microbatch that runs it
-        (a stage's microbatches run the same ops on the same shapes)."""
-        key = (tuple(run), tuple(inputs), tuple(results))
-        body = self._bodies.get(key)
-        if body is not None:
-            return body
+    def _body(self, run: list[_Item], s: int) -> tuple[list[Value], list[Value], Function | None]:
+        """The keys ``run`` reads, those it makes that are used later, and its pmap body
+        (None if nothing it makes is used): found once, shared by every microbatch that
+        runs it (a stage's microbatches run the same ops on the same shapes)."""
+        made = {v for item in run for v in item.outputs}
+        inputs: list[Value] = []
+        for item in run:
+            for k in item.keys:
+                if k not in made and k not in inputs:
+                    inputs.append(k)
+        later = self._used_later(run)
+        results = [v for item in run for v in item.outputs if v in later]
+        if not results:
+            return inputs, results, None
         body_b = FunctionBuilder(f"{self.t.name}_s{s}")
         env: dict[Value, Value] = {}
         for k in inputs:
@@ -608,8 +611,7 @@ class _Megatron:
             outs = _copy_op(body_b, item.op, [env[k] for k in item.keys])
             for v, y in zip(item.outputs, outs):
                 env[v] = y
-        body = self._bodies[key] = body_b.finish([env[v] for v in results])
-        return body
+        return inputs, results, body_b.finish([env[v] for v in results])
 
     def _used_later(self, run: list[_Item]) -> set[Value]:
         """The values ``run`` makes that an item outside it reads, or that are kept."""
