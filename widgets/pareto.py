@@ -82,11 +82,14 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
                 "line": {"color": OOM_COLOR, "dash": "dash"},
             }
         )
-    counts = {s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error")}
+    counts = {
+        s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error", "cancelled")
+    }
+    cancelled = f", {counts['cancelled']} cancelled" if counts["cancelled"] else ""
     layout = {
         "title": (
             f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "
-            f"{counts['error']} refused: step time against peak memory"
+            f"{counts['error']} refused{cancelled}: step time against peak memory"
         ),
         "xaxis": {"title": "peak memory per device (GiB)"},
         "yaxis": {"title": "step time (ms)"},

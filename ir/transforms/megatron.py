@@ -131,6 +131,10 @@ class _Item:
     regather: bool = False  # a forward all-gather of token slices made again for backward
 
 
+class TensorSplitError(TransformError):
+    """Tensor parallelism over the asked ranks splits no weight of the program."""
+
+
 def _copy_op(builder: FunctionBuilder, op: Op, inputs: list[Value]) -> tuple[Value, ...]:
     """``op`` (of a plan's per-device program: built, so verified) added to ``builder`` on
     ``inputs``, keeping its names: typed again only if the operand types differ."""
@@ -247,7 +251,7 @@ class _Megatron:
             lead = self._token_shape() if self.sequence_parallel else None
             hplan = horizontal_plan(self.piece, self.tp, _VAR, sequence=lead)
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
-                raise TransformError(
+                raise TensorSplitError(
                     f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
                     "parallelism splits MatMul pairs and attention heads)"
                 )
@@ -880,4 +884,29 @@ def gradient_accumulation(
     )
 
 
-__all__ = ["gradient_accumulation", "megatron"]
+def tensor_split_problem(t: Function, tp: int) -> str | None:
+    """Why :func:`megatron` cannot split any weight of ``t`` (a training or forward
+    program) over ``tp`` tensor-parallel ranks, or None if it can (or ``tp`` is 1).
+
+    Only the analysis runs (the data and tensor plans of one replica, one stage, one
+    microbatch): no program is built. Other problems are not this function's to report.
+
+    >>> import ir
+    >>> from ir.transforms import training
+    >>> one_layer = training(ir.models.mlp(8, 4, 4, 2, layers=1))
+    >>> print(tensor_split_problem(one_layer, 2).split(" (")[0])
+    tensor level: no weight of mlp splits 2 ways
+    >>> tensor_split_problem(training(ir.models.mlp(8, 4, 4, 2, layers=2)), 2) is None
+    True
+    """
+    tp = _positive("the tensor-parallel degree (tp)", tp)
+    try:
+        _Megatron(t, 1, tp, 1, 1, "1f1b", 1, 0)
+    except TensorSplitError as e:
+        return str(e)
+    except TransformError:
+        return None  # another level's problem: the strategies that meet it say it
+    return None
+
+
+__all__ = ["TensorSplitError", "gradient_accumulation", "megatron", "tensor_split_problem"]

@@ -73,3 +73,15 @@ def test_rows_html_tables_two_rows_figures_side_by_side(result) -> None:
     assert f"<tr><th>step time</th><td>{step}</td><td></td></tr>" in table
     why = html.escape(refused.error)
     assert f"<tr><th>why not simulated</th><td></td><td>{why}</td></tr>" in table
+
+
+def test_the_title_counts_cancelled_strategies_and_leaves_them_out(result) -> None:
+    assert "cancelled" not in pareto_spec(result)["layout"]["title"]
+    rows = [
+        replace(r, status="cancelled") if r.ok and i % 2 else r for i, r in enumerate(result.rows)
+    ]
+    n = sum(r.status == "cancelled" for r in rows)
+    spec = pareto_spec(type(result)(rows))
+    assert f"refused, {n} cancelled: step time" in spec["layout"]["title"]
+    drawn = {t for trace in spec["traces"] for t in trace["text"]}
+    assert not drawn & {str(r.strategy) for r in rows if r.status == "cancelled"}
