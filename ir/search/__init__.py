@@ -113,12 +113,12 @@ def search(
     rows: dict[Strategy, Row] = {s: Row(s, "pruned", error=why) for s, why in pruned.items()}
     todo = [s for s in space if s not in pruned]
     args = (t, topology, rows_of_batch, tokens, model_flops, peak)
-    bar = tqdm(total=len(todo), desc="simulating strategies", disable=not progress)
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise SearchError(
             "executor must have submit(fn, *args) (a concurrent.futures executor or "
             f"a dask.distributed Client), got {type(executor).__name__}"
         )
+    bar = tqdm(total=len(todo), desc="simulating strategies", disable=not progress)
     with bar:
         if executor is None:
             try:
@@ -128,8 +128,10 @@ def search(
             except KeyboardInterrupt:
                 pass  # the rows so far; the rest are cancelled below
         else:
-            futures = [(s, executor.submit(_simulate, s, *args)) for s in todo]
+            futures: list[tuple[Strategy, Any]] = []
             try:
+                for s in todo:
+                    futures.append((s, executor.submit(_simulate, s, *args)))
                 for s, future in futures:
                     rows[s] = future.result()
                     bar.update()

@@ -264,11 +264,14 @@ class _InterruptedExecutor:
     """Runs the first two strategies, is interrupted waiting for the third (the user's
     Ctrl-C), whose worker was interrupted too; the rest never started."""
 
-    def __init__(self) -> None:
+    def __init__(self, while_submitting: bool = False) -> None:
         self.futures: list[_Future] = []
+        self.while_submitting = while_submitting  # Ctrl-C while the third is submitted
 
     def submit(self, fn, s, *args):
         n = len(self.futures)
+        if n == 2 and self.while_submitting:
+            raise KeyboardInterrupt
         if n < 2:
             future = _Future(fn(s, *args))
         elif n == 2:
@@ -280,8 +283,15 @@ class _InterruptedExecutor:
 
 
 def test_an_interrupted_search_on_an_executor_keeps_what_finished_and_cancels_the_rest():
-    executor = _InterruptedExecutor()
     space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1]}
+    executor = _InterruptedExecutor(while_submitting=True)
+    result = search(
+        GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
+    )
+    built = [r for r in result.rows if r.status != "pruned"]
+    assert len(executor.futures) == 2 and len(built) > 3
+    assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
+    executor = _InterruptedExecutor()
     result = search(
         GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
     )
