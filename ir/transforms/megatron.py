@@ -399,7 +399,7 @@ class _Megatron:
         b = self.b = FunctionBuilder(t.name)
         self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
         self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
-        self._bodies: dict[tuple, Function] = {}  # gradient sums' bodies, by gradient
+        self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
         self._runs: dict[tuple[_Item, ...], tuple] = {}  # each run of items: _body's answer
         self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
         self.acc: dict[Value, Value] = {}
@@ -646,14 +646,14 @@ class _Megatron:
             self._reduce_gradient(v, s)
 
     def _pmap_add(self, a: Value, x: Value, v: Value, mb: int) -> Value:
-        elem = a.type.elements[0].with_device(DeviceVar(_VAR))
-        body = self._bodies.get((v, elem))
-        if body is None:  # one per gradient, shared by its microbatches
+        body = self._bodies.get(v)
+        if body is None:  # one per gradient, shared by its microbatches (of one shape)
+            elem = a.type.elements[0].with_device(DeviceVar(_VAR))
             body_b = FunctionBuilder(f"{v.name}_acc")
             p = body_b.input(f"{v.name}_acc", elem)
             q = body_b.input(v.name, elem)
             body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
-            self._bodies[(v, elem)] = body
+            self._bodies[v] = body
         names = [f"{v.name}_acc{mb}"]
         return self._add(("pmap", body), "Pmap", [a, x], {"device_var": _VAR}, names, body)[0]
 
