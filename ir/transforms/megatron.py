@@ -390,7 +390,14 @@ class _Megatron:
         return [[i * self.tp + j for i in range(self.dp)] for j in range(self.tp)]
 
     def flat_type(self, local: TensorType, stage: int) -> TupleType:
-        return TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
+        """``local`` on each device of ``stage``: made once per (type, pipeline rank), as
+        a model's many equal weight and optimizer-state shards of a stage share it."""
+        key = (local, stage % self.pp)
+        found = self._flat.get(key)
+        if found is None:
+            found = TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
+            self._flat[key] = found
+        return found
 
     # -- emission --------------------------------------------------------------------------
 
@@ -402,6 +409,7 @@ class _Megatron:
         self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
         self._runs: dict[tuple[_Item, ...], tuple] = {}  # each run of items: _body's answer
         self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
+        self._flat: dict[tuple[TensorType, int], TupleType] = {}  # see flat_type
         self.acc: dict[Value, Value] = {}
         self.layouts: dict[str, tuple[str, ...]] = {}
         self.stage_of_key: dict[Value, int] = {}
@@ -419,9 +427,12 @@ class _Megatron:
             for k in item.keys:
                 self._items_reading.setdefault(k, []).append(item)
         post_users_of: dict[Value, list[Op]] = {}
+        updating: dict[Value, list[Op]] = {}  # weight -> the optimizer steps that update it
         for op in self.post:
             for k in dict.fromkeys(self.post_keys[op]):
                 post_users_of.setdefault(k, []).append(op)
+            updating.setdefault(self.post_keys[op][0], []).append(op)
+        post_states = self._post_states(piece_inputs)
         for v in t.inputs:
             p = piece_inputs.get(v)
             post_users = post_users_of.get(v, [])
@@ -431,10 +442,9 @@ class _Megatron:
                 continue
             if dplan.state[v] == R:
                 stage = self._weight_stage(v, p, post_users)
-                for op in self.post:
-                    if self.post_keys[op][0] is v:
-                        self.stage_of_post[op] = stage
-                state = hplan.state.get(p, R) if p is not None else self._post_state(v)
+                for op in updating.get(v, ()):
+                    self.stage_of_post[op] = stage
+                state = hplan.state.get(p, R) if p is not None else post_states.get(v, R)
                 local = self._local_type(v.type, state, stage)
                 dp_level = f"R@{self.dp}"
                 zd = self._zero_axis(self.state_of.get(v)) if p is None else None
@@ -482,15 +492,17 @@ class _Megatron:
             )
         return stages.pop() if stages else 0
 
-    def _post_state(self, v: Value) -> Shard:
-        """The tensor-parallel state of an optimizer-only input: its weight's."""
-        piece_inputs = {k: q for q, k in self.source_of.items()}
+    def _post_states(self, piece_inputs: Mapping[Value, Value]) -> dict[Value, Shard]:
+        """The tensor-parallel state of each optimizer operand: that of the weight of the
+        first optimizer step reading it whose weight the piece reads (an optimizer-only
+        input, Adam's moments say, is laid out as its weight)."""
+        states: dict[Value, Shard] = {}
         for op in self.post:
-            if v in self.post_keys[op]:
-                p = piece_inputs.get(self.post_keys[op][0])
-                if p is not None:
-                    return self.hplan.state.get(p) or R
-        return R
+            p = piece_inputs.get(self.post_keys[op][0])
+            if p is not None:
+                for k in self.post_keys[op]:
+                    states.setdefault(k, self.hplan.state.get(p) or R)
+        return states
 
     def _local_type(self, t: TensorType, state: Shard | None, stage: int) -> TensorType:
         if state is not None and state.kind == "S":
@@ -661,7 +673,7 @@ class _Megatron:
         """All-reduce a weight gradient among the replicas holding the same shard (ZeRO-1:
         reduce-scatter it, each replica keeping the part its optimizer-state shard updates;
         ZeRO-2 has reduce-scattered every microbatch's already)."""
-        piece_value = next(p for p, h in self.final.items() if h is v)
+        piece_value = self._piece_of_final[v]  # each piece output has its own final value
         source = self.dplan_source(piece_value)
         if source is None or self.dp == 1:
             return
@@ -705,6 +717,10 @@ class _Megatron:
 
     def _optimizer_and_outputs(self) -> tuple[list[Value], list]:
         t, dplan = self.t, self.dplan
+        self._post_making: dict[Value, Op] = {}  # each optimizer result -> its step
+        for op in self.post:
+            for out in op.outputs:
+                self._post_making.setdefault(out, op)
         glob: dict[Value, Value] = {}
         final_piece_of = {k: p for p, k in self.key_of.items() if p in self.final}
         for dst, st in self.conv_dst.items():
@@ -782,7 +798,7 @@ class _Megatron:
     def _update_layout(self, key: Value) -> tuple[str, ...] | None:
         """The layout of an optimizer result: that of the input it is the next step's
         value of (result 0 the parameter, then the state operands in order)."""
-        op = next((op for op in self.post if key in op.outputs), None)
+        op = self._post_making.get(key)
         if op is None:
             return None
         opdef = get_op(op.op_type)
