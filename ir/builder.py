@@ -119,6 +119,8 @@ class FunctionBuilder:
         each step once. ``like`` must be a verified op (one a builder added).
         """
         self._check_open()
+        if not isinstance(like, Op):
+            raise VerifyError(f"add_like copies an Op (one a builder added), got {like!r}")
         self._check_operands(like.op_type, inputs)
         same = len(inputs) == len(like.inputs) and all(
             [v.type is u.type or v.type == u.type for v, u in zip(inputs, like.inputs)]

@@ -301,6 +301,8 @@ def test_add_like_refuses_operands_from_elsewhere_a_wrong_name_count_and_a_close
         b.add_like(relu, ["x"], ["z"])
     with pytest.raises(VerifyError, match=r"Relu has 1 result\(s\), got 2 names"):
         b.add_like(relu, [x], ["z", "w"])
+    with pytest.raises(VerifyError, match=r"add_like copies an Op .*, got 'Relu'"):
+        b.add_like("Relu", [x], ["z"])
     assert b.ops == (relu,)
     b.finish(relu.outputs)
     with pytest.raises(VerifyError, match="is finished"):
