@@ -107,6 +107,51 @@ class FunctionBuilder:
         self._defined.update(outputs)
         return op
 
+    def add_like(self, like: Op, inputs: Sequence[Value], names: Sequence[str]) -> Op:
+        """Append an op like ``like`` (same type, attributes, bodies and op name) on ``inputs``.
+
+        Equal to ``add_op(like.op_type, inputs, like.attributes, names=names,
+        subfunctions=like.subfunctions, op_name=like.name)``, without asking the type rule
+        again when the operands have ``like``'s operand types: the results then have
+        ``like``'s result types, and the new op shares its (read-only) attributes. Type
+        rules depend on nothing else, so this is how a program that repeats a step (a
+        pipeline stage's microbatches run the same pmap bodies and collectives) types
+        each step once. ``like`` must be a verified op (one a builder added).
+        """
+        self._check_open()
+        if not isinstance(like, Op):
+            raise VerifyError(f"add_like copies an Op (one a builder added), got {like!r}")
+        self._check_operands(like.op_type, inputs)
+        same = len(inputs) == len(like.inputs) and all(
+            [v.type is u.type or v.type == u.type for v, u in zip(inputs, like.inputs)]
+        )
+        if not same:  # not a repeat after all: the rule decides
+            return self.add_op(
+                like.op_type,
+                inputs,
+                like.attributes,
+                names=names,
+                subfunctions=like.subfunctions,
+                op_name=like.name,
+            )
+        if len(names) != len(like.outputs):
+            raise VerifyError(
+                f"{like.op_type} has {len(like.outputs)} result(s), got {len(names)} names"
+            )
+        outputs = tuple([Value(n, v.type) for n, v in zip(names, like.outputs)])
+        op = Op(
+            like.op_type,
+            tuple(inputs),
+            outputs,
+            like.attributes,
+            like.device,
+            like.subfunctions,
+            like.name,
+        )
+        self._ops.append(op)
+        self._defined.update(outputs)
+        return op
+
     def add_inferred(
         self,
         op_type: str,

@@ -17,7 +17,7 @@ from .live import live_figure, show
 from .measured import measured_vs_simulated_figure, measured_vs_simulated_spec
 from .memory import memory_figure, memory_spec
 from .palette import device_color
-from .pareto import pareto_figure, pareto_spec
+from .pareto import pareto_figure, pareto_spec, picked_annotations, rows_html
 from .static_html import (
     compare_page,
     figure_html,
@@ -65,8 +65,10 @@ __all__ = [
     "page_html",
     "pareto_figure",
     "pareto_spec",
+    "picked_annotations",
     "render_graph",
     "report_page",
+    "rows_html",
     "shape_label",
     "show",
     "value_names",

@@ -2,11 +2,15 @@
 the Pareto front joined, points over a device's capacity crossed out.
 
 :func:`pareto_spec` computes what is drawn (tested without a browser);
-:func:`pareto_figure` makes it a plotly figure.
+:func:`pareto_figure` makes it a plotly figure. Two picked strategies are labelled on it
+(:func:`picked_annotations`) and their figures tabled side by side (:func:`rows_html`).
 """
 
 from __future__ import annotations
 
+import html
+import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import plotly.graph_objects as go
@@ -14,9 +18,10 @@ import plotly.graph_objects as go
 from .live import TEMPLATE
 from .memory import CAPACITY_OFF_SCALE
 from .palette import DEVICE_PALETTE, OOM_COLOR
+from .units import format_bytes, format_time
 
 if TYPE_CHECKING:
-    from ir.search import SearchResult
+    from ir.search import Row, SearchResult
 
 FRONT_COLOR = "#222222"
 
@@ -90,11 +95,14 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
                 "line": {"color": OOM_COLOR, "dash": "dash"},
             }
         )
-    counts = {s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error")}
+    counts = {
+        s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error", "cancelled")
+    }
+    cancelled = f", {counts['cancelled']} cancelled" if counts["cancelled"] else ""
     layout = {
         "title": (
             f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "
-            f"{counts['error']} refused: step time against peak memory{note}"
+            f"{counts['error']} refused{cancelled}: step time against peak memory{note}"
         ),
         "xaxis": {"title": "peak memory per device (GiB)"},
         "yaxis": {"title": "step time (ms)"},
@@ -114,4 +122,59 @@ def pareto_figure(result: SearchResult, capacity_bytes: float | None = None) -> 
     return figure
 
 
-__all__ = ["pareto_figure", "pareto_spec"]
+def picked_annotations(rows: Sequence[Row], labels: Sequence[str] = "AB") -> list[dict[str, Any]]:
+    """One plotly annotation per picked row: its label (``A``, ``B``) with an arrow to its
+    point (peak memory in GiB, step time in ms, as :func:`pareto_spec` draws it)."""
+    return [
+        {
+            "x": row.peak_memory_bytes * 2**-30,
+            "y": row.step_time_s * 1e3,
+            "xref": "x",
+            "yref": "y",
+            "text": f"<b>{html.escape(label)}</b>",
+            "showarrow": True,
+            "arrowhead": 2,
+            "ax": 18,
+            "ay": -24,
+            "font": {"color": FRONT_COLOR, "size": 14},
+        }
+        for label, row in zip(labels, rows)
+    ]
+
+
+_FIGURES = (  # (heading, how a row's figure is written)
+    ("step time", lambda r: format_time(r.step_time_s)),
+    ("samples/s", lambda r: f"{r.samples_per_s:.4g}"),
+    ("MFU", lambda r: f"{r.mfu:.1%}"),
+    ("peak memory per device", lambda r: format_bytes(r.peak_memory_bytes)),
+    ("exposed communication", lambda r: format_time(r.exposed_comm_s)),
+    ("bubble", lambda r: f"{r.bubble:.1%}"),
+)
+
+
+def rows_html(rows: Sequence[Row], labels: Sequence[str] = "AB") -> str:
+    """The search's figures of ``rows`` side by side: an HTML table with one column per
+    row (headed ``label: strategy``), one line per figure; a row not simulated says why."""
+    head = "".join(
+        f"<th>{html.escape(label)}: {html.escape(str(r.strategy))}</th>"
+        for label, r in zip(labels, rows)
+    )
+    lines = []
+    for heading, shown in _FIGURES:
+        cells = "".join(
+            f"<td>{'' if math.isnan(r.step_time_s) else html.escape(shown(r))}</td>" for r in rows
+        )
+        lines.append(f"<tr><th>{heading}</th>{cells}</tr>")
+    if any(r.error for r in rows):
+        cells = "".join(f"<td>{html.escape(r.error or '')}</td>" for r in rows)
+        lines.append(f"<tr><th>why not simulated</th>{cells}</tr>")
+    return (
+        '<table class="distir-search-rows"><tr><th></th>'
+        + head
+        + "</tr>"
+        + "".join(lines)
+        + "</table>"
+    )
+
+
+__all__ = ["pareto_figure", "pareto_spec", "picked_annotations", "rows_html"]

@@ -34,7 +34,6 @@ from widgets import (
     compare_figure,
     gantt_figure,
     memory_figure,
-    pareto_figure,
 )
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.gantt_zoom import GanttZoom
@@ -44,6 +43,7 @@ from widgets.memory import memory_spec
 from widgets.units import format_bytes, format_time
 
 from .editor import ShardingEditor
+from .search_panel import SearchPanel
 from .session import (
     SCHEDULES,
     Annotation,
@@ -205,6 +205,7 @@ class Workbench(w.VBox):
         self.search_box = w.Box(layout={"width": "100%"})
         self.search_box.add_class("distir-search-result")
         self.search_result: SearchResult | None = None
+        self.search_panel = SearchPanel(self._load_search_row)
         self.gantt: go.FigureWidget | None = None
         self.gantt_zoom: GanttZoom | None = None
         self.memory: go.FigureWidget | None = None
@@ -575,19 +576,33 @@ class Workbench(w.VBox):
     def search(self, **space: Any) -> SearchResult:
         """Simulate every strategy of the ready transforms on all the devices (the space of
         :func:`ir.search.search`, narrowed by ``space``) and show the step time x memory
-        chart below the dashboard; clicking a point applies its strategy."""
+        chart below the dashboard (:class:`~workbench.search_panel.SearchPanel`): clicking
+        a point applies its strategy; with "Compare two" on, the last two points clicked
+        are shown side by side."""
         self.editor.busy("simulating every strategy…")
         space.setdefault("progress", False)
         topology = self.session.topology
         result = search_strategies(self.session.base, topology, optimizer=None, **space)
         self.search_result = result
         capacity = min(d.memory_bytes for d in topology.devices)
-        figure = go.FigureWidget(pareto_figure(result, capacity_bytes=capacity))
-        for trace in figure.data:
-            trace.on_click(self._on_search_click)
-        self.search_box.children = [figure]
+        self.search_panel.show(result, capacity_bytes=capacity)
+        self.search_box.children = [self.search_panel]
         self.editor.refresh()
         return result
+
+    def compare_search_rows(self, a: SearchRow, b: SearchRow) -> go.Figure:
+        """Load searched strategies ``a`` then ``b`` and show them side by side below the
+        chart, as two clicks with "Compare two" on do; return the comparison's figure.
+        A row the ready transforms cannot express raises SessionError with the reason."""
+        if self.search_result is None:
+            raise SessionError("compare_search_rows: run search() first")
+        panel = self.search_panel
+        panel.compare_mode.value = True
+        panel.clear()  # these two, whatever was picked before
+        for row in (a, b):
+            if not panel.pick(row):
+                raise SessionError(f"cannot load {row.strategy}: {self.session.error}")
+        return panel.comparison.children[-1]
 
     def apply_search_row(self, row: SearchRow) -> bool:
         """Apply a searched strategy through the ready transforms (one the dashboard's knobs
@@ -603,13 +618,9 @@ class Workbench(w.VBox):
             dp=s.dp, hp=s.tp, pp=s.pp, microbatches=s.microbatches, schedule=s.schedule
         )
 
-    def _on_search_click(self, trace: Any, points: Any, _state: Any) -> None:
-        if not points.point_inds or self.search_result is None:
-            return
-        label = trace.text[points.point_inds[0]]
-        row = next((r for r in self.search_result.rows if str(r.strategy) == label), None)
-        if row is not None:
-            self.apply_search_row(row)
+    def _load_search_row(self, row: SearchRow) -> Derived | None:
+        """The search panel's click: apply ``row``; the state shown, or None if refused."""
+        return self.session.current if self.apply_search_row(row) else None
 
     def _show_comparison(self) -> None:
         if self.session.previous is None:

@@ -16,11 +16,16 @@ The space (``dp``, ``tp``, ``pp``, ``microbatches``, ``schedules``, ``chunks``,
 (:func:`ir.search.space.prune`: the batch does not divide, the state alone does not
 fit, another point is at least as good by construction), and every survivor is built
 by ``T.megatron`` and simulated (rank classes walked once: ``ir.simulate``). A
-strategy the transform refuses is a row with its error, not a failed search.
+strategy the transform refuses is a row with its error, not a failed search; a request
+nothing can satisfy (degrees beyond the devices, a batch smaller than dp, tensor
+parallelism on a model it cannot split) is a :class:`SearchError` naming the constraint;
+a search interrupted (Ctrl-C, the kernel's interrupt) returns the rows made so far, the
+others ``"cancelled"``.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -65,6 +70,10 @@ def search(
     ``dask.distributed.Client`` when the work outgrows one machine (programs and
     topologies pickle). The rows are the same either way, in the space's order.
     Returns a :class:`SearchResult` (``.rows``, ``.pareto()``, ``.best()``, CSV).
+
+    Interrupted (KeyboardInterrupt), it returns what it has: the rows simulated so far,
+    the pruned ones, and the others with status ``"cancelled"`` (an executor's pending
+    work is cancelled).
     """
     from tqdm.auto import tqdm
 
@@ -95,6 +104,7 @@ def search(
         sequence_parallel=sequence_parallel,
         recompute=recompute,
     )
+    _check_request(len(topology.devices), rows_of_batch, t, space, dp=dp, tp=tp, pp=pp)
     capacity = min(d.memory_bytes for d in topology.devices)
     pruned = prune(space, ModelFacts.of(t, rows_of_batch), capacity)
     model_flops, dtype = _flops(t)
@@ -103,23 +113,91 @@ def search(
     rows: dict[Strategy, Row] = {s: Row(s, "pruned", error=why) for s, why in pruned.items()}
     todo = [s for s in space if s not in pruned]
     args = (t, topology, rows_of_batch, tokens, model_flops, peak)
+    if executor is not None and not callable(getattr(executor, "submit", None)):
+        raise SearchError(
+            "executor must have submit(fn, *args) (a concurrent.futures executor or "
+            f"a dask.distributed Client), got {type(executor).__name__}"
+        )
     bar = tqdm(total=len(todo), desc="simulating strategies", disable=not progress)
     with bar:
         if executor is None:
-            for s in todo:
-                rows[s] = _simulate(s, *args)
-                bar.update()
+            try:
+                for s in todo:
+                    rows[s] = _simulate(s, *args)
+                    bar.update()
+            except KeyboardInterrupt:
+                pass  # the rows so far; the rest are cancelled below
         else:
-            if not callable(getattr(executor, "submit", None)):
-                raise SearchError(
-                    "executor must have submit(fn, *args) (a concurrent.futures executor or "
-                    f"a dask.distributed Client), got {type(executor).__name__}"
-                )
-            futures = [(s, executor.submit(_simulate, s, *args)) for s in todo]
-            for s, future in futures:
-                rows[s] = future.result()
-                bar.update()
-    return SearchResult([rows[s] for s in space])
+            futures: list[tuple[Strategy, Any]] = []
+            try:
+                for s in todo:
+                    futures.append((s, executor.submit(_simulate, s, *args)))
+                for s, future in futures:
+                    rows[s] = future.result()
+                    bar.update()
+            except KeyboardInterrupt:
+                for s, future in futures:
+                    if s not in rows:
+                        _keep_if_done(rows, s, future)
+    cancelled = "the search was interrupted before this strategy was simulated"
+    return SearchResult([rows.get(s) or Row(s, "cancelled", error=cancelled) for s in space])
+
+
+def _keep_if_done(rows: dict[Strategy, Row], s: Strategy, future: Any) -> None:
+    """After an interrupt: keep a finished future's row, cancel an unfinished one."""
+    if not future.done():
+        future.cancel()
+        return
+    with contextlib.suppress(Exception, KeyboardInterrupt):  # its worker interrupted, or lost
+        rows[s] = future.result()  # finished: no wait
+
+
+def _check_request(
+    devices: int,
+    batch: int,
+    t: Function,
+    space: list[Strategy],
+    *,
+    dp: Iterable[int] | int | None,
+    tp: Iterable[int] | int | None,
+    pp: Iterable[int] | int | None,
+) -> None:
+    """Refuse, naming the constraint, a request that no strategy could satisfy."""
+    asked = {name: _listed(given) for name, given in (("dp", dp), ("tp", tp), ("pp", pp))}
+    for name, degrees in asked.items():
+        over = [d for d in degrees or () if d > devices]
+        if over:
+            raise SearchError(
+                f"{name}={over[0]} needs at least {over[0]} devices; the topology has "
+                f"{devices} (a search runs on all of them: dp x tp x pp = {devices})"
+            )
+    if not space:
+        shown = ", ".join(f"{n}={list(d)}" for n, d in asked.items() if d is not None)
+        raise SearchError(
+            f"no dp x tp x pp of the degrees asked ({shown}) uses exactly the topology's "
+            f"{devices} devices, as a search does"
+        )
+    big = [d for d in asked["dp"] or () if d > batch]
+    if big:
+        raise SearchError(
+            f"the batch of {batch} is smaller than dp={big[0]}: every data-parallel replica "
+            "needs at least one sample; ask for smaller dp or build the model with a larger "
+            "batch"
+        )
+    if asked["tp"] and min(asked["tp"]) > 1:
+        from ..transforms.megatron import tensor_split_problem
+
+        problems = [tensor_split_problem(t, k) for k in sorted(set(asked["tp"]))]
+        if all(problems):
+            raise SearchError(
+                f"tensor parallelism cannot split {t.name}: {problems[0]}; search with tp=1"
+            )
+
+
+def _listed(given: Iterable[int] | int | None) -> list[int] | None:
+    if given is None:
+        return None
+    return [given] if isinstance(given, int) else list(given)
 
 
 def _simulate(
@@ -138,6 +216,9 @@ def _simulate(
         r = simulate(g, topology)
     except DistIRError as e:
         return Row(s, "error", error=str(e).splitlines()[0])
+    except Exception as e:  # a bug, not the strategy's fault: reported, not fatal
+        why = (str(e).splitlines() or [""])[0]
+        return Row(s, "error", error=f"internal error ({type(e).__name__}): {why}")
     step = r.step_time_s
     devices = r.devices
     peak = max(r.peak_memory_bytes.values())

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .space import SearchError, Strategy
 
-STATUSES = ("ok", "over capacity", "pruned", "error")
+STATUSES = ("ok", "over capacity", "pruned", "error", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,8 @@ class Row:
 
     ``status``: ``"ok"`` (simulated, fits), ``"over capacity"`` (simulated, a device's
     peak exceeds its memory), ``"pruned"`` (not built; ``error`` says why) or
-    ``"error"`` (the transform refused it; ``error`` is its message).
+    ``"error"`` (the transform refused it; ``error`` is its message) or ``"cancelled"``
+    (the search was interrupted before it ran).
     ``exposed_comm_s``: mean over devices of the time communication runs while the
     device computes nothing; ``bubble``: mean fraction of the step a device neither
     computes nor communicates; ``mfu``: the sequential step's FLOPs over the step time

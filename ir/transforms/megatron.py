@@ -70,13 +70,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..builder import FunctionBuilder, rebuild_op
+from ..builder import FunctionBuilder
+from ..errors import VerifyError
 from ..function import Function
 from ..layout import with_layouts
 from ..op import Op
 from ..registry import get_op
 from ..types import DeviceVar, TensorType, TupleType
 from ..value import Value
+from ..verify import describe_op
 from ._rewrite import (
     TransformError,
     batch_inputs,
@@ -127,6 +129,19 @@ class _Item:
     dst: Shard = R
     grads: list[Value] = field(default_factory=list)  # summed keys this item completes
     regather: bool = False  # a forward all-gather of token slices made again for backward
+
+
+class TensorSplitError(TransformError):
+    """Tensor parallelism over the asked ranks splits no weight of the program."""
+
+
+def _copy_op(builder: FunctionBuilder, op: Op, inputs: list[Value]) -> tuple[Value, ...]:
+    """``op`` (of a plan's per-device program: built, so verified) added to ``builder`` on
+    ``inputs``, keeping its names: typed again only if the operand types differ."""
+    try:
+        return builder.add_like(op, inputs, [v.name for v in op.outputs]).outputs
+    except VerifyError as e:
+        raise VerifyError(f"{e}\n  while rebuilding: {describe_op(op)}") from None
 
 
 class _Megatron:
@@ -210,7 +225,7 @@ class _Megatron:
                     env[lv] = b.input(k.name, lv.type)
                     self.source_of[env[lv]] = k
                 ins.append(env[lv])
-            for x, y in zip(local.outputs, rebuild_op(b, local, ins)):
+            for x, y in zip(local.outputs, _copy_op(b, local, ins)):
                 env[x] = y
         self.key_of = {env[loc.env[k]]: k for k in loc.env if loc.env[k] in env}
         needed = [st.keys[0] for st in self.conv_dst.values()]
@@ -243,7 +258,7 @@ class _Megatron:
                 )
             hplan = horizontal_plan(self.piece, self.tp, _VAR, sequence=lead)
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
-                raise TransformError(
+                raise TensorSplitError(
                     f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
                     "parallelism splits MatMul pairs and attention heads)"
                 )
@@ -382,7 +397,14 @@ class _Megatron:
         return [[i * self.tp + j for i in range(self.dp)] for j in range(self.tp)]
 
     def flat_type(self, local: TensorType, stage: int) -> TupleType:
-        return TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
+        """``local`` on each device of ``stage``: made once per (type, pipeline rank), as
+        a model's many equal weight and optimizer-state shards of a stage share it."""
+        key = (local, stage % self.pp)
+        found = self._flat.get(key)
+        if found is None:
+            found = TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
+            self._flat[key] = found
+        return found
 
     # -- emission --------------------------------------------------------------------------
 
@@ -391,7 +413,10 @@ class _Megatron:
         b = self.b = FunctionBuilder(t.name)
         self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
         self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
-        self._bodies: dict[tuple, Function] = {}  # pmap bodies, shared by microbatches
+        self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
+        self._runs: dict[tuple[_Item, ...], tuple] = {}  # each run of items: _body's answer
+        self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
+        self._flat: dict[tuple[TensorType, int], TupleType] = {}  # see flat_type
         self.acc: dict[Value, Value] = {}
         self.layouts: dict[str, tuple[str, ...]] = {}
         self.stage_of_key: dict[Value, int] = {}
@@ -409,9 +434,12 @@ class _Megatron:
             for k in item.keys:
                 self._items_reading.setdefault(k, []).append(item)
         post_users_of: dict[Value, list[Op]] = {}
+        updating: dict[Value, list[Op]] = {}  # weight -> the optimizer steps that update it
         for op in self.post:
             for k in dict.fromkeys(self.post_keys[op]):
                 post_users_of.setdefault(k, []).append(op)
+            updating.setdefault(self.post_keys[op][0], []).append(op)
+        post_states = self._post_states(piece_inputs)
         for v in t.inputs:
             p = piece_inputs.get(v)
             post_users = post_users_of.get(v, [])
@@ -421,10 +449,9 @@ class _Megatron:
                 continue
             if dplan.state[v] == R:
                 stage = self._weight_stage(v, p, post_users)
-                for op in self.post:
-                    if self.post_keys[op][0] is v:
-                        self.stage_of_post[op] = stage
-                state = hplan.state.get(p, R) if p is not None else self._post_state(v)
+                for op in updating.get(v, ()):
+                    self.stage_of_post[op] = stage
+                state = hplan.state.get(p, R) if p is not None else post_states.get(v, R)
                 local = self._local_type(v.type, state, stage)
                 dp_level = f"R@{self.dp}"
                 zd = self._zero_axis(self.state_of.get(v)) if p is None else None
@@ -472,15 +499,17 @@ class _Megatron:
             )
         return stages.pop() if stages else 0
 
-    def _post_state(self, v: Value) -> Shard:
-        """The tensor-parallel state of an optimizer-only input: its weight's."""
-        piece_inputs = {k: q for q, k in self.source_of.items()}
+    def _post_states(self, piece_inputs: Mapping[Value, Value]) -> dict[Value, Shard]:
+        """The tensor-parallel state of each optimizer operand: that of the weight of the
+        first optimizer step reading it whose weight the piece reads (an optimizer-only
+        input, Adam's moments say, is laid out as its weight)."""
+        states: dict[Value, Shard] = {}
         for op in self.post:
-            if v in self.post_keys[op]:
-                p = piece_inputs.get(self.post_keys[op][0])
-                if p is not None:
-                    return self.hplan.state.get(p) or R
-        return R
+            p = piece_inputs.get(self.post_keys[op][0])
+            if p is not None:
+                for k in self.post_keys[op]:
+                    states.setdefault(k, self.hplan.state.get(p) or R)
+        return states
 
     def _local_type(self, t: TensorType, state: Shard | None, stage: int) -> TensorType:
         if state is not None and state.kind == "S":
@@ -507,9 +536,9 @@ class _Megatron:
         if home is None:
             raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
         src = self.vals[(key, mb, home)]
-        moved = self.b.call(
-            "SendEach", src, to_devices=self.devices(stage), name=f"{key.name}_mb{mb}_s{stage}"
-        )
+        attributes = {"to_devices": self.devices(stage)}
+        names = [f"{key.name}_mb{mb}_s{stage}"]
+        (moved,) = self._add(("send", key, home, stage), "SendEach", [src], attributes, names)
         self.vals[(key, mb, stage)] = moved
         return moved
 
@@ -550,7 +579,43 @@ class _Megatron:
     def _emit_ops(self, run: list[_Item], s: int, mb: int) -> None:
         if not run:
             return
-        b = self.b
+        key = tuple(run)
+        if key not in self._runs:  # the first microbatch to run these items
+            self._runs[key] = self._body(run, s)
+        inputs, results, body = self._runs[key]
+        if not results:
+            return
+        operands = [self.value(k, mb, s) for k in inputs]
+        names = [f"{v.name}_mb{mb}" for v in results]
+        outs = self._add(("pmap", body), "Pmap", operands, {"device_var": _VAR}, names, body)
+        for v, out in zip(results, outs):
+            self._made(v, mb, s, out)
+
+    def _add(
+        self,
+        step: tuple,
+        op_type: str,
+        inputs: list[Value],
+        attributes: dict[str, Any],
+        names: list[str],
+        body: Function | None = None,
+    ) -> tuple[Value, ...]:
+        """Append an op; ``step`` names what it does (its body, conversion, gradient or
+        transfer, which fix its attributes), and the same step of a later microbatch, on
+        operands of the same types, is added like the first (typed once:
+        ``FunctionBuilder.add_like``)."""
+        first = self._first.get(step)
+        if first is not None:
+            return self.b.add_like(first, inputs, names).outputs
+        bodies = [body] if body is not None else []
+        op = self.b.add_op(op_type, inputs, attributes, names=names, subfunctions=bodies)
+        self._first[step] = op
+        return op.outputs
+
+    def _body(self, run: list[_Item], s: int) -> tuple[list[Value], list[Value], Function | None]:
+        """The keys ``run`` reads, those it makes that are used later, and its pmap body
+        (None if nothing it makes is used): found once, shared by every microbatch that
+        runs it (a stage's microbatches run the same ops on the same shapes)."""
         made = {v for item in run for v in item.outputs}
         inputs: list[Value] = []
         for item in run:
@@ -560,36 +625,16 @@ class _Megatron:
         later = self._used_later(run)
         results = [v for item in run for v in item.outputs if v in later]
         if not results:
-            return
-        body = self._body(run, inputs, results, s)
-        operands = [self.value(k, mb, s) for k in inputs]
-        op = b.add_op(
-            "Pmap",
-            operands,
-            {"device_var": _VAR},
-            names=[f"{v.name}_mb{mb}" for v in results],
-            subfunctions=[body],
-        )
-        for v, out in zip(results, op.outputs):
-            self._made(v, mb, s, out)
-
-    def _body(self, run: list[_Item], inputs: list[Value], results: list[Value], s: int):
-        """The pmap body of ``run``: written once, shared by every microbatch that runs it
-        (a stage's microbatches run the same ops on the same shapes)."""
-        key = (tuple(run), tuple(inputs), tuple(results))
-        body = self._bodies.get(key)
-        if body is not None:
-            return body
+            return inputs, results, None
         body_b = FunctionBuilder(f"{self.t.name}_s{s}")
         env: dict[Value, Value] = {}
         for k in inputs:
             env[k] = body_b.input(k.name, self.hplan.local.value(k).type)
         for item in run:
-            outs = rebuild_op(body_b, item.op, [env[k] for k in item.keys])
+            outs = _copy_op(body_b, item.op, [env[k] for k in item.keys])
             for v, y in zip(item.outputs, outs):
                 env[v] = y
-        body = self._bodies[key] = body_b.finish([env[v] for v in results])
-        return body
+        return inputs, results, body_b.finish([env[v] for v in results])
 
     def _used_later(self, run: list[_Item]) -> set[Value]:
         """The values ``run`` makes that an item outside it reads, or that are kept."""
@@ -609,7 +654,9 @@ class _Megatron:
         if self.zero == 2:  # ZeRO-2: each microbatch's gradient reduce-scattered as made
             zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
             if zd is not None:
-                out = self._reduce_scatter(out, zd, f"{v.name}_mb{mb}_dp")
+                attributes = {"dim": zd, "op": "sum", "groups": self.dp_groups()}
+                names = [f"{v.name}_mb{mb}_dp"]
+                (out,) = self._add(("zero2", v), "ReduceScatter", [out], attributes, names)
         prev = self.acc.get(v)
         if prev is not None:
             out = self._pmap_add(prev, out, v, mb)
@@ -618,24 +665,22 @@ class _Megatron:
             self._reduce_gradient(v, s)
 
     def _pmap_add(self, a: Value, x: Value, v: Value, mb: int) -> Value:
-        elem = a.type.elements[0].with_device(DeviceVar(_VAR))
-        body = self._bodies.get((v, elem))
-        if body is None:  # one per gradient, shared by its microbatches
+        body = self._bodies.get(v)
+        if body is None:  # one per gradient, shared by its microbatches (of one shape)
+            elem = a.type.elements[0].with_device(DeviceVar(_VAR))
             body_b = FunctionBuilder(f"{v.name}_acc")
             p = body_b.input(f"{v.name}_acc", elem)
             q = body_b.input(v.name, elem)
             body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
-            self._bodies[(v, elem)] = body
-        op = self.b.add_op(
-            "Pmap", [a, x], {"device_var": _VAR}, names=[f"{v.name}_acc{mb}"], subfunctions=[body]
-        )
-        return op.outputs[0]
+            self._bodies[v] = body
+        names = [f"{v.name}_acc{mb}"]
+        return self._add(("pmap", body), "Pmap", [a, x], {"device_var": _VAR}, names, body)[0]
 
     def _reduce_gradient(self, v: Value, s: int) -> None:
         """All-reduce a weight gradient among the replicas holding the same shard (ZeRO-1:
         reduce-scatter it, each replica keeping the part its optimizer-state shard updates;
         ZeRO-2 has reduce-scattered every microbatch's already)."""
-        piece_value = next(p for p, h in self.final.items() if h is v)
+        piece_value = self._piece_of_final[v]  # each piece output has its own final value
         source = self.dplan_source(piece_value)
         if source is None or self.dp == 1:
             return
@@ -658,26 +703,31 @@ class _Megatron:
     def _emit_conversion(self, item: _Item, s: int, mb: int) -> None:
         src, dst = item.src, item.dst
         xs = self.value(item.keys[0], mb, s)
-        name = f"{item.outputs[0].name}_mb{mb}"
+        names = [f"{item.outputs[0].name}_mb{mb}"]
         groups = self.tp_groups()
         if dst == R and src.kind == "S":
-            out = self.b.call("AllGather", xs, dim=src.dim, groups=groups, name=name)
+            op_type, attributes = "AllGather", {"dim": src.dim, "groups": groups}
         elif dst == R and src == P:
-            out = self.b.call("AllReduce", xs, op="sum", groups=groups, name=name)
+            op_type, attributes = "AllReduce", {"op": "sum", "groups": groups}
         elif dst.kind == "S" and src == P:
-            out = self.b.call("ReduceScatter", xs, dim=dst.dim, op="sum", groups=groups, name=name)
+            op_type, attributes = "ReduceScatter", {"dim": dst.dim, "op": "sum", "groups": groups}
         elif dst.kind == "S" and src == R:  # into a sequence-parallel region: no transfer
-            out = self.b.call("KeepShard", xs, dim=dst.dim, groups=groups, name=name)
+            op_type, attributes = "KeepShard", {"dim": dst.dim, "groups": groups}
         else:
             raise TransformError(
                 f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
             )
+        (out,) = self._add(("conversion", item, s), op_type, [xs], attributes, names)
         self._made(item.outputs[0], mb, s, out)
 
     # -- optimizer and outputs -------------------------------------------------------------
 
     def _optimizer_and_outputs(self) -> tuple[list[Value], list]:
         t, dplan = self.t, self.dplan
+        self._post_making: dict[Value, Op] = {}  # each optimizer result -> its step
+        for op in self.post:
+            for out in op.outputs:
+                self._post_making.setdefault(out, op)
         glob: dict[Value, Value] = {}
         final_piece_of = {k: p for p, k in self.key_of.items() if p in self.final}
         for dst, st in self.conv_dst.items():
@@ -755,7 +805,7 @@ class _Megatron:
     def _update_layout(self, key: Value) -> tuple[str, ...] | None:
         """The layout of an optimizer result: that of the input it is the next step's
         value of (result 0 the parameter, then the state operands in order)."""
-        op = next((op for op in self.post if key in op.outputs), None)
+        op = self._post_making.get(key)
         if op is None:
             return None
         opdef = get_op(op.op_type)
@@ -857,4 +907,29 @@ def gradient_accumulation(
     )
 
 
-__all__ = ["gradient_accumulation", "megatron"]
+def tensor_split_problem(t: Function, tp: int) -> str | None:
+    """Why :func:`megatron` cannot split any weight of ``t`` (a training or forward
+    program) over ``tp`` tensor-parallel ranks, or None if it can (or ``tp`` is 1).
+
+    Only the analysis runs (the data and tensor plans of one replica, one stage, one
+    microbatch): no program is built. Other problems are not this function's to report.
+
+    >>> import ir
+    >>> from ir.transforms import training
+    >>> one_layer = training(ir.models.mlp(8, 4, 4, 2, layers=1))
+    >>> print(tensor_split_problem(one_layer, 2).split(" (")[0])
+    tensor level: no weight of mlp splits 2 ways
+    >>> tensor_split_problem(training(ir.models.mlp(8, 4, 4, 2, layers=2)), 2) is None
+    True
+    """
+    tp = _positive("the tensor-parallel degree (tp)", tp)
+    try:
+        _Megatron(t, 1, tp, 1, 1, "1f1b", 1, 0)
+    except TensorSplitError as e:
+        return str(e)
+    except TransformError:
+        return None  # another level's problem: the strategies that meet it say it
+    return None
+
+
+__all__ = ["TensorSplitError", "gradient_accumulation", "megatron", "tensor_split_problem"]

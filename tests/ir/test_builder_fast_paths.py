@@ -6,6 +6,7 @@ cheap to check: undefined operands, wrong arity, a wrong number of names.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import ir
@@ -226,3 +227,83 @@ def test_add_inferred_rows_refuses_operands_from_elsewhere_and_mismatched_rows()
     b.finish([y])
     with pytest.raises(VerifyError, match="is finished"):
         b.add_inferred_rows("Relu", [[x]], [sig], [["z"]])
+
+
+def _pmap_body() -> ir.Function:
+    d = ir.DeviceVar("d")
+    body = FunctionBuilder("body")
+    x, w = body.input("x", T(4, 6, device=d)), body.input("w", T(6, 2, device=d))
+    return body.finish([body.call("Relu", body.call("MatMul", x, w))])
+
+
+def _repeated_steps(like: bool) -> ir.Function:
+    """Two 'microbatches' of one pmap and one grouped all-reduce on two devices."""
+    b = FunctionBuilder("f")
+    ws = b.input("ws", TupleType((T(6, 2, device=0), T(6, 2, device=1))))
+    xs = [b.input(f"x{m}", TupleType((T(4, 6, device=0), T(4, 6, device=1)))) for m in (0, 1)]
+    body, out = _pmap_body(), []
+    first_pmap = first_sum = None
+    for m, x in enumerate(xs):
+        if like and first_pmap is not None:
+            y = b.add_like(first_pmap, [x, ws], [f"y{m}"]).outputs[0]
+            out.append(b.add_like(first_sum, [y], [f"s{m}"]).outputs[0])
+            continue
+        first_pmap = b.add_op(
+            "Pmap", [x, ws], {"device_var": "d"}, names=[f"y{m}"], subfunctions=[body]
+        )
+        y = first_pmap.outputs[0]
+        first_sum = b.add_op("AllReduce", [y], {"op": "sum", "groups": [[0, 1]]}, names=[f"s{m}"])
+        out.append(first_sum.outputs[0])
+    return b.finish(out)
+
+
+def test_add_like_builds_what_add_op_builds_and_shares_the_first_ops_answer():
+    fast, checked = _repeated_steps(True), _repeated_steps(False)
+    assert str(fast) == str(checked)
+    ir.verify(fast)
+    inputs = ir.random_inputs(checked)
+    for a, c in zip(ir.execute(fast, inputs), ir.execute(checked, inputs), strict=True):
+        for x, y in zip(a, c, strict=True):
+            np.testing.assert_array_equal(x, y)
+    pmap0, sum0, pmap1, sum1 = fast.ops
+    assert pmap1.subfunctions == pmap0.subfunctions and pmap1.device == pmap0.device
+    assert pmap1.attributes is pmap0.attributes  # typed once: the first op's answer
+    assert pmap1.outputs[0].type is pmap0.outputs[0].type
+    assert sum1.attributes is sum0.attributes and dict(sum1.attributes)["groups"] == ((0, 1),)
+
+
+def test_add_like_on_other_operand_types_asks_the_type_rule():
+    b = FunctionBuilder("f")
+    x, z = b.input("x", T(4, 3)), b.input("z", T(2, 5, device=1))
+    relu = b.add_op("Relu", [x], names=["y"])
+    again = b.add_like(relu, [z], ["y2"])
+    assert again.outputs[0].type == T(2, 5, device=1) and again.device == 1
+    ws = b.input("ws", TupleType((T(6, 2, device=0), T(6, 2, device=1))))
+    xs = b.input("xs", TupleType((T(4, 6, device=0), T(4, 6, device=1))))
+    bad = b.input("bad", TupleType((T(4, 5, device=0), T(4, 5, device=1))))
+    pmap = b.add_op("Pmap", [xs, ws], {"device_var": "d"}, subfunctions=[_pmap_body()])
+    with pytest.raises(VerifyError, match="element 0 of pmap operand 0 is Tensor"):
+        b.add_like(pmap, [bad, ws], ["y3"])
+    with pytest.raises(VerifyError, match="the body takes 2 inputs but pmap maps over 1 tuples"):
+        b.add_like(pmap, [xs], ["y3"])
+    ir.verify(b.finish([again.outputs[0], pmap.outputs[0]]))
+
+
+def test_add_like_refuses_operands_from_elsewhere_a_wrong_name_count_and_a_closed_builder():
+    other = FunctionBuilder("other")
+    stray = other.input("stray", T(4, 3))
+    b = FunctionBuilder("f")
+    x = b.input("x", T(4, 3))
+    relu = b.add_op("Relu", [x], names=["y"])
+    with pytest.raises(VerifyError, match=r"operand 0 of Relu \('stray'\) is not defined in "):
+        b.add_like(relu, [stray], ["z"])
+    with pytest.raises(VerifyError, match="operand 0 of Relu is 'x', not a Value"):
+        b.add_like(relu, ["x"], ["z"])
+    with pytest.raises(VerifyError, match=r"Relu has 1 result\(s\), got 2 names"):
+        b.add_like(relu, [x], ["z", "w"])
+    with pytest.raises(VerifyError, match=r"add_like copies an Op .*, got 'Relu'"):
+        b.add_like("Relu", [x], ["z"])
+    assert b.ops == (relu,)
+    b.finish(relu.outputs)
+    with pytest.raises(VerifyError, match="is finished"):
+        b.add_like(relu, [x], ["z"])

@@ -180,3 +180,123 @@ def test_a_dask_cluster_on_loopback_runs_the_search() -> None:
         )
     serial = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
     assert [r.as_record() for r in spread.rows] == [r.as_record() for r in serial.rows]
+
+
+def test_impossible_requests_say_which_constraint_failed() -> None:
+    with pytest.raises(SearchError, match=r"dp=16 needs at least 16 devices; the topology has 8"):
+        search(MLP, A100_8, dp=16, progress=False)
+    with pytest.raises(SearchError, match=r"pp=32 needs at least 32 devices"):
+        search(MLP, A100_8, pp=[2, 32], progress=False)
+    with pytest.raises(SearchError, match=r"no dp x tp x pp of the degrees asked \(dp=\[2\], "):
+        search(MLP, A100_8, dp=2, tp=1, pp=1, progress=False)  # 2 of the 8 devices
+    small_batch = models.mlp(4, 32, 32, 8, layers=4)
+    with pytest.raises(SearchError, match="the batch of 4 is smaller than dp=8: every"):
+        search(small_batch, A100_8, dp=[8], progress=False)
+    one_layer = models.mlp(8, 4, 4, 2, layers=1)  # no MatMul pair to split
+    with pytest.raises(SearchError, match="tensor parallelism cannot split mlp: tensor level: no"):
+        search(one_layer, ir.Topology.preset("a100-hgx", 4), tp=[2, 4], progress=False)
+    # asked among others, the impossible points are rows that say why
+    result = search(one_layer, ir.Topology.preset("a100-hgx", 4), tp=[1, 2], progress=False)
+    refused = {str(r.strategy): r for r in result.rows if r.strategy.tp == 2}
+    assert refused and all(r.status == "error" and r.error for r in refused.values())
+    assert refused["dp2 tp2 pp1 m1 1f1b"].error.startswith("tensor level: no weight of mlp")
+    assert any(r.ok for r in result.rows)
+
+
+def test_a_strategy_that_fails_with_a_bug_is_a_row_saying_so(monkeypatch) -> None:
+    def broken(self, t, topology=None):
+        if self.pp == 2:
+            raise ZeroDivisionError("division by zero\nmore detail")
+        return real(self, t, topology)
+
+    real = Strategy.build
+    monkeypatch.setattr(Strategy, "build", broken)
+    result = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, microbatches=[2])
+    failed = [r for r in result.rows if r.strategy.pp == 2]
+    assert failed and all(
+        r.status == "error" and r.error == "internal error (ZeroDivisionError): division by zero"
+        for r in failed
+    )
+    assert all(r.ok for r in result.rows if r.strategy.pp != 2)
+
+
+def test_an_interrupted_search_returns_the_rows_so_far(monkeypatch, tmp_path) -> None:
+    import ir.search as search_module
+
+    real, calls = search_module._simulate, []
+
+    def interrupted(s, *args):
+        calls.append(s)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(s, *args)
+
+    monkeypatch.setattr(search_module, "_simulate", interrupted)
+    space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1, 2]}
+    result = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
+    built = [r for r in result.rows if r.status != "pruned"]
+    assert [r.strategy for r in built[:2]] == calls[:2] and all(r.ok for r in built[:2])
+    assert len(built) > 3 and all(r.status == "cancelled" for r in built[2:])
+    assert "interrupted before this strategy" in built[2].error
+    back = SearchResult.from_csv(result.to_csv(tmp_path / "partial.csv"))
+    assert [r.status for r in back.rows] == [r.status for r in result.rows]
+    assert result.best() in built[:2]
+
+
+class _Future:
+    def __init__(self, outcome, done: bool = True) -> None:
+        self.outcome, self._done, self.cancelled = outcome, done, False
+
+    def done(self) -> bool:
+        return self._done
+
+    def cancel(self) -> bool:
+        self.cancelled = True
+        return True
+
+    def result(self):
+        if isinstance(self.outcome, BaseException):
+            raise self.outcome
+        return self.outcome
+
+
+class _InterruptedExecutor:
+    """Runs the first two strategies, is interrupted waiting for the third (the user's
+    Ctrl-C), whose worker was interrupted too; the rest never started."""
+
+    def __init__(self, while_submitting: bool = False) -> None:
+        self.futures: list[_Future] = []
+        self.while_submitting = while_submitting  # Ctrl-C while the third is submitted
+
+    def submit(self, fn, s, *args):
+        n = len(self.futures)
+        if n == 2 and self.while_submitting:
+            raise KeyboardInterrupt
+        if n < 2:
+            future = _Future(fn(s, *args))
+        elif n == 2:
+            future = _Future(KeyboardInterrupt())
+        else:
+            future = _Future(None, done=False)
+        self.futures.append(future)
+        return future
+
+
+def test_an_interrupted_search_on_an_executor_keeps_what_finished_and_cancels_the_rest():
+    space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1]}
+    executor = _InterruptedExecutor(while_submitting=True)
+    result = search(
+        GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
+    )
+    built = [r for r in result.rows if r.status != "pruned"]
+    assert len(executor.futures) == 2 and len(built) > 3
+    assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
+    executor = _InterruptedExecutor()
+    result = search(
+        GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
+    )
+    built = [r for r in result.rows if r.status != "pruned"]
+    assert len(built) == len(executor.futures) > 3
+    assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
+    assert not any(f.cancelled for f in executor.futures[:3])
+    assert all(f.cancelled for f in executor.futures[3:])

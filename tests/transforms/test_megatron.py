@@ -191,3 +191,23 @@ def test_a_pipeline_of_layers_recomputed_whole_runs_each_replay_on_its_layers_st
     r = transforms.recompute(t, models.gpt_layer_activations(t))
     _run(r, megatron(r, 1, 2, 2, 4))
     _run(r, megatron(r, 2, 1, 2, 2, "gpipe"))
+
+
+def test_each_microbatch_repeats_the_first_ones_typed_ops() -> None:
+    # A stage runs the same pmaps, collectives and sends for every microbatch: the builder
+    # types each once (add_like), and a full re-verification agrees with every reuse.
+    t = transforms.training(models.mlp(32, 16, 16, 4, layers=4, dtype=F64))
+    g = megatron(t, 2, 2, 2, 4)
+    ir.verify(g)
+    by_body: dict[ir.Function, list[ir.Op]] = {}
+    for op in g.ops:
+        if op.op_type == "Pmap":
+            by_body.setdefault(op.subfunctions[0], []).append(op)
+    repeated = [ops for ops in by_body.values() if len(ops) > 1]
+    assert repeated and max(len(ops) for ops in repeated) >= 4
+    for first, *others in repeated:
+        for op in others:
+            assert op.attributes is first.attributes
+            assert [v.type for v in op.outputs] == [v.type for v in first.outputs]
+            assert all(v.type is u.type for v, u in zip(op.outputs, first.outputs))
+    _run(t, g)
