@@ -5,7 +5,9 @@
   joining a mesh and its placements; both split and merge numpy arrays.
 * :func:`propagate` derives a layout for every value from a few annotations
   and returns an explicit distributed Function plus a report of the
-  redistributions it inserted.
+  redistributions it inserted: a steady-state step, one ``Pmap`` per op that
+  every device runs alike; :func:`fuse_pmaps` writes runs of them as one body
+  (a compact text to read).
 * :func:`lower_to_ranks` splits a distributed Function into one program per
   rank (deduplicated), :func:`run_ranked` executes them together exchanging
   messages, :func:`check_deadlock` finds a cycle of waits.
@@ -28,6 +30,7 @@ from .mesh import Layout, Mesh, P, Partial, Placement, R, Replicate, S, Shard, p
 from .propagate import InsertedCollective, PropagationReport, propagate
 from .ranked import Matching, check_deadlock, run_ranked, schedule
 from .spec import ShardingSpec
+from .spmd import fuse_pmaps
 from .stages import annotate_stages, pipeline_stages, place_stages, stage_marks, strip_stages
 
 __all__ = [
@@ -56,6 +59,7 @@ __all__ = [
     "annotate",
     "annotate_stages",
     "check_deadlock",
+    "fuse_pmaps",
     "lower_to_ranks",
     "pipeline_stages",
     "place_stages",

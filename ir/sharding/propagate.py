@@ -44,7 +44,7 @@ from .facts import op_signatures
 from .mesh import Layout, Mesh, Partial, R, Shard
 from .redistribute import DistValue, emit, plan, step_bytes
 from .rules import Rule, describe
-from .spmd import fuse_pmaps, pmap, symmetric_body
+from .spmd import pmap, symmetric_body
 
 
 @dataclass(frozen=True)
@@ -157,7 +157,6 @@ class _Materialiser(Chooser):
     def __init__(self, function, mesh, topology, fixed, desired, resident: bool) -> None:
         self.f = function
         self.resident = resident
-        self.fuse = True  # consecutive pmaps as one (tests compare with False)
         self._in_levels: dict[str, tuple[str, ...]] = {}
         self.mesh = mesh
         self.topology = topology
@@ -203,8 +202,6 @@ class _Materialiser(Chooser):
             g = with_layouts(g, self._in_levels, list(out_levels))
             if self.mesh.size > 1 and _symmetric(g, self.mesh.size):
                 g = replace(g, rank_classes=(tuple(self.mesh.devices),))
-        if self.fuse:
-            g = fuse_pmaps(g)
         return g, self.report
 
     # -- inputs and outputs --------------------------------------------------------------

@@ -79,7 +79,17 @@ def pmap(b: FunctionBuilder, body: Function, operands: Sequence, names: Sequence
 def fuse_pmaps(g: Function) -> Function:
     """``g`` with each run of consecutive propagation Pmaps over the same devices fused
     into one Pmap, whose body holds the run's ops in order: what runs between two
-    collectives is one body, as a transform writes it.
+    collectives is one body, as a transform writes it (the compact text to read;
+    :func:`ir.sharding.propagate` keeps one pmap per op, which the graph view draws as
+    one node per logical op).
+
+    >>> import ir
+    >>> from ir.sharding import Mesh, S, propagate
+    >>> g, _ = propagate(ir.models.mlp(8, 4, 6, 4), {"wA": (Mesh((2,)), [S(1)])})
+    >>> [op.op_type for op in g.ops]
+    ['Pmap', 'Pmap', 'Pmap', 'AllReduce', 'Pmap']
+    >>> [op.op_type for op in fuse_pmaps(g).ops]
+    ['Pmap', 'AllReduce', 'Pmap']
 
     Each device runs the same ops in the same order as before, so the step computes and
     times the same; the fused body's values are named after the pmaps' operands and

@@ -13,7 +13,7 @@ import pytest
 
 import ir
 from ir import models, transforms
-from ir.sharding import Mesh, R, S, propagate
+from ir.sharding import Mesh, R, S, fuse_pmaps, propagate
 
 F64 = ir.DType.float64
 TOPOLOGY = ir.Topology.preset("a100-hgx", 8)
@@ -42,14 +42,18 @@ CASES = {
 def test_the_logical_step_times_exactly_as_its_per_device_form(case):
     f, annotations = CASES[case]
     g, _ = propagate(f, annotations, TOPOLOGY)
-    logical = ir.simulate(g, TOPOLOGY)  # a pmap body walked once per rank class
     explicit = ir.simulate(transforms.unroll_pmap(g), TOPOLOGY, symmetry=False)
-    assert logical.step_time_s == pytest.approx(explicit.step_time_s, rel=1e-12)
-    assert logical.peak_memory_bytes == explicit.peak_memory_bytes
-    assert logical.busy_s == pytest.approx(explicit.busy_s, rel=1e-12)
-    xs = ir.random_inputs(f, 0)
-    for want, got in zip(ir.execute(f, xs), ir.execute_step(g, xs, rtol=1e-5), strict=True):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    fused = fuse_pmaps(g)
+    assert len(fused.ops) <= len(g.ops)
+    for step in (g, fused):  # a pmap body walked once per rank class
+        logical = ir.simulate(step, TOPOLOGY)
+        assert logical.step_time_s == pytest.approx(explicit.step_time_s, rel=1e-12)
+        assert logical.peak_memory_bytes == explicit.peak_memory_bytes
+        assert logical.busy_s == pytest.approx(explicit.busy_s, rel=1e-12)
+        xs = ir.random_inputs(f, 0)
+        outs = ir.execute_step(step, xs, rtol=1e-5)
+        for want, got in zip(ir.execute(f, xs), outs, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
 
 
 def test_a_symmetric_step_does_not_grow_with_the_mesh():
@@ -68,7 +72,8 @@ def test_a_symmetric_step_does_not_grow_with_the_mesh():
 def test_the_forward_pass_of_data_parallelism_is_one_pmap_and_times_as_the_transform():
     f = models.gpt(batch=16, seq=32, hidden=64, heads=4, vocab=100, layers=2)
     g, report = propagate(f, {"tokens": (Mesh((8,)), [S(0)])}, TOPOLOGY)
-    assert [op.op_type for op in g.ops] == ["Pmap"] and report.collectives == []
+    assert report.collectives == [] and {op.op_type for op in g.ops} == {"Pmap"}
+    assert [op.op_type for op in fuse_pmaps(g).ops] == ["Pmap"]
     # annotation and transform build the same step: the same simulated time
     dp = ir.simulate(transforms.parallelize(f, dp=8), TOPOLOGY)
     assert ir.simulate(g, TOPOLOGY).step_time_s == pytest.approx(dp.step_time_s, rel=1e-12)

@@ -19,6 +19,7 @@ from ir.sharding import (
     S,
     ShardingSpec,
     annotate,
+    fuse_pmaps,
     propagate,
 )
 
@@ -88,9 +89,12 @@ def test_one_column_sharded_weight_gives_megatron_with_no_collective_inside():
     assert report.layouts["w2"] == ("S(0)",)  # backward: the row-parallel weight
     assert report.layouts["y"] == ("P(sum)",)  # contraction sharded -> Partial
     assert report.collectives == []
-    # one Pmap over the mesh runs the layer (both devices run the same local ops)
+    # each op is one Pmap over the mesh (both devices run the same local op); fused, one
+    # Pmap runs the layer, as Megatron writes it
     bodies = [op.subfunctions[0] for op in g.ops if op.op_type == "Pmap"]
-    assert [op.op_type for op in bodies[0].ops] == ["MatMul", "Relu", "MatMul"]
+    assert [body.ops[0].op_type for body in bodies] == ["MatMul", "Relu", "MatMul"]
+    fused = [op.subfunctions[0] for op in fuse_pmaps(g).ops if op.op_type == "Pmap"]
+    assert [op.op_type for op in fused[0].ops] == ["MatMul", "Relu", "MatMul"]
     assert g.rank_classes == ((0, 1),)
     # a steady-state step: the weights arrive split, the partial output stays partial
     assert dict(zip([v.name for v in g.inputs], g.input_layouts))["w1"] == ("S(1)",)
