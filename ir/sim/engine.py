@@ -247,7 +247,7 @@ class Engine:
                 ) from None
             env[v] = slots
             self.pinned.extend(_leaves(slots))
-        self._run_ops(function.ops, env, scope)
+        self._run_ops(function.ops, env, scope, once=True)
         for v in function.outputs:
             self.pinned.extend(_leaves(env[v]))
 
@@ -257,7 +257,9 @@ class Engine:
 
     # -- the walk -------------------------------------------------------------
 
-    def _run_ops(self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope) -> None:
+    def _run_ops(
+        self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope, once: bool = False
+    ) -> None:
         # The one walk (the top level and pmap bodies): each op prepared once, its devices
         # and comm timing resolved per pmap iteration. Locals for everything it touches,
         # one append per instance and per slot, C-level map/max over operands, last uses
@@ -280,9 +282,12 @@ class Engine:
         prepare = self._prepare
         mirrored, rep_of = self.mirrored, self.rep_of
         for op in ops:
-            prep = prepared.get(op)
-            if prep is None:
-                prep = prepared[op] = prepare(op)
+            if once:  # a top-level op runs once: keep nothing per op (costs are shared)
+                prep = prepare(op)
+            else:  # a pmap body's op runs once per device
+                prep = prepared.get(op)
+                if prep is None:
+                    prep = prepared[op] = prepare(op)
             kind = prep[0]
             try:
                 if kind is compute_kind:
