@@ -44,6 +44,7 @@ __all__ = [
     "OpPair",
     "communication_kind",
     "device_errors",
+    "event_kind",
     "measured_vs_simulated_figure",
     "measured_vs_simulated_spec",
     "op_pairs",
@@ -116,10 +117,10 @@ def op_pairs(measured: Measurement, simulated: SimResult) -> list[OpPair]:
         return [OpPair(e, exact[(e.op, e.device, e.stream)]) for e in mine]
     queues: dict[tuple[int, str, str], list[Event]] = defaultdict(list)
     for e in sorted(simulated.events, key=lambda e: e.start_s):
-        queues[(e.device, e.stream, _kind(e))].append(e)
+        queues[(e.device, e.stream, event_kind(e))].append(e)
     pairs, taken = [], defaultdict(int)
     for e in sorted(mine, key=lambda e: e.start_s):
-        key = (e.device, e.stream, _kind(e))
+        key = (e.device, e.stream, event_kind(e))
         k = taken[key]
         if k < len(queues[key]):
             pairs.append(OpPair(e, queues[key][k]))
@@ -141,7 +142,8 @@ def communication_kind(op: Op) -> str:
     return op.op_type.lower()
 
 
-def _kind(e: Event) -> str:
+def event_kind(e: Event) -> str:
+    """What pairs an event: its op type, or for communication :func:`communication_kind`."""
     return communication_kind(e.op) if e.stream == "communication" else e.op.op_type
 
 
