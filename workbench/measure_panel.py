@@ -4,7 +4,9 @@
 device of this CPU (:func:`workbench.measuring.measure_step`: lowered to ranks,
 training state carried between steps) when it is small enough, and otherwise says
 why not. It shows the measured Gantt chart above the simulated one on one time axis
-(:func:`widgets.measured.measured_vs_simulated_figure`) and the error table: step,
+(:func:`widgets.measured.measured_vs_simulated_figure`), each rank's live bytes
+against the simulator's memory curve (:func:`widgets.measured_memory.measured_memory_figure`)
+and the error table: step,
 per device, per op type (:func:`widgets.measured_table.error_table_html`). The
 simulation is on this machine's calibrated topology (calibrated once, on the first
 measurement, unless a topology is given), not the dashboard's hardware.
@@ -23,6 +25,7 @@ import plotly.graph_objects as go
 from ir.device import Topology
 from ir.errors import DistIRError
 from widgets.measured import measured_vs_simulated_figure
+from widgets.measured_memory import measured_memory_figure
 from widgets.measured_table import error_table_html
 
 from .measuring import MAX_PROCESSES, MeasuredRun, measure_step, why_not_measured
@@ -92,6 +95,7 @@ class MeasurePanel(w.VBox):
         figure = measured_vs_simulated_figure(m, run.simulated)
         self.output.children = [
             go.FigureWidget(figure),
+            go.FigureWidget(measured_memory_figure(m, run.simulated)),
             w.HTML(error_table_html(m, run.simulated)),
         ]
         carried = "state carried between steps" if run.carried else run.note

@@ -132,13 +132,15 @@ def measure_part(
     measured_steps: int = 3,
 ) -> list[tuple[str, Any]]:
     """The static report's optional section: each ``(label, step)`` small enough measured
-    (:func:`measure_step`) and shown as its measured Gantt chart over the simulated one
-    with the error table; the others with the reason they were not. ``topology``
-    (default: this machine, calibrated once) is what every step is simulated on."""
+    (:func:`measure_step`) and shown as its measured Gantt chart over the simulated one,
+    its live bytes against the simulated memory curves and the error table; the others
+    with the reason they were not. ``topology`` (default: this machine, calibrated once)
+    is what every step is simulated on."""
     import html
     import os
 
     from widgets.measured import measured_vs_simulated_figure
+    from widgets.measured_memory import measured_memory_figure
     from widgets.measured_table import error_table_html
 
     heading = "Measured on this machine against simulated"
@@ -166,5 +168,6 @@ def measure_part(
             continue
         title = f"{label}: measured {run.measured.steps} steps against simulated"
         parts.append((title, measured_vs_simulated_figure(run.measured, run.simulated)))
+        parts.append(("", measured_memory_figure(run.measured, run.simulated)))
         parts.append(("", error_table_html(run.measured, run.simulated)))
     return parts

@@ -21,6 +21,7 @@ from ir.backends import torch_dist, torch_kernels
 from ir.backends.ranked_measure import measure_ranked
 from ir.backends.torch_ranked import carry_of
 from widgets.measured import measured_vs_simulated_spec, op_pairs
+from widgets.measured_memory import measured_memory_spec
 
 F64 = ir.DType.float64
 
@@ -152,3 +153,6 @@ def test_a_global_measurement_has_no_memory_curves():
     assert not m.has_memory and m.peak_memory_bytes == {}
     with pytest.raises(ir.errors.ExecutionError, match="only ranked programs"):
         m.memory_timeline(0)
+    sim = ir.simulate(f, ir.Topology.preset("a100-hgx", 1))
+    with pytest.raises(ir.errors.ExecutionError, match="needs a ranked program"):
+        measured_memory_spec(m, sim)

@@ -48,10 +48,18 @@ def test_the_button_measures_the_step_shown_on_two_processes(measured_dp) -> Non
 
 def test_the_overlay_and_the_error_table_are_shown(measured_dp) -> None:
     run = measured_dp.measure_panel.run
-    figure, table = measured_dp.measure_panel.output.children
+    figure, memory, table = measured_dp.measure_panel.output.children
     assert isinstance(figure, go.FigureWidget)
     assert {t.yaxis for t in figure.data} == {"y", "y2"}  # measured above simulated
     assert figure.layout.title.text.startswith("measured ")
+    # per device a measured and a simulated live-bytes curve, their peaks as measured
+    assert [t.name for t in memory.data] == [
+        f"{kind}: device {d}" for d in (0, 1) for kind in ("measured", "simulated")
+    ]
+    for row in memory.layout.meta["devices"]:
+        d = row["device"]
+        assert row["measured_peak_bytes"] == run.measured.peak_memory_bytes[d] > 0
+        assert row["simulated_peak_bytes"] == run.simulated.peak_memory_bytes[d]
     text = table.value
     assert f"<td>{format_time(run.measured.step_time_s)}</td>" in text
     assert "device 0 busy" in text and "device 1 busy" in text

@@ -155,6 +155,7 @@ def test_measure_adds_the_measured_section_for_the_strategies_that_fit(tmp_path:
     assert headings[section + 1] == "dp=2: measured 3 steps against simulated"
     assert "dp=8: " in page and "it uses 8 devices" in page
     assert page.count("class='distir-measured-errors'") == 1
+    assert page.count("live bytes per device, measured (solid) and simulated (dashed)") == 1
     assert "Load average when measured" in page
     plain = replace(config, measure=False)
     page = write_report(tmp_path / "p.html", build_model(plain), plain).read_text()
