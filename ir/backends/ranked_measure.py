@@ -136,8 +136,9 @@ def _last_reads(program: Function) -> dict[int, list]:
     return out
 
 
-def timed_step(program: Function, args: list, me: int, rank_of, groups, state) -> tuple:
-    """One step of rank ``me``'s ``program`` with every op timed (module doc).
+def timed_step(program: Function, args: list, context, state) -> tuple:
+    """One step of rank ``context.me``'s ``program`` (a
+    :class:`~ir.backends.torch_ranked.RankContext`) with every op timed (module doc).
 
     Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])).
     """
@@ -158,7 +159,7 @@ def timed_step(program: Function, args: list, me: int, rank_of, groups, state) -
         xs = [env[v] for v in op.inputs]
         posted = len(sends)
         start = time.perf_counter()
-        results = run_op(op, xs, me, rank_of, groups, sends)
+        results = run_op(op, xs, context, sends)
         end = time.perf_counter()
         if len(sends) > posted:  # a SendTo: timed until it is seen complete
             pending.append((index, start, sends[-1]))

@@ -26,6 +26,7 @@ import os
 import queue as queue_module
 import traceback
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,20 @@ from ..verify import describe_op
 from .torch_dist import BackendError
 from .workers import die_with_parent, free_port, single_threaded_blas
 
-__all__ = ["carry_of", "launch", "prepare", "run_op", "run_ranked"]
+__all__ = ["RankContext", "carry_of", "launch", "prepare", "run_op", "run_ranked"]
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What one worker runs its ops with: its rank, every rank's position in the gloo
+    world, the process group of each collective group, and (imported once, not per op)
+    ``torch.distributed`` and the torch kernels."""
+
+    me: int
+    rank_of: Mapping[int, int]
+    groups: Mapping[tuple[int, ...], Any]
+    dist: Any
+    kernels: Mapping[str, Any]
 
 
 def carry_of(source: Function) -> dict[int, str]:
@@ -211,6 +225,9 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
             timeout=datetime.timedelta(seconds=120),
         )
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in plan["groups"]}
+        from .torch_kernels import TORCH_KERNELS
+
+        context = RankContext(rank, rank_of, groups, dist, TORCH_KERNELS)
         program = instantiate(program, parameters)
         values = [torch.from_numpy(np.array(a, copy=True)) for a in args]
         records = []
@@ -219,10 +236,10 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
                 from .ranked_measure import timed_step
 
                 dist.barrier()  # every rank starts the step together (one host: one clock)
-                outs, record = timed_step(program, values, rank, rank_of, groups, state)
+                outs, record = timed_step(program, values, context, state)
                 records.append(record)
             else:
-                outs = _step(program, values, rank, rank_of, groups, state)
+                outs = _step(program, values, context, state)
             for o, i in pairs:
                 values[i] = outs[o]
         state["op"] = None
@@ -238,28 +255,23 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
         outbox.put((rank, None, (where, f"{type(e).__name__}: {e}", traceback.format_exc())))
 
 
-def _step(program: Function, args: list, me: int, rank_of, groups, state) -> list:
+def _step(program: Function, args: list, context: RankContext, state) -> list:
     env = dict(zip(program.inputs, args))
     sends: list = []
     for op in program.ops:
         state["op"] = op
-        env.update(
-            zip(op.outputs, run_op(op, [env[v] for v in op.inputs], me, rank_of, groups, sends))
-        )
+        env.update(zip(op.outputs, run_op(op, [env[v] for v in op.inputs], context, sends)))
     for work in sends:
         work.wait()
     return [env[v] for v in program.outputs]
 
 
-def run_op(op, xs: list, me: int, rank_of, groups, sends: list) -> list:
-    """One op of rank ``me``'s program on torch values: a ``SendTo`` posts an ``isend`` and
-    appends its work to ``sends`` (the caller waits for it), a ``RecvFrom`` waits for its
-    message, a ``RankCollective`` runs on its group; any other op is its torch kernel.
+def run_op(op, xs: list, context: RankContext, sends: list) -> list:
+    """One op of ``context.me``'s program on torch values: a ``SendTo`` posts an ``isend``
+    and appends its work to ``sends`` (the caller waits for it), a ``RecvFrom`` waits for
+    its message, a ``RankCollective`` runs on its group; any other op is its torch kernel.
     Returns the op's results in the dtypes of its output types."""
-    import torch.distributed as dist
-
-    from .torch_kernels import TORCH_KERNELS
-
+    dist, rank_of = context.dist, context.rank_of
     a = op.attributes
     if op.op_type == "SendTo":
         x = xs[0].contiguous()
@@ -272,9 +284,9 @@ def run_op(op, xs: list, me: int, rank_of, groups, sends: list) -> list:
         dist.irecv(buf, rank_of[a["peer"]], tag=a["tag"]).wait()
         results = [buf]
     elif op.op_type == "RankCollective":
-        results = [_collective(xs[0], op, me, rank_of, groups)]
+        results = [_collective(xs[0], op, context.me, rank_of, context.groups)]
     else:
-        results = TORCH_KERNELS[op.op_type](xs, a)
+        results = context.kernels[op.op_type](xs, a)
     out = []
     for v, y in zip(op.outputs, results):
         if not isinstance(y, tuple) and y.dtype != _torch_dtype(v.type.dtype):
