@@ -88,3 +88,28 @@ def test_a_step_too_big_for_a_process_is_refused_before_it_runs() -> None:
     assert reason is not None and "simulated peak memory" in reason
     with pytest.raises(ir.errors.DistIRError, match="is not measured: a device's simulated peak"):
         measure_step(source, source, CPU)
+
+
+def test_an_annotated_step_is_measured_with_its_state_carried_as_training_runs() -> None:
+    """The propagated step the dashboard shows after a click, measured: warm-up 1 + 2 timed
+    steps with the weights carried equal 3 steps of the sequential training program."""
+    import numpy as np
+
+    from ir.backends.torch_ranked import carry_of
+    from ir.sharding import Mesh, S
+
+    source = models.mlp(16, 8, 8, 4, layers=2, training=True)
+    wb = Workbench(source, ir.Topology.preset("a100-hgx", 2))
+    assert wb.annotate("x", (Mesh((2,)), [S(0)]))
+    wb.measure_panel.steps.value = 2
+    run = wb.measure(CPU)
+    assert run is not None and run.carried and run.measured.devices == (0, 1)
+    inputs = ir.random_inputs(source, seed=0)  # what measure_step runs on
+    names = [v.name for v in source.inputs]
+    for _ in range(3):
+        want = ir.execute(source, inputs)
+        for index, name in carry_of(source).items():
+            inputs[names.index(name)] = want[index]
+    got = ir.collect(wb.session.current.function, list(run.measured.outputs))
+    for g, w in zip(got, want, strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
