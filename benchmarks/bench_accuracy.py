@@ -1,6 +1,6 @@
 """The simulator against real processes on this machine (docs/accuracy.md, "On this machine").
 
-    python benchmarks/bench_accuracy.py [--steps 5] [--warmup 2] [--runs 1] [--quick]
+    python benchmarks/bench_accuracy.py [--steps 5] [--warmup 2] [--runs 1] [--quick] [--ranked]
 
 Each program is an MLP training step (SGD) arranged by ``ir.transforms.megatron``:
 data, tensor and pipeline parallelism (GPipe and 1F1B) and their 3D mixes, on 1, 2
@@ -8,7 +8,10 @@ and 4 processes, for two MLP sizes. Each is measured with
 ``ir.backends.torch_dist.measure`` (gloo on this CPU, one process per device, the
 median of ``--steps`` timed steps after ``--warmup``) and simulated with
 ``ir.simulate`` on ``ir.calibrate()``'s topology of this machine (``--quick``: its
-short calibration). Nothing is fitted to the measurements.
+short calibration). Nothing is fitted to the measurements. ``--ranked`` measures each
+program lowered to ranks instead (``ir.sharding.lower_to_ranks``: each process runs its
+own rank's program with torch kernels, the weights carried from step to step) and
+also prints each program's highest measured and simulated peak memory per rank.
 
 Prints per program the measured and simulated step times and the error
 ``(simulated - measured) / measured``, then the mean absolute percentage error
@@ -21,6 +24,7 @@ prints each program's spread between runs.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -30,6 +34,8 @@ import numpy as np
 import ir
 from ir import models, transforms
 from ir.backends import torch_dist
+from ir.backends.torch_ranked import carry_of
+from ir.sharding import lower_to_ranks
 
 # (batch, features, hidden, classes, layers) of the two MLPs
 SIZES = {"small": (64, 64, 128, 16, 4), "large": (256, 256, 1024, 64, 4)}
@@ -78,8 +84,12 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="the short calibration")
+    parser.add_argument(
+        "--ranked", action="store_true", help="measure the per-rank programs, state carried"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
+    print(f"load average {os.getloadavg()[0]:.2f}; {'ranked' if args.ranked else 'global'}")
     calibration = ir.calibrate(quick=args.quick, progress=False)
     print(f"calibrated in {time.perf_counter() - started:.1f} s")
     print(calibration.summary_markdown())
@@ -91,17 +101,28 @@ def main() -> None:
             g = transforms.megatron(source, dp, tp, pp, m, schedule)
             n = dp * tp * pp
             step_inputs = ir.distribute(g, inputs, source=source)
+            program, options = g, {}
+            if args.ranked:
+                program = lower_to_ranks(g)
+                options = {"carry": carry_of(source)}
             measured = [
-                torch_dist.measure(g, step_inputs, steps=args.steps, warmup=args.warmup)
+                torch_dist.measure(
+                    program, step_inputs, steps=args.steps, warmup=args.warmup, **options
+                )
                 for _ in range(args.runs)
             ]
-            sim = ir.simulate(measured[0].function, calibration.topology(n))
+            sim = ir.simulate(transforms.unroll_pmap(g), calibration.topology(n))
             row = Row(size, label, n, [x.step_time_s for x in measured], sim.step_time_s)
             rows.append(row)
             times = " ".join(f"{x * 1e3:8.2f}" for x in row.measured_s)
+            memory = ""
+            if args.ranked:
+                peak_m = max(measured[0].peak_memory_bytes.values()) / 2**20
+                peak_s = max(sim.peak_memory_bytes.values()) / 2**20
+                memory = f"  peak {peak_m:6.2f} / {peak_s:6.2f} MiB"
             print(
                 f"{size:6} {label:18} {n} proc  measured {times} ms  "
-                f"simulated {row.simulated_s * 1e3:8.2f} ms  error {row.error:+7.1%}",
+                f"simulated {row.simulated_s * 1e3:8.2f} ms  error {row.error:+7.1%}{memory}",
                 flush=True,
             )
     errors = [abs(r.error) for r in rows]
@@ -130,7 +151,7 @@ def main() -> None:
                 f"  {size:6} {n} proc: {fast_m.strategy} / {fast_s.strategy} "
                 f"(predicted: {hit}; Spearman {rho:.2f} over {len(group)})"
             )
-    print(f"\ntotal {time.perf_counter() - started:.0f} s")
+    print(f"\nload average {os.getloadavg()[0]:.2f}; total {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 __all__ = [
     "DeviceError",
     "OpPair",
+    "communication_kind",
     "device_errors",
+    "event_kind",
     "measured_vs_simulated_figure",
     "measured_vs_simulated_spec",
     "op_pairs",
@@ -102,8 +104,12 @@ def op_pairs(measured: Measurement, simulated: SimResult) -> list[OpPair]:
 
     When the simulator ran the program that was measured (``measured.function``) the
     ops are the same objects and pair exactly. Otherwise (the simulator ran the
-    program with its ``Pmap`` folded, say) the k-th event of an op type on a device's
-    stream, in time order, pairs with the k-th; unpaired events are left out.
+    program with its ``Pmap`` folded, or a ranked program was measured against the
+    global one it was lowered from) the k-th event of an op type on a device's stream,
+    in time order, pairs with the k-th; communication ops pair by what they do
+    (:func:`communication_kind`: a rank's ``SendTo`` and ``RecvFrom`` with the global
+    ``Send``'s events on the sender and the receiver, a ``RankCollective`` with the
+    collective of its kind). Unpaired events (a lowering's own ``Slice``, say) are left out.
     """
     exact = {(e.op, e.device, e.stream): e for e in simulated.events}
     mine = measured.events
@@ -111,15 +117,34 @@ def op_pairs(measured: Measurement, simulated: SimResult) -> list[OpPair]:
         return [OpPair(e, exact[(e.op, e.device, e.stream)]) for e in mine]
     queues: dict[tuple[int, str, str], list[Event]] = defaultdict(list)
     for e in sorted(simulated.events, key=lambda e: e.start_s):
-        queues[(e.device, e.stream, e.op.op_type)].append(e)
+        queues[(e.device, e.stream, event_kind(e))].append(e)
     pairs, taken = [], defaultdict(int)
     for e in sorted(mine, key=lambda e: e.start_s):
-        key = (e.device, e.stream, e.op.op_type)
+        key = (e.device, e.stream, event_kind(e))
         k = taken[key]
         if k < len(queues[key]):
             pairs.append(OpPair(e, queues[key][k]))
             taken[key] = k + 1
     return pairs
+
+
+_SENDS = ("Send", "SendEach", "SendTo", "RecvFrom")
+
+
+def communication_kind(op: Op) -> str:
+    """What a communication op does, the same for a global op and its ranked lowering:
+    ``"send"`` for the point-to-point ops, a ``RankCollective``'s ``kind``, else the op
+    type in lower case (``AllReduce``: ``"allreduce"``)."""
+    if op.op_type in _SENDS:
+        return "send"
+    if op.op_type == "RankCollective":
+        return str(op.attributes["kind"])
+    return op.op_type.lower()
+
+
+def event_kind(e: Event) -> str:
+    """What pairs an event: its op type, or for communication :func:`communication_kind`."""
+    return communication_kind(e.op) if e.stream == "communication" else e.op.op_type
 
 
 def device_errors(measured: Measurement, simulated: SimResult) -> list[DeviceError]:

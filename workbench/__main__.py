@@ -6,7 +6,8 @@ and no news or update pop-ups (settings overrides of its own, not the user's
 configuration), and prints the address to open.
 ``report`` simulates a model under one or more strategies and writes the
 static, self-contained HTML report; every option has a default, so
-``python -m workbench report --out report.html`` works as is.
+``python -m workbench report --out report.html`` works as is; ``--measure`` adds
+small strategies run on gloo processes of this CPU against the simulator.
 """
 
 from __future__ import annotations
@@ -201,6 +202,7 @@ def run_report(args: argparse.Namespace) -> int:
         devices=args.devices,
         strategies=tuple(args.strategy or DEFAULT_STRATEGIES),
         search=args.search,
+        measure=args.measure,
     )
     out = Path(args.out)
     problem = _unwritable(out)
@@ -284,6 +286,15 @@ def parser() -> argparse.ArgumentParser:
         default=True,
         help="also search every dp x tp x pp of the devices and show the Pareto front of "
         "step time against peak memory (default; a few seconds on the default model)",
+    )
+    rep.add_argument(
+        "--measure",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also run each strategy over at most 4 devices on gloo processes of this CPU "
+        "and show its measured timeline over the simulated one, with the errors (small "
+        "models only, e.g. --model mlp --devices 2 --strategy dp=2; calibrates this machine "
+        "first, about 10 s; default off)",
     )
     rep.add_argument("--out", default="report.html", help="output file (default report.html)")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -43,6 +43,8 @@ from widgets.memory import memory_spec
 from widgets.units import format_bytes, format_time
 
 from .editor import ShardingEditor
+from .measure_panel import MeasurePanel
+from .measuring import MeasuredRun
 from .search_panel import SearchPanel
 from .session import (
     SCHEDULES,
@@ -206,6 +208,9 @@ class Workbench(w.VBox):
         self.search_box.add_class("distir-search-result")
         self.search_result: SearchResult | None = None
         self.search_panel = SearchPanel(self._load_search_row)
+        self.measure_panel = MeasurePanel(
+            lambda: (self.session.base, self.session.current.function, self.session.current.result)
+        )
         self.gantt: go.FigureWidget | None = None
         self.gantt_zoom: GanttZoom | None = None
         self.memory: go.FigureWidget | None = None
@@ -231,6 +236,7 @@ class Workbench(w.VBox):
                 self.gantt_box,
                 self.memory_box,
                 self.compare_box,
+                self.measure_panel,
                 self.search_box,
             ],
             layout={"width": "100%"},
@@ -589,6 +595,16 @@ class Workbench(w.VBox):
         self.search_box.children = [self.search_panel]
         self.editor.refresh()
         return result
+
+    def measure(self, topology: Topology | None = None) -> MeasuredRun | None:
+        """What the "Measure" button does: run the step shown on one gloo process per
+        device of this CPU (at most 4) and show its timeline over the simulator's, on
+        ``topology`` (default: this machine, calibrated once), with the error table
+        (:class:`~workbench.measure_panel.MeasurePanel`); None when it is not measured
+        (the panel says why)."""
+        if topology is not None:
+            self.measure_panel.topology = topology
+        return self.measure_panel.measure()
 
     def compare_search_rows(self, a: SearchRow, b: SearchRow) -> go.Figure:
         """Load searched strategies ``a`` then ``b`` and show them side by side below the

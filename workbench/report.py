@@ -47,6 +47,9 @@ class ReportConfig:
 
     ``search``: also search every dp x tp x pp of the devices (1F1B pipelines,
     power-of-two microbatches; see :func:`ir.search.search`) and show its Pareto front.
+    ``measure``: also run each strategy over at most 4 devices on gloo processes of this
+    CPU and show it against the simulator (:func:`workbench.measuring.measure_part`;
+    small models only).
     """
 
     model: str = "gpt"
@@ -63,6 +66,7 @@ class ReportConfig:
     devices: int = 8
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     search: bool = True
+    measure: bool = False
 
     @property
     def is_file(self) -> bool:
@@ -226,11 +230,13 @@ def report_html(
     description: str = "",
     graph_options: GraphOptions | None = None,
     search: SearchResult | str | None = None,
+    measured: Sequence[tuple[str, Part]] = (),
 ) -> str:
     """The report page (a complete HTML document with plotly.js inlined).
 
     The summary table comes first; ``search`` (a search's result, or why it failed)
-    adds its Pareto front. Each strategy's program is drawn as its logical graph
+    adds its Pareto front, ``measured`` (:func:`workbench.measuring.measure_part`) the
+    measured-against-simulated section. Each strategy's program is drawn as its logical graph
     (one node per pmap, collective or send, whatever the number of devices), the
     sequential program op by op with repeated layers folded.
     """
@@ -243,6 +249,7 @@ def report_html(
     parts: list[tuple[str, Part]] = [("Summary", summary_table(outcomes)), ("", intro)]
     if search is not None:
         parts += search_part(search, topology)
+    parts += measured
     done = [o for o in outcomes if o.derived is not None]
     if len(done) >= 2:
         a, b = done[0].derived, done[1].derived
@@ -283,9 +290,12 @@ def write_report(
     *,
     topology: Topology | None = None,
     progress: bool = False,
+    measure_topology: Topology | None = None,
 ) -> Path:
     """Simulate ``function`` under ``config.strategies`` (and search the strategies when
-    ``config.search``) and write the report to ``path``."""
+    ``config.search``; measure them when ``config.measure``, simulated for that on
+    ``measure_topology``, default this machine calibrated) and write the report to
+    ``path``."""
     from tqdm.auto import tqdm
 
     config = config or ReportConfig()
@@ -295,6 +305,12 @@ def write_report(
         errors = "; ".join(f"{o.label}: {o.error}" for o in outcomes)
         raise DistIRError(f"no strategy could be simulated: {errors}")
     found = search_strategies(function, topology, progress=progress) if config.search else None
+    measured: list[tuple[str, Part]] = []
+    if config.measure:
+        from .measuring import measure_part
+
+        steps = [(o.label, o.derived.function) for o in outcomes if o.derived is not None]
+        measured = measure_part(function, steps, measure_topology)
     with tqdm(total=1, desc="drawing the report", disable=not progress) as bar:
         page = report_html(
             function,
@@ -303,6 +319,7 @@ def write_report(
             title=f"DistIR Workbench report: {function.name} on {topology.name}",
             description=config.describe_model(),
             search=found,
+            measured=measured,
         )
         bar.update(1)
     path = Path(path)

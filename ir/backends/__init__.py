@@ -6,5 +6,7 @@ real torch.distributed process per device (import torch only when used);
 rank and returns a :class:`~ir.backends.measurement.Measurement`, shaped like a SimResult;
 ``torch_dist.run_ranked(ranked, inputs, steps=1, carry=None)`` runs the per-rank programs
 of ``ir.sharding.lower_to_ranks`` with torch kernels (``torch_kernels``), one process per
-rank holding only its rank class's program (``torch_ranked``).
+rank holding only its rank class's program (``torch_ranked``); ``torch_dist.measure(ranked,
+inputs, steps=5, carry=...)`` times every op of each rank's own program over carried
+steps and tracks each rank's live bytes (``ranked_measure``).
 """

@@ -4,7 +4,8 @@ A :class:`Measurement` holds every timed step's events (one per op per device th
 computes it or takes part in it, as the simulator's events are) and answers the
 questions a :class:`ir.sim.SimResult` answers, field by field: ``events``,
 ``bars``, ``step_time_s``, ``devices``, ``busy_s``, ``communication_s``,
-``events_on``. It needs no torch; a test builds one from records.
+``events_on``, and, for a ranked program (``from_rank_records``), ``memory_timeline``
+and ``peak_memory_bytes``. It needs no torch; a test builds one from records.
 
 >>> import ir
 >>> f = ir.models.mlp(4, 3, 5, 2)
@@ -17,23 +18,28 @@ questions a :class:`ir.sim.SimResult` answers, field by field: ``events``,
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
 
+from ..errors import ExecutionError
 from ..function import Function
 from ..op import Op
 from ..registry import OpKind, get_op
 from ..sim.result import Bars, Event
 
-__all__ = ["Measurement", "StepRecord"]
+__all__ = ["Measurement", "RankStepRecord", "StepRecord"]
 
 # one rank's step: the clock when it left the step's barrier, then (op index, start, end)
 StepRecord = tuple[float, Sequence[tuple[int, float, float]]]
+# a rank of a ranked program: the same, then its live bytes as (clock, bytes) points
+RankStepRecord = tuple[float, Sequence[tuple[int, float, float]], Sequence[tuple[float, float]]]
+# one step's memory: device -> (times_s, live_bytes)
+StepMemory = Mapping[int, tuple[tuple[float, ...], tuple[float, ...]]]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Measurement:
     """Timed steps of one program on real processes (warm-up excluded).
 
@@ -42,40 +48,62 @@ class Measurement:
     :attr:`events` and the per-device times are those of the *median step* (the
     step whose time is nearest the median), so the timeline shown is one real
     step, not a mixture; :attr:`median_dur_s` has the per-op medians over all steps.
+
+    ``function`` is the global program that ran (``None`` for a ranked program);
+    ``programs`` each rank's own program as it ran (ranked programs only: the
+    events' ops are theirs). ``step_memory[k]`` is step ``k``'s live bytes per
+    device (ranked programs only; see :meth:`memory_timeline`). ``outputs`` are the
+    global outputs of the last step (ranked programs: with ``carry``, the state after
+    every step, warm-up included, has moved on).
     """
 
-    function: Function
+    function: Function | None
     step_events: tuple[tuple[Event, ...], ...]
     steps_s: tuple[float, ...]
+    programs: Mapping[int, Function] = field(default_factory=dict)
+    step_memory: tuple[StepMemory, ...] = ()
+    outputs: tuple = ()
 
     @classmethod
     def from_records(
         cls, function: Function, records: Mapping[int, Sequence[StepRecord]]
     ) -> Measurement:
         """From each device's timed steps (all devices ran the same number of steps)."""
-        counts = {len(steps) for steps in records.values()}
-        if len(counts) != 1:
-            raise ValueError(f"every device must have the same number of steps, got {counts}")
-        (count,) = counts
-        ops = function.ops
+        count = _step_count(records)
         step_events, steps_s = [], []
         for k in range(count):
             origin = min(steps[k][0] for steps in records.values())
-            events = []
-            for device in sorted(records):
-                for index, start, end in records[device][k][1]:
-                    op = ops[index]
-                    comm = get_op(op.op_type).kind is OpKind.COMMUNICATION
-                    stream = "communication" if comm else "compute"
-                    channel = "communication" if comm else ""
-                    dur_s = end - start
-                    events.append(
-                        Event(op, device, stream, start - origin, dur_s, 0.0, 0.0, stream, channel)
-                    )
-            end_s = max((e.end_s for e in events), default=0.0)
+            events = [
+                e
+                for device in sorted(records)
+                for e in _events(function.ops, device, records[device][k][1], origin)
+            ]
             step_events.append(tuple(sorted(events, key=lambda e: (e.start_s, e.device))))
-            steps_s.append(end_s)
+            steps_s.append(max((e.end_s for e in events), default=0.0))
         return cls(function, tuple(step_events), tuple(steps_s))
+
+    @classmethod
+    def from_rank_records(
+        cls, programs: Mapping[int, Function], records: Mapping[int, Sequence[RankStepRecord]]
+    ) -> Measurement:
+        """From each rank's timed steps of its own program ``programs[rank]``: op indices
+        are into that program, and each step carries the rank's live-bytes points."""
+        count = _step_count(records)
+        step_events, steps_s, step_memory = [], [], []
+        for k in range(count):
+            origin = min(steps[k][0] for steps in records.values())
+            events, memory = [], {}
+            for rank in sorted(records):
+                _, timed, live = records[rank][k]
+                events += _events(programs[rank].ops, rank, timed, origin)
+                memory[rank] = (
+                    tuple(max(t - origin, 0.0) for t, _ in live),
+                    tuple(float(b) for _, b in live),
+                )
+            step_events.append(tuple(sorted(events, key=lambda e: (e.start_s, e.device))))
+            steps_s.append(max((e.end_s for e in events), default=0.0))
+            step_memory.append(memory)
+        return cls(None, tuple(step_events), tuple(steps_s), dict(programs), tuple(step_memory))
 
     @property
     def steps(self) -> int:
@@ -164,8 +192,67 @@ class Measurement:
                 out[e.device] += e.dur_s
         return out
 
+    # -- memory (ranked programs) ------------------------------------------------
+
+    @property
+    def has_memory(self) -> bool:
+        """Whether live bytes were tracked (a ranked program's measurement)."""
+        return bool(self.step_memory)
+
+    def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
+        """(times_s, live_bytes) of the median step on ``device``, as
+        :meth:`ir.sim.SimResult.memory_timeline`: live bytes from each time to the next.
+
+        What it measures: the bytes of the distinct tensor storages that the rank's
+        values hold, tracked by the runner as it runs (inputs all step; an op's
+        outputs from its start; a value freed after its last reader, as the
+        simulator's liveness has it). Not the process's resident size: torch's
+        allocator, the interpreter and gloo's buffers are not counted.
+        """
+        if not self.has_memory:
+            raise ExecutionError(
+                "this measurement has no memory curves: only ranked programs track live "
+                "bytes (measure ir.sharding.lower_to_ranks(program) instead)"
+            )
+        memory = self.step_memory[self.median_step]
+        if device not in memory:
+            raise ExecutionError(f"no rank {device} in this measurement (ranks {sorted(memory)})")
+        times, live = memory[device]
+        return np.asarray(times, dtype=np.float64), np.asarray(live, dtype=np.float64)
+
+    @cached_property
+    def peak_memory_bytes(self) -> dict[int, float]:
+        """Device -> the highest live bytes of the median step (ranked programs only)."""
+        if not self.has_memory:
+            return {}
+        memory = self.step_memory[self.median_step]
+        return {d: max(live, default=0.0) for d, (_, live) in sorted(memory.items())}
+
     def __repr__(self) -> str:
+        name = self.function.name if self.function is not None else "ranked program"
         return (
             f"<Measurement step_time_s={self.step_time_s:.6g} (median of {self.steps}) "
-            f"of {self.function.name!r} on devices {list(self.devices)}>"
+            f"of {name!r} on devices {list(self.devices)}>"
         )
+
+
+def _step_count(records: Mapping[int, Sequence]) -> int:
+    counts = {len(steps) for steps in records.values()}
+    if len(counts) != 1:
+        raise ValueError(f"every device must have the same number of steps, got {counts}")
+    return counts.pop()
+
+
+def _events(
+    ops: Sequence[Op], device: int, timed: Sequence[tuple[int, float, float]], origin: float
+) -> list[Event]:
+    events = []
+    for index, start, end in timed:
+        op = ops[index]
+        comm = get_op(op.op_type).kind is OpKind.COMMUNICATION
+        stream = "communication" if comm else "compute"
+        channel = "communication" if comm else ""
+        events.append(
+            Event(op, device, stream, start - origin, end - start, 0.0, 0.0, stream, channel)
+        )
+    return events

@@ -498,11 +498,13 @@ def run(
 
 
 def measure(
-    function: Function,
+    function: Any,
     inputs: Sequence[Any] | Mapping[str, Any],
     steps: int = 5,
     warmup: int = 2,
     timeout_s: float = 300.0,
+    *,
+    carry: Mapping[int, str] | None = None,
 ) -> Measurement:
     """Run ``function`` ``warmup + steps`` times on real processes and time every op on every
     rank; return the :class:`~ir.backends.measurement.Measurement` of the ``steps`` after
@@ -513,7 +515,25 @@ def measure(
     monotonic clock, so a step's times are relative to the first rank's barrier exit.
     Each step reruns the same inputs (the program's own state is not carried over).
     Programs with a ``Pmap`` run unrolled; ``measurement.function`` is what ran.
+
+    ``function`` may also be a :class:`ir.sharding.RankedProgram`: each process then runs
+    its rank's own program with torch kernels, ``carry`` feeds each step's outputs to the
+    next step's inputs, and the measurement has memory curves
+    (:func:`ir.backends.ranked_measure.measure_ranked`).
     """
+    from ..sharding.lower import RankedProgram
+
+    if isinstance(function, RankedProgram):
+        from .ranked_measure import measure_ranked
+
+        return measure_ranked(
+            function, inputs, steps=steps, warmup=warmup, carry=carry, timeout_s=timeout_s
+        )
+    if carry is not None:
+        raise BackendError(
+            "carry= needs a ranked program (ir.sharding.lower_to_ranks(program)): the global "
+            "measure reruns the same inputs every step"
+        )
     if steps < 1 or warmup < 0:
         raise BackendError(f"measure needs steps >= 1 and warmup >= 0, got {steps}, {warmup}")
     function = _runnable(function)

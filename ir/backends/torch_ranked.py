@@ -26,6 +26,7 @@ import os
 import queue as queue_module
 import traceback
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -36,7 +37,20 @@ from ..verify import describe_op
 from .torch_dist import BackendError
 from .workers import die_with_parent, free_port, single_threaded_blas
 
-__all__ = ["carry_of", "run_ranked"]
+__all__ = ["RankContext", "carry_of", "launch", "prepare", "run_op", "run_ranked"]
+
+
+@dataclass(frozen=True)
+class RankContext:
+    """What one worker runs its ops with: its rank, every rank's position in the gloo
+    world, the process group of each collective group, and (imported once, not per op)
+    ``torch.distributed`` and the torch kernels."""
+
+    me: int
+    rank_of: Mapping[int, int]
+    groups: Mapping[tuple[int, ...], Any]
+    dist: Any
+    kernels: Mapping[str, Any]
 
 
 def carry_of(source: Function) -> dict[int, str]:
@@ -101,30 +115,45 @@ def run_ranked(
     ``steps``: how many steps in a row; ``carry`` (``{output index: input name}``, see
     :func:`carry_of`) feeds each step's outputs to the next step's inputs on their ranks.
     """
-    from ..sharding.ranked import global_outputs, rank_arguments
-    from .torch_kernels import check_kernels
+    from ..sharding.ranked import global_outputs
 
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise BackendError(f"steps must be a positive integer, got {steps!r}")
+    _check_steps(steps)
     if steps > 1 and not carry:
         raise BackendError("steps > 1 needs carry={output index: input name} (see carry_of)")
+    args, pairs, plan = prepare(ranked, inputs, steps, carry)
+    outs = launch(ranked, args, pairs, plan, timeout_s)
+    return global_outputs(ranked, outs)
+
+
+def _check_steps(steps: Any) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise BackendError(f"steps must be a positive integer, got {steps!r}")
+
+
+def prepare(ranked, inputs, steps: int, carry: Mapping[int, str] | None) -> tuple:
+    """Check ``ranked`` and ``steps`` and split ``inputs``: (each rank's arguments, each
+    rank's carry pairs, the plan every worker reads)."""
+    from ..sharding.ranked import rank_arguments
+    from .torch_kernels import check_kernels
+
+    _check_steps(steps)
     for i, program in enumerate(ranked.unique):
         check_kernels((op.op_type for op in program.ops), f"rank class {i} ({program.name})")
     pairs = _carry_pairs(ranked, carry or {})
     args = rank_arguments(ranked, inputs)
-    ranks = list(ranked.ranks)
     plan = {
-        "ranks": ranks,
+        "ranks": list(ranked.ranks),
         "groups": _groups(ranked),
         "steps": steps,
         "port": free_port(),
         "parent": os.getpid(),
     }
-    outs = _launch(ranked, args, pairs, plan, timeout_s)
-    return global_outputs(ranked, outs)
+    return args, pairs, plan
 
 
-def _launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
+def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
+    """One worker process per rank (module doc); {rank: what it sent back}. A failure or
+    a timeout kills them all and raises, naming the rank (or the ranks waited on)."""
     ctx = mp.get_context("fork")
     outbox = ctx.Queue()
     ranks = plan["ranks"]
@@ -196,14 +225,27 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
             timeout=datetime.timedelta(seconds=120),
         )
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in plan["groups"]}
+        from .torch_kernels import TORCH_KERNELS
+
+        context = RankContext(rank, rank_of, groups, dist, TORCH_KERNELS)
         program = instantiate(program, parameters)
         values = [torch.from_numpy(np.array(a, copy=True)) for a in args]
+        records = []
         for _ in range(plan["steps"]):
-            outs = _step(program, values, rank, rank_of, groups, state)
+            if plan.get("measure"):
+                from .ranked_measure import timed_step
+
+                dist.barrier()  # every rank starts the step together (one host: one clock)
+                outs, record = timed_step(program, values, context, state)
+                records.append(record)
+            else:
+                outs = _step(program, values, context, state)
             for o, i in pairs:
                 values[i] = outs[o]
         state["op"] = None
         result = [o.numpy() if hasattr(o, "numpy") else o for o in outs]
+        if plan.get("measure"):
+            result = (records, result)
         dist.barrier()
         outbox.put((rank, result, None))
         dist.destroy_process_group()
@@ -213,38 +255,44 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
         outbox.put((rank, None, (where, f"{type(e).__name__}: {e}", traceback.format_exc())))
 
 
-def _step(program: Function, args: list, me: int, rank_of, groups, state) -> list:
-    import torch.distributed as dist
-
-    from .torch_kernels import TORCH_KERNELS
-
+def _step(program: Function, args: list, context: RankContext, state) -> list:
     env = dict(zip(program.inputs, args))
-    sends = []
+    sends: list = []
     for op in program.ops:
         state["op"] = op
-        xs = [env[v] for v in op.inputs]
-        a = op.attributes
-        if op.op_type == "SendTo":
-            x = xs[0].contiguous()
-            sends.append(dist.isend(x, rank_of[a["peer"]], tag=a["tag"]))
-            results = [x]
-        elif op.op_type == "RecvFrom":
-            import torch
-
-            buf = torch.empty(tuple(a["shape"]), dtype=_torch_dtype(op.outputs[0].type.dtype))
-            dist.irecv(buf, rank_of[a["peer"]], tag=a["tag"]).wait()
-            results = [buf]
-        elif op.op_type == "RankCollective":
-            results = [_collective(xs[0], op, me, rank_of, groups)]
-        else:
-            results = TORCH_KERNELS[op.op_type](xs, a)
-        for v, y in zip(op.outputs, results):
-            if not isinstance(y, tuple) and y.dtype != _torch_dtype(v.type.dtype):
-                y = y.to(_torch_dtype(v.type.dtype))  # python floats in a formula promote
-            env[v] = y
+        env.update(zip(op.outputs, run_op(op, [env[v] for v in op.inputs], context, sends)))
     for work in sends:
         work.wait()
     return [env[v] for v in program.outputs]
+
+
+def run_op(op, xs: list, context: RankContext, sends: list) -> list:
+    """One op of ``context.me``'s program on torch values: a ``SendTo`` posts an ``isend``
+    and appends its work to ``sends`` (the caller waits for it), a ``RecvFrom`` waits for
+    its message, a ``RankCollective`` runs on its group; any other op is its torch kernel.
+    Returns the op's results in the dtypes of its output types."""
+    dist, rank_of = context.dist, context.rank_of
+    a = op.attributes
+    if op.op_type == "SendTo":
+        x = xs[0].contiguous()
+        sends.append(dist.isend(x, rank_of[a["peer"]], tag=a["tag"]))
+        results = [x]
+    elif op.op_type == "RecvFrom":
+        import torch
+
+        buf = torch.empty(tuple(a["shape"]), dtype=_torch_dtype(op.outputs[0].type.dtype))
+        dist.irecv(buf, rank_of[a["peer"]], tag=a["tag"]).wait()
+        results = [buf]
+    elif op.op_type == "RankCollective":
+        results = [_collective(xs[0], op, context.me, rank_of, context.groups)]
+    else:
+        results = context.kernels[op.op_type](xs, a)
+    out = []
+    for v, y in zip(op.outputs, results):
+        if not isinstance(y, tuple) and y.dtype != _torch_dtype(v.type.dtype):
+            y = y.to(_torch_dtype(v.type.dtype))  # python floats in a formula promote
+        out.append(y)
+    return out
 
 
 def _torch_dtype(dtype):

@@ -4,6 +4,7 @@ logical graphs of the strategies, and a page no wider than the browser's window.
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -124,3 +125,38 @@ def test_the_default_report_is_no_wider_than_the_window(tmp_path: Path) -> None:
             assert not outside, f"the report fetched {outside[:3]}"
         finally:
             browser.close()
+
+
+def test_measure_adds_the_measured_section_for_the_strategies_that_fit(tmp_path: Path) -> None:
+    """--measure (off by default) runs each strategy over at most 4 devices on gloo
+    processes (2 here) and shows it over the simulated timeline; the others say why not."""
+    from workbench.__main__ import parser
+
+    assert parser().parse_args(["report"]).measure is False
+    assert parser().parse_args(["report", "--measure"]).measure is True
+    pytest.importorskip("torch.distributed", reason="torch is not installed (pip install torch)")
+    config = ReportConfig(
+        model="mlp",
+        batch=8,
+        features=16,
+        hidden=16,
+        classes=4,
+        layers=2,
+        strategies=("dp=2", "dp=8"),
+        search=False,
+        measure=True,
+    )
+    cpu = ir.Topology.preset("cpu", 4)
+    page = write_report(
+        tmp_path / "r.html", build_model(config), config, measure_topology=cpu
+    ).read_text()
+    headings = _headings(page)
+    section = headings.index("Measured on this machine against simulated")
+    assert headings[section + 1] == "dp=2: measured 3 steps against simulated"
+    assert "dp=8: " in page and "it uses 8 devices" in page
+    assert page.count("class='distir-measured-errors'") == 1
+    assert page.count("live bytes per device, measured (solid) and simulated (dashed)") == 1
+    assert "Load average when measured" in page
+    plain = replace(config, measure=False)
+    page = write_report(tmp_path / "p.html", build_model(plain), plain).read_text()
+    assert "Measured on this machine" not in page

@@ -1,0 +1,192 @@
+"""Measuring ranked programs: every op of every rank's own program timed on gloo processes.
+
+:func:`measure_ranked` runs ``warmup + steps`` steps of a
+:class:`ir.sharding.RankedProgram` the way :func:`ir.backends.torch_dist.run_ranked`
+does (one process per rank, its rank class's program, torch kernels), and with
+``carry`` each step takes the previous step's outputs on their ranks: the steps
+timed are a training loop's steady state, not reruns of the first step. Each
+rank times its ops (:func:`timed_step`):
+
+* a step starts with a barrier of all ranks; on one host every process reads one
+  monotonic clock, so a step's times are relative to the first rank's barrier exit;
+* a compute op runs from its call to its return (torch on the CPU is synchronous);
+  a ``RecvFrom`` until its message has arrived, a ``RankCollective`` until it has
+  completed here (both include waiting for peers, as the global measure's do);
+* a ``SendTo`` is asynchronous (the rank goes on computing, as in ``run_ranked``):
+  its event runs from its ``isend`` to the first op boundary at which the send is
+  seen complete, or to the end of the step, where the rank waits for it;
+* tuple ops (``MakeTuple``, ``TupleGet``) are not timed (they move no data).
+
+Each rank also tracks its live bytes (:meth:`Measurement.memory_timeline` says
+what they are): one point at each op's start with its outputs allocated, one at
+its end with the values it read for the last time freed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+from ..function import Function
+from ..registry import OpKind, get_op
+from .measurement import Measurement
+from .torch_dist import BackendError
+
+__all__ = ["measure_ranked", "timed_step"]
+
+
+def measure_ranked(
+    ranked,
+    inputs: Sequence[Any] | Mapping[str, Any],
+    *,
+    steps: int = 5,
+    warmup: int = 2,
+    carry: Mapping[int, str] | None = None,
+    timeout_s: float = 300.0,
+) -> Measurement:
+    """Time ``warmup + steps`` steps of ``ranked`` on one gloo process per rank; return the
+    :class:`~ir.backends.measurement.Measurement` of the ``steps`` after the warm-up (its
+    ``programs`` are the rank programs as they ran, its memory curves the ranks' live bytes,
+    its ``outputs`` the global outputs of the last step).
+
+    ``carry`` (``{output index: input name}``, see
+    :func:`ir.backends.torch_ranked.carry_of`) feeds each step's outputs to the next
+    step's inputs on their ranks; without it every step reruns ``inputs``.
+
+    >>> import ir
+    >>> from ir.sharding import lower_to_ranks
+    >>> measure_ranked(lower_to_ranks(ir.models.mlp(4, 3, 5, 2)), {}, steps=0)
+    Traceback (most recent call last):
+    ...
+    ir.backends.torch_dist.BackendError: measure needs steps >= 1 and warmup >= 0, got 0, 2
+    """
+    from ..sharding.ranked import global_outputs
+    from .torch_ranked import launch, prepare
+
+    for value, least in ((steps, 1), (warmup, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise BackendError(
+                f"measure needs steps >= 1 and warmup >= 0, got {steps!r}, {warmup!r}"
+            )
+    _check_lowered(ranked)
+    args, pairs, plan = prepare(ranked, inputs, warmup + steps, carry)
+    plan["measure"] = True
+    results = launch(ranked, args, pairs, plan, timeout_s)
+    programs = {r: ranked.program_for(r) for r in ranked.ranks}
+    records = {r: record[warmup:] for r, (record, _) in results.items()}
+    outputs = global_outputs(ranked, {r: outs for r, (_, outs) in results.items()})
+    return replace(Measurement.from_rank_records(programs, records), outputs=outputs)
+
+
+def _check_lowered(ranked) -> None:
+    from ..sharding.lower import RankedProgram
+
+    if not isinstance(ranked, RankedProgram):
+        raise BackendError(
+            "measure_ranked takes what ir.sharding.lower_to_ranks returns, got "
+            f"{type(ranked).__name__}; for a global program use torch_dist.measure"
+        )
+
+
+class _Live:
+    """The bytes of distinct tensor storages that a rank's values hold, kept as they change."""
+
+    def __init__(self) -> None:
+        self.bytes = 0
+        self.count: dict[int, int] = {}
+
+    def _storages(self, x: Any) -> list[tuple[int, int]]:
+        if isinstance(x, tuple | list):
+            return [s for e in x for s in self._storages(e)]
+        storage = getattr(x, "untyped_storage", None)
+        if storage is None:
+            return []
+        s = storage()
+        return [(s.data_ptr(), s.nbytes())]
+
+    def add(self, x: Any) -> None:
+        for key, nbytes in self._storages(x):
+            if self.count.get(key, 0) == 0:
+                self.bytes += nbytes
+            self.count[key] = self.count.get(key, 0) + 1
+
+    def drop(self, x: Any) -> None:
+        for key, nbytes in self._storages(x):
+            self.count[key] -= 1
+            if self.count[key] == 0:
+                del self.count[key]
+                self.bytes -= nbytes
+
+
+def _last_reads(program: Function) -> dict[int, list]:
+    """Op index -> the values it reads for the last time (inputs and outputs stay all step)."""
+    pinned = {*program.inputs, *program.outputs}
+    last: dict = {}
+    for index, op in enumerate(program.ops):
+        for v in op.inputs:
+            last[v] = index
+        for v in op.outputs:
+            last.setdefault(v, index)  # a value nothing reads is freed when its op ends
+    out: dict[int, list] = {}
+    for v, index in last.items():
+        if v not in pinned:
+            out.setdefault(index, []).append(v)
+    return out
+
+
+def timed_step(program: Function, args: list, context, state) -> tuple:
+    """One step of rank ``context.me``'s ``program`` (a
+    :class:`~ir.backends.torch_ranked.RankContext`) with every op timed (module doc).
+
+    Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])).
+    """
+    from .torch_ranked import run_op
+
+    origin = time.perf_counter()
+    env = dict(zip(program.inputs, args))
+    live = _Live()
+    for x in env.values():
+        live.add(x)
+    memory = [(origin, live.bytes)]
+    frees = _last_reads(program)
+    timed: list[tuple[int, float, float]] = []
+    sends: list = []
+    pending: list[tuple[int, float, Any]] = []  # (op index, start, work) of unfinished sends
+    for index, op in enumerate(program.ops):
+        state["op"] = op
+        xs = [env[v] for v in op.inputs]
+        posted = len(sends)
+        start = time.perf_counter()
+        results = run_op(op, xs, context, sends)
+        end = time.perf_counter()
+        if len(sends) > posted:  # a SendTo: timed until it is seen complete
+            pending.append((index, start, sends[-1]))
+        elif get_op(op.op_type).kind is not OpKind.CONTROL:
+            timed.append((index, start, end))
+        for v, y in zip(op.outputs, results):
+            env[v] = y
+            live.add(y)
+        memory.append((start, live.bytes))
+        for v in frees.get(index, ()):
+            live.drop(env.pop(v))
+        memory.append((end, live.bytes))
+        if pending:
+            pending = _finished(pending, timed)
+    for index, start, work in pending:
+        work.wait()
+        timed.append((index, start, time.perf_counter()))
+    return [env[v] for v in program.outputs], (origin, timed, memory)
+
+
+def _finished(pending: list, timed: list) -> list:
+    """Stamp the sends seen complete now; return those still in flight."""
+    now = time.perf_counter()
+    left = []
+    for index, start, work in pending:
+        if work.is_completed():
+            timed.append((index, start, now))
+        else:
+            left.append((index, start, work))
+    return left

@@ -1,0 +1,124 @@
+"""The dashboard's measure panel: run the program shown on real processes, and compare.
+
+"Measure" runs the dashboard's current distributed step on one gloo process per
+device of this CPU (:func:`workbench.measuring.measure_step`: lowered to ranks,
+training state carried between steps) when it is small enough, and otherwise says
+why not. It shows the measured Gantt chart above the simulated one on one time axis
+(:func:`widgets.measured.measured_vs_simulated_figure`), each rank's live bytes
+against the simulator's memory curve (:func:`widgets.measured_memory.measured_memory_figure`)
+and the error table: step,
+per device, per op type (:func:`widgets.measured_table.error_table_html`). The
+simulation is on this machine's calibrated topology (calibrated once, on the first
+measurement, unless a topology is given), not the dashboard's hardware.
+:meth:`MeasurePanel.measure` does what a click does, for code and tests.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Callable
+from typing import Any
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from ir.device import Topology
+from ir.errors import DistIRError
+from widgets.measured import measured_vs_simulated_figure
+from widgets.measured_memory import measured_memory_figure
+from widgets.measured_table import error_table_html
+
+from .measuring import MAX_PROCESSES, MeasuredRun, measure_step, why_not_measured
+
+
+class MeasurePanel(w.VBox):
+    """A "Measure" button, its steps, a status line, and the overlay and table below.
+
+    ``current()`` returns ``(source, step, simulated)``: the sequential program, the
+    distributed step the dashboard shows, and its simulation (for the size check).
+    ``topology`` (default: calibrated on the first measurement) is what the step is
+    simulated on for the comparison; ``calibrate`` makes it for a number of devices.
+    """
+
+    def __init__(
+        self,
+        current: Callable[[], tuple[Any, Any, Any]],
+        topology: Topology | None = None,
+        calibrate: Callable[[int], Topology] | None = None,
+    ) -> None:
+        self._current = current
+        self.topology = topology
+        self._calibrate = calibrate or _calibrated_topology
+        self.run: MeasuredRun | None = None
+        self.button = w.Button(
+            description="Measure",
+            tooltip="run this step on one gloo process per device of this CPU and compare "
+            "it with the simulator (small programs: at most 4 devices)",
+            layout={"width": "110px"},
+        )
+        self.button.add_class("distir-measure")
+        self.button.on_click(lambda _b: self.measure())
+        self.steps = w.BoundedIntText(
+            value=3, min=1, max=20, description="steps", layout={"width": "130px"}
+        )
+        self.status = w.HTML()
+        self.status.add_class("distir-measure-status")
+        self.output = w.VBox(layout={"width": "100%"})
+        self.output.add_class("distir-measure-output")
+        super().__init__(
+            [w.HBox([self.button, self.steps, self.status]), self.output],
+            layout={"width": "100%"},
+        )
+        self._say("run the step shown on real processes and compare it with the simulator")
+
+    def measure(self) -> MeasuredRun | None:
+        """Measure the current step and show the overlay and the table; None (and the
+        reason in the status line) when the step is not measured."""
+        source, step, simulated = self._current()
+        reason = why_not_measured(step, simulated)
+        if reason is not None:
+            self.run = None
+            self.output.children = []
+            self._say(f"not measured: {reason}", error=True)
+            return None
+        self._say(f"measuring {step.name} on {len(step.devices)} processes…")
+        try:
+            topology = self._topology(len(step.devices))
+            run = measure_step(source, step, topology, steps=self.steps.value)
+        except DistIRError as e:
+            self.run = None
+            self.output.children = []
+            self._say(str(e), error=True)
+            return None
+        self.run = run
+        m = run.measured
+        figure = measured_vs_simulated_figure(m, run.simulated)
+        self.output.children = [
+            go.FigureWidget(figure),
+            go.FigureWidget(measured_memory_figure(m, run.simulated)),
+            w.HTML(error_table_html(m, run.simulated)),
+        ]
+        carried = "state carried between steps" if run.carried else run.note
+        self._say(
+            f"measured {m.steps} steps after warm-up on {len(m.devices)} gloo processes "
+            f"({carried}); simulated on {run.topology.name}"
+        )
+        return run
+
+    def _topology(self, devices: int) -> Topology:
+        if self.topology is None or len(self.topology.devices) < devices:
+            self.topology = self._calibrate(max(devices, MAX_PROCESSES))
+        return self.topology
+
+    def _say(self, text: str, *, error: bool = False) -> None:
+        color = "#b00020" if error else "#555"
+        self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+
+def _calibrated_topology(devices: int) -> Topology:
+    import ir
+
+    return ir.calibrate(quick=True, progress=False).topology(devices)
+
+
+__all__ = ["MeasurePanel"]
