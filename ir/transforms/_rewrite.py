@@ -60,9 +60,15 @@ def parameter_inputs(f: Function) -> list[Value]:
         for op in optimizers:
             found.update(v for i, v in enumerate(op.inputs) if i != 1 and v in inputs)
         return [v for v in f.inputs if v in found]
+    return _weight_like(f)
+
+
+def _weight_like(f: Function) -> list[Value]:
+    """The inputs read where weights are read (see :func:`parameter_inputs`)."""
+    found: set[Value] = set()
     origin: dict[Value, Value] = {v: v for v in f.inputs}
     for op in f.ops:
-        if op.op_type in _VIEWS and op.inputs[0] in origin:
+        if is_view(op) and op.inputs[0] in origin:
             origin[op.outputs[0]] = origin[op.inputs[0]]
             continue
         weights = get_op(op.op_type).extra.get("weight_operands", ())
@@ -72,7 +78,10 @@ def parameter_inputs(f: Function) -> list[Value]:
     return [v for v in f.inputs if v in found]
 
 
-_VIEWS = frozenset({"Transpose", "Reshape", "Cast", "Identity"})
+def is_view(op: Op) -> bool:
+    """``op`` only moves or retypes its operand's elements (its record's ``extra["view"]``:
+    ``Transpose``, ``Reshape``, ``Cast``, ``Identity``)."""
+    return bool(get_op(op.op_type).extra.get("view", False))
 
 
 def _broadcast(op: Op, v: Value) -> bool:
@@ -97,7 +106,8 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
                 f"{f.name} has no input(s) {unknown}; its inputs are {list(by_name)}"
             )
         return [by_name[n] for n in names]
-    params = set(parameter_inputs(f))
+    # a training program's untrained buffers (rotary frequencies) are not batches either
+    params = set(parameter_inputs(f)) | set(_weight_like(f))
     read = {v for op in f.ops for v in op.inputs} | set(f.outputs)
     data = [
         v
