@@ -95,8 +95,8 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
     """The inputs split along dim 0 (the batch): those named, else the non-weights of rank >= 1
     that the program reads (an imported module's unused buffer is not a batch).
 
-    Without names, the batch size is dim 0 of the first non-weight input, and every
-    non-weight input with that dim 0 is a batch input.
+    Without names, the batch size is dim 0 of the first non-weight input whose dim 0 is
+    not 1, and every non-weight input with that dim 0 is a batch input.
     """
     if names is not None:
         by_name = {v.name: v for v in f.inputs}
@@ -116,7 +116,8 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
     ]
     if not data:
         return []
-    batch = data[0].type.shape[0]
+    # a leading 1 is broadcast, not a batch (a ViT's class token, expanded to the batch)
+    batch = next((v.type.shape[0] for v in data if v.type.shape[0] > 1), data[0].type.shape[0])
     return [v for v in data if v.type.shape[0] == batch]
 
 
