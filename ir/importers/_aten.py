@@ -302,33 +302,6 @@ def _gather(lw: Lowering, node):
     return lw.call("TakeAlongAxis", x, index, node=node, axis=axis)
 
 
-def _convolution(lw: Lowering, node):
-    """A convolution whose kernel tiles the image (kernel = stride, no padding: a ViT's
-    patch embedding) is a MatMul of the flattened patches: NCHW patches of ``p x q`` become
-    rows of ``C * p * q`` features, multiplied by the ``(Cout, C * p * q)`` weight's
-    transpose. Other convolutions are not translated yet."""
-    x, w = lw.value(node.args[0]), lw.value(node.args[1])
-    bias = node.args[2]
-    stride, padding, dilation, transposed, _, groups = node.args[3:9]
-    if x.type.rank != 4 or transposed or groups != 1 or any(d != 1 for d in dilation):
-        raise Unsupported("only 2-d convolutions without groups, dilation or transposition")
-    cout, cin, p, q = w.type.shape
-    n, c, h, wd = x.type.shape
-    if tuple(stride) != (p, q) or any(padding) or h % p or wd % q:
-        raise Unsupported("only kernels that tile the image (stride = kernel, no padding)")
-    rows, cols = h // p, wd // q
-    name = node.name
-    patches = lw.b.call("Reshape", x, shape=(n, c, rows, p, cols, q), name=f"{name}_tiles")
-    patches = lw.b.call("Transpose", patches, perm=(0, 2, 4, 1, 3, 5), name=f"{name}_patches")
-    patches = lw.b.call("Reshape", patches, shape=(n, rows, cols, c * p * q), name=f"{name}_rows")
-    flat = lw.b.call("Reshape", w, shape=(cout, cin * p * q), name=f"{name}_w")
-    flat = lw.b.call("Transpose", flat, perm=(1, 0), name=f"{name}_wt")
-    y = lw.b.call("MatMul", patches, flat, name=f"{name}_mm")
-    if bias is not None:
-        y = lw.b.call("Add", y, lw.value(bias), name=f"{name}_bias")
-    return lw.call("Transpose", y, node=node, perm=(0, 3, 1, 2))
-
-
 def _embedding(lw: Lowering, node):
     table, ids = lw.value(node.args[0]), lw.value(node.args[1])
     padding_idx = node.args[2] if len(node.args) > 2 else node.kwargs.get("padding_idx", -1)
@@ -393,7 +366,6 @@ TABLE: dict[str, Callable[[Lowering, Any], Any]] = {
     "aten.mm.default": _matmul,
     "aten.bmm.default": _matmul,
     "aten.addmm.default": _addmm,
-    "aten.convolution.default": _convolution,
     "aten.mean.dim": _reduce("ReduceMean"),
     "aten.mean.default": _reduce("ReduceMean"),
     "aten.sum.dim_IntList": _reduce("ReduceSum"),
@@ -409,3 +381,8 @@ CHECKS = frozenset(
         "aten._assert_async.msg",
     }
 )
+
+# Convolutions, batch norm and pooling (NCHW in torch, NHWC in the registry).
+from ._aten_conv import TABLE as _CONV  # noqa: E402  (it reads Lowering from above)
+
+TABLE.update(_CONV)

@@ -64,18 +64,30 @@ def parameter_inputs(f: Function) -> list[Value]:
 
 
 def _weight_like(f: Function) -> list[Value]:
-    """The inputs read where weights are read (see :func:`parameter_inputs`)."""
+    """The inputs read where weights are read (see :func:`parameter_inputs`), directly,
+    through views, or through arithmetic on vectors of them and constants (an eval-mode
+    batch norm's ``rsqrt(var + eps) * weight``, reshaped to a per-channel column)."""
     found: set[Value] = set()
-    origin: dict[Value, Value] = {v: v for v in f.inputs}
+    origin: dict[Value, frozenset[Value]] = {v: frozenset({v}) for v in f.inputs}
     for op in f.ops:
-        if is_view(op) and op.inputs[0] in origin:
-            origin[op.outputs[0]] = origin[op.inputs[0]]
+        if not op.inputs:  # a constant: adds no input
+            origin.update(dict.fromkeys(op.outputs, frozenset()))
+            continue
+        if (is_view(op) and op.inputs[0] in origin) or (
+            all(v in origin for v in op.inputs) and _vectors(op)
+        ):
+            origin.update(dict.fromkeys(op.outputs, frozenset().union(*map(origin.get, op.inputs))))
             continue
         weights = get_op(op.op_type).extra.get("weight_operands", ())
         for i, v in enumerate(op.inputs):
             if v in origin and (i in weights or _broadcast(op, v)):
-                found.add(origin[v])
+                found |= origin[v]
     return [v for v in f.inputs if v in found]
+
+
+def _vectors(op: Op) -> bool:
+    """Every result of ``op`` is a tensor of rank 1 or less."""
+    return all(isinstance(v.type, TensorType) and v.type.rank <= 1 for v in op.outputs)
 
 
 def is_view(op: Op) -> bool:
