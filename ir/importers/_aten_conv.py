@@ -65,22 +65,22 @@ def _convolution(lw: Lowering, node):
 
 
 def _batch_norm(lw: Lowering, node):
-    """Eval-mode batch norm: ``(x - mean) * rsqrt(var + eps) * weight + bias`` per channel."""
+    """Eval-mode batch norm: ``(x - mean) * rsqrt(var + eps) * weight + bias`` per channel,
+    normalised first and scaled after (as a layer norm), so that the weight's gradient
+    is a sum over the batch, as under data parallelism, with nothing after it."""
     x, weight, bias, mean, var = (lw.value(a) if a is not None else None for a in node.args[:5])
     eps = node.args[-1]
-    channels = x.type.shape[1]
-    per_channel = (channels,) + (1,) * (x.type.rank - 2)
+    per_channel = (x.type.shape[1],) + (1,) * (x.type.rank - 2)
 
     def column(v: Value, label: str) -> Value:
         return lw.b.call("Reshape", v, shape=per_channel, name=f"{node.name}_{label}")
 
-    dtype = x.type.dtype
-    scale = lw.b.call("Add", var, lw.constant(float(eps), dtype), name=f"{node.name}_var")
-    scale = lw.b.call("Rsqrt", scale, name=f"{node.name}_rstd")
-    if weight is not None:
-        scale = lw.b.call("Mul", scale, weight, name=f"{node.name}_scale")
+    rstd = lw.b.call("Add", var, lw.constant(float(eps), x.type.dtype), name=f"{node.name}_var")
+    rstd = lw.b.call("Rsqrt", rstd, name=f"{node.name}_rstd")
     y = lw.b.call("Sub", x, column(mean, "mean"), name=f"{node.name}_centred")
-    y = lw.b.call("Mul", y, column(scale, "s"), name=f"{node.name}_scaled")
+    y = lw.b.call("Mul", y, column(rstd, "r"), name=f"{node.name}_normed")
+    if weight is not None:
+        y = lw.b.call("Mul", y, column(weight, "w"), name=f"{node.name}_scaled")
     if bias is not None:
         y = lw.b.call("Add", y, column(bias, "b"), name=f"{node.name}_shift")
     return (y, None, None)

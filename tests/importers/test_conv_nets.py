@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 import ir
+from ir.importers import weight_name
 from ir.sharding import Mesh, S, propagate
 
-from .conftest import torch
+from .conftest import MeanSquare, torch
 
 CLASSES = 5
 
@@ -84,3 +85,37 @@ def test_a_conv_net_splits_spatially_with_halo_exchanges(axis, name):
     assert halos == [f"axis 0: halo exchange along tensor axis {nhwc}"] * 4, name
     # only the flatten before the classifier needs the whole image
     assert [c.kind for c in report.collectives] == ["allgather"]
+
+
+def test_a_conv_nets_gradients_equal_torch_autograd():
+    """Conv2DGrad (padding, stride 2) and Pool2DGrad (max: to each window's first largest
+    element; avg) against torch.autograd, through the eval-mode batch norm."""
+    net = _net()
+    x = torch.randn((4, 3, 16, 16), generator=torch.Generator().manual_seed(1))
+    loss_module = MeanSquare(net, torch.randn(4, CLASSES))
+    loss_module.zero_grad()
+    loss_module(x).backward()
+    want = {weight_name(k): p.grad.numpy() for k, p in loss_module.named_parameters()}
+    f, args = ir.from_torch(loss_module, (x,))
+    params = [v.name for v in f.inputs if v.name in want]
+    assert len(params) == len(want) == 8
+    step = ir.transforms.training(f, params=params, return_gradients=True, lr=0.1)
+    assert {"Conv2DGrad", "Pool2DGrad"} <= {op.op_type for op in step.ops}
+    got = dict(zip(params, ir.execute(step, args)[-len(params) :]))
+    for name in params:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-3, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.parametrize(("dp", "tp", "pp", "m"), [(2, 1, 1, 1), (1, 1, 2, 2), (2, 2, 1, 1)])
+def test_a_conv_nets_training_step_parallelises_and_equals_the_sequential_step(dp, tp, pp, m):
+    f, args, _ = _imported()
+    f = ir.models.with_loss(f)
+    args = [*args, np.random.default_rng(0).integers(0, CLASSES, (4,))]
+    trained = {weight_name(k) for k, _ in _net().named_parameters()}
+    t = ir.transforms.training(f, params=[v.name for v in f.inputs if v.name in trained])
+    g = ir.transforms.megatron(t, dp, tp, pp, m)
+    want = ir.execute(t, args)
+    got = ir.collect(g, ir.execute(g, ir.distribute(g, args, source=t)))
+    assert len(got) == len(want)
+    for v, o, w in zip(t.outputs, got, want, strict=True):
+        np.testing.assert_allclose(o, w, rtol=1e-4, atol=1e-6, err_msg=v.name)
