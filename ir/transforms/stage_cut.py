@@ -177,13 +177,7 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
     # imported Llama's rotary tables, computed from buffers) run where they are read, on
     # the earliest stage that reads them; they pull neither their forward readers nor the
     # backward ops that read them to an earlier stage.
-    derived = set(batch_inputs(f)) | set(weight_stage)
-    free: set[Op] = set()
-    for op in f.ops:
-        if any(v in derived for v in op.inputs):
-            derived.update(op.outputs)
-        else:
-            free.add(op)
+    free = _constant_ops(f, weight_stage)
     made_by = {v: op for v, op in producer.items() if op not in free}
     # A weight lives where the forward op that reads it runs (an op reading weights of two
     # groups runs on the later one); its gradient and optimizer step follow it there.
@@ -222,6 +216,18 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
             readers = [stage[u] for v in op.outputs for u in consumers.get(v, [])]
             stage[op] = min(readers, default=0)
     return {op: stage[op] for op in f.ops}
+
+
+def _constant_ops(f: Function, weights) -> set[Op]:
+    """The ops of ``f`` that depend on no batch input and none of ``weights``."""
+    derived = set(batch_inputs(f)) | set(weights)
+    free: set[Op] = set()
+    for op in f.ops:
+        if any(v in derived for v in op.inputs):
+            derived.update(op.outputs)
+        else:
+            free.add(op)
+    return free
 
 
 def _weight_gradient_chains(
@@ -284,7 +290,11 @@ def layer_boundaries(f: Function, backward: set[Op], order: list[Value]) -> list
     """Where a pipeline may cut the forward pass: the counts ``k`` of weights (in order of
     first use) before a point of the forward pass that one activation alone crosses (a
     transformer's residual stream between blocks and sublayers, an MLP between layers),
-    so that a cut there sends one value and splits no layer (as Megatron-LM cuts)."""
+    so that a cut there sends one value and splits no layer (as Megatron-LM cuts).
+    Values that depend on no batch input and no weight (an imported Llama's rotary
+    tables, read by every layer) do not count: they would leave no boundary but in the
+    last layer."""
+    free = _constant_ops(f, order)
     forward = [op for op in f.ops if op not in backward and not is_optimizer(op)]
     where = {op: i for i, op in enumerate(forward)}
     last_use: dict[Value, int] = {}
@@ -293,6 +303,8 @@ def layer_boundaries(f: Function, backward: set[Op], order: list[Value]) -> list
             last_use[v] = i
     crossing = [0] * (len(forward) + 1)  # values live across the point after op i
     for i, op in enumerate(forward):
+        if op in free:
+            continue
         for v in op.outputs:
             end = last_use.get(v, i)
             if end > i:

@@ -76,13 +76,24 @@ def test_megatron_splits_an_imported_llamas_attention_and_mlp_column_then_row():
 @pytest.mark.parametrize(("dp", "tp", "pp", "m"), [(2, 1, 2, 2), (2, 2, 2, 2)])
 def test_megatron_3d_steps_of_an_imported_llama_equal_the_sequential_step(dp, tp, pp, m):
     """The batch of 4 equals the rotary frequencies' length (4): a buffer the step does not
-    train is no batch input. The pipeline cut falls inside a layer, between an RMSNorm and
-    its scale: the scale's gradient (``dy * x``, summed) is made on the scale's stage."""
+    train is no batch input."""
     t, args, _ = _training_step(llama(), _ids(4))
     g = ir.transforms.megatron(t, dp, tp, pp, m)
     layouts = dict(zip((v.name for v in g.inputs), g.input_layouts))
     assert layouts["lm_model_rotary_emb_inv_freq"][0].startswith("R")
     _assert_step_equal(t, g, args)
+
+
+def test_a_pipeline_cuts_an_imported_llama_between_layers():
+    """The rotary tables, read by every layer, do not hide the layer boundaries: two
+    stages get one layer each (the embedding with the first, the head with the last)."""
+    t, _, _ = _training_step(llama(), _ids(4))
+    stage = ir.transforms.stage_assignment(t, 2)
+    by_weight = {
+        v.name: stage[op] for op in t.ops if op.op_type == "SGDOptimizer" for v in op.inputs[:1]
+    }
+    assert {s for n, s in by_weight.items() if "layers_0_" in n} == {0}
+    assert {s for n, s in by_weight.items() if "layers_1_" in n} == {1}
 
 
 def test_horizontal_parallel_of_an_imported_llama_equals_torch():
