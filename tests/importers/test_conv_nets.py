@@ -119,3 +119,17 @@ def test_a_conv_nets_training_step_parallelises_and_equals_the_sequential_step(d
     assert len(got) == len(want)
     for v, o, w in zip(t.outputs, got, want, strict=True):
         np.testing.assert_allclose(o, w, rtol=1e-4, atol=1e-6, err_msg=v.name)
+
+
+def test_a_conv_net_runs_in_onnxruntime_equal_to_torch(tmp_path):
+    """``to_onnx`` writes Conv2D and the poolings as ONNX's NCHW ``Conv``, ``MaxPool`` and
+    ``AveragePool`` between Transposes (reading them back is not implemented yet)."""
+    ort = pytest.importorskip("onnxruntime", reason="the importers extra is not installed")
+    f, args, want = _imported()
+    names = [v.name for v in f.inputs]
+    weights = {n: a for n, a in zip(names, args) if n != "input"}
+    path = tmp_path / "convnet.onnx"
+    ir.to_onnx(f, path, weights=weights)
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"input": args[names.index("input")]})
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-5)
