@@ -5,8 +5,11 @@
 imports shapes only; the forward step is distributed by annotation and propagation
 (the token ids' batch; Megatron's attention and MLP weights) and by the ready
 transforms (data parallel 8, pipeline 4 x 4 microbatches), and the simulator times it.
+With ``--train``, the training step instead (torch's cross-entropy on the logits,
+``ir.models.with_loss``; SGD) under ``T.megatron(t, dp, tp, pp, microbatches)``: tensor
+parallelism 8, data x pipeline, and all three.
 
-    python benchmarks/llama7b_simulation.py [--layers 32] [--batch 8] [--seq 2048]
+    python benchmarks/llama7b_simulation.py [--layers 32] [--batch 8] [--seq 2048] [--train]
 """
 
 from __future__ import annotations
@@ -58,7 +61,11 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=2048)
     p.add_argument("--preset", default="a100-hgx")
+    p.add_argument("--train", action="store_true", help="the training step under T.megatron")
     args = p.parse_args()
+    if args.train:
+        train(args)
+        return
     ids = torch.empty((args.batch, args.seq), dtype=torch.long, device="meta")
     start = time.perf_counter()
     f, _ = ir.from_torch(llama_7b(args.layers), (ids,))
@@ -92,6 +99,43 @@ def main() -> None:
         print(
             f"{label:22s} step {result.step_time_s * 1e3:8.1f} ms, peak {peak / 2**30:6.1f} GiB"
             f"  ({time.perf_counter() - start:.1f} s to propagate and simulate)"
+        )
+
+
+MEGATRON = [  # (dp, tp, pp, microbatches) on 8 GPUs
+    (1, 8, 1, 1),
+    (8, 1, 1, 1),
+    (2, 1, 4, 4),
+    (4, 1, 2, 4),
+    (2, 2, 2, 4),
+    (1, 4, 2, 4),
+]
+
+
+def train(args: argparse.Namespace) -> None:
+    ids = torch.empty((args.batch, args.seq), dtype=torch.long, device="meta")
+    start = time.perf_counter()
+    lm = llama_7b(args.layers)
+    f, _ = ir.from_torch(lm, (ids,))
+    trained = {ir.importers.weight_name(k) for k, _ in lm.named_parameters()}
+    f = ir.models.with_loss(f)
+    t = ir.transforms.training(f, params=[v.name for v in f.inputs if v.name in trained])
+    print(f"training step: {len(t.ops)} ops, in {time.perf_counter() - start:.1f} s")
+    alone = ir.simulate(t, ir.Topology.preset(args.preset, 1))
+    peak = max(alone.peak_memory_bytes.values())
+    print(f"{'1 GPU':22s} step {alone.step_time_s * 1e3:8.1f} ms, peak {peak / 2**30:6.1f} GiB")
+    topology = ir.Topology.preset(args.preset, 8)
+    for dp, tp, pp, m in MEGATRON:
+        if args.batch % (dp * m):
+            continue
+        start = time.perf_counter()
+        g = ir.transforms.megatron(t, dp, tp, pp, m)
+        result = ir.simulate(g, topology)
+        peak = max(result.peak_memory_bytes.values())
+        label = f"dp={dp} tp={tp} pp={pp} m={m}"
+        print(
+            f"{label:22s} step {result.step_time_s * 1e3:8.1f} ms, peak {peak / 2**30:6.1f} GiB"
+            f"  ({time.perf_counter() - start:.1f} s to transform and simulate)"
         )
 
 

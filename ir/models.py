@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 import string
 
-from .builder import FunctionBuilder
+from .builder import FunctionBuilder, rebuild_op
 from .errors import DistIRError
 from .function import Function
 from .types import DType, TensorType
@@ -36,6 +36,7 @@ __all__ = [
     "gpt_weight_shapes",
     "mlp",
     "mlp_weight_names",
+    "with_loss",
 ]
 
 ACTIVATIONS = ("relu", "gelu", "tanh")
@@ -111,6 +112,44 @@ def _maybe_training(forward: Function, training: bool) -> Function:
     from .transforms import training as make_training
 
     return make_training(forward)
+
+
+def with_loss(
+    f: Function, kind: str = "cross_entropy", output: int = 0, labels: str = "labels"
+) -> Function:
+    """``f`` (an imported language model, say) with a ``Loss`` of its output ``output``
+    appended: a new input ``labels`` (int64 class indices of the output's leading shape
+    for ``cross_entropy``, a tensor like the output for ``mse``), and the loss as the last
+    output. The mean over rows is torch's ``cross_entropy`` (``mse_loss`` sums the
+    squares of a row first), and ``ir.transforms.training`` can take it from there.
+
+    >>> import ir
+    >>> b = ir.FunctionBuilder("lm")
+    >>> x = b.input("x", ir.TensorType((2, 4)))
+    >>> w = b.input("w", ir.TensorType((4, 5)))
+    >>> f = with_loss(b.finish([b.call("MatMul", x, w, name="logits")]))
+    >>> [v.name for v in f.inputs], [v.name for v in f.outputs]
+    (['x', 'w', 'labels'], ['logits', 'l'])
+    """
+    if not -len(f.outputs) <= output < len(f.outputs):
+        raise ModelError(f"{f.name} has {len(f.outputs)} output(s); there is no output {output}")
+    if labels in {v.name for v in f.inputs}:
+        raise ModelError(f"{f.name} already has an input {labels!r}; name the labels otherwise")
+    y = f.outputs[output]
+    if not isinstance(y.type, TensorType) or not y.type.dtype.is_float:
+        raise ModelError(f"output {output} of {f.name} ({y.type}) is not a float tensor")
+    b = FunctionBuilder(f.name)
+    env = {v: b.input(v.name, v.type) for v in f.inputs}
+    if kind == "cross_entropy":
+        z_type = TensorType(y.type.shape[:-1], DType.int64, y.type.device)
+    else:
+        z_type = y.type
+    z = b.input(labels, z_type)
+    for op in f.ops:
+        for old, new in zip(op.outputs, rebuild_op(b, op, [env[v] for v in op.inputs])):
+            env[old] = new
+    loss = b.call("Loss", env[y], z, kind=kind, name="l")
+    return b.finish([*(env[v] for v in f.outputs), loss])
 
 
 # -- GPT -----------------------------------------------------------------------------

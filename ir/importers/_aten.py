@@ -381,3 +381,8 @@ CHECKS = frozenset(
         "aten._assert_async.msg",
     }
 )
+
+# Convolutions, batch norm and pooling (NCHW in torch, NHWC in the registry).
+from ._aten_conv import TABLE as _CONV  # noqa: E402  (it reads Lowering from above)
+
+TABLE.update(_CONV)

@@ -135,6 +135,52 @@ def _emit_slice(em, op, ins, outs):
     em.node("Slice", [ins[0], *parts, em.const(np.asarray([axis], np.int64), "axes")], outs)
 
 
+def _emit_pad(em, op, ins, outs):
+    rank = op.inputs[0].type.rank
+    pads = [0] * (2 * rank)
+    axis = op.attributes["axis"] % rank
+    pads[axis], pads[rank + axis] = op.attributes["before"], op.attributes["after"]
+    em.node("Pad", [ins[0], em.const(np.asarray(pads, np.int64), "pads")], outs)
+
+
+def _nchw(em, op, ins, outs, onnx_op: str, weights: list[str], **attrs) -> None:
+    """An NHWC window op as ONNX's NCHW one, between two Transposes."""
+    x = em.fresh("nchw")
+    em.node("Transpose", [ins[0]], [x], perm=[0, 3, 1, 2])
+    y = em.fresh("nchw_out")
+    em.node(onnx_op, [x, *weights], [y], **attrs)
+    em.node("Transpose", [y], outs, perm=[0, 2, 3, 1])
+
+
+def _window_attributes(op, kernel: tuple[int, int]) -> dict:
+    from ..ops.conv import conv_pads, conv_stride
+
+    top, bottom, left, right = conv_pads(op.attributes["padding"], *kernel)
+    stride = op.attributes["stride"]
+    return {
+        "pads": [top, left, bottom, right],
+        "strides": list(conv_stride(kernel if stride is None else stride)),
+    }
+
+
+def _emit_conv(em, op, ins, outs):
+    kernel = op.inputs[1].type.shape[:2]
+    w = em.fresh("oihw")
+    em.node("Transpose", [ins[1]], [w], perm=[3, 2, 0, 1])
+    _nchw(em, op, ins, outs, "Conv", [w], **_window_attributes(op, kernel))
+
+
+def _emit_pool(onnx_op: str, **extra):
+    def emit(em, op, ins, outs):
+        from ..ops.conv import conv_stride
+
+        kernel = conv_stride(op.attributes["kernel"])
+        attrs = _window_attributes(op, kernel)
+        _nchw(em, op, ins, outs, onnx_op, [], kernel_shape=list(kernel), **attrs, **extra)
+
+    return emit
+
+
 def _emit_concat(em, op, ins, outs):
     if any(not isinstance(v.type, TensorType) for v in op.inputs):
         raise _error(f"Concat {outs[0]!r} reads a tuple: export the logical program")
@@ -200,6 +246,10 @@ EXPORTS: dict[str, Callable[..., None]] = {
     "ReduceSum": _emit_reduce("ReduceSum"),
     "ReduceMean": _emit_reduce("ReduceMean"),
     "Slice": _emit_slice,
+    "Pad": _emit_pad,
+    "Conv2D": _emit_conv,
+    "MaxPool2D": _emit_pool("MaxPool"),
+    "AvgPool2D": _emit_pool("AveragePool", count_include_pad=1),
     "Concat": _emit_concat,
     "Embedding": lambda em, op, ins, outs: em.node("Gather", ins, outs, axis=0),
     "TakeAlongAxis": lambda em, op, ins, outs: em.node(

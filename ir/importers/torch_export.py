@@ -38,6 +38,7 @@ from ..function import Function
 from ..types import DType, TensorType
 from ..verify import verify
 from . import _aten
+from ._fold import fold_batched_matmuls
 
 __all__ = ["TorchImportError", "UnsupportedOpsError", "from_torch", "weight_name"]
 
@@ -259,7 +260,7 @@ class _Importer:
         if problems:
             raise UnsupportedOpsError(self.label, problems)
         outputs = self._outputs(values)
-        return verify(b.finish(outputs)), arguments
+        return fold_batched_matmuls(verify(b.finish(outputs))), arguments
 
     def _lifted(self, folded: dict) -> list:
         """Folded nodes that a computed node (or the output) reads, in graph order."""

@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     communication,
     control,
     conv,
+    conv_grad,
     elementwise,
     embedding,
     linalg,

@@ -16,8 +16,8 @@ by a factor; sharding a factor over a mesh axis shards every axis it names.
 * ``local_attributes``: ``fn(attributes, local_input_types, local_result_types)
   -> attributes`` when the per-device op needs other attributes (``Reshape``'s
   target shape, ``Loss``'s global denominator).
-* ``halo``: a sliding window along one axis (``Conv2D``): ``{"operand",
-  "axis", "result_axis", "window", "pads", "local_attributes"}``; propagation
+* ``halo``: sliding windows (``Conv2D``: height and width), a dict or a list of dicts ``{"operand",
+  "axis", "result_axis", "window", "stride", "pads", "local_attributes"}``; propagation
   exchanges boundary rows between neighbours with send/recv.
 
 The rule is plain data: ``ir.sharding`` reads it, ops never import sharding.

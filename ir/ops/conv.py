@@ -1,10 +1,14 @@
-"""2-D convolution, NHWC (seed 004's spatial-sharding example).
+"""2-D convolution and pooling, NHWC (seed 004's spatial-sharding example).
 
 ``Conv2D(x, w)``: ``x`` is ``(N, H, W, Cin)``, ``w`` is ``(Kh, Kw, Cin, Cout)``,
-stride 1. ``padding`` is ``"valid"`` (no padding), ``"same"`` (output H, W equal
-the input's; the extra row or column of an even kernel goes at the bottom /
-right), or explicit zero rows and columns ``[top, bottom, left, right]`` (what
-a spatially sharded device uses at the edges of the whole image).
+``stride`` ``[Sh, Sw]`` (default 1). ``padding`` is ``"valid"`` (no padding),
+``"same"`` (the zeros a stride-1 window needs to keep H, W; the extra row or
+column of an even kernel goes at the bottom / right), or explicit zero rows and
+columns ``[top, bottom, left, right]`` (what a spatially sharded device uses at
+the edges of the whole image). Output ``H' = (H + top + bottom - Kh) // Sh + 1``.
+
+Sharding: batch and output channels split; input channels give a partial sum;
+height or width split with a halo exchange (``ir.sharding.halo``), at any stride.
 """
 
 from __future__ import annotations
@@ -35,6 +39,14 @@ def conv_pads(padding, kh: int, kw: int) -> tuple[int, int, int, int]:
     )
 
 
+def conv_stride(stride) -> tuple[int, int]:
+    """(Sh, Sw) of a stride attribute (an int or a pair)."""
+    pair = (stride, stride) if isinstance(stride, int) else tuple(stride)
+    if len(pair) != 2 or min(pair) < 1:
+        raise TypeRuleError(f"stride must be a positive integer or [Sh, Sw], got {stride!r}")
+    return int(pair[0]), int(pair[1])
+
+
 def _conv_types(c: TypeContext):
     x, w = tensor(c, 0, "x"), tensor(c, 1, "w")
     same_dtype(x, w)
@@ -45,8 +57,9 @@ def _conv_types(c: TypeContext):
     if wcin != cin:
         raise TypeRuleError(f"x has {cin} input channels, w expects {wcin}")
     top, bottom, left, right = conv_pads(c.attributes["padding"], kh, kw)
-    ho, wo = h + top + bottom - kh + 1, wd + left + right - kw + 1
-    if ho < 1 or wo < 1:
+    sh, sw = conv_stride(c.attributes["stride"])
+    ho, wo = (h + top + bottom - kh) // sh + 1, (wd + left + right - kw) // sw + 1
+    if h + top + bottom < kh or wd + left + right < kw:
         raise TypeRuleError(f"a {kh}x{kw} kernel does not fit a padded {h}x{wd} image")
     return [x.with_shape((n, ho, wo, cout))]
 
@@ -55,8 +68,10 @@ def _conv_kernel(xs, a):
     x, w = xs
     kh, kw = w.shape[:2]
     top, bottom, left, right = conv_pads(a["padding"], kh, kw)
+    sh, sw = conv_stride(a["stride"])
     xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
     windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
+    windows = windows[:, ::sh, ::sw]
     return [np.einsum("nhwcij,ijco->nhwo", windows, w).astype(x.dtype)]
 
 
@@ -82,15 +97,23 @@ register_op(
                 '"valid", "same" or [top, bottom, left, right]',
                 kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
             ),
+            Attr(
+                "stride",
+                1,
+                "window step: one for both axes, or [Sh, Sw]",
+                kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
+            ),
         ),
         aliases=("conv2d",),
-        doc="2-D convolution, NHWC with (Kh, Kw, Cin, Cout) weights, stride 1.",
+        doc="2-D convolution, NHWC with (Kh, Kw, Cin, Cout) weights.",
         extra={
+            "weight_operands": (1,),  # the kernel is a weight
             "examples": lambda s: [
                 ctx(t(1, 3 + s, 5, 3), t(3, 3, 3, 2 * s)),
                 ctx(t(s, 4, 4 * s, 2), t(3, 2, 2, 3), padding="same"),
                 ctx(t(1, 2 * s, 3, 1), t(2, 2, 1, 1), padding=(1, 0, 0, 1)),
-            ]
+                ctx(t(1, 4 * s, 5, 2), t(3, 3, 2, 2), padding=(1, 1, 1, 1), stride=(2, 2)),
+            ],
         },
     )
 )
@@ -101,24 +124,147 @@ register_op(
 def _conv_sharding(c: TypeContext) -> dict:
     kh, kw = c.input_types[1].shape[:2]
     top, bottom, left, right = conv_pads(c.attributes["padding"], kh, kw)
+    sh, sw = conv_stride(c.attributes["stride"])
 
-    def local_pads(attrs, pad_top: int, pad_bottom: int) -> dict:
+    def rows_pads(attrs, pad_top: int, pad_bottom: int) -> dict:
         return {**dict(attrs), "padding": [pad_top, pad_bottom, left, right]}
+
+    def columns_pads(attrs, pad_left: int, pad_right: int) -> dict:
+        return {**dict(attrs), "padding": [top, bottom, pad_left, pad_right]}
 
     return rule(
         [("n", None, None, "ci"), (None, None, "ci", "co")],
         [("n", None, None, "co")],
         reduce={"ci": "sum"},
         linear=[(0,), (1,)],
-        halo={
-            "operand": 0,
-            "axis": 1,
-            "result_axis": 1,
-            "window": kh,
-            "pads": (top, bottom),
-            "local_attributes": local_pads,
-        },
+        halo=[
+            window_axis(1, kh, sh, (top, bottom), rows_pads),
+            window_axis(2, kw, sw, (left, right), columns_pads),
+        ],
     )
 
 
+def window_axis(axis: int, window: int, stride: int, pads: tuple[int, int], local) -> dict:
+    """One window axis of a sliding-window op's sharding rule (its ``halo`` list): operand 0's
+    and the result's ``axis``, the window and its step, the zeros before and after, and
+    ``local(attributes, zeros_before, zeros_after)``: a device's op attributes."""
+    return {
+        "operand": 0,
+        "axis": axis,
+        "result_axis": axis,
+        "window": window,
+        "stride": stride,
+        "pads": pads,
+        "local_attributes": local,
+    }
+
+
 attach_rule("Conv2D", "sharding_rule", _conv_sharding)
+
+
+# -- pooling -------------------------------------------------------------------------
+# MaxPool2D and AvgPool2D: NHWC windows of ``kernel`` rows and columns every ``stride``,
+# explicit ``padding`` [top, bottom, left, right] (-inf for max, zeros counted in the
+# average as torch's ``count_include_pad``). Batch and channels split freely; height
+# or width split with a halo exchange, as Conv2D.
+
+
+def _pool_geometry(a) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
+    kh, kw = conv_stride(a["kernel"])
+    stride = a["stride"]
+    sh, sw = (kh, kw) if stride is None else conv_stride(stride)
+    return (kh, kw), (sh, sw), conv_pads(a["padding"], kh, kw)
+
+
+def _pool_types(c: TypeContext):
+    x = tensor(c, 0, "x")
+    if x.rank != 4:
+        raise TypeRuleError(f"pooling needs x (N, H, W, C), got {x}")
+    (kh, kw), (sh, sw), (top, bottom, left, right) = _pool_geometry(c.attributes)
+    n, h, w, ch = x.shape
+    if h + top + bottom < kh or w + left + right < kw:
+        raise TypeRuleError(f"a {kh}x{kw} window does not fit a padded {h}x{w} image")
+    ho, wo = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
+    return [x.with_shape((n, ho, wo, ch))]
+
+
+def _pool_kernel(reduce, fill: float):
+    def kernel(xs, a):
+        (x,) = xs
+        (kh, kw), (sh, sw), (top, bottom, left, right) = _pool_geometry(a)
+        xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
+        windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
+        return [reduce(windows[:, ::sh, ::sw], axis=(-2, -1)).astype(x.dtype)]
+
+    return kernel
+
+
+def _pool_cost(c: CostContext) -> Cost:
+    (x,) = c.input_types
+    (y,) = c.output_types
+    kh, kw = conv_stride(c.attributes["kernel"])
+    return Cost(float(y.num_elements * kh * kw), x.size_bytes, y.size_bytes)
+
+
+def _pool_sharding(c: TypeContext) -> dict:
+    (kh, kw), (sh, sw), (top, bottom, left, right) = _pool_geometry(c.attributes)
+
+    def rows_pads(attrs, pad_top: int, pad_bottom: int) -> dict:
+        return {**dict(attrs), "padding": [pad_top, pad_bottom, left, right]}
+
+    def columns_pads(attrs, pad_left: int, pad_right: int) -> dict:
+        return {**dict(attrs), "padding": [top, bottom, pad_left, pad_right]}
+
+    return rule(
+        [("n", None, None, "c")],
+        [("n", None, None, "c")],
+        halo=[
+            window_axis(1, kh, sh, (top, bottom), rows_pads),
+            window_axis(2, kw, sw, (left, right), columns_pads),
+        ],
+    )
+
+
+_POOL_ATTRIBUTES = (
+    Attr(
+        "kernel",
+        doc="window: one size for both axes, or [Kh, Kw]",
+        kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
+    ),
+    Attr(
+        "stride",
+        None,
+        "window step (None: the kernel), one for both axes or [Sh, Sw]",
+        kind=kinds.optional(kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2))),
+    ),
+    Attr(
+        "padding",
+        "valid",
+        '"valid" or [top, bottom, left, right]',
+        kind=kinds.either(kinds.one_of("valid"), kinds.PADS),
+    ),
+)
+
+for _name, _reduce, _fill, _what in (
+    ("MaxPool2D", np.max, -np.inf, "largest"),
+    ("AvgPool2D", np.mean, 0.0, "mean"),
+):
+    register_op(
+        OpDef(
+            name=_name,
+            operands=("x",),
+            results=("y",),
+            type_rule=_pool_types,
+            kernel=_pool_kernel(_reduce, _fill),
+            cost_rule=_pool_cost,
+            attributes=_POOL_ATTRIBUTES,
+            doc=f"The {_what} value of each window of x (N, H, W, C), per channel.",
+            extra={
+                "examples": lambda s: [
+                    ctx(t(1, 4 * s, 4, 2), kernel=2),
+                    ctx(t(s, 5, 7, 3), kernel=3, stride=2, padding=(1, 1, 1, 1)),
+                ]
+            },
+        )
+    )
+    attach_rule(_name, "sharding_rule", _pool_sharding)

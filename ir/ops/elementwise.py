@@ -135,7 +135,10 @@ register_op(
         kernel=lambda xs, attrs: [xs[0]],
         cost_rule=per_output_element(0),
         doc="Returns its operand (a tensor or a tuple) unchanged.",
-        extra={"examples": lambda s: [ctx(t(2 * s, 3)), ctx(per_device(s, 2))]},
+        extra={
+            "view": True,
+            "examples": lambda s: [ctx(t(2 * s, 3)), ctx(per_device(s, 2))],
+        },
     )
 )
 

@@ -1,4 +1,4 @@
-"""Pieces of tensors: ``Slice``, ``Concat`` and ``Split``.
+"""Pieces of tensors: ``Slice``, ``Pad``, ``Concat`` and ``Split``.
 
 They run on one device (``OpKind.COMPUTE``). ``Split`` follows the uneven-split
 rule of ``communication.split_sizes`` (the first ``n % k`` parts get one element
@@ -103,6 +103,52 @@ register_op(
     )
 )
 
+# -- Pad ---------------------------------------------------------------------------
+# ``Pad`` is ``Slice``'s gradient: zeros before and after x along one axis. Written as
+# one op (not a Concat with zero Constants of fixed shape) it keeps the other axes'
+# factors, so a split by heads passes a sliced rotary embedding's backward.
+
+
+def _pad_types(c: TypeContext):
+    x = tensor(c, 0, "x")
+    axis = normalize_axis(c.attributes["axis"], x.rank)
+    before, after = c.attributes["before"], c.attributes["after"]
+    if before < 0 or after < 0:
+        raise TypeRuleError(f"pad sizes must be >= 0, got before={before}, after={after}")
+    n = x.shape[axis] + before + after
+    return [x.with_shape((*x.shape[:axis], n, *x.shape[axis + 1 :]))]
+
+
+def _pad_kernel(xs, a):
+    x = xs[0]
+    widths = [(0, 0)] * x.ndim
+    widths[a["axis"] % x.ndim] = (a["before"], a["after"])
+    return [np.pad(x, widths)]
+
+
+register_op(
+    OpDef(
+        name="Pad",
+        operands=("x",),
+        results=("y",),
+        type_rule=_pad_types,
+        kernel=_pad_kernel,
+        cost_rule=memory_cost,
+        attributes=(
+            Attr("axis", doc="axis to pad", kind=kinds.INT),
+            Attr("before", 0, "zeros put before x", kind=kinds.INT),
+            Attr("after", 0, "zeros put after x", kind=kinds.INT),
+        ),
+        doc="x with before zeros in front and after zeros behind along axis.",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, 3), axis=0, before=s, after=1),
+                ctx(t(2, s), axis=-1, before=0, after=2 * s),
+            ]
+        },
+    )
+)
+
 # -- Concat and Split --------------------------------------------------------------
 
 
@@ -193,6 +239,7 @@ def _split_sharding(c: TypeContext) -> dict:
 
 
 fx.attach("Slice", lambda c: fx.same_axes(c, whole=(c.attributes["axis"],)))
+fx.attach("Pad", lambda c: fx.same_axes(c, whole=(c.attributes["axis"],), partial_ops=("sum",)))
 fx.attach("Concat", _concat_sharding)
 fx.attach("Split", _split_sharding)
 
@@ -203,7 +250,7 @@ fx.attach("Split", _split_sharding)
 
 def _attach_gradient_rules() -> None:
     from ..registry import attach_rule
-    from ._grad import gname, zeros
+    from ._grad import gname
 
     def unary(fn):
         def rule(b, op, ins, outs, dys):
@@ -214,15 +261,16 @@ def _attach_gradient_rules() -> None:
     def slice_(b, op, x, dy, name):
         axis, start, end = _slice_bounds(x.type, op.attributes)
         n = x.type.shape[axis]
-        parts = []
-        for k, (lo, hi) in enumerate(((0, start), (end, n))):
-            if hi > lo:
-                shape = (*x.type.shape[:axis], hi - lo, *x.type.shape[axis + 1 :])
-                parts.append(zeros(b, x.type.with_shape(shape), f"{name}_pad{k}"))
-        if not parts:
+        if (start, end) == (0, n):
             return dy
-        parts.insert(0 if start == 0 else 1, dy)
-        return b.call("Concat", *parts, dim=axis, name=name)
+        return b.call("Pad", dy, axis=axis, before=start, after=n - end, name=name)
+
+    def pad(b, op, x, dy, name):
+        axis = normalize_axis(op.attributes["axis"], x.type.rank)
+        start = op.attributes["before"]
+        return b.call(
+            "Slice", dy, axis=axis, start=start, end=start + x.type.shape[axis], name=name
+        )
 
     def pieces(b, op, ins, dy, name):
         """Slices of dy along dim, one per concatenated tensor (a tuple for a tuple operand)."""
@@ -254,6 +302,7 @@ def _attach_gradient_rules() -> None:
         return [b.call("Concat", *parts, dim=op.attributes["dim"], name=gname(x))]
 
     attach_rule("Slice", "gradient_rule", unary(slice_))
+    attach_rule("Pad", "gradient_rule", unary(pad))
     attach_rule("Concat", "gradient_rule", concat)
     attach_rule("Split", "gradient_rule", split)
 

@@ -55,11 +55,12 @@ register_op(
         ),
         doc="Permute the axes of x: y.shape[i] = x.shape[perm[i]].",
         extra={
+            "view": True,  # moves or retypes elements, computes nothing
             "examples": lambda s: [
                 ctx(t(2 * s, 3), perm=(1, 0)),
                 ctx(t(2, s, 3 * s), perm=(0, 2, 1)),
                 ctx(t(s + 1, 4)),
-            ]
+            ],
         },
     )
 )
@@ -106,11 +107,12 @@ register_op(
         ),
         doc="x with a new shape holding the same number of elements (row-major order).",
         extra={
+            "view": True,  # moves or retypes elements, computes nothing
             "examples": lambda s: [
                 ctx(t(2 * s, 6), shape=(12 * s,)),
                 ctx(t(4, s, 3), shape=(-1, 3)),
                 ctx(t(6 * s), shape=(2, 3, s)),
-            ]
+            ],
         },
     )
 )
@@ -154,10 +156,11 @@ register_op(
         ),
         doc="x converted to another element type.",
         extra={
+            "view": True,  # moves or retypes elements, computes nothing
             "examples": lambda s: [
                 ctx(t(s, 3), dtype="float16"),
                 ctx(t(2 * s, dtype=DType.int64), dtype="float32"),
-            ]
+            ],
         },
     )
 )

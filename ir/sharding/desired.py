@@ -25,8 +25,8 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
     def from_operands():
         for i, ps in known_in:
             p = ps[k]
-            if _is_halo(rule, p, i, "operand", "axis"):
-                return ("halo",)
+            if (h := _is_halo(rule, p, i, "operand", "axis")) is not None:
+                return h
             if isinstance(p, Shard) and rule.operands[i][p.dim] is not None:
                 return _shard(rule.operands[i][p.dim], p)
             if isinstance(p, Partial) and p.op in rule.partial_ops:
@@ -38,8 +38,8 @@ def _axis_choice(rule: Rule, known_in, known_out, k: int, results_first: bool):
     def from_results():
         for j, ps in known_out:
             p = ps[k]
-            if _is_halo(rule, p, j, "result", "result_axis") and j == 0:
-                return ("halo",)
+            if j == 0 and (h := _is_halo(rule, p, j, "result", "result_axis")) is not None:
+                return h
             if isinstance(p, Shard) and rule.results[j][p.dim] is not None:
                 return _shard(rule.results[j][p.dim], p)
             if isinstance(p, Partial):
@@ -61,11 +61,16 @@ def _shard(factor, p: Shard) -> tuple:
     return ("shard", factor) if p.block is None else ("shard", factor, p.block)
 
 
-def _is_halo(rule: Rule, p: Placement, index: int, which: str, axis_key: str) -> bool:
-    h = rule.halo
-    if h is None or not isinstance(p, Shard) or p.dim != h[axis_key]:
-        return False
-    return which == "result" or index == h["operand"]
+def _is_halo(
+    rule: Rule, p: Placement, index: int, which: str, axis_key: str
+) -> tuple[str, int] | None:
+    """The halo choice that splits ``p``'s axis, if ``p`` is one of the rule's window axes."""
+    if rule.halo is None or not isinstance(p, Shard):
+        return None
+    for i, h in enumerate(rule.halo):
+        if p.dim == h[axis_key] and (which == "result" or index == h["operand"]):
+            return ("halo", i)
+    return None
 
 
 def desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):

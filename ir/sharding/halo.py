@@ -1,7 +1,8 @@
-"""Halo exchange: sharding a sliding-window op (``Conv2D``) along its window axis.
+"""Halo exchange: sharding a sliding-window op (``Conv2D``, pooling) along a window axis
+(its height or its width: the rule lists each axis's window, stride and padding).
 
-Each device computes the output rows its result layout gives it. For those it
-needs input rows ``[o_start - pad_top, o_stop - 1 + window - pad_top)``: what
+Each device computes the output rows its result layout gives it. For those it needs
+input rows ``[o_start * stride - pad_top, (o_stop - 1) * stride + window - pad_top)``: what
 it holds, plus boundary rows (the halo) from its neighbours along the mesh
 axis, sent point to point (``Slice`` on the neighbour, ``Send``, ``Concat``),
 plus zero rows where the window hangs over the image's edge (the local op's
@@ -20,8 +21,8 @@ from .mesh import Layout, Shard
 
 
 def _setup(op, rule, mesh, strategy):
-    h = rule.halo
     k = next(i for i, c in enumerate(strategy) if c[0] == "halo")
+    h = rule.halo[strategy[k][1]]
     x = op.inputs[h["operand"]].type
     y = op.outputs[0].type
     return h, k, x, y
@@ -30,12 +31,13 @@ def _setup(op, rule, mesh, strategy):
 def _device_plan(op, rule, mesh, strategy, ins, outs, device):
     """(pieces [(source, start, stop) in the source's local rows], zero_top, zero_bottom)."""
     h, k, x, y = _setup(op, rule, mesh, strategy)
-    axis, window = h["axis"], h["window"]
+    axis, window, stride = h["axis"], h["window"], h.get("stride", 1)
     pad_top = h["pads"][0]
     xl, yl = Layout(mesh, ins[h["operand"]]), Layout(mesh, outs[0])
     o_start, o_stop = yl.local_bounds(y.shape, device)[h["result_axis"]]
     n = x.shape[axis]
-    need_start, need_stop = o_start - pad_top, o_stop - 1 + window - pad_top
+    need_start = o_start * stride - pad_top
+    need_stop = (o_stop - 1) * stride + window - pad_top
     zero_top, zero_bottom = max(0, -need_start), max(0, need_stop - n)
     lo_all, hi_all = max(0, need_start), min(n, need_stop)
     pieces = []
@@ -76,7 +78,7 @@ def valid(op, rule, mesh, strategy, ins, outs) -> bool:
     """Whether every device can compute its rows (halo axis split by this mesh axis only)."""
     from .redistribute import local_types
 
-    h = rule.halo
+    h, _, _, _ = _setup(op, rule, mesh, strategy)
     axis = h["axis"]
     if sum(1 for p in ins[h["operand"]] if isinstance(p, Shard) and p.dim == axis) != 1:
         return False

@@ -8,8 +8,9 @@ A *strategy* says, per mesh axis, what an op does along that axis:
 * ``("replicate",)``: everything ``R`` on that axis;
 * ``("partial", L, op)``: the operands in ``L`` are ``P(op)``, the others
   ``R``, the results ``P(op)`` (the op is linear in ``L``);
-* ``("halo",)``: a sliding-window op split along its window axis, with the
-  boundary rows exchanged between neighbours.
+* ``("halo", i)``: a sliding-window op split along its window axis ``i`` (of the
+  rule's ``halo`` list: height, width), with the boundary rows exchanged between
+  neighbours.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..verify import attributes_key, describe_op
 from .errors import PropagationError
 from .mesh import Mesh, Partial, Placement, R, Replicate, Shard
 
-Choice = tuple  # ("shard", f[, block]) | ("replicate",) | ("partial", L, op) | ("halo",)
+Choice = tuple  # ("shard", f[, block]) | ("replicate",) | ("partial", L, op) | ("halo", i)
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Rule:
     linear: tuple[tuple[int, ...], ...] = ()
     partial_ops: tuple[str, ...] = ("sum", "mean")
     local_attributes: Any = None
-    halo: Mapping[str, Any] | None = None
+    halo: tuple[Mapping[str, Any], ...] | None = None  # one per window axis
 
     @property
     def factors(self) -> list[str]:
@@ -91,8 +92,15 @@ def _read_rule(opdef, op: Op, types: tuple[Type, ...]) -> Rule:
         linear=tuple(tuple(ix) for ix in raw.get("linear", ())),
         partial_ops=tuple(raw.get("partial_ops", ("sum", "mean"))),
         local_attributes=raw.get("local_attributes"),
-        halo=raw.get("halo"),
+        halo=_halos(raw.get("halo")),
     )
+
+
+def _halos(raw: Any) -> tuple[Mapping[str, Any], ...] | None:
+    """A rule's ``halo``: one window axis (a dict) or several (a list of dicts)."""
+    if raw is None:
+        return None
+    return (raw,) if isinstance(raw, Mapping) else tuple(raw)
 
 
 def axis_placements(rule: Rule, choice: Choice) -> tuple[list[Placement], list[Placement]] | None:
@@ -106,8 +114,8 @@ def axis_placements(rule: Rule, choice: Choice) -> tuple[list[Placement], list[P
         ins: list[Placement] = [Partial(op) if i in members else R for i in range(n_in)]
         return ins, [Partial(op)] * n_out
     if kind == "halo":
-        h = rule.halo
-        assert h is not None
+        assert rule.halo is not None
+        h = rule.halo[choice[1]]
         ins = [Shard(h["axis"]) if i == h["operand"] else R for i in range(n_in)]
         return ins, [Shard(h["result_axis"])] * n_out
     f = choice[1]
@@ -138,7 +146,7 @@ def axis_choices(rule: Rule, current: Sequence[Placement | None], axis_size: int
         for op in sorted(partial_ops & set(rule.partial_ops)):
             choices.append(("partial", members, op))
     if rule.halo is not None and axis_size > 1:
-        choices.append(("halo",))
+        choices += [("halo", i) for i in range(len(rule.halo))]
     return choices
 
 
@@ -211,7 +219,8 @@ def describe(strategy: Sequence[Choice], rule: Rule) -> str:
         elif c[0] == "partial":
             parts.append(f"axis {k}: partial {c[2]} through operands {list(c[1])}")
         elif c[0] == "halo":
-            parts.append(f"axis {k}: halo exchange along tensor axis {rule.halo['axis']}")  # type: ignore[index]
+            axis = rule.halo[c[1]]["axis"]  # type: ignore[index]
+            parts.append(f"axis {k}: halo exchange along tensor axis {axis}")
         else:
             parts.append(f"axis {k}: replicate")
     return "; ".join(parts)

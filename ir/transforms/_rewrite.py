@@ -60,19 +60,40 @@ def parameter_inputs(f: Function) -> list[Value]:
         for op in optimizers:
             found.update(v for i, v in enumerate(op.inputs) if i != 1 and v in inputs)
         return [v for v in f.inputs if v in found]
-    origin: dict[Value, Value] = {v: v for v in f.inputs}
+    return _weight_like(f)
+
+
+def _weight_like(f: Function) -> list[Value]:
+    """The inputs read where weights are read (see :func:`parameter_inputs`), directly,
+    through views, or through arithmetic on vectors of them and constants (an eval-mode
+    batch norm's ``rsqrt(var + eps) * weight``, reshaped to a per-channel column)."""
+    found: set[Value] = set()
+    origin: dict[Value, frozenset[Value]] = {v: frozenset({v}) for v in f.inputs}
     for op in f.ops:
-        if op.op_type in _VIEWS and op.inputs[0] in origin:
-            origin[op.outputs[0]] = origin[op.inputs[0]]
+        if not op.inputs:  # a constant: adds no input
+            origin.update(dict.fromkeys(op.outputs, frozenset()))
+            continue
+        if (is_view(op) and op.inputs[0] in origin) or (
+            all(v in origin for v in op.inputs) and _vectors(op)
+        ):
+            origin.update(dict.fromkeys(op.outputs, frozenset().union(*map(origin.get, op.inputs))))
             continue
         weights = get_op(op.op_type).extra.get("weight_operands", ())
         for i, v in enumerate(op.inputs):
             if v in origin and (i in weights or _broadcast(op, v)):
-                found.add(origin[v])
+                found |= origin[v]
     return [v for v in f.inputs if v in found]
 
 
-_VIEWS = frozenset({"Transpose", "Reshape", "Cast", "Identity"})
+def _vectors(op: Op) -> bool:
+    """Every result of ``op`` is a tensor of rank 1 or less."""
+    return all(isinstance(v.type, TensorType) and v.type.rank <= 1 for v in op.outputs)
+
+
+def is_view(op: Op) -> bool:
+    """``op`` only moves or retypes its operand's elements (its record's ``extra["view"]``:
+    ``Transpose``, ``Reshape``, ``Cast``, ``Identity``)."""
+    return bool(get_op(op.op_type).extra.get("view", False))
 
 
 def _broadcast(op: Op, v: Value) -> bool:
@@ -86,8 +107,8 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
     """The inputs split along dim 0 (the batch): those named, else the non-weights of rank >= 1
     that the program reads (an imported module's unused buffer is not a batch).
 
-    Without names, the batch size is dim 0 of the first non-weight input, and every
-    non-weight input with that dim 0 is a batch input.
+    Without names, the batch size is dim 0 of the first non-weight input whose dim 0 is
+    not 1, and every non-weight input with that dim 0 is a batch input.
     """
     if names is not None:
         by_name = {v.name: v for v in f.inputs}
@@ -97,7 +118,8 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
                 f"{f.name} has no input(s) {unknown}; its inputs are {list(by_name)}"
             )
         return [by_name[n] for n in names]
-    params = set(parameter_inputs(f))
+    # a training program's untrained buffers (rotary frequencies) are not batches either
+    params = set(parameter_inputs(f)) | set(_weight_like(f))
     read = {v for op in f.ops for v in op.inputs} | set(f.outputs)
     data = [
         v
@@ -106,7 +128,8 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
     ]
     if not data:
         return []
-    batch = data[0].type.shape[0]
+    # a leading 1 is broadcast, not a batch (a ViT's class token, expanded to the batch)
+    batch = next((v.type.shape[0] for v in data if v.type.shape[0] > 1), data[0].type.shape[0])
     return [v for v in data if v.type.shape[0] == batch]
 
 

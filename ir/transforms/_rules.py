@@ -120,17 +120,36 @@ def linear_in_all(c: Candidate, n_operands: int) -> bool:
     return c.choice[0] == "partial" and len(c.choice[1]) == n_operands
 
 
-def data_rule(op: Op, states: list[Shard | None]) -> RuleResult:
-    """Data parallelism: batch rows are independent, so results take their state from
-    their local shapes; Partial operands are all-reduced first unless the op's record
-    says it is linear in all of them."""
+def data_rule(op: Op, states: list[Shard | None], n: int = 1) -> RuleResult:
+    """Data parallelism over ``n`` devices: batch rows are independent, so results take
+    their state from their local shapes; Partial operands are all-reduced first unless the
+    op's record says it is linear in all of them. A replicated operand that the op's
+    record aligns with a split one (a class token broadcast to the whole batch, then
+    concatenated with the batch's patches) is sliced where it is: no communication."""
     partial = {i for i, s in enumerate(states) if s == P}
     if not partial:
-        return RuleResult(None)
+        return RuleResult(None, convert=_slices(op, states) if n > 1 else {})
     n = len(states)
     if len(partial) == n and any(linear_in_all(c, n) for c in candidates(op, 2)):
         return RuleResult(None)
     return RuleResult(None, convert=dict.fromkeys(partial, R))
+
+
+def _slices(op: Op, states: Sequence[Shard | None]) -> dict[int, Shard]:
+    """The replicated operands to slice so that ``op`` runs on its split operands' shards
+    (none when a way of running it fits the states as they are, or none fits by slicing)."""
+    if is_optimizer(op) or R not in states or not any(s and s.kind == "S" for s in states):
+        return {}
+    cands = candidates(op, 2)
+    if not cands or any(c.fits(states) for c in cands):
+        return {}
+    for c in cands:
+        if c.choice[0] != "shard":
+            continue
+        convert = {i: want for i, (want, s) in enumerate(zip(c.operands, states)) if s != want}
+        if all(states[i] == R and want.kind == "S" for i, want in convert.items()):
+            return convert
+    return {}
 
 
 class MegatronRule:

@@ -8,7 +8,10 @@ given the operands' states, or that the op cannot run on these states, in which
 case the engine first turns its operands into ``R`` with a collective
 (``AllGather`` for ``S``, ``AllReduce`` for ``P``). Inputs may be *lazy*: their
 state is left to the rule of their first user (horizontal parallelism decides
-whether a weight is split by columns or rows that way).
+whether a weight is split by columns or rows that way). A view of a lazy input
+(``Transpose``, ``Cast``, ``Identity``: imported programs transpose torch's
+``(out, in)`` Linear weights before every ``MatMul``) is lazy too: it is planned
+when its own first user decides its state, which decides the input's through it.
 
 The rules are read from the ops' records (``_rules.py``: one generic reading of
 the sharding rules, a policy per transform); ``_emit.py`` turns the plan into a
@@ -24,9 +27,11 @@ from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
 from ..ops.communication import split_sizes
+from ..sharding.errors import PropagationError
+from ..sharding.rules import rule_for
 from ..types import DeviceVar, TensorType
 from ..value import Value
-from ._rewrite import TransformError, localize_op
+from ._rewrite import TransformError, is_view, localize_op
 
 
 @dataclass(frozen=True)
@@ -59,6 +64,28 @@ class RuleResult:
 
 
 Rule = Callable[[Op, list[Shard | None]], RuleResult | None]
+
+
+def _lazy_view(op: Op) -> bool:
+    """``op`` is a view (``Transpose``, ``Cast``, ``Identity``) whose sharding rule names
+    every axis of its result after one of its operand's: a state of the result is a
+    state of the operand."""
+    if not is_view(op) or len(op.inputs) != 1:
+        return False
+    try:
+        rule = rule_for(op)
+    except PropagationError:
+        return False
+    (xs,), (ys,) = rule.operands, rule.results
+    return None not in ys and sorted(ys) == sorted(n for n in xs if n is not None)
+
+
+def _through_view(view: Op, state: Shard) -> Shard:
+    """The state of ``view``'s operand that gives its result ``state``."""
+    if state.kind != "S":
+        return state
+    rule = rule_for(view)
+    return S(rule.operands[0].index(rule.results[0][state.dim]))
 
 
 @dataclass
@@ -120,9 +147,18 @@ class Plan:
         self.converted: dict[tuple[Value, Shard], Value] = {}
         self.steps: list[Step] = []
         self.gathers: list[Value] = []  # activations that had to be all-gathered (S -> R)
+        self.pending: dict[Value, Op] = {}  # lazy views of lazy inputs, planned when decided
         self.local = LocalProgram(self, 0)
         for op in f.ops:
+            lazy = len(op.inputs) == 1 and self.state[self.current[op.inputs[0]]] is None
+            if lazy and _lazy_view(op):
+                out = op.outputs[0]
+                self.pending[out] = op
+                self.state[out], self.prov[out], self.current[out] = None, frozenset(), out
+                continue
             self._plan_op(op)
+        for v in list(self.pending):  # views nothing reads
+            self._decide(v, R, frozenset())
         for v in f.inputs:
             if self.state[v] is None:
                 self.state[v] = R
@@ -172,6 +208,15 @@ class Plan:
             self.state[v], self.prov[v], self.current[v] = s, prov, v
 
     def _decide(self, key: Value, state: Shard, prov: frozenset[Value]) -> None:
+        view = self.pending.pop(key, None)
+        if view is not None:  # decide the viewed input, then plan the view itself
+            self._decide(self.current[view.inputs[0]], _through_view(view, state), prov)
+            self._plan_op(view)
+            if self.state[key] != state:
+                raise TransformError(
+                    f"internal: the view {view.op_type} gave {key.name!r} the state "
+                    f"{self.state[key]}, not {state}"
+                )
         self.state[key], self.prov[key] = state, prov
 
     def _infer(self, op: Op, keys: list[Value], v: Value, local: Value) -> Shard:

@@ -18,6 +18,7 @@ their devices scattered and broadcast by the step, batch-shaped outputs gathered
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from ..function import Function
@@ -47,7 +48,8 @@ def data_plan(
         if not isinstance(v.type, TensorType) or v.type.rank < 1:
             raise TransformError(f"batch input {v.name!r} must be a tensor of rank >= 1")
     check_degree(what, degree, batch_size(f, inputs), "batch size")
-    return _Plan(f, degree, {v: S(0) for v in inputs}, data_rule, var)
+    rule = partial(data_rule, n=degree)
+    return _Plan(f, degree, {v: S(0) for v in inputs}, rule, var)
 
 
 def data_parallel(

@@ -186,6 +186,13 @@ class _Megatron:
         # the gradients it leaves partial, and the optimizer steps after their all-reduce.
         dplan = data_plan(t, dp * m, what="dp x microbatches")
         self.dplan = dplan
+        sliced = [st.keys[0].name for st in dplan.steps if st.op is None and st.src == R]
+        if sliced:
+            raise TransformError(
+                f"data level: {sliced} are whole-batch values made from no batch input (a "
+                "class token broadcast to the batch) that the replicas slice; slicing them "
+                "per microbatch is not supported yet: use T.data_parallel"
+            )
         late: set[Value] = {st.keys[1] for st in dplan.steps if st.op is None}
         self.post: list[Op] = []
         self.post_keys: dict[Op, tuple[Value, ...]] = {}

@@ -36,7 +36,13 @@ from ..sharding.errors import AnnotationError
 from ..sharding.stages import is_stage_marker, stage_marks, strip_stages
 from ..value import Value
 from ..verify import describe_op
-from ._rewrite import TransformError, is_optimizer, parameter_inputs, starts_backward
+from ._rewrite import (
+    TransformError,
+    batch_inputs,
+    is_optimizer,
+    parameter_inputs,
+    starts_backward,
+)
 
 _SEE = "(the pipeline degree, times chunks with the interleaved schedule)"
 
@@ -165,13 +171,22 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
     for op in f.ops:
         if is_optimizer(op) and op.inputs[1] in producer:
             grad_of[producer[op.inputs[1]]] = op.inputs[0]
+    grad_of.update(_weight_gradient_chains(f, grad_of, weight_stage, gradients))
     stage: dict[Op, int] = {}
+    # Ops that depend on no batch input and no weight (constants: a mask, a scale, zeros; an
+    # imported Llama's rotary tables, computed from buffers) run where they are read, on
+    # the earliest stage that reads them; they pull neither their forward readers nor the
+    # backward ops that read them to an earlier stage.
+    free = _constant_ops(f, weight_stage)
+    made_by = {v: op for v, op in producer.items() if op not in free}
     # A weight lives where the forward op that reads it runs (an op reading weights of two
     # groups runs on the later one); its gradient and optimizer step follow it there.
     home: dict[Value, int] = {}
     for op in f.ops:
+        if op in free:
+            continue
         wstages = [home.get(v, weight_stage[v]) for v in op.inputs if v in weight_stage]
-        made = [stage[producer[v]] for v in op.inputs if v in producer]
+        made = [stage[made_by[v]] for v in op.inputs if v in made_by]
         if is_optimizer(op):
             w = op.inputs[0]
             stage[op] = home.get(w, weight_stage.get(w, max(made, default=0)))
@@ -187,9 +202,7 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
             # the latest of the activations it reads (the forward op's inputs or outputs)
             grads = [stage[producer[v]] for v in op.inputs if producer.get(v) in gradients]
             values = [
-                stage[producer[v]]
-                for v in op.inputs
-                if v in producer and producer[v] not in gradients
+                stage[made_by[v]] for v in op.inputs if v in made_by and made_by[v] not in gradients
             ]
             w = grad_of.get(op)
             if w is not None and w in weight_stage:
@@ -197,7 +210,58 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
                 continue
             s = max(wstages) if wstages else max(values, default=min(grads, default=0))
             stage[op] = min([s, *grads])
-    return stage
+    consumers = f.consumers
+    for op in reversed(f.ops):
+        if op in free:
+            readers = [stage[u] for v in op.outputs for u in consumers.get(v, [])]
+            stage[op] = min(readers, default=0)
+    return {op: stage[op] for op in f.ops}
+
+
+def _constant_ops(f: Function, weights) -> set[Op]:
+    """The ops of ``f`` that depend on no batch input and none of ``weights``."""
+    derived = set(batch_inputs(f)) | set(weights)
+    free: set[Op] = set()
+    for op in f.ops:
+        if any(v in derived for v in op.inputs):
+            derived.update(op.outputs)
+        else:
+            free.add(op)
+    return free
+
+
+def _weight_gradient_chains(
+    f: Function, grad_of: Mapping[Op, Value], weight_stage: Mapping[Value, int], gradients: set[Op]
+) -> dict[Op, Value]:
+    """The gradient ops that make a weight's gradient from the operand it was multiplied
+    with: a broadcast scale's ``dy * x`` (an RMSNorm's) and its sum over the broadcast axes.
+    They run on the weight's stage, not on the stage of ``x``: a pipeline cut between an
+    RMSNorm and its scale would otherwise send the gradient back and forth."""
+    consumers, producer = f.consumers, f.producers
+    feeds: dict[Op, Value] = {}  # ops whose results feed one weight's gradient only
+    for op in reversed(f.ops):
+        if op in grad_of or op not in gradients:
+            continue
+        users = {grad_of.get(u, feeds.get(u)) for v in op.outputs for u in consumers.get(v, [])}
+        if len(users) == 1 and None not in users:
+            feeds[op] = users.pop()
+    beside: dict[Value, set[Value]] = {}  # forward value -> weights read with it
+    for op in f.ops:
+        if op not in gradients and not is_optimizer(op):
+            ws = {v for v in op.inputs if v in weight_stage}
+            for v in op.inputs:
+                beside.setdefault(v, set()).update(ws)
+    chains: dict[Op, Value] = {}
+    for op in f.ops:
+        w = feeds.get(op)
+        if w is None or any(v in weight_stage for v in op.inputs):
+            continue
+        forward = [v for v in op.inputs if producer.get(v) not in gradients]
+        if any(w in beside.get(v, ()) for v in forward) or any(
+            producer.get(v) in chains for v in op.inputs
+        ):
+            chains[op] = w
+    return chains
 
 
 def _balanced_weights(f: Function, n: int, backward: set[Op]) -> dict[Value, int]:
@@ -226,7 +290,11 @@ def layer_boundaries(f: Function, backward: set[Op], order: list[Value]) -> list
     """Where a pipeline may cut the forward pass: the counts ``k`` of weights (in order of
     first use) before a point of the forward pass that one activation alone crosses (a
     transformer's residual stream between blocks and sublayers, an MLP between layers),
-    so that a cut there sends one value and splits no layer (as Megatron-LM cuts)."""
+    so that a cut there sends one value and splits no layer (as Megatron-LM cuts).
+    Values that depend on no batch input and no weight (an imported Llama's rotary
+    tables, read by every layer) do not count: they would leave no boundary but in the
+    last layer."""
+    free = _constant_ops(f, order)
     forward = [op for op in f.ops if op not in backward and not is_optimizer(op)]
     where = {op: i for i, op in enumerate(forward)}
     last_use: dict[Value, int] = {}
@@ -235,6 +303,8 @@ def layer_boundaries(f: Function, backward: set[Op], order: list[Value]) -> list
             last_use[v] = i
     crossing = [0] * (len(forward) + 1)  # values live across the point after op i
     for i, op in enumerate(forward):
+        if op in free:
+            continue
         for v in op.outputs:
             end = last_use.get(v, i)
             if end > i:

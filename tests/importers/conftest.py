@@ -93,6 +93,42 @@ def bert() -> torch.nn.Module:
     return Hidden(transformers.BertModel(config).eval())
 
 
+class ImageLogits(torch.nn.Module):
+    """An image classifier's forward as a module that returns its logits only."""
+
+    def __init__(self, classifier: torch.nn.Module) -> None:
+        super().__init__()
+        self.classifier = classifier
+
+    def forward(self, pixels: torch.Tensor) -> torch.Tensor:
+        return self.classifier(pixels).logits
+
+
+CLASSES = 5
+
+
+def vit() -> torch.nn.Module:
+    """A ViT classifier on 16 x 16 RGB images in 4 x 4 patches (16 patches and the class
+    token), 2 layers, hidden 32, 4 heads."""
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        num_channels=3,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        num_labels=CLASSES,
+        attn_implementation="eager",
+    )
+    return ImageLogits(transformers.ViTForImageClassification(config).eval())
+
+
+def pixels(batch: int) -> torch.Tensor:
+    return torch.randn((batch, 3, 16, 16), generator=torch.Generator().manual_seed(4))
+
+
 @pytest.fixture
 def ids() -> torch.Tensor:
     return torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(1))

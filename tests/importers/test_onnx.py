@@ -93,6 +93,24 @@ def test_every_exported_family_runs_in_onnxruntime_equal_to_execute(tmp_path):
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-7)
 
 
+def test_windows_and_padding_run_in_onnxruntime_equal_to_execute(tmp_path):
+    """Pad, and the NHWC window ops (strided, padded) as ONNX's NCHW ones."""
+    b = ir.FunctionBuilder("windows")
+    x = b.input("x", TensorType((2, 9, 8, 3), F32, 0))
+    w = b.input("w", TensorType((3, 3, 3, 4), F32, 0))
+    y = b.call("Conv2D", x, w, padding=(1, 1, 0, 1), stride=(2, 1), name="y")
+    pooled = b.call("MaxPool2D", y, kernel=2, stride=1, padding=(0, 1, 1, 0), name="m")
+    mean = b.call("AvgPool2D", y, kernel=(3, 2), stride=2, padding=(1, 1, 1, 1), name="a")
+    padded = b.call("Pad", pooled, axis=2, before=1, after=2, name="p")
+    f = b.finish([padded, mean])
+    args = _arguments(f)
+    path = tmp_path / "windows.onnx"
+    ir.to_onnx(f, path)
+    got = _session(path).run(None, {v.name: a for v, a in zip(f.inputs, args)})
+    for g, want in zip(got, ir.execute(f, args), strict=True):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("model", ["gpt2", "llama", "bert"])
 def test_imported_transformer_runs_in_onnxruntime_equal_to_torch(model: str, tmp_path):
     from .conftest import MODELS, torch

@@ -316,3 +316,43 @@ def test_the_docs_example_runs() -> None:
     exec(compile(textwrap.dedent(example), f"{DOCS.name} (annotated stages)", "exec"), namespace)
     assert namespace["devices"] == {"a0": 0, "a1": 1, "a2": 1, "y": 1}
     assert str(namespace["same"]) == str(namespace["g"])
+
+
+def _scaled_mlp() -> ir.Function:
+    """x @ w1, scaled per feature by a broadcast weight g (an RMSNorm's scale), @ w2."""
+    f64 = ir.DType.float64
+    b = ir.FunctionBuilder("scaled")
+    w1 = b.input("w1", ir.TensorType((4, 6), f64, 0))
+    g = b.input("g", ir.TensorType((6,), f64, 0))
+    w2 = b.input("w2", ir.TensorType((6, 3), f64, 0))
+    x = b.input("x", ir.TensorType((8, 4), f64, 0))
+    z = b.input("z", ir.TensorType((8,), ir.DType.int64, 0))
+    h = b.call("MatMul", x, w1, name="h")
+    y = b.call("Mul", h, g, name="y")
+    out = b.call("MatMul", y, w2, name="out")
+    return transforms.training(b.finish([b.call("Loss", out, z, name="l")]))
+
+
+def test_a_broadcast_scales_gradient_runs_on_the_scales_stage() -> None:
+    """``dg = sum(dy * h)`` reads ``h`` from stage 0 but is g's gradient: it runs on g's
+    stage 1 (it ran on stage 0, which then waited for stage 1's backward: a deadlock)."""
+    t = _scaled_mlp()
+    stage = stage_assignment(t, 2, {"y": 1})
+    g_grad = [op for op in t.ops if any(v.name.startswith("dg") for v in op.outputs)]
+    assert g_grad and {stage[op] for op in g_grad} == {1}
+    g = megatron(t, 1, 1, 2, 2, stage_of={"y": 1})
+    xs = ir.random_inputs(t, 0)
+    want = ir.execute(t, xs)
+    got = ir.collect(g, ir.execute(g, ir.distribute(g, xs, source=t)))
+    for v, o, w in zip(t.outputs, got, want, strict=True):
+        np.testing.assert_allclose(o, w, rtol=1e-9, err_msg=v.name)
+
+
+def test_constants_run_on_the_first_stage_that_reads_them() -> None:
+    """A constant read only by stage 1 (and its backward) is made there, not on stage 0."""
+    t = transforms.training(ir.models.mlp(8, 4, 6, 3, layers=2, dtype="float64"))
+    stage = stage_assignment(t, 2)
+    readers = t.consumers
+    for op in t.ops:
+        if op.op_type == "Constant":
+            assert stage[op] == min(stage[u] for v in op.outputs for u in readers[v])

@@ -1,0 +1,95 @@
+"""Clean-ups of an imported program that make it look like a hand-written one.
+
+torch lowers a batched ``matmul`` of ``(B, H, M, K)`` and ``(B, H, K, N)`` tensors
+to ``bmm``: both operands are reshaped to ``(B * H, M, K)`` and ``(B * H, K, N)``,
+multiplied, and the product reshaped back to ``(B, H, M, N)``. Merging the batch
+axis with the heads hides the heads from the parallelising transforms (a split by
+heads is not a contiguous split of ``B * H``: tensor parallelism had to all-gather
+around every attention), so :func:`fold_batched_matmuls` gives the registry's
+``MatMul`` the four-dimensional operands directly, as the built-in GPT writes it.
+"""
+
+from __future__ import annotations
+
+from ..builder import FunctionBuilder, rebuild_op
+from ..function import Function
+from ..op import Op
+from ..types import TensorType
+from ..value import Value
+from ..verify import verify
+
+
+def _merged_source(op: Op | None, rank: int) -> Value | None:
+    """The operand of ``op`` if ``op`` is a Reshape that only merges leading axes into one
+    of a rank-``rank`` result (the last two axes kept)."""
+    if op is None or op.op_type != "Reshape":
+        return None
+    src, out = op.inputs[0], op.outputs[0]
+    if not isinstance(src.type, TensorType) or src.type.rank <= rank:
+        return None
+    if src.type.shape[-2:] != out.type.shape[-2:]:
+        return None
+    return src
+
+
+def _foldable(f: Function, op: Op) -> tuple[Value, Value, list[Op]] | None:
+    """``(a, b, unmerges)`` when ``op`` is a MatMul of two merged-batch reshapes of
+    ``a`` and ``b`` (same leading axes) whose every reader reshapes it back."""
+    if op.op_type != "MatMul" or op.outputs[0].type.rank != 3:
+        return None
+    producers, consumers = f.producers, f.consumers
+    a = _merged_source(producers.get(op.inputs[0]), 3)
+    b = _merged_source(producers.get(op.inputs[1]), 3)
+    if a is None or b is None or a.type.shape[:-2] != b.type.shape[:-2]:
+        return None
+    lead = a.type.shape[:-2]
+    want = (*lead, *op.outputs[0].type.shape[-2:])
+    readers = consumers.get(op.outputs[0], [])
+    if op.outputs[0] in f.outputs or not readers:
+        return None
+    if not all(r.op_type == "Reshape" and r.outputs[0].type.shape == want for r in readers):
+        return None
+    return a, b, readers
+
+
+def fold_batched_matmuls(f: Function) -> Function:
+    """``f`` with every ``Reshape -> MatMul -> Reshape`` that merges and splits leading
+    axes again replaced by one batched ``MatMul``; returns ``f`` itself when none is."""
+    folds = {op: hit for op in f.ops if (hit := _foldable(f, op)) is not None}
+    if not folds:
+        return f
+    # values that the folded program reads no more (the merging reshapes, the 3-d products)
+    replaced: dict[Value, Op] = {}
+    for op, (_, _, readers) in folds.items():
+        for r in readers:
+            replaced[r.outputs[0]] = op
+    live = set(f.outputs)
+    kept: list[Op] = []
+    for op in reversed(f.ops):
+        if op in folds:
+            live.update(folds[op][:2])
+            kept.append(op)
+            continue
+        if op.outputs[0] in replaced:
+            continue  # becomes the folded MatMul's result
+        if any(v in live for v in op.outputs):
+            live.update(op.inputs)
+            kept.append(op)
+    b = FunctionBuilder(f.name)
+    env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in f.inputs}
+    for op in reversed(kept):
+        if op in folds:
+            a, w, readers = folds[op]
+            new = b.add_op(
+                "MatMul", [env[a], env[w]], dict(op.attributes), names=[readers[0].outputs[0].name]
+            )
+            out = new.outputs[0]
+            for r in readers:
+                env[r.outputs[0]] = out
+            continue
+        for x, y in zip(op.outputs, rebuild_op(b, op, [env[v] for v in op.inputs])):
+            env[x] = y
+    return verify(b.finish([env[v] for v in f.outputs]))
+
+
+__all__ = ["fold_batched_matmuls"]

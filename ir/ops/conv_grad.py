@@ -1,0 +1,259 @@
+"""Gradients of 2-D convolution and pooling (NHWC), so that conv nets train.
+
+``Conv2DGrad(x, w, dy)`` returns ``(dw, dx)`` (the seeds' order, as ``MatMulGrad``);
+``Pool2DGrad(x, dy)`` returns ``dx`` of ``MaxPool2D`` (``kind="max"``: each window's
+``dy`` goes to its first largest element, as torch does) or ``AvgPool2D``
+(``kind="avg"``: spread evenly over the window, zeros of the padding included). Both
+take the forward op's geometry (``padding``, ``stride``; ``kernel`` for pooling).
+They split over the batch (``dw`` is then a partial sum) and the channels; the spatial
+axes stay whole.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import attr_kinds as kinds
+from ..errors import TypeRuleError
+from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, attach_rule, register_op
+from ._common import same_dtype, tensor
+from ._examples import ctx, t
+from ._factors import rule
+from .conv import _conv_types, _pool_geometry, _pool_types, conv_pads, conv_stride
+
+
+def _check_dy(c: TypeContext, forward, dy_index: int) -> None:
+    (want,) = forward(TypeContext(c.input_types[:dy_index], c.attributes, ()))
+    dy = tensor(c, dy_index, "dy")
+    if dy.shape != want.shape:
+        raise TypeRuleError(f"dy has shape {dy.shape}, but the forward result has {want.shape}")
+
+
+def _conv_grad_types(c: TypeContext):
+    x, w = tensor(c, 0, "x"), tensor(c, 1, "w")
+    same_dtype(x, w, tensor(c, 2, "dy"))
+    _check_dy(c, _conv_types, 2)
+    return [w, x]
+
+
+def _scatter_windows(shape, kernel, stride, pads, add_window):
+    """The padded-input gradient: ``add_window(i, j)`` for every kernel offset, added at
+    the rows and columns that offset reads; then the padding cut off."""
+    (kh, kw), (sh, sw), (top, bottom, left, right) = kernel, stride, pads
+    n, h, w, c = shape
+    dxp = None
+    for i in range(kh):
+        for j in range(kw):
+            part = add_window(i, j)
+            if dxp is None:
+                dxp = np.zeros((n, h + top + bottom, w + left + right, c), part.dtype)
+            ho, wo = part.shape[1:3]
+            dxp[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] += part
+    return dxp[:, top : top + h, left : left + w]
+
+
+def _conv_grad_kernel(xs, a):
+    x, w, dy = xs
+    kh, kw = w.shape[:2]
+    pads = conv_pads(a["padding"], kh, kw)
+    stride = conv_stride(a["stride"])
+    top, bottom, left, right = pads
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
+    windows = windows[:, :: stride[0], :: stride[1]]
+    dw = np.einsum("nhwcij,nhwo->ijco", windows, dy)
+    dx = _scatter_windows(
+        x.shape, (kh, kw), stride, pads, lambda i, j: np.einsum("nhwo,co->nhwc", dy, w[i, j])
+    )
+    return [dw.astype(w.dtype), dx.astype(x.dtype)]
+
+
+def _conv_grad_cost(c: CostContext) -> Cost:
+    x, w, dy = c.input_types
+    flops = 2.0 * 2.0 * dy.num_elements * w.shape[0] * w.shape[1] * w.shape[2]
+    read, written = x.size_bytes + w.size_bytes + dy.size_bytes, x.size_bytes + w.size_bytes
+    return Cost(flops, read, written, matrix_flops=flops)
+
+
+_CONV_ATTRIBUTES = (
+    Attr(
+        "padding",
+        "valid",
+        "the forward Conv2D's padding",
+        kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
+    ),
+    Attr(
+        "stride",
+        1,
+        "the forward Conv2D's stride",
+        kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
+    ),
+)
+
+register_op(
+    OpDef(
+        name="Conv2DGrad",
+        operands=("x", "w", "dy"),
+        results=("dw", "dx"),
+        type_rule=_conv_grad_types,
+        kernel=_conv_grad_kernel,
+        cost_rule=_conv_grad_cost,
+        attributes=_CONV_ATTRIBUTES,
+        doc="Gradients of y = Conv2D(x, w) given dy: returns (dw, dx), the seeds' order.",
+        extra={
+            "weight_operands": (1,),
+            "examples": lambda s: [
+                ctx(t(1, 3 + s, 5, 3), t(3, 3, 3, 2 * s), t(1, 1 + s, 3, 2 * s)),
+                ctx(
+                    t(s, 6, 5, 2),
+                    t(3, 3, 2, 2),
+                    t(s, 3, 2, 2),
+                    padding=(1, 1, 0, 1),
+                    stride=(2, 2),
+                ),
+            ],
+        },
+    )
+)
+
+
+def _pool_grad_types(c: TypeContext):
+    x = tensor(c, 0, "x")
+    same_dtype(x, tensor(c, 1, "dy"))
+    if c.attributes["kind"] not in ("max", "avg"):
+        raise TypeRuleError(f'kind must be "max" or "avg", got {c.attributes["kind"]!r}')
+    _check_dy(c, _pool_types, 1)
+    return [x]
+
+
+def _pool_grad_kernel(xs, a):
+    x, dy = xs
+    kernel, stride, pads = _pool_geometry(a)
+    (kh, kw), (sh, sw) = kernel, stride
+    if a["kind"] == "avg":
+        share = dy / (kh * kw)
+        return [_scatter_windows(x.shape, kernel, stride, pads, lambda i, j: share)]
+    top, bottom, left, right = pads
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=-np.inf)
+    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
+    windows = windows[:, ::sh, ::sw]
+    biggest = windows.max(axis=(-2, -1))
+    taken = np.zeros(biggest.shape, bool)
+    routed = {}
+    for i in range(kh):
+        for j in range(kw):
+            hit = (windows[..., i, j] == biggest) & ~taken
+            taken |= hit
+            routed[i, j] = np.where(hit, dy, 0).astype(dy.dtype)
+    return [_scatter_windows(x.shape, kernel, stride, pads, lambda i, j: routed[i, j])]
+
+
+def _pool_grad_cost(c: CostContext) -> Cost:
+    x, dy = c.input_types
+    kh, kw = conv_stride(c.attributes["kernel"])
+    return Cost(float(dy.num_elements * kh * kw), x.size_bytes + dy.size_bytes, x.size_bytes)
+
+
+register_op(
+    OpDef(
+        name="Pool2DGrad",
+        operands=("x", "dy"),
+        results=("dx",),
+        type_rule=_pool_grad_types,
+        kernel=_pool_grad_kernel,
+        cost_rule=_pool_grad_cost,
+        attributes=(
+            Attr(
+                "kind", doc='"max" or "avg": the forward pooling', kind=kinds.one_of("max", "avg")
+            ),
+            Attr(
+                "kernel",
+                doc="the forward pooling's kernel",
+                kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
+            ),
+            Attr(
+                "stride",
+                None,
+                "the forward pooling's stride",
+                kind=kinds.optional(
+                    kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2))
+                ),
+            ),
+            Attr(
+                "padding",
+                "valid",
+                "the forward pooling's padding",
+                kind=kinds.either(kinds.one_of("valid"), kinds.PADS),
+            ),
+        ),
+        doc="Gradient of MaxPool2D or AvgPool2D (kind) of x given dy.",
+        extra={
+            "examples": lambda s: [
+                ctx(t(1, 4 * s, 4, 2), t(1, 2 * s, 2, 2), kind="max", kernel=2),
+                ctx(
+                    t(s, 5, 7, 3),
+                    t(s, 3, 4, 3),
+                    kind="avg",
+                    kernel=3,
+                    stride=2,
+                    padding=(1, 1, 1, 1),
+                ),
+            ]
+        },
+    )
+)
+
+
+# -- sharding rules ------------------------------------------------------------------
+# Over the batch dw is a partial sum; over output channels dx is; input channels split
+# both. Pooling's gradient splits over batch and channels.
+
+attach_rule(
+    "Conv2DGrad",
+    "sharding_rule",
+    lambda c: rule(
+        [("n", None, None, "ci"), (None, None, "ci", "co"), ("n", None, None, "co")],
+        [(None, None, "ci", "co"), ("n", None, None, "ci")],
+        reduce={"n": "sum", "co": "sum"},
+        linear=[(2,)],
+    ),
+)
+attach_rule(
+    "Pool2DGrad",
+    "sharding_rule",
+    lambda c: rule(
+        [("n", None, None, "c"), ("n", None, None, "c")], [("n", None, None, "c")], linear=[(1,)]
+    ),
+)
+
+
+# -- gradient rules (autodiff) -------------------------------------------------------
+
+
+def _conv_gradient(b, op, ins, outs, dys):
+    from ._grad import gname
+
+    (dy,) = dys
+    if dy is None:
+        return [None, None]
+    x, w = ins
+    dw, dx = b.call("Conv2DGrad", x, w, dy, **op.attributes, name=[gname(w), gname(x)])
+    return [dx, dw]
+
+
+def _pool_gradient(kind: str):
+    def gradient(b, op, ins, outs, dys):
+        from ._grad import gname
+
+        (dy,) = dys
+        if dy is None:
+            return [None]
+        (x,) = ins
+        return [b.call("Pool2DGrad", x, dy, kind=kind, **op.attributes, name=gname(x))]
+
+    return gradient
+
+
+attach_rule("Conv2D", "gradient_rule", _conv_gradient)
+attach_rule("MaxPool2D", "gradient_rule", _pool_gradient("max"))
+attach_rule("AvgPool2D", "gradient_rule", _pool_gradient("avg"))
