@@ -444,6 +444,9 @@ def _worker(
         if not steps:
             _run_ops(function, rank)
             rank.tag = -1
+            # no rank leaves while another still connects its groups (a rank with nothing
+            # to send, as under KeepShard, would close the connection it waits for)
+            dist.barrier()
             outbox.put((rank_id, [rank.env[v] for v in function.outputs], None))
         else:
             record = []
@@ -455,6 +458,7 @@ def _worker(
                 _run_ops(function, rank, timed)
                 rank.tag = -1
                 record.append((origin, timed))
+            dist.barrier()
             outbox.put((rank_id, record, None))
         dist.destroy_process_group()
     except Exception as e:  # said to the parent as text: an exception may not pickle

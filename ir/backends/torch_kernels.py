@@ -4,8 +4,8 @@ Each entry of :data:`TORCH_KERNELS` computes what the op's numpy kernel in
 ``ir/ops`` computes (same formula, same dtype), on ``torch.Tensor`` operands:
 ``kernel(inputs, attributes) -> list of results``. The ops covered are those of
 the MLP and GPT programs (forward, backward, SGD and Adam) and the ops that
-lowering adds (``Slice``, ``Concat``, ``Sum``, ``Split``, tuples), and ``Conv2D`` for the
-halo exchange of a spatially sharded convolution. An op without
+lowering adds (``Slice``, ``Concat``, ``Sum``, ``Split``, tuples), and ``Conv2D`` (any stride)
+for the halo exchange of a spatially sharded convolution. An op without
 an entry is refused before any process starts (:func:`check_kernels`).
 
 Imported only where torch is used (the backend's workers): it imports torch.
@@ -198,12 +198,12 @@ def _split(xs, a):
 
 
 def _conv2d(xs, a):
-    from ..ops.conv import conv_pads
+    from ..ops.conv import conv_pads, conv_stride
 
-    x, w = xs  # NHWC and (Kh, Kw, Cin, Cout), stride 1, as ir/ops/conv.py
+    x, w = xs  # NHWC and (Kh, Kw, Cin, Cout), as ir/ops/conv.py
     top, bottom, left, right = conv_pads(a["padding"], w.shape[0], w.shape[1])
     xp = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
-    y = torch.nn.functional.conv2d(xp, w.permute(3, 2, 0, 1))
+    y = torch.nn.functional.conv2d(xp, w.permute(3, 2, 0, 1), stride=conv_stride(a["stride"]))
     return [y.permute(0, 2, 3, 1).contiguous()]
 
 

@@ -365,23 +365,35 @@ def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
         return _slice_per_device(b, value, step, after)
     if step.kind == "alltoall" or uneven:
         return _per_group(b, value, step, groups, after)
-    xs = value.whole_in(b)
+    ys = _call(b, step, value.whole_in(b), name, grouped)
+    return DistValue(None, after, value.type, whole=ys, name=name)
+
+
+def _call(b: FunctionBuilder, step: Step, xs: Value, name: str, grouped: dict) -> Value:
+    """The one op of ``step`` on the per-device tuple ``xs`` (its groups in ``grouped``)."""
+    src, dst = step.src, step.dst
     if step.kind == "slice":
-        ys = b.call("KeepShard", xs, dim=step.dst.dim, name=f"{name}_kept", **grouped)  # type: ignore[union-attr]
-    elif step.kind == "allgather":
-        ys = b.call("AllGather", xs, dim=step.src.dim, name=f"{name}_gathered", **grouped)  # type: ignore[union-attr]
-    elif step.kind == "allreduce":
-        ys = b.call("AllReduce", xs, op=step.src.op, name=f"{name}_reduced", **grouped)  # type: ignore[union-attr]
-    elif step.kind == "reducescatter":
-        ys = b.call(
+        return b.call("KeepShard", xs, dim=dst.dim, name=f"{name}_kept", **grouped)  # type: ignore[union-attr]
+    if step.kind == "allgather":
+        return b.call("AllGather", xs, dim=src.dim, name=f"{name}_gathered", **grouped)  # type: ignore[union-attr]
+    if step.kind == "allreduce":
+        return b.call("AllReduce", xs, op=src.op, name=f"{name}_reduced", **grouped)  # type: ignore[union-attr]
+    if step.kind == "reducescatter":
+        return b.call(
             "ReduceScatter",
             xs,
-            dim=step.dst.dim,  # type: ignore[union-attr]
-            op=step.src.op,  # type: ignore[union-attr]
+            dim=dst.dim,  # type: ignore[union-attr]
+            op=src.op,  # type: ignore[union-attr]
             name=f"{name}_scattered",
             **grouped,
         )
-    return DistValue(None, after, value.type, whole=ys, name=name)
+    return b.call(
+        "AllToAll",
+        xs,
+        split_dim=dst.dim,  # type: ignore[union-attr]
+        concat_dim=src.dim,  # type: ignore[union-attr]
+        name=f"{name}_exchanged",
+    )  # no grouped form: called per group
 
 
 def _slice_per_device(b: FunctionBuilder, value: DistValue, step: Step, after: Layout) -> DistValue:
@@ -412,26 +424,7 @@ def _per_group(
     name = value.name
     for idx in groups:
         xs = b.call("MakeTuple", *(new[i] for i in idx), name=f"{name}_parts")
-        if step.kind == "allgather":
-            ys = b.call("AllGather", xs, dim=step.src.dim, name=f"{name}_gathered")  # type: ignore[union-attr]
-        elif step.kind == "allreduce":
-            ys = b.call("AllReduce", xs, op=step.src.op, name=f"{name}_reduced")  # type: ignore[union-attr]
-        elif step.kind == "reducescatter":
-            ys = b.call(
-                "ReduceScatter",
-                xs,
-                dim=step.dst.dim,  # type: ignore[union-attr]
-                op=step.src.op,  # type: ignore[union-attr]
-                name=f"{name}_scattered",
-            )
-        else:
-            ys = b.call(
-                "AllToAll",
-                xs,
-                split_dim=step.dst.dim,  # type: ignore[union-attr]
-                concat_dim=step.src.dim,  # type: ignore[union-attr]
-                name=f"{name}_exchanged",
-            )
+        ys = _call(b, step, xs, name, {})
         for i, part in zip(idx, b.unpack(ys, [name + suffixes[i] for i in idx])):
             new[i] = part
     return DistValue(tuple(new), after, value.type, name=name)
