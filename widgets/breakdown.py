@@ -1,16 +1,26 @@
 """Where each device's step time goes: compute, exposed communication, idle.
 
 Communication that runs while the device computes costs nothing; what the step
-waits for is the *exposed* part. Used by the Gantt chart's summary bars when a
-device has too many events to draw one bar each.
+waits for is the *exposed* part. *Idle* is the time the device neither computes nor
+communicates: in a pipeline, its bubble (a stage waiting for activations or
+gradients from its neighbours, at the ends of a 1F1B step and between GPipe's
+forward and backward passes on the first stages), elsewhere load imbalance. The
+simulator does not record what each wait waited for, so the two are not told apart.
+Used by the Gantt chart's summary bars when a device has too many events to draw one
+bar each, and drawn beside the Gantt as one stacked bar per device
+(:func:`breakdown_html`).
 """
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
+
+from .palette import COMMUNICATION_COLOR, device_color, device_label
+from .units import format_time
 
 if TYPE_CHECKING:
     from ir.sim import SimResult
@@ -70,3 +80,51 @@ def step_breakdown(
         idle_s = max(t1 - t0 - busy, 0.0)
         out.append(StepBreakdown(int(d), compute_s, busy - compute_s, idle_s, int(mine.sum())))
     return out
+
+
+_PARTS = (  # (what, attribute, colour: None for the device's)
+    ("compute", "compute_s", None),
+    ("exposed communication", "exposed_communication_s", COMMUNICATION_COLOR),
+    ("idle", "idle_s", "#e0e0e0"),
+)
+
+
+def breakdown_html(result: SimResult, width_px: int = 360) -> str:
+    """One stacked bar per device (compute in the device's colour, exposed communication,
+    idle) with the shares written out: an offline HTML fragment, no plotly.
+
+    >>> import ir
+    >>> b = ir.FunctionBuilder("f")
+    >>> x = b.input("x", ir.TensorType((64, 64), device=0))
+    >>> r = ir.simulate(b.finish([b.call("MatMul", x, x)]), ir.Topology.preset("a100-hgx", 1))
+    >>> "compute 100%" in breakdown_html(r)
+    True
+    """
+    rows = []
+    for p in step_breakdown(result):
+        total = p.step_s or 1.0
+        segments, words = [], []
+        for what, attr, color in _PARTS:
+            seconds = getattr(p, attr)
+            share = seconds / total
+            if share <= 0:
+                continue
+            fill = device_color(p.device) if color is None else color
+            style = f"background:{fill};width:{share * width_px:.1f}px"
+            segments.append(
+                f"<span title='{what}: {format_time(seconds)} ({share:.0%})' "
+                f"style='display:inline-block;height:12px;{style}'></span>"
+            )
+            words.append(f"{what} {share:.0%}")
+        rows.append(
+            f"<div style='white-space:nowrap;font:11px sans-serif'>"
+            f"<span style='display:inline-block;width:4.5em'>{html.escape(device_label(p.device))}"
+            f"</span><span style='display:inline-block;width:{width_px}px;"
+            f"border:1px solid #999'>{''.join(segments)}</span> {', '.join(words)}</div>"
+        )
+    legend = (
+        "<div style='font:11px sans-serif;color:#555'>Where each device's step goes: compute "
+        "(device colour), exposed communication (black), idle (grey: in a pipeline, its "
+        "bubble).</div>"
+    )
+    return f"<div class='distir-breakdown'>{legend}{''.join(rows)}</div>"

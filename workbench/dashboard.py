@@ -35,6 +35,7 @@ from widgets import (
     gantt_figure,
     memory_figure,
 )
+from widgets.breakdown import breakdown_html
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.gantt_zoom import GanttZoom
 from widgets.graph import PendingGraph, render_graph
@@ -201,6 +202,8 @@ class Workbench(w.VBox):
         self.controls = self._strategy_controls()
         self.gantt_box = w.Box(layout={"width": "100%"})
         self.gantt_box.add_class("distir-gantt")
+        self.breakdown = w.HTML()  # beside the Gantt: each device's step, broken down
+        self.breakdown.add_class("distir-breakdown")
         self.memory_box = w.Box(layout={"width": "100%"})
         self.memory_box.add_class("distir-memory")
         self.compare_box = w.Box(layout={"width": "100%"})
@@ -234,6 +237,7 @@ class Workbench(w.VBox):
                 self.summary,
                 w.HBox([main, side]),
                 self.gantt_box,
+                self.breakdown,
                 self.memory_box,
                 self.compare_box,
                 self.measure_panel,
@@ -420,6 +424,7 @@ class Workbench(w.VBox):
             self.gantt_box.children = [self.gantt]
         elif not self.gantt_zoom.show(d.result, d.function):
             connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
+        self.breakdown.value = breakdown_html(d.result)
         gantt_done = time.perf_counter()
         # a curve slot for every device shown so far: the next program redraws in place
         seen = set(self._memory_devices) | set(d.result.devices)

@@ -29,7 +29,7 @@ from widgets import (
     pareto_figure,
     render_graph,
 )
-from widgets.breakdown import step_breakdown
+from widgets.breakdown import breakdown_html, step_breakdown
 from widgets.static_html import Part, page_html
 from widgets.units import format_bytes, format_time
 
@@ -271,6 +271,7 @@ def report_html(
         assert d is not None
         parts += [
             (f"{o.label}: timeline", gantt_figure(d.result, d.function)),
+            (f"{o.label}: where each device's step goes", breakdown_html(d.result)),
             (f"{o.label}: memory", memory_figure(d.result)),
             (
                 f"{o.label}: program (one node per logical op)",

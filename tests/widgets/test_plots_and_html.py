@@ -260,3 +260,21 @@ def test_gantt_summarises_each_device_above_its_event_limit(pipeline):
 def test_step_breakdown_counts_overlapped_communication_as_hidden():
     assert union_s(np.array([0.0, 0.5, 3.0]), np.array([1.0, 2.0, 4.0])) == 3.0
     assert union_s(np.array([]), np.array([])) == 0.0
+
+
+def test_the_breakdown_bar_sums_to_the_step_and_shows_a_pipelines_idle():
+    from ir import models, transforms
+    from widgets.breakdown import breakdown_html, step_breakdown
+
+    topology = ir.Topology.preset("a100-hgx", 4)
+    f = models.mlp(64, 32, 32, 8, layers=8, training=True)
+    pipeline = ir.simulate(transforms.pipeline_parallel(f, 4, 8, schedule="gpipe"), topology)
+    parts = step_breakdown(pipeline)
+    for p in parts:
+        assert p.step_s == pytest.approx(pipeline.step_time_s, rel=1e-9)
+        assert p.idle_s == pytest.approx(pipeline.idle_s[p.device], rel=1e-6, abs=1e-15)
+    page = breakdown_html(pipeline)
+    assert page.count("<div style='white-space:nowrap") == len(parts) and "http" not in page
+    # every stage of a pipeline waits (its bubble); the idle share is written out per device
+    for p in parts:
+        assert p.idle_s > 0 and f"idle {p.idle_s / p.step_s:.0%}" in page
