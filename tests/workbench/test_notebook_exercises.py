@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import ir
 from workbench import exercises
 
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -171,3 +172,40 @@ def test_notebook_9s_megatron_check_refuses_the_transposed_placements(monkeypatc
     ]
     for answer, says in wrong:
         _refuses(namespace, check, answer, says)
+
+
+def test_notebook_10s_checks_follow_the_calibration_and_the_measurement(monkeypatch):
+    """Notebook 10's checks on a calibration and a measurement made up here (no processes):
+    the all-reduce formula is checked against this topology's simulation, and the op type
+    the simulator misses most is read from the measured totals, whatever they are."""
+    from ir import models, transforms
+    from ir.calibration import AlphaBeta, Calibration
+
+    monkeypatch.chdir(NOTEBOOKS)
+    flops, nbytes = "flops", "bytes"
+    fits = {
+        "matmul/torch/float32": AlphaBeta(2e-6, 1e11, flops),
+        "vector/numpy/float32": AlphaBeta(5e-7, 1e10, flops),
+        "copy/numpy/uint8": AlphaBeta(1e-6, 2e10, nbytes),
+        "send/gloo/float32": AlphaBeta(1.3e-4, 3.5e9, nbytes),
+        "allreduce/gloo/float32": AlphaBeta(3.8e-4, 1.3e9, nbytes),
+    }
+    calibration = Calibration((), fits, (), 16e9)
+    source = transforms.training(models.mlp(128, 128, 512, 32, layers=4), "sgd")
+    simulated = ir.simulate(transforms.megatron(source, dp=2), calibration.topology(2))
+    totals = {"MatMul": [2.0, 1.5], "AllReduce": [20.0, 3.0], "Loss": [0.3, 0.003]}
+    cells = _cells(NOTEBOOKS / "10_measured_vs_simulated.ipynb")
+    start = next(i for i, c in enumerate(cells) if "exercise-answer" in _tags(c))
+    namespace: dict = {"ir": ir, "calibration": calibration, "simulated": simulated}
+    namespace["totals"] = totals
+    for cell in cells[start - 2 :]:  # the import, then each answer and its check
+        if cell["cell_type"] == "code":
+            exec(compile(_source(cell), "notebook 10", "exec"), namespace)
+    formula, op_type = [c for c in cells if "exercise-check" in _tags(c)]
+    one_send = "def allreduce_s(size_bytes, alpha_s, rate_per_s):\n"
+    _refuses(
+        namespace, formula, one_send + "    return alpha_s + size_bytes / rate_per_s", "one send"
+    )
+    _refuses(namespace, op_type, 'answer_op_type = "AllReduce"', "tiny op's")
+    totals["AllReduce"] = [20.0, 0.01]  # a measurement where the collective is missed most
+    _refuses(namespace, op_type, 'answer_op_type = "Loss"', "the answer is 'AllReduce'")
