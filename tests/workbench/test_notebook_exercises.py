@@ -206,6 +206,6 @@ def test_notebook_10s_checks_follow_the_calibration_and_the_measurement(monkeypa
     _refuses(
         namespace, formula, one_send + "    return alpha_s + size_bytes / rate_per_s", "one send"
     )
-    _refuses(namespace, op_type, 'answer_op_type = "AllReduce"', "tiny op's")
-    totals["AllReduce"] = [20.0, 0.01]  # a measurement where the collective is missed most
-    _refuses(namespace, op_type, 'answer_op_type = "Loss"', "the answer is 'AllReduce'")
+    _refuses(namespace, op_type, 'answer_op_type = "MatMul"', "estimated best")
+    totals["MatMul"] = [20.0, 0.01]  # a measurement where the matmuls are missed most
+    _refuses(namespace, op_type, 'answer_op_type = "Loss"', "the answer is 'MatMul'")
