@@ -223,10 +223,11 @@ class LogicalDrawing:
         kinds = Counter(o.op_type for o in body.ops)
         summary = ", ".join(f"{t}×{n}" if n > 1 else t for t, n in kinds.most_common(3))
         more = "…" if len(kinds) > 3 else ""
-        label = (
-            f"pmap on {_short(device_ranges(devices), 24)} ({len(set(devices))} dev)\n"
-            f"{body.num_ops()} ops: {_short(summary + more, 40)}"
-        )
+        where = f"on {_short(device_ranges(devices), 24)} ({len(set(devices))} dev)"
+        if len(body.ops) == 1:  # one op run alike by every device: a propagated step's op
+            label = f"{body.ops[0].op_type} {where}"
+        else:
+            label = f"pmap {where}\n{body.num_ops()} ops: {_short(summary + more, 40)}"
         attrs = {"label": label, "style": "filled", "fillcolor": "#ffffff", "margin": "0.05"}
         tooltip = f"body: {', '.join(o.op_type for o in body.ops)}"
         return self._common(op, attrs, tooltip, self._glyph(devices))

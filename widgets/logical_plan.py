@@ -94,7 +94,7 @@ class NodePlan:
                 head.kind = "copies"
                 taken |= devices
                 continue
-            units.append(Item("op", [op], [op.op_type]))
+            units.append(Item("op", [op], [_type_of(op)]))
             taken = devices
         out: list[Item] = []
         for u in units:
@@ -162,6 +162,14 @@ class Item:
         op = self.ops[0]
         body = sum(s.num_ops() for s in op.subfunctions)
         return (self.kind, tuple(self.types), len(self.ops), frozenset(devices), body)
+
+
+def _type_of(op: Op) -> str:
+    """What a fold's label calls ``op``: a one-op pmap (a propagated step writes each op
+    as one) by its body's op, ``MatMul``, not ``Pmap``."""
+    if op.op_type == "Pmap" and len(op.subfunctions[0].ops) == 1:
+        return op.subfunctions[0].ops[0].op_type
+    return op.op_type
 
 
 def _copyable(op: Op) -> bool:
