@@ -70,6 +70,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..arguments import bool_arg
 from ..builder import FunctionBuilder
 from ..errors import VerifyError
 from ..function import Function
@@ -83,6 +84,7 @@ from ._rewrite import (
     TransformError,
     batch_inputs,
     batch_size,
+    check_common,
     check_devices,
     is_optimizer,
     localize_op,
@@ -843,12 +845,14 @@ def megatron(
     (default 0). ``stage_of={value_name: stage}`` or ``PipelineStage`` annotations in
     ``t``: the stages (``ir.transforms.stage_cut``).
     """
+    check_common("megatron", t, topology, "t")
+    sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
     pp = _positive("the pipeline degree (pp)", pp)
     m = _positive("microbatches", microbatches)
     chunks = _positive("chunks", chunks)
-    if schedule not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if chunks > 1 and schedule != "interleaved":
         raise TransformError(f"chunks={chunks} needs schedule='interleaved', got {schedule!r}")
@@ -862,7 +866,7 @@ def megatron(
     base = ids[0]
     if list(ids) != list(range(base, base + total)):
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
-    if isinstance(zero, bool) or zero not in (0, 1, 2):
+    if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2):
         raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
     return _Megatron(
         t, dp, tp, pp, m, schedule, chunks, base, zero, sequence_parallel, stage_of
@@ -892,6 +896,7 @@ def gradient_accumulation(
     >>> g.input_layouts[-1]  # the batch arrives as 4 microbatches (of one replica)
     ('S(0)', 'S(0)@1', 'R@1')
     """
+    check_common("gradient_accumulation", t, topology, "t")
     steps = _positive("steps", steps)
     return megatron(
         t,
