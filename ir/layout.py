@@ -235,7 +235,8 @@ def distribute(step: Any, inputs: Mapping[str, Any] | Sequence[Any], source: Any
         if v.name not in inputs:
             raise LayoutError(f"no value given for input {v.name!r} of {step.name}")
         x = inputs[v.name]
-        out.append(x if levels is None else distribute_value(x, v.type, levels, v.name))
+        what = f"input {v.name!r}"
+        out.append(x if levels is None else distribute_value(x, v.type, levels, what))
     return out
 
 
@@ -254,7 +255,7 @@ def collect(step: Any, outputs: Sequence[Any], rtol: float = 1e-9) -> list:
     rtol = real_arg("collect", "rtol", rtol, lo=0.0)
     layouts = step.output_layouts or (None,) * len(step.outputs)
     return [
-        collect_value(y, v.type, levels, v.name, rtol)
+        collect_value(y, v.type, levels, f"output {v.name!r}", rtol)
         if levels is not None or isinstance(v.type, TensorType)  # a whole tensor: checked
         else y
         for v, y, levels in zip(step.outputs, outputs, layouts)

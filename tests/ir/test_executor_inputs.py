@@ -48,7 +48,7 @@ def test_distribute_checks_the_whole_shape_before_splitting(programs) -> None:
     f, inputs, steps = programs
     for step in steps.values():
         for bad in (inputs[0].T, inputs[0][:3], inputs[0][None], inputs[0].reshape(-1)):
-            with pytest.raises(LayoutError, match=r"wA: a value of shape .* where \(16, 32\)"):
+            with pytest.raises(LayoutError, match=r"input 'wA': a value of shape .* \(16, 32\)"):
                 ir.distribute(step, [bad, *inputs[1:]], f)
 
 
