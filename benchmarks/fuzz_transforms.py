@@ -30,6 +30,7 @@ import numpy as np
 import ir
 from ir import models
 from ir import transforms as tfm
+from ir.builder import rebuild_op
 from ir.sharding import Mesh, propagate
 
 GOLDEN = Path(__file__).resolve().parents[1] / "tests" / "ir" / "golden"
@@ -354,10 +355,40 @@ def _program(rng: random.Random) -> ir.Function:
         f = models.gpt(rng.choice([2, 4]), rng.choice([2, 4]), 8, rng.choice([1, 2]), 16, 1)
     else:
         f = ir.parse(rng.choice(sorted(GOLDEN.glob("*.txt"))).read_text())
+    if rng.random() < 0.3:
+        f = _mutated_program(rng, f)
     if rng.random() < 0.6:
         with contextlib.suppress(ir.DistIRError):  # a golden program without a scalar loss
             f = tfm.training(f, rng.choice(["sgd", "adam"]))
     return f
+
+
+def _mutated_program(rng: random.Random, f: ir.Function) -> ir.Function:
+    """``f`` rebuilt with its outputs shuffled, one dropped, repeated or joined by an
+    intermediate value, and maybe an unused input: another valid program (or ``f``
+    where the result would not verify)."""
+    b = ir.FunctionBuilder(f.name)
+    env = {v: b.input(v.name, v.type) for v in f.inputs}
+    if rng.random() < 0.3:
+        b.input("unused", ir.TensorType((3,), device=0))
+    for op in f.ops:
+        env.update(zip(op.outputs, rebuild_op(b, op, [env[v] for v in op.inputs])))
+    outputs = [env[v] for v in f.outputs]
+    kind = rng.randrange(4)
+    if kind == 0:
+        rng.shuffle(outputs)
+    elif kind == 1 and len(outputs) > 1:
+        outputs.pop(rng.randrange(len(outputs)))
+    elif kind == 2:
+        outputs.append(rng.choice(outputs))
+    elif f.ops:
+        inner = [v for op in f.ops for v in op.outputs if v not in f.outputs]
+        if inner:
+            outputs.insert(rng.randrange(len(outputs) + 1), env[rng.choice(inner)])
+    try:
+        return b.finish(outputs)
+    except ir.DistIRError:
+        return f
 
 
 def _degree(rng: random.Random) -> Any:
@@ -427,7 +458,10 @@ def program_case(rng: random.Random) -> tuple[str, Callable[[], None]]:
             warnings.simplefilter("ignore")  # overflow in a random GPT is not the question
             want = ir.execute(f, inputs)
             steady = g.input_layouts or [v.name for v in g.inputs] == [v.name for v in f.inputs]
-            got = ir.execute_step(g, inputs, f) if steady else ir.execute(g, inputs)
+            try:
+                got = ir.execute_step(g, inputs, f) if steady else ir.execute(g, inputs)
+            except ir.DistIRError as e:  # accepted, then fails: as wrong as a wrong number
+                raise WrongOutputError(f"{name} on {f.name}: the result does not run: {e}") from e
         if len(got) != len(want):
             raise WrongOutputError(f"{name}: {len(got)} outputs for {len(want)}")
         for i, (a, b) in enumerate(zip(got, want)):

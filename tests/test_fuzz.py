@@ -88,7 +88,7 @@ def _fast(examples: int) -> settings:
     )
 
 
-@_fast(300)
+@_fast(1000)
 @given(index=st.integers(0, 10_000), value=WRONG_VALUES)
 def test_transforms_answer_wrong_arguments_with_a_located_project_error(index, value):
     """The transforms, propagate, execute(_step), distribute, collect and simulate, one
@@ -101,7 +101,7 @@ def test_transforms_answer_wrong_arguments_with_a_located_project_error(index, v
         assert ft.located(str(e), param, value), (name, ft.shown(value), str(e))
 
 
-@_fast(200)
+@_fast(500)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_mutated_inputs_to_the_executor_give_project_errors(seed):
     """Inputs of wrong count, shape, dtype, nesting, values and size to execute,
@@ -111,7 +111,7 @@ def test_mutated_inputs_to_the_executor_give_project_errors(seed):
         _within(TIME_LIMIT_S, run)
 
 
-@_fast(40)
+@_fast(120)
 @given(seed=st.integers(0, 2**32 - 1))
 def test_a_transform_that_accepts_a_valid_program_computes_what_it_computes(seed):
     """A drawn program through a transform with drawn parameters: refused with a project
