@@ -469,5 +469,28 @@ def program_case(rng: random.Random) -> tuple[str, Callable[[], None]]:
                 a, b, rtol=1e-4, atol=1e-5, equal_nan=True
             ):
                 raise WrongOutputError(f"{name} on {f.name}: output {i} differs")
+        _simulates_like(f, g, f"{name} on {f.name}", options)
 
+    options = {
+        "combine": rng.choice(["roofline", "additive"]),
+        "comm": rng.choice(["channels", "serial"]),
+        "symmetry": rng.random() < 0.5,
+    }
     return f"{name} on {f.name}", run
+
+
+def _simulates_like(f: ir.Function, g: ir.Function, what: str, options: dict) -> None:
+    """``g`` simulates (a non-negative step time) on a uniform topology over its devices
+    wherever its source ``f`` does."""
+    ids = [d for d in (*f.devices, *g.devices) if isinstance(d, int)]
+    topology = ir.Topology.uniform(max(ids, default=0) + 1)
+    try:
+        ir.simulate(f, topology, **options)
+    except ir.DistIRError:
+        return  # the source itself cannot be simulated (a device left unassigned, say)
+    try:
+        step_time_s = ir.simulate(g, topology, **options).step_time_s
+    except ir.DistIRError as e:
+        raise WrongOutputError(f"{what}: the source simulates, the result does not: {e}") from e
+    if not step_time_s >= 0:
+        raise WrongOutputError(f"{what}: simulated step time {step_time_s}")

@@ -53,7 +53,10 @@ def op_devices(f: Function, assignment: Mapping[str, DeviceRef]) -> dict[Op, Dev
             dev = weights[0]
         else:
             latest = max(op.inputs, key=lambda v: order.get(v, -1), default=None)
-            dev = placed.get(latest, device_of(latest.type)) if latest is not None else None
+            if latest is not None:
+                dev = placed.get(latest, device_of(latest.type))
+            else:  # no operand (a Constant): it stays where it was made
+                dev = device_of(op.outputs[0].type) if op.outputs else None
         devices[op] = dev
         for v in op.outputs:
             placed[v], order[v] = dev, i
