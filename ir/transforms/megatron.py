@@ -797,12 +797,24 @@ class _Megatron:
             hstate = self.hplan.state[h]
             if piece_value in self.summed:
                 outs.append(self.acc[h])
-                layouts.append((f"P@{self.dp}", _level(hstate, self.tp)))
+                layouts.append((self._summed_level(piece_value), _level(hstate, self.tp)))
             else:
                 per_mb = [self.vals[(h, mb, self.made_on[(h, mb)])] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
                 layouts.append(("S(0)", f"S(0)@{self.dp}", _level(hstate, self.tp)))
         return outs, layouts
+
+    def _summed_level(self, piece_value: Value) -> str:
+        """The data level of an output summed over microbatches: a weight gradient is
+        all-reduced among the replicas (``R``) or, under ZeRO, reduce-scattered
+        (``S(k)``), as ``_reduce_gradient`` does; anything else (the loss) stays their
+        partial sums (``P``). Fuzzing found gradients returned (``return_gradients``)
+        labelled ``P``: ``ir.collect`` summed dp full copies, dp times the gradient."""
+        source = self.dplan_source(piece_value)
+        if source is None or self.dp == 1:
+            return f"P@{self.dp}"
+        zd = self._zero_axis(self.weight_of_grad.get(source))
+        return f"R@{self.dp}" if zd is None else f"S({zd})@{self.dp}"
 
     def _update_layout(self, key: Value) -> tuple[str, ...] | None:
         """The layout of an optimizer result: that of the input it is the next step's
