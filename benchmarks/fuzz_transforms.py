@@ -359,7 +359,7 @@ def _program(rng: random.Random) -> ir.Function:
         f = _mutated_program(rng, f)
     if rng.random() < 0.6:
         with contextlib.suppress(ir.DistIRError):  # a golden program without a scalar loss
-            f = tfm.training(f, rng.choice(["sgd", "adam"]))
+            f = tfm.training(f, rng.choice(["sgd", "adam"]), return_gradients=rng.random() < 0.3)
     return f
 
 
