@@ -408,13 +408,21 @@ def _transform(rng: random.Random, f: ir.Function) -> tuple[str, Callable[[], ir
         return "data_parallel", lambda: tfm.data_parallel(f, n, inputs=how)
     if kind == 1:
         return "horizontal_parallel", lambda: tfm.horizontal_parallel(f, n)
+    schedule = rng.choice(schedules)
+    chunks = rng.choice([1, 2]) if schedule == "interleaved" or rng.random() < 0.1 else 1
     if kind == 2:
-        args = (d(rng), d(rng), rng.choice(schedules))
-        chunks = rng.choice([1, 2])
+        args = (n, d(rng), schedule)
         return "pipeline_parallel", lambda: tfm.pipeline_parallel(f, *args, chunks=chunks)
-    if kind == 3:
-        args = (d(rng), d(rng), d(rng), d(rng), rng.choice(schedules))
-        opts = {"zero": rng.choice([0, 0, 1, 2]), "sequence_parallel": rng.random() < 0.3}
+    if kind == 3:  # degrees mostly 1-2 and microbatches a multiple of pp: most apply
+        small = [rng.choice([1, 1, 2]) if rng.random() < 0.9 else d(rng) for _ in range(3)]
+        pp = small[2] if small[2] in (1, 2, 3, 4) and not isinstance(small[2], bool) else 1
+        microbatches = pp * rng.choice([1, 2]) if rng.random() < 0.9 else d(rng)
+        args = (*small, microbatches, schedule)
+        opts = {
+            "chunks": chunks,
+            "zero": rng.choice([0, 0, 1, 2]),
+            "sequence_parallel": rng.random() < 0.3,
+        }
         return "megatron", lambda: tfm.megatron(f, *args, **opts)
     if kind == 4:
         args = (d(rng), d(rng), rng.choice([1, 2]))
