@@ -12,7 +12,7 @@ also simulated on a uniform topology over its devices. *api*: public entry point
 ``transforms.parallelize``, ``Mesh``, ``ShardingSpec``, ``Strategy``, the workbench
 session) called with one argument replaced by a value of a wrong type or range.
 *transforms*, *inputs*, *programs*: the transforms, propagation, the executor and the
-simulator (``benchmarks/fuzz_transforms.py`` says how).
+simulator (``benchmarks/fuzz_transforms.py`` and ``fuzz_programs.py`` say how).
 
 Each input ends in one outcome: ``ok`` (accepted), ``project error`` (a ``DistIRError``:
 the promised answer to bad input), ``unlocated error`` (*transforms*: a project error
@@ -46,6 +46,7 @@ from ir.errors import DistIRError
 from ir.sharding import Mesh, ShardingSpec, placement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, run from anywhere
+import fuzz_programs
 import fuzz_transforms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,7 +248,7 @@ def _drawer(what: str) -> Callable[[random.Random], tuple[Callable[[], Any], str
     if what == "programs":
 
         def programs_(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
-            shown, run = fuzz_transforms.program_case(rng)
+            shown, run = fuzz_programs.program_case(rng)
             return run, shown, None
 
         return programs_

@@ -116,7 +116,7 @@ def test_mutated_inputs_to_the_executor_give_project_errors(seed):
 def test_a_transform_that_accepts_a_valid_program_computes_what_it_computes(seed):
     """A drawn program through a transform with drawn parameters: refused with a project
     error, or executed equal to the sequential program (a WrongOutputError fails)."""
-    _, run = ft.program_case(random.Random(seed))
+    _, run = fuzz.fuzz_programs.program_case(random.Random(seed))
     with contextlib.suppress(ir.DistIRError):
         _within(4 * TIME_LIMIT_S, run)
 
