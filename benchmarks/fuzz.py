@@ -1,6 +1,8 @@
-"""Fuzz the public surface: mutated program texts and wrong API arguments, counted by outcome.
+"""Fuzz the public surface: mutated program texts, wrong API arguments, mutated executor
+inputs and transformed programs, counted by outcome.
 
-    python benchmarks/fuzz.py [--count 10000] [--seed 0] [--timeout-s 5] [--what text,api]
+    python benchmarks/fuzz.py [--count 10000] [--seed 0] [--timeout-s 5]
+                              [--what text,api,transforms,inputs,programs]
 
 *text*: valid programs (the golden files of ``tests/ir/golden`` and ``ir.format`` of a
 few models) mutated by characters (ASCII and non-ASCII), tokens, lines, numbers
@@ -9,14 +11,17 @@ also simulated on a uniform topology over its devices. *api*: public entry point
 (``ir.parse``, ``ir.execute``, ``ir.simulate``, ``ir.random_inputs``, ``Topology``,
 ``transforms.parallelize``, ``Mesh``, ``ShardingSpec``, ``Strategy``, the workbench
 session) called with one argument replaced by a value of a wrong type or range.
+*transforms*, *inputs*, *programs*: the transforms, propagation, the executor and the
+simulator (``benchmarks/fuzz_transforms.py`` and ``fuzz_programs.py`` say how).
 
-Each input ends in one outcome: ``ok`` (parsed / accepted), ``project error`` (a
-``DistIRError``: the promised answer to bad input), ``other exception`` (a bug: any
-other exception type), or ``timeout`` (more than ``--timeout-s``, via SIGALRM). The
-counts are printed per target with the first few inputs of each other exception; the
-exit status is 1 when any input ended as an other exception or a timeout. Issue 17's
-target: 0 of both in 100,000 inputs. Seeded and deterministic: the same ``--seed``
-draws the same inputs.
+Each input ends in one outcome: ``ok`` (accepted), ``project error`` (a ``DistIRError``:
+the promised answer to bad input), ``unlocated error`` (*transforms*: a project error
+whose message names neither the parameter nor the value), ``wrong output`` (*programs*:
+a transform's result computes something else than its source), ``other exception`` (a
+bug: any other exception type), or ``timeout`` (more than ``--timeout-s``, via
+SIGALRM). The counts are printed per target with the first few inputs of each bad
+outcome; the exit status is 1 when any input ended in one. Issue 17's target: none in
+100,000 inputs. Seeded and deterministic: the same ``--seed`` draws the same inputs.
 """
 
 from __future__ import annotations
@@ -39,6 +44,10 @@ import ir
 from ir import models
 from ir.errors import DistIRError
 from ir.sharding import Mesh, ShardingSpec, placement
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, run from anywhere
+import fuzz_programs
+import fuzz_transforms
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "ir" / "golden"
@@ -192,38 +201,91 @@ def _short(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+TARGETS = ("text", "api", "transforms", "inputs", "programs")
+OUTCOMES = (
+    "ok", "project error", "unlocated error", "wrong output", "other exception", "timeout",
+)  # fmt: skip
+BAD = ("unlocated error", "wrong output", "other exception", "timeout")
+
+
+def _drawer(what: str) -> Callable[[random.Random], tuple[Callable[[], Any], str, Any]]:
+    """For target ``what``: a function drawing (the call, how it is shown, a check of
+    a project error's message or None)."""
+    if what == "text":
+        texts = corpus()
+
+        def text(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
+            t = text_input(rng, texts)
+            return (lambda: run_text(t)), repr(t), None
+
+        return text
+    if what == "api":
+        calls = api_calls()
+
+        def api(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
+            _, run, shown = api_input(rng, calls)
+            return run, shown, None
+
+        return api
+    if what == "transforms":
+        entries = fuzz_transforms.transform_calls()
+
+        def transform(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
+            name, param, call = rng.choice(entries)
+            value = rng.choice(fuzz_transforms.VALUES)
+            shown = f"{name} with v={_short(fuzz_transforms.shown(value))}"
+            return (lambda: call(value)), shown, (param, value)
+
+        return transform
+    if what == "inputs":
+        programs = fuzz_transforms.Programs()
+
+        def inputs(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
+            shown, run = fuzz_transforms.input_case(rng, programs)
+            return run, shown, None
+
+        return inputs
+    if what == "programs":
+
+        def programs_(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
+            shown, run = fuzz_programs.program_case(rng)
+            return run, shown, None
+
+        return programs_
+    raise SystemExit(f"unknown target {what!r}: use some of {', '.join(TARGETS)}")
+
+
 def fuzz(what: str, count: int, seed: int, timeout_s: float) -> tuple[Counter, dict]:
     """Run ``count`` inputs of target ``what``; outcome counts and examples of bugs."""
     rng = random.Random(f"{seed}-{what}")
     outcomes: Counter = Counter()
     examples: dict[str, list[str]] = defaultdict(list)
-    texts = corpus() if what == "text" else []
-    calls = api_calls() if what == "api" else []
+    draw = _drawer(what)
     signal.signal(signal.SIGALRM, _alarm)
     for _ in range(count):
-        if what == "text":
-            text = text_input(rng, texts)
-            run, shown = (lambda text=text: run_text(text)), repr(text)
-        else:
-            _, run, shown = api_input(rng, calls)
+        run, shown, located = draw(rng)
+        kind = ""
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
             run()
             outcome = "ok"
         except InputTimeoutError:
-            outcome = "timeout"
-        except DistIRError:
+            outcome = kind = "timeout"
+        except DistIRError as e:
             outcome = "project error"
+            if located is not None and not fuzz_transforms.located(str(e), *located):
+                outcome = "unlocated error"
+                kind = f"unlocated: {_short(str(e), 80)}"
+        except fuzz_transforms.WrongOutputError as e:
+            outcome, kind = "wrong output", f"wrong output: {_short(str(e), 80)}"
         except Exception as e:
             outcome = "other exception"
             kind = f"{type(e).__name__}: {_short(str(e), 80)}"
-            if len(examples[kind]) < 3:
-                examples[kind].append(_short(shown, 300))
         finally:
             signal.setitimer(signal.ITIMER_REAL, 0)
         outcomes[outcome] += 1
-        if outcome == "timeout" and len(examples["timeout"]) < 3:
-            examples["timeout"].append(_short(shown, 300))
+        if kind and len(examples[kind]) < 3:
+            examples[kind].append(_short(shown, 300))
     return outcomes, dict(examples)
 
 
@@ -232,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=10_000, help="inputs per target")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=5.0, help="time limit per input")
-    parser.add_argument("--what", default="text,api", help="targets: text, api or both")
+    parser.add_argument("--what", default=",".join(TARGETS), help="comma-separated targets")
     args = parser.parse_args(argv)
     bad = 0
     for what in args.what.split(","):
@@ -240,13 +302,13 @@ def main(argv: list[str] | None = None) -> int:
         outcomes, examples = fuzz(what, args.count, args.seed, args.timeout_s)
         took = time.perf_counter() - start
         print(f"{what}: {args.count} inputs in {took:.1f} s (seed {args.seed})")
-        for outcome in ("ok", "project error", "other exception", "timeout"):
+        for outcome in OUTCOMES:
             print(f"  {outcome:16} {outcomes[outcome]:8}")
         for kind, shown in examples.items():
             print(f"  - {kind}")
             for s in shown:
                 print(f"      {s}")
-        bad += outcomes["other exception"] + outcomes["timeout"]
+        bad += sum(outcomes[o] for o in BAD)
     return 1 if bad else 0
 
 

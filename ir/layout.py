@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from .arguments import nested_shape, real_arg
 from .errors import DistIRError
 from .types import TensorType, TupleType, Type
 
@@ -119,13 +120,20 @@ def _pieces(x: np.ndarray, axes: list[tuple[str, int | None, int]], what: str) -
             raise LayoutError(f"{what}: cannot split axis {axis} of shape {x.shape} {n} ways")
         base, extra = divmod(x.shape[axis], n)
         bounds = np.cumsum([0] + [base + (1 if i < extra else 0) for i in range(n)])
-        parts = [np.take(x, np.arange(bounds[i], bounds[i + 1]), axis=axis) for i in range(n)]
+        # slices are views: a wrong (even huge) input is refused by shape, never copied
+        lead = (slice(None),) * axis
+        parts = [x[(*lead, slice(bounds[i], bounds[i + 1]))] for i in range(n)]
     return [q for p in parts for q in _pieces(p, rest, what)]
 
 
 def distribute_value(x: Any, t: Type, levels: Levels, what: str = "value") -> Any:
     """The sequential array ``x`` laid out as ``t`` by ``levels`` (nested tuples of arrays)."""
-    array = np.asarray(x)
+    whole = whole_shape(t, levels, what)
+    if isinstance(x, (list, tuple)) and nested_shape(x) != whole:
+        raise LayoutError(f"{what}: a value of shape {nested_shape(x)} where {whole} is expected")
+    array = _array(x, what)
+    if tuple(array.shape) != whole:
+        raise LayoutError(f"{what}: a value of shape {array.shape} where {whole} is expected")
     if isinstance(t, TensorType):
         if tuple(array.shape) != t.shape:
             raise LayoutError(f"{what}: a piece of shape {array.shape} where {t} is expected")
@@ -133,6 +141,23 @@ def distribute_value(x: Any, t: Type, levels: Levels, what: str = "value") -> An
     axes, rest = _take(levels, len(t.elements), what)
     parts = _pieces(array, axes, what)
     return tuple(distribute_value(p, e, rest, what) for p, e in zip(parts, t.elements))
+
+
+def whole_shape(t: Type, levels: Levels, what: str = "value") -> tuple[int, ...]:
+    """The shape of the sequential value that ``t`` laid out by ``levels`` holds."""
+    if isinstance(t, TensorType):
+        return t.shape
+    axes, rest = _take(levels, len(t.elements), what)
+    shapes = [whole_shape(e, rest, what) for e in t.elements]
+    for kind, axis, n in reversed(axes):  # the last mesh axis varies fastest
+        groups = [shapes[i : i + n] for i in range(0, len(shapes), n)]
+        shapes = []
+        for g in groups:
+            first = g[0]
+            if kind == "S" and axis is not None and axis < len(first):
+                first = (*first[:axis], sum(s[axis] for s in g), *first[axis + 1 :])
+            shapes.append(first)
+    return shapes[0]
 
 
 def _whole(parts: list, axes: list[tuple[str, int | None, int]], what: str, rtol: float):
@@ -156,10 +181,28 @@ def _whole(parts: list, axes: list[tuple[str, int | None, int]], what: str, rtol
     return subs[0]
 
 
+def _array(x: Any, what: str) -> np.ndarray:
+    """``x`` as a numeric array, or a LayoutError naming ``what``."""
+    try:
+        array = np.asarray(x)
+    except (ValueError, TypeError) as e:  # ragged nested lists, say
+        raise LayoutError(f"{what}: not an array ({e})") from None
+    if array.dtype.kind in "OUSMm":
+        raise LayoutError(f"{what}: holds {array.dtype} values, not numbers")
+    return array
+
+
 def collect_value(y: Any, t: Type, levels: Levels, what: str = "value", rtol: float = 0.0) -> Any:
     """The whole array from pieces laid out by ``levels``; replicas must agree (to ``rtol``)."""
     if isinstance(t, TensorType):
-        return np.asarray(y)
+        array = _array(y, what)
+        if tuple(array.shape) != t.shape:
+            raise LayoutError(f"{what}: a piece of shape {array.shape} where {t} is expected")
+        return array
+    if not isinstance(y, (tuple, list)) or len(y) != len(t.elements):
+        raise LayoutError(
+            f"{what}: expected a tuple of {len(t.elements)} pieces ({t}), got {_short(y)}"
+        )
     axes, rest = _take(levels, len(t.elements), what)
     parts = [collect_value(p, e, rest, what, rtol) for p, e in zip(y, t.elements)]
     return _whole(parts, axes, what, rtol)
@@ -172,9 +215,17 @@ def distribute(step: Any, inputs: Mapping[str, Any] | Sequence[Any], source: Any
     Function, whose input names the step keeps). Inputs with a layout are laid
     out by it; the others are passed as they are.
     """
+    _check_function("distribute", "step", step)
+    if source is not None:
+        _check_function("distribute", "source", source)
     if not isinstance(inputs, Mapping):
         if source is None:
             raise LayoutError("positional inputs need the source program (source=...)")
+        if isinstance(inputs, (str, bytes)) or not isinstance(inputs, Sequence):
+            raise LayoutError(
+                f"distribute: inputs must be a list of arrays (one per input of "
+                f"{source.name}) or a dict from input name to array, got {_short(inputs)}"
+            )
         if len(inputs) != len(source.inputs):
             raise LayoutError(f"{source.name} takes {len(source.inputs)} inputs, got {len(inputs)}")
         inputs = {v.name: x for v, x in zip(source.inputs, inputs)}
@@ -184,17 +235,44 @@ def distribute(step: Any, inputs: Mapping[str, Any] | Sequence[Any], source: Any
         if v.name not in inputs:
             raise LayoutError(f"no value given for input {v.name!r} of {step.name}")
         x = inputs[v.name]
-        out.append(x if levels is None else distribute_value(x, v.type, levels, v.name))
+        what = f"input {v.name!r}"
+        out.append(x if levels is None else distribute_value(x, v.type, levels, what))
     return out
 
 
 def collect(step: Any, outputs: Sequence[Any], rtol: float = 1e-9) -> list:
     """The step's outputs as whole arrays (replicas checked to agree to ``rtol``)."""
+    _check_function("collect", "step", step)
+    if isinstance(outputs, (str, bytes)) or not isinstance(outputs, Sequence):
+        raise LayoutError(
+            f"collect: outputs must be the list of {step.name}'s {len(step.outputs)} outputs, "
+            f"got {_short(outputs)}"
+        )
+    if len(outputs) != len(step.outputs):
+        raise LayoutError(
+            f"collect: {step.name} has {len(step.outputs)} outputs, got {len(outputs)} values"
+        )
+    rtol = real_arg("collect", "rtol", rtol, lo=0.0)
     layouts = step.output_layouts or (None,) * len(step.outputs)
     return [
-        y if levels is None else collect_value(y, v.type, levels, v.name, rtol)
+        collect_value(y, v.type, levels, f"output {v.name!r}", rtol)
+        if levels is not None or isinstance(v.type, TensorType)  # a whole tensor: checked
+        else y
         for v, y, levels in zip(step.outputs, outputs, layouts)
     ]
+
+
+def _check_function(where: str, name: str, value: Any) -> None:
+    from .function import Function
+
+    if not isinstance(value, Function):
+        raise LayoutError(f"{where}: {name} must be an ir.Function, got {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    from .arguments import _got
+
+    return _got(value)
 
 
 def with_layouts(

@@ -13,7 +13,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from ..arguments import function_arg, int_arg, sequence_arg
+from ..arguments import function_arg, int_arg, nested_shape, sequence_arg
 from ..errors import ArgumentError, ExecutionError
 from ..function import Function
 from ..registry import OpKind, get_op
@@ -94,6 +94,10 @@ def _coerce(name: str, t: Type, x: Any) -> Any:
         if not isinstance(x, (tuple, list)) or len(x) != len(t):
             raise ExecutionError(f"input {name!r} needs a tuple of {len(t)} arrays")
         return tuple(_coerce(f"{name}[{i}]", e, xi) for i, (e, xi) in enumerate(zip(t.elements, x)))
+    if isinstance(x, (list, tuple)) and nested_shape(x) != t.shape:
+        raise ExecutionError(
+            f"input {name!r} has shape {nested_shape(x)}, the function wants {t.shape}"
+        )
     try:
         arr = np.asarray(x)
     except (ValueError, TypeError) as e:  # ragged nested lists, say

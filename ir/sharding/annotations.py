@@ -28,6 +28,11 @@ def as_layout(annotation: AnnotationLike, value: str = "value") -> Layout:
             mesh = Mesh(mesh)
         if isinstance(placements, str):
             placements = [placements]
+        if not isinstance(placements, (list, tuple)):
+            raise AnnotationError(
+                f"annotation of {value!r}: placements must be a list such as ['S(0)', 'R'], "
+                f"got {placements!r}"
+            )
         return Layout(mesh, list(placements))
     raise AnnotationError(
         f"annotation of {value!r} must be (Mesh, placements), a Layout or a ShardingSpec, "
@@ -76,6 +81,13 @@ def collect(
 ) -> tuple[dict[Value, Layout], Mesh]:
     """Every user annotation, by value, all on one mesh; conflicts are errors."""
     found: dict[Value, tuple[Layout, str]] = {}
+    if annotations is not None and not isinstance(annotations, Mapping):
+        raise AnnotationError(
+            f"annotations must map value names to layouts, got {annotations!r} "
+            f"({type(annotations).__name__})"
+        )
+    if mesh is not None and not isinstance(mesh, Mesh):
+        raise MeshError(f"mesh must be an ir.sharding.Mesh or None, got {mesh!r}")
 
     def add(v: Value, layout: Layout, source: str) -> None:
         layout.check(shape_of(v), v.name)

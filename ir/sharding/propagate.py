@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
+from ..arguments import function_arg, topology_arg
 from ..builder import FunctionBuilder
 from ..device import Topology
 from ..function import Function
@@ -112,7 +113,9 @@ def propagate(
     ``inputs``: ``"resident"`` (a steady-state step on laid-out inputs) or
     ``"distribute"`` (whole inputs scattered and outputs gathered every step).
     """
-    if inputs not in _INPUT_MODES:
+    function_arg("propagate", "function", function)
+    topology_arg("propagate", "topology", topology)
+    if not isinstance(inputs, str) or inputs not in _INPUT_MODES:
         raise PropagationError(
             f"inputs must be one of {', '.join(map(repr, _INPUT_MODES))} ('resident': "
             "each input arrives laid out on the mesh; 'distribute': scattered from its "

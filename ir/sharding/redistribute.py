@@ -179,6 +179,12 @@ def _steps(
     def sharded_elsewhere(dim: int, k: int) -> bool:
         return cur_dims.count(dim) > (cur_dims[k] == dim)  # on an axis other than k
 
+    def pending_outer(dim: int | None, k: int) -> bool:
+        # An outer axis still to shard ``dim``: sharding it on k first would nest the
+        # blocks inner-first (found by fuzzing: a reduce-scatter on the inner axis, then a
+        # slice on the outer one, gave [S(0), S(0)] in the wrong row order).
+        return any(want_dims[m] == dim and cur[m] != want[m] for m in range(k))
+
     # Axes whose shard must be undone because an outer axis needs to re-slice that dim.
     for k in reversed(range(ndim)):
         c, w = cur[k], want[k]
@@ -196,6 +202,7 @@ def _steps(
             if (
                 want_dims[k] is not None
                 and not sharded_elsewhere(want_dims[k], k)
+                and not pending_outer(want_dims[k], k)
                 and w.block is None  # type: ignore[union-attr]
             ):
                 steps.append(Step("reducescatter", k, c, w))
@@ -210,6 +217,7 @@ def _steps(
                 and not inner_block
                 and not sharded_elsewhere(c_dim, k)
                 and not sharded_elsewhere(w_dim, k)
+                and not pending_outer(w_dim, k)
                 and c.block is None  # type: ignore[union-attr]
                 and w.block is None  # type: ignore[union-attr]
                 and _even_alltoall(shape, mesh_shape, cur, k, w_dim)

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from ..arguments import function_arg
+from ..arguments import bool_arg, function_arg
 from ..device import Topology
 from ..errors import ArgumentError
 from ..function import Function
@@ -59,6 +59,7 @@ def simulate(
             f"simulate: topology must be an ir.Topology (Topology.preset(...), "
             f"Topology.uniform(...)), got {topology!r}"
         )
+    symmetry = bool_arg("simulate", "symmetry", symmetry)
     classes = function.rank_classes if symmetry else ()
     engine = Engine(topology, combine, comm=comm, classes=classes)
     engine.run(function)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from ..builder import FunctionBuilder, rebuild_op
+from ..errors import DistIRError
 from ..function import Function
 from ..layout import with_layouts
 from ..ops.communication import split_sizes
@@ -104,7 +105,7 @@ def emit(
     ``inner`` rewrites each pmap body (recursive composition) given the states of
     its inputs.
     """
-    if inputs not in INPUT_MODES:
+    if not isinstance(inputs, str) or inputs not in INPUT_MODES:
         raise TransformError(f"inputs must be one of {INPUT_MODES}, got {inputs!r}")
     resident = inputs == "resident"
     f = plan.f
@@ -192,6 +193,23 @@ def emit(
     return with_layouts(step, inputs=in_layouts, outputs=out_layouts)
 
 
+def _run_inner(inner: Callable, body: Function, states: list[Shard]) -> Function:
+    """``inner(body, states)``, its failure or a result that is no Function a TransformError."""
+    try:
+        out = inner(body, states)
+    except DistIRError:
+        raise
+    except Exception as e:  # the caller's callback: say whose code failed
+        raise TransformError(
+            f"inner (the rewrite of each pmap body) failed on {body.name}: {type(e).__name__}: {e}"
+        ) from e
+    if not isinstance(out, Function):
+        raise TransformError(
+            f"inner must return an ir.Function (the rewritten body), got {type(out).__name__}"
+        )
+    return out
+
+
 def schedule(plan: Plan) -> list[int]:
     """Step indices in emission order: per-device ops as early as they are ready, collectives
     only when no op can run (so that they batch up between pmaps, as in the seeds)."""
@@ -265,7 +283,7 @@ def _emit_segment(
                 env[x] = y
         body = body_b.finish([env[loc.env[v]] for v in results])
         if inner is not None:
-            body = inner(body, [plan.state[k] for k in inputs])
+            body = _run_inner(inner, body, [plan.state[k] for k in inputs])
         operands = [sub_tuple(b, outer[k], g, f"{k.name}_g{g[0]}") for k in inputs]
         attrs = {"device_var": plan.var}
         if device_map is not None:

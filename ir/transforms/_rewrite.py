@@ -10,9 +10,10 @@ and gradients sum to the global ones; a ``device`` attribute).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..arguments import callable_arg, function_arg, topology_arg
 from ..attr_kinds import DEVICE
 from ..builder import FunctionBuilder
 from ..errors import DistIRError, VerifyError
@@ -111,8 +112,10 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
     not 1, and every non-weight input with that dim 0 is a batch input.
     """
     if names is not None:
+        if isinstance(names, (str, bytes, Mapping)) or not isinstance(names, Sequence):
+            raise TransformError(f"batch_inputs must be a list of input names, got {names!r}")
         by_name = {v.name: v for v in f.inputs}
-        unknown = [n for n in names if n not in by_name]
+        unknown = [n for n in names if not isinstance(n, str) or n not in by_name]
         if unknown:
             raise TransformError(
                 f"{f.name} has no input(s) {unknown}; its inputs are {list(by_name)}"
@@ -153,6 +156,46 @@ def check_degree(what: str, degree: Any, size: int, dim_name: str) -> None:
         )
 
 
+def check_common(where: str, f: Any, topology: Any, name: str = "f") -> None:
+    """The arguments every transform takes: ``f`` a Function, ``topology`` one or None
+    (an :class:`ir.errors.ArgumentError` naming the transform and the parameter)."""
+    function_arg(where, name, f)
+    topology_arg(where, "topology", topology)
+
+
+def check_spmd_options(
+    where: str,
+    f: Any,
+    topology: Any,
+    *,
+    inputs: Any,
+    replicated: Any,
+    output_device: Any,
+    var: Any,
+    device_map: Any,
+    inner: Any,
+) -> None:
+    """The options of ``data_parallel`` and ``horizontal_parallel`` (see the former)."""
+    check_common(where, f, topology)
+    if not isinstance(inputs, str) or inputs not in ("resident", "distribute"):
+        raise TransformError(
+            f"{where}: inputs must be one of ('resident', 'distribute'), got {inputs!r}"
+        )
+    if not isinstance(replicated, str) or replicated not in ("tuple", "send"):
+        raise TransformError(f"{where}: replicated must be 'tuple' or 'send', got {replicated!r}")
+    if not (isinstance(output_device, str) and output_device == "same"):
+        check_device(output_device, f"{where}: output_device ('same' or a device)")
+    if not isinstance(var, str) or not var.isidentifier():
+        raise TransformError(
+            f"{where}: var must be a device variable name such as 'd', got {var!r}"
+        )
+    if device_map is not None and not isinstance(device_map, Mapping):
+        raise TransformError(
+            f"{where}: device_map must map devices to lists of sub-devices, got {device_map!r}"
+        )
+    callable_arg(where, "inner", inner)
+
+
 def check_device(device: Any, what: str) -> None:
     """A TransformError naming ``what`` unless ``device`` is a device id or a device
     variable (``ir.attr_kinds.DEVICE``, unassigned excluded)."""
@@ -182,7 +225,9 @@ def check_devices(
                 f"the {what} is {degree} but the topology has only {len(ids)} devices"
             )
         devices = ids[:degree]
-    if devices is not None and (not isinstance(devices, Sequence) or isinstance(devices, str)):
+    if devices is not None and (
+        not isinstance(devices, Sequence) or isinstance(devices, (str, bytes))
+    ):
         raise TransformError(f"devices must be a list of device ids, got {devices!r}")
     devices = tuple(range(degree) if devices is None else devices)
     for i, d in enumerate(devices):

@@ -35,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..arguments import function_arg, real_arg
+from ..arguments import bool_arg, function_arg, names_arg, real_arg
 from ..builder import FunctionBuilder, rebuild_op
 from ..errors import DistIRError
 from ..function import Function
@@ -105,7 +105,9 @@ def _reaches(f: Function, sources: set[Value]) -> set[Value]:
 
 
 def _loss_value(f: Function, loss: int) -> Value:
-    if not isinstance(loss, int) or not -len(f.outputs) <= loss < len(f.outputs):
+    if isinstance(loss, bool) or not isinstance(loss, int):
+        raise AutodiffError(f"loss must be an output index (an integer), got {loss!r}")
+    if not -len(f.outputs) <= loss < len(f.outputs):
         raise AutodiffError(
             f"loss={loss!r} is not an output index of {f.name} ({len(f.outputs)} outputs)"
         )
@@ -131,6 +133,7 @@ def _is_scalar_loss(t: Type) -> bool:
 
 def default_params(f: Function, loss: int = -1) -> list[Value]:
     """The inputs ``training`` updates by default (see the module docstring for the rule)."""
+    function_arg("default_params", "f", f)
     needed = _depends(f, [_loss_value(f, loss)])
     return [
         v for v in f.inputs if v in needed and _is_float(v.type) and v.name not in DATA_INPUT_NAMES
@@ -366,6 +369,8 @@ def gradients(f: Function, params: Sequence[str | Value] | None = None, loss: in
     >>> [v.name for v in g.outputs]
     ['y', 'l', 'dwA', 'dwB']
     """
+    function_arg("gradients", "f", f)
+    params = names_arg("gradients", "params", params, "input names")
     chosen = _resolve_params(f, params, loss)
     b, env = _replay(f, f"{f.name}_grad")
     grads = _param_grads(f, b, env, chosen, loss)
@@ -396,10 +401,12 @@ def training(
     ['wA1', 'wB1', 'y', 'l']
     """
     function_arg("training", "f", f)
-    if optimizer not in OPTIMIZERS:
+    if not isinstance(optimizer, str) or optimizer not in OPTIMIZERS:
         raise AutodiffError(f"unknown optimizer {optimizer!r}; use one of {list(OPTIMIZERS)}")
     if lr is not None:
         lr = real_arg("training", "lr", lr, positive=True)
+    params = names_arg("training", "params", params, "input names")
+    return_gradients = bool_arg("training", "return_gradients", return_gradients)
     chosen = _resolve_params(f, params, loss)
     _loss_value(f, loss)
     b, env = _replay(f, f.name)

@@ -21,18 +21,26 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..function import Function
+from ..limits import MAX_DEVICES
 from ..op import Op
 from ..types import DeviceRef, DeviceVar
 from ..value import Value
 from ..verify import verify
 from ._emit import emit
-from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
+from ._rewrite import (
+    TransformError,
+    batch_inputs,
+    batch_size,
+    check_common,
+    check_degree,
+    check_devices,
+)
 from ._rules import MegatronRule
 from ._spmd import P, R, RuleResult, S, Shard
 from ._spmd import Plan as _Plan
 from .data_parallel import data_parallel
 from .horizontal import horizontal_parallel, horizontal_plan_checked
-from .pipeline import SCHEDULES, pipeline_parallel, stage_assignment
+from .pipeline import pipeline_parallel, stage_assignment
 from .stage_cut import weights as _weights
 
 KINDS = ("dp", "hp", "pp")
@@ -46,6 +54,8 @@ def _split_weights(f: Function, split_at: int | None) -> tuple[list[Value], list
     weights = _weights(f)
     if len(weights) < 2:
         raise TransformError(f"{f.name} needs at least two weights to switch styles between")
+    if split_at is not None and (isinstance(split_at, bool) or not isinstance(split_at, int)):
+        raise TransformError(f"split_at must be an integer or None, got {split_at!r}")
     k = len(weights) // 2 if split_at is None else split_at
     if not 1 <= k < len(weights):
         raise TransformError(f"split_at must be in 1..{len(weights) - 1}, got {split_at!r}")
@@ -81,6 +91,7 @@ def data_then_horizontal(
     inputs: str = "resident",
 ) -> Function:
     """The first ``split_at`` weights (default half) data-parallel, the rest split by columns."""
+    check_common("data_then_horizontal", f, topology)
     first, rest = _split_weights(f, split_at)
     states: dict[Value, Shard | None] = {v: S(0) for v in batch_inputs(f)}
     states.update({w: R for w in first})
@@ -99,7 +110,11 @@ def horizontal_then_data(
     inputs: str = "resident",
 ) -> Function:
     """The first ``split_at`` weights (default half) split by columns, the rest data-parallel."""
+    check_common("horizontal_then_data", f, topology)
     first, rest = _split_weights(f, split_at)
+    batch = batch_inputs(f)
+    if batch:  # the data-parallel half splits the batch rows after the all-to-all
+        check_degree("degree", degree, batch_size(f, batch), "batch size")
     states: dict[Value, Shard | None] = {w: S(1) if w.type.rank == 2 else R for w in first}
     states.update({w: R for w in rest})
     rows = set(rest)
@@ -164,19 +179,25 @@ def nested(
 
     ``pp`` may only be the innermost level. Devices form a mesh numbered from 0.
     """
+    check_common("nested", f, topology)
     for i, level in enumerate(levels):
         if not isinstance(level, tuple) or len(level) != 2:
             raise TransformError(
                 f"nested: level {i} must be a pair (kind, degree) such as ('dp', 2), got {level!r}"
             )
     for kind, n in levels:
-        if kind not in KINDS:
+        if not isinstance(kind, str) or kind not in KINDS:
             raise TransformError(f"unknown parallelism {kind!r} (one of {KINDS})")
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise TransformError(f"the {kind} degree must be a positive integer, got {n!r}")
     if any(kind == "pp" for kind, _ in levels[:-1]):
         raise TransformError("pipeline parallelism must be the innermost level")
     sizes = [n for _, n in levels]
+    if _prod(sizes) > MAX_DEVICES:
+        raise TransformError(
+            f"nested: the levels {list(levels)} make {_prod(sizes)} devices, more than the "
+            f"limit of {MAX_DEVICES} (ir.limits.MAX_DEVICES)"
+        )
     if topology is not None:
         check_devices(range(_prod(sizes)), _prod(sizes), topology, what="number of devices")
     _check_levels(f, dict(levels), microbatches, schedule)
@@ -197,7 +218,7 @@ def _check_levels(f: Function, degree: dict[str, int], microbatches: int, schedu
             raise TransformError(f"microbatches must be a positive integer, got {microbatches!r}")
         per_replica = rows // degree.get("dp", 1)
         check_degree("number of microbatches", microbatches, per_replica, "rows per replica")
-        if schedule not in SCHEDULES or schedule == "interleaved":
+        if not isinstance(schedule, str) or schedule not in ("gpipe", "1f1b"):
             raise TransformError(f"schedule must be 'gpipe' or '1f1b' here, got {schedule!r}")
 
 
@@ -270,6 +291,7 @@ def parallelize(
     compositions are :func:`nested`)."""
     from .megatron import megatron
 
+    check_common("parallelize", f, topology)
     return megatron(
         f,
         dp,

@@ -25,7 +25,14 @@ from ..function import Function
 from ..types import DeviceRef, TensorType
 from ..verify import verify
 from ._emit import emit
-from ._rewrite import TransformError, batch_inputs, batch_size, check_degree, check_devices
+from ._rewrite import (
+    TransformError,
+    batch_inputs,
+    batch_size,
+    check_degree,
+    check_devices,
+    check_spmd_options,
+)
 from ._rules import data_rule
 from ._spmd import Plan as _Plan
 from ._spmd import S
@@ -88,6 +95,17 @@ def data_parallel(
     ``output_device`` instead of returning the tuple; ``var``, ``device_map`` and
     ``inner`` (a rewrite of each pmap body) serve the nested compositions.
     """
+    check_spmd_options(
+        "data_parallel",
+        f,
+        topology,
+        inputs=inputs,
+        replicated=replicated,
+        output_device=output_device,
+        var=var,
+        device_map=device_map,
+        inner=inner,
+    )
     devices = check_devices(devices, degree, topology)
     plan = data_plan(f, degree, batch_inputs, var=var)
     out = emit(

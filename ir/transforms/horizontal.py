@@ -35,7 +35,7 @@ from ..types import DeviceRef
 from ..value import Value
 from ..verify import verify
 from ._emit import emit
-from ._rewrite import TransformError, check_devices, parameter_inputs
+from ._rewrite import TransformError, check_devices, check_spmd_options, parameter_inputs
 from ._rules import MegatronRule, SequenceParallelRule
 from ._spmd import Plan as _Plan
 
@@ -126,6 +126,17 @@ def horizontal_parallel(
     >>> [op.op_type for op in g.ops], g.input_layouts
     (['Pmap', 'Reduce'], (('S(1)',), ('S(0)',), ('R',)))
     """
+    check_spmd_options(
+        "horizontal_parallel",
+        f,
+        topology,
+        inputs=inputs,
+        replicated=replicated,
+        output_device=output_device,
+        var=var,
+        device_map=device_map,
+        inner=inner,
+    )
     devices = check_devices(devices, degree, topology)
     plan = horizontal_plan_checked(f, degree, var)
     out = emit(

@@ -70,6 +70,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from ..arguments import bool_arg
 from ..builder import FunctionBuilder
 from ..errors import VerifyError
 from ..function import Function
@@ -83,6 +84,7 @@ from ._rewrite import (
     TransformError,
     batch_inputs,
     batch_size,
+    check_common,
     check_devices,
     is_optimizer,
     localize_op,
@@ -802,12 +804,24 @@ class _Megatron:
             hstate = self.hplan.state[h]
             if piece_value in self.summed:
                 outs.append(self.acc[h])
-                layouts.append((f"P@{self.dp}", _level(hstate, self.tp)))
+                layouts.append((self._summed_level(piece_value), _level(hstate, self.tp)))
             else:
                 per_mb = [self.vals[(h, mb, self.made_on[(h, mb)])] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
                 layouts.append(("S(0)", f"S(0)@{self.dp}", _level(hstate, self.tp)))
         return outs, layouts
+
+    def _summed_level(self, piece_value: Value) -> str:
+        """The data level of an output summed over microbatches: a weight gradient is
+        all-reduced among the replicas (``R``) or, under ZeRO, reduce-scattered
+        (``S(k)``), as ``_reduce_gradient`` does; anything else (the loss) stays their
+        partial sums (``P``). Fuzzing found gradients returned (``return_gradients``)
+        labelled ``P``: ``ir.collect`` summed dp full copies, dp times the gradient."""
+        source = self.dplan_source(piece_value)
+        if source is None or self.dp == 1:
+            return f"P@{self.dp}"
+        zd = self._zero_axis(self.weight_of_grad.get(source))
+        return f"R@{self.dp}" if zd is None else f"S({zd})@{self.dp}"
 
     def _update_layout(self, key: Value) -> tuple[str, ...] | None:
         """The layout of an optimizer result: that of the input it is the next step's
@@ -850,12 +864,14 @@ def megatron(
     (default 0). ``stage_of={value_name: stage}`` or ``PipelineStage`` annotations in
     ``t``: the stages (``ir.transforms.stage_cut``).
     """
+    check_common("megatron", t, topology, "t")
+    sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
     pp = _positive("the pipeline degree (pp)", pp)
     m = _positive("microbatches", microbatches)
     chunks = _positive("chunks", chunks)
-    if schedule not in SCHEDULES:
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if chunks > 1 and schedule != "interleaved":
         raise TransformError(f"chunks={chunks} needs schedule='interleaved', got {schedule!r}")
@@ -869,7 +885,7 @@ def megatron(
     base = ids[0]
     if list(ids) != list(range(base, base + total)):
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
-    if isinstance(zero, bool) or zero not in (0, 1, 2):
+    if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2):
         raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
     return _Megatron(
         t, dp, tp, pp, m, schedule, chunks, base, zero, sequence_parallel, stage_of
@@ -899,6 +915,7 @@ def gradient_accumulation(
     >>> g.input_layouts[-1]  # the batch arrives as 4 microbatches (of one replica)
     ('S(0)', 'S(0)@1', 'R@1')
     """
+    check_common("gradient_accumulation", t, topology, "t")
     steps = _positive("steps", steps)
     return megatron(
         t,

@@ -36,6 +36,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..arguments import bool_arg, function_arg
 from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
@@ -48,7 +49,9 @@ from ._rewrite import (
     TransformError,
     batch_inputs,
     batch_size,
+    check_common,
     check_degree,
+    check_device,
     check_devices,
     localize_op,
 )
@@ -328,7 +331,11 @@ def pipeline_parallel(
     >>> [(v.name, v.type.device) for v in g.inputs]
     [('w1', 0), ('w2', 1), ('x', 0)]
     """
-    if schedule not in SCHEDULES:
+    check_common("pipeline_parallel", f, topology)
+    resident = bool_arg("pipeline_parallel", "resident", resident)
+    if output_device is not None:
+        check_device(output_device, "pipeline_parallel: output_device")
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
         raise TransformError(f"microbatches must be a positive integer, got {microbatches!r}")
@@ -364,6 +371,8 @@ def live_microbatches(g: Function, device: DeviceRef) -> int:
     final ``Concat``) and gradient contributions (read by the running sum ``*_acc{m}``)
     are not activations.
     """
+    function_arg("live_microbatches", "g", g)
+    check_device(device, "live_microbatches: device")
     index = {op: i for i, op in enumerate(g.ops)}
     outputs = set(g.outputs)
     spans: dict[int, list[tuple[int, int]]] = {}

@@ -23,6 +23,7 @@ from ..verify import verify
 from ._rewrite import (
     Mover,
     TransformError,
+    check_common,
     check_device,
     check_devices,
     device_of,
@@ -52,7 +53,10 @@ def op_devices(f: Function, assignment: Mapping[str, DeviceRef]) -> dict[Op, Dev
             dev = weights[0]
         else:
             latest = max(op.inputs, key=lambda v: order.get(v, -1), default=None)
-            dev = placed.get(latest, device_of(latest.type)) if latest is not None else None
+            if latest is not None:
+                dev = placed.get(latest, device_of(latest.type))
+            else:  # no operand (a Constant): it stays where it was made
+                dev = device_of(op.outputs[0].type) if op.outputs else None
         devices[op] = dev
         for v in op.outputs:
             placed[v], order[v] = dev, i
@@ -73,6 +77,7 @@ def place(f: Function, assignment: Mapping[str, DeviceRef], *, topology: Any = N
     >>> [(op.op_type, op.device) for op in g.ops]
     [('MatMul', 0), ('Send', 1), ('Send', 1), ('MatMul', 1)]
     """
+    check_common("place", f, topology)
     if not isinstance(assignment, Mapping):
         raise TransformError(f"assignment must map value names to devices, got {assignment!r}")
     for name, device in assignment.items():

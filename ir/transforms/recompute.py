@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..arguments import function_arg, names_arg
 from ..builder import FunctionBuilder, rebuild_op
 from ..errors import DistIRError
 from ..function import Function
@@ -71,6 +72,7 @@ def _replayable(op: Op) -> bool:
 
 def recomputable(f: Function) -> list[Value]:
     """The default activations to recompute (see the module docstring), in program order."""
+    function_arg("recomputable", "f", f)
     start = backward_start(f)
     readers = _backward_readers(f, start)
     inputs, outputs = set(f.inputs), set(f.outputs)
@@ -138,6 +140,8 @@ def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Funct
     >>> [op.op_type for op in r.ops][:6]
     ['MatMul', 'MatMul', 'Loss', 'LossGrad', 'MatMul', 'MatMulGrad']
     """
+    function_arg("recompute", "f", f)
+    values = names_arg("recompute", "values", values)
     if not _has_backward(f) and any(_has_backward(s) for op in f.ops for s in op.subfunctions):
         return _recompute_bodies(f, values)
     start = backward_start(f)
@@ -210,6 +214,7 @@ def peak_live_bytes(f: Function) -> int:
     and results are live together; a pmap adds, on each of its devices, what its
     body holds beyond its inputs and outputs at the body's peak.
     """
+    function_arg("peak_live_bytes", "f", f)
     last: dict[Value, int] = {}
     for i, op in enumerate(f.ops):
         for v in op.inputs:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ..arguments import function_arg
 from ..builder import FunctionBuilder
 from ..function import Function
 from ..layout import check_levels
@@ -38,6 +39,8 @@ def setup_program(source: Function, step: Function) -> Function:
     >>> [op.op_type for op in setup_program(f, data_parallel(f, 2)).ops]
     ['Broadcast', 'Scatter']
     """
+    function_arg("setup_program", "source", source)
+    function_arg("setup_program", "step", step)
     b = FunctionBuilder(f"{step.name}_setup")
     given = {v.name: b.input(v.name, v.type) for v in source.inputs}
     missing = [v.name for v in step.inputs if v.name not in given]

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from ..arguments import function_arg
 from ..function import Function
 from ..op import Op
 from ..ops.communication import split_sizes
@@ -101,6 +102,7 @@ def stage_assignment(
     >>> [(op.outputs[0].name, stage[op]) for op in t.ops if op.op_type == "SGDOptimizer"]
     [('wD1', 1), ('wC1', 1), ('wB1', 1), ('wA1', 0)]
     """
+    function_arg("stage_assignment", "f", f)
     return assign_stages(f, n, annotated_stages(f, stage_of))
 
 
@@ -113,6 +115,10 @@ def annotated_stages(f: Function, stage_of: Mapping[str, int] | None = None) -> 
         raise TransformError(f"pipeline level: {e}") from None
     if stage_of is None:
         return marked
+    if not isinstance(stage_of, Mapping):
+        raise TransformError(
+            f"pipeline level: stage_of must map value names to stages, got {stage_of!r}"
+        )
     if marked:
         raise TransformError(
             f"pipeline level: {f.name} carries PipelineStage annotations and stage_of= was "

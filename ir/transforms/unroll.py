@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..arguments import function_arg
 from ..builder import FunctionBuilder
 from ..function import Function
 from ..layout import layouts_of
@@ -41,6 +42,7 @@ def unroll_pmap(f: Function) -> Function:
 
     Inputs and outputs keep their types, so a steady-state step keeps its layouts.
     """
+    function_arg("unroll_pmap", "f", f)
     b = FunctionBuilder(f.name)
     env = {v: b.input(v.name, v.type) for v in f.inputs}
     _inline(b, f.ops, env, lambda ref: ref, "")
@@ -126,6 +128,7 @@ def device_programs(f: Function) -> dict[str, list[str]]:
     """
     from ..text import format_op
 
+    function_arg("device_programs", "f", f)
     g = unroll_pmap(f)
     out: dict[str, list[str]] = {}
     for op in g.ops:
