@@ -42,7 +42,7 @@ from ..types import TensorType, TupleType, devices_of
 from ..value import Value
 from ..verify import describe_op
 from .measurement import Measurement
-from .workers import die_with_parent, free_port, single_threaded_blas
+from .workers import die_with_parent, free_port, single_threaded_blas, stop
 
 __all__ = ["BackendError", "Measurement", "measure", "run", "run_ranked"]
 
@@ -587,11 +587,7 @@ def _launch(
             f"from the processes of devices {waiting}"
         ) from None
     finally:
-        failed = len(results) < len(procs)
-        for p in procs:
-            if failed:
-                p.kill()  # the others would wait on a peer that is gone
-            p.join(timeout=10)
+        stop(procs, results)
     return results
 
 

@@ -35,7 +35,7 @@ from ..errors import ExecutionError
 from ..function import Function
 from ..verify import describe_op
 from .torch_dist import BackendError
-from .workers import die_with_parent, free_port, single_threaded_blas
+from .workers import die_with_parent, free_port, single_threaded_blas, stop
 
 __all__ = ["RankContext", "carry_of", "launch", "prepare", "run_op", "run_ranked"]
 
@@ -182,11 +182,7 @@ def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
             f"ranked torch.distributed run got no result within {timeout_s} s from ranks {waiting}"
         ) from None
     finally:
-        failed = len(results) < len(procs)
-        for p in procs:
-            if failed:
-                p.kill()  # the others would wait on a rank that is gone
-            p.join(timeout=10)
+        stop(procs, results)
     return results
 
 

@@ -54,3 +54,13 @@ def free_port() -> int:
 
 
 __all__ = ["die_with_parent", "free_port", "single_threaded_blas"]
+
+
+def stop(procs: list, results: dict) -> None:
+    """Join the worker processes; if any gave no result, kill them all first: the others
+    would wait on a rank that is gone."""
+    failed = len(results) < len(procs)
+    for p in procs:
+        if failed:
+            p.kill()
+        p.join(timeout=10)

@@ -168,8 +168,13 @@ class _Materialiser(Chooser, StepIO):
                 continue
             self._op(op)
         if self.resident:
+            from ..transforms._emit import carried_inputs  # (transforms import sharding)
+
+            carried = carried_inputs(self.f)  # an updated state -> the input it updates
             outs, out_levels = (
-                zip(*[self._keep(v) for v in self.f.outputs]) if self.f.outputs else ((), ())
+                zip(*[self._keep(v, carried.get(v)) for v in self.f.outputs])
+                if self.f.outputs
+                else ((), ())
             )
         else:
             outs = [self._collect(v) for v in self.f.outputs]

@@ -176,11 +176,5 @@ def _fuse(
     if not kept:  # nothing reads the run's results: keep its work (and its time) anyway
         kept = list(run[-1].outputs)
     fused = body_b.finish([inner[v] for v in kept])
-    new = b.add_op(
-        "Pmap",
-        [env[v] for v in operands],
-        {"device_var": VAR},
-        names=[v.name for v in kept],
-        subfunctions=[fused],
-    )
+    new = pmap(b, fused, [env[v] for v in operands], [v.name for v in kept])
     env.update(zip(kept, new.outputs))

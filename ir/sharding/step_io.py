@@ -99,44 +99,33 @@ class StepIO:
             xs = op.outputs[0]
         return DistValue(None, layout, x.type, whole=xs, name=x.name)
 
-    def _keep(self, v: Value) -> tuple[Value, tuple[str, ...] | None]:
-        """Output ``v`` where it was computed: a per-device tuple and its layout. An
-        optimizer's updated state takes the layout of the state it updates."""
+    def _keep(self, v: Value, state: Value | None) -> tuple[Value, tuple[str, ...] | None]:
+        """Output ``v`` where it was computed: a per-device tuple and its layout. Updated
+        state (``state``: the input ``v`` is the next value of) takes that input's layout."""
         d = self.dist[v]
         if isinstance(v.type, TupleType):  # a tuple-valued result (Split): gathered whole
             return self._collect(v), None
-        state = self._state_inputs().get(v)
         if state is not None and d.layout != self.dist[state].layout:
             d = self.redistribute(
                 d, self.dist[state].layout, f"{v.name!r} is {state.name!r} updated"
             )
         elif has_partial(d.layout):
-            reduced = [w for w in self.views.get(v, {}).values() if not has_partial(w.layout)]
-            if reduced:  # already reduced for a consumer: keep that, do not reduce again
-                d = reduced[0]
-            elif any(isinstance(p, Partial) and p.op != "sum" for p in d.layout.placements):
+            d = self._reduced(v, d)
+            if any(isinstance(p, Partial) and p.op != "sum" for p in d.layout.placements):
                 d = self.redistribute(d, Layout.replicated(self.mesh), "a partial max/min output")
         return d.whole_in(self.b), levels_of(d.layout)
 
-    def _state_inputs(self) -> dict[Value, Value]:
-        """Each optimizer result that is updated state -> the input it updates (the
-        parameter, then the optimizer's state operands after the gradient)."""
-        found: dict[Value, Value] = {}
-        inputs = set(self.f.inputs)
-        for op in self.f.ops:
-            if get_op(op.op_type).extra.get("optimizer", False):
-                state = [op.inputs[0], *op.inputs[2:]]
-                for out, x in zip(op.outputs, state):
-                    if x in inputs:
-                        found[out] = x
-        return found
+    def _reduced(self, v: Value, d: DistValue) -> DistValue:
+        """``d``, or the view of ``v`` already reduced for a consumer if ``d`` is partial:
+        an output is not reduced twice."""
+        if has_partial(d.layout):
+            for w in self.views.get(v, {}).values():
+                if not has_partial(w.layout):
+                    return w
+        return d
 
     def _collect(self, v: Value) -> Value:
-        d = self.dist[v]
-        reduced = [w for w in self.views.get(v, {}).values() if not has_partial(w.layout)]
-        if has_partial(d.layout) and reduced:
-            d = reduced[0]  # already reduced for a consumer: gather that, do not reduce again
-        return self._collect_value(v, d)
+        return self._collect_value(v, self._reduced(v, self.dist[v]))
 
     def _collect_value(self, v: Value, d: DistValue) -> Value:
         if isinstance(v.type, TupleType):  # a tuple-valued result (Split): element by element

@@ -161,7 +161,7 @@ class Engine:
         self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
         self._comm_cache: dict[tuple, tuple] = {}  # by collective, size, devices, root
-        self._comm_by_op: dict[tuple, tuple] = {}  # by (op, pmap bindings) or top-level key
+        self._comm_by_op: dict[tuple, tuple] = {}  # by (op, pmap bindings): pmap bodies
 
     # -- rank classes -------------------------------------------------------
 
@@ -310,7 +310,7 @@ class Engine:
                 elif kind is comm_kind:
                     ins = _leaves(list(map(value_of, op.inputs)))
                     ready = max(map(ready_of, ins)) if ins else 0.0
-                    where, dur, cost, channels = self._collective(op, scope, prep)
+                    where, dur, cost, channels = self._collective(op, scope, prep, once)
                     start = max([ready, *(comm_free[c] for c in channels)])
                     end = start + dur
                     for c in channels:
@@ -472,13 +472,13 @@ class Engine:
         return [per_model[k] for k in self._model_of]
 
     def _collective(
-        self, op: Op, scope: _Scope, prep: tuple, key: Any = None
+        self, op: Op, scope: _Scope, prep: tuple, once: bool = False
     ) -> tuple[tuple[int, ...], float, tuple[float, float], tuple[int, ...]]:
-        """(participants, duration, cost entry, channels) of a communication op."""
+        """(participants, duration, cost entry, channels) of a communication op; kept per
+        (op, pmap bindings) unless the op runs ``once`` (top level)."""
         opdef = prep[2]
-        if key is None:
-            key = (op, scope.key)
-        hit = self._comm_by_op.get(key)
+        key = None if once else (op, scope.key)
+        hit = self._comm_by_op.get(key) if key is not None else None
         if hit is not None:
             return hit
         in_types = tuple(scope.bind(v.type) for v in op.inputs)
@@ -498,7 +498,8 @@ class Engine:
             channels = self._channels(c.kind, participants, c.groups)
             timing = (participants, dur, (0.0, float(c.size_bytes)), channels)
             self._comm_cache[ckey] = timing
-        self._comm_by_op[key] = timing
+        if key is not None:
+            self._comm_by_op[key] = timing
         return timing
 
     def _channels(

@@ -79,6 +79,23 @@ def llama() -> torch.nn.Module:
     return Logits(transformers.LlamaForCausalLM(config).eval())
 
 
+def llama_7b(layers: int) -> torch.nn.Module:
+    """Llama-7B's widths (hidden 4096, 32 heads, MLP 11008, vocabulary 32000) with
+    ``layers`` layers, bf16, on the meta device: shapes only, never executed."""
+    config = transformers.LlamaConfig(
+        num_hidden_layers=layers,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        vocab_size=32000,
+        max_position_embeddings=4096,
+        attn_implementation="eager",
+    )
+    with torch.device("meta"):
+        return Logits(transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval())
+
+
 def bert() -> torch.nn.Module:
     torch.manual_seed(0)
     config = transformers.BertConfig(

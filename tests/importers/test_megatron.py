@@ -13,7 +13,7 @@ import pytest
 import ir
 from ir.importers import weight_name
 
-from .conftest import VOCAB, Logits, llama, torch, transformers
+from .conftest import VOCAB, llama, llama_7b, torch
 
 COLUMNS = ("q_proj", "k_proj", "v_proj", "gate_proj", "up_proj")
 ROWS = ("o_proj", "down_proj")
@@ -117,18 +117,7 @@ def test_batched_matmuls_keep_their_heads():
 
 
 def _llama_7b_step(layers: int) -> ir.Function:
-    config = transformers.LlamaConfig(
-        num_hidden_layers=layers,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        attn_implementation="eager",
-    )
-    with torch.device("meta"):
-        lm = Logits(transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval())
+    lm = llama_7b(layers)
     ids = torch.empty((8, 1024), dtype=torch.long, device="meta")
     f, _ = ir.from_torch(lm, (ids,))
     trained = {weight_name(k) for k, _ in lm.named_parameters()}

@@ -17,7 +17,7 @@ import pytest
 import ir
 from ir.sharding import Mesh, S, annotate_stages, place_stages, propagate
 
-from .conftest import LMS, MODELS, Logits, MeanSquare, torch, transformers
+from .conftest import LMS, MODELS, MeanSquare, llama_7b, torch
 
 MESH = Mesh((2,))
 
@@ -82,18 +82,7 @@ def test_a_data_parallel_training_step_of_an_imported_model_equals_the_sequentia
 def test_a_llama_7b_shaped_model_on_the_meta_device_imports_and_simulates_on_8_gpus():
     """Shapes only (two of Llama-7B's 32 layers, at its widths, bf16): never executed.
     ``benchmarks/llama7b_simulation.py`` runs all 32 layers."""
-    config = transformers.LlamaConfig(
-        num_hidden_layers=2,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        attn_implementation="eager",
-    )
-    with torch.device("meta"):
-        lm = Logits(transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval())
+    lm = llama_7b(2)
     ids = torch.empty((8, 2048), dtype=torch.long, device="meta")
     f, args = ir.from_torch(lm, (ids,))
     weights = [v for v in f.inputs if v.name.startswith("lm_")]
