@@ -1,6 +1,6 @@
 """The simulator against real processes on this machine (docs/accuracy.md, "On this machine").
 
-    python benchmarks/bench_accuracy.py [--steps 5] [--warmup 2] [--runs 1] [--quick] [--ranked]
+    python benchmarks/bench_accuracy.py [--steps 9] [--warmup 2] [--runs 1] [--quick] [--ranked]
 
 Each program is an MLP training step (SGD) arranged by ``ir.transforms.megatron``:
 data, tensor and pipeline parallelism (GPipe and 1F1B) and their 3D mixes, on 1, 2
@@ -8,17 +8,22 @@ and 4 processes, for two MLP sizes. Each is measured with
 ``ir.backends.torch_dist.measure`` (gloo on this CPU, one process per device, the
 median of ``--steps`` timed steps after ``--warmup``) and simulated with
 ``ir.simulate`` on ``ir.calibrate()``'s topology of this machine (``--quick``: its
-short calibration). Nothing is fitted to the measurements. ``--ranked`` measures each
+short calibration), and again with a profiled cost table
+(``ir.backends.profile.profile_ops``: each distinct op of the program timed alone on the
+torch backend, in as many processes at once as the program has ranks; one table per
+process count, shared by the programs). Nothing is fitted to the measurements: the
+calibration and the profile time single ops and single transfers, never a step.
+``--ranked`` measures each
 program lowered to ranks instead (``ir.sharding.lower_to_ranks``: each process runs its
 own rank's program with torch kernels, the weights carried from step to step) and
 also prints each program's highest measured and simulated peak memory per rank.
 
-Prints per program the measured and simulated step times and the error
-``(simulated - measured) / measured``, then the mean absolute percentage error
-(MAPE), the Spearman rank correlation of the programs' step times, and, per size
-and process count, whether the fastest program measured is the one the simulator
-ranks fastest. ``--runs 2`` measures everything twice (the calibration once) and
-prints each program's spread between runs.
+Prints per program the measured and simulated step times (calibrated models, then
+profiled costs) and the errors ``(simulated - measured) / measured``, then per cost
+source the mean absolute percentage error (MAPE), the Spearman rank correlation of
+the programs' step times, and, per size and process count, whether the fastest
+program measured is the one the simulator ranks fastest. ``--runs 2`` measures
+everything twice (the calibration once) and prints each program's spread between runs.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 import ir
 from ir import models, transforms
 from ir.backends import torch_dist
+from ir.backends.profile import profile_ops
 from ir.backends.torch_ranked import carry_of
 from ir.sharding import lower_to_ranks
 
@@ -60,15 +66,17 @@ class Row:
     strategy: str
     processes: int
     measured_s: list[float]  # one per run (each the median step of that run)
-    simulated_s: float
+    simulated_s: dict[str, float]  # by cost source: "model", "profiled"
 
-    @property
-    def error(self) -> float:
-        return (self.simulated_s - self.measured_s[0]) / self.measured_s[0]
+    def error(self, source: str, run: int = 0) -> float:
+        return (self.simulated_s[source] - self.measured_s[run]) / self.measured_s[run]
 
     @property
     def spread(self) -> float:
         return max(self.measured_s) / min(self.measured_s) - 1
+
+
+SOURCES = ("model", "profiled")
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -80,7 +88,7 @@ def spearman(a: list[float], b: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=9)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--quick", action="store_true", help="the short calibration")
@@ -94,12 +102,14 @@ def main() -> None:
     print(f"calibrated in {time.perf_counter() - started:.1f} s")
     print(calibration.summary_markdown())
     rows = []
+    tables: dict[int, ir.sim.OpCosts] = {}
     for size in SIZES:
         source = transforms.training(models.mlp(*SIZES[size]), "sgd")
         inputs = ir.random_inputs(source, seed=0)
         for label, dp, tp, pp, m, schedule in STRATEGIES:
             g = transforms.megatron(source, dp, tp, pp, m, schedule)
             n = dp * tp * pp
+            tables[n] = profile_ops(g, n, costs=tables.get(n), progress=False)
             step_inputs = ir.distribute(g, inputs, source=source)
             program, options = g, {}
             if args.ranked:
@@ -111,8 +121,11 @@ def main() -> None:
                 )
                 for _ in range(args.runs)
             ]
-            sim = ir.simulate(transforms.unroll_pmap(g), calibration.topology(n))
-            row = Row(size, label, n, [x.step_time_s for x in measured], sim.step_time_s)
+            flat = transforms.unroll_pmap(g)
+            sim = ir.simulate(flat, calibration.topology(n))
+            profiled = ir.simulate(flat, calibration.topology(n), costs=tables[n])
+            simulated = {"model": sim.step_time_s, "profiled": profiled.step_time_s}
+            row = Row(size, label, n, [x.step_time_s for x in measured], simulated)
             rows.append(row)
             times = " ".join(f"{x * 1e3:8.2f}" for x in row.measured_s)
             memory = ""
@@ -122,35 +135,42 @@ def main() -> None:
                 memory = f"  peak {peak_m:6.2f} / {peak_s:6.2f} MiB"
             print(
                 f"{size:6} {label:18} {n} proc  measured {times} ms  "
-                f"simulated {row.simulated_s * 1e3:8.2f} ms  error {row.error:+7.1%}{memory}",
+                f"model {row.simulated_s['model'] * 1e3:8.2f} ms ({row.error('model'):+7.1%})  "
+                f"profiled {row.simulated_s['profiled'] * 1e3:8.2f} ms "
+                f"({row.error('profiled'):+7.1%}){memory}",
                 flush=True,
             )
-    errors = [abs(r.error) for r in rows]
-    print(f"\n{len(rows)} programs; MAPE {statistics.mean(errors):.1%}, ", end="")
-    print(f"median |error| {statistics.median(errors):.1%}")
-    for run in range(args.runs):
-        measured = [r.measured_s[run] for r in rows]
-        mape = statistics.mean(abs(r.simulated_s - x) / x for r, x in zip(rows, measured))
-        rho = spearman(measured, [r.simulated_s for r in rows])
-        print(f"run {run + 1}: MAPE {mape:.1%}, Spearman {rho:.3f}")
+    print(f"\n{len(rows)} programs")
+    for src in SOURCES:
+        for run in range(args.runs):
+            measured = [r.measured_s[run] for r in rows]
+            errors = [abs(r.error(src, run)) for r in rows]
+            rho = spearman(measured, [r.simulated_s[src] for r in rows])
+            print(
+                f"{src:8} run {run + 1}: MAPE {statistics.mean(errors):.1%}, median |error| "
+                f"{statistics.median(errors):.1%}, Spearman {rho:.3f}"
+            )
     if args.runs > 1:
         spreads = [r.spread for r in rows]
         print(f"spread between runs: median {statistics.median(spreads):.1%}, ", end="")
         print(f"max {max(spreads):.1%}")
-    print("\nfastest per size and process count (measured / simulated):")
-    for size in SIZES:
-        for n in sorted({r.processes for r in rows}):
-            group = [r for r in rows if r.size == size and r.processes == n]
-            if len(group) < 2:
-                continue
-            fast_m = min(group, key=lambda r: r.measured_s[0])
-            fast_s = min(group, key=lambda r: r.simulated_s)
-            rho = spearman([r.measured_s[0] for r in group], [r.simulated_s for r in group])
-            hit = "yes" if fast_m is fast_s else "no"
-            print(
-                f"  {size:6} {n} proc: {fast_m.strategy} / {fast_s.strategy} "
-                f"(predicted: {hit}; Spearman {rho:.2f} over {len(group)})"
-            )
+    for src in SOURCES:
+        print(f"\nfastest per size and process count, {src} (measured / simulated):")
+        for size in SIZES:
+            for n in sorted({r.processes for r in rows}):
+                group = [r for r in rows if r.size == size and r.processes == n]
+                if len(group) < 2:
+                    continue
+                fast_m = min(group, key=lambda r: r.measured_s[0])
+                fast_s = min(group, key=lambda r: r.simulated_s[src])
+                rho = spearman(
+                    [r.measured_s[0] for r in group], [r.simulated_s[src] for r in group]
+                )
+                hit = "yes" if fast_m is fast_s else "no"
+                print(
+                    f"  {size:6} {n} proc: {fast_m.strategy} / {fast_s.strategy} "
+                    f"(predicted: {hit}; Spearman {rho:.2f} over {len(group)})"
+                )
     print(f"\nload average {os.getloadavg()[0]:.2f}; total {time.perf_counter() - started:.0f} s")
 
 

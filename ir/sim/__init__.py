@@ -15,10 +15,19 @@ from ..arguments import bool_arg, function_arg
 from ..device import Topology
 from ..errors import ArgumentError
 from ..function import Function
+from .costs import OpCosts
 from .engine import COMBINE_MODES, COMM_MODES, Engine, SimulationError
 from .result import Event, SimResult
 
-__all__ = ["COMBINE_MODES", "COMM_MODES", "Event", "SimResult", "SimulationError", "simulate"]
+__all__ = [
+    "COMBINE_MODES",
+    "COMM_MODES",
+    "Event",
+    "OpCosts",
+    "SimResult",
+    "SimulationError",
+    "simulate",
+]
 
 
 def simulate(
@@ -28,6 +37,7 @@ def simulate(
     combine: str = "roofline",
     comm: str = "channels",
     symmetry: bool = True,
+    costs: OpCosts | None = None,
 ) -> SimResult:
     """Simulate one run of ``function`` on ``topology``.
 
@@ -52,6 +62,10 @@ def simulate(
     identical times), the other members sharing the walked device's events and
     memory; ``False`` walks every device (the reference the classes are tested
     against).
+
+    ``costs``: measured op times (:class:`ir.sim.costs.OpCosts`, from
+    ``ir.backends.profile.profile_ops``) used instead of the models above for every op
+    the table holds; the others keep the models.
     """
     function_arg("simulate", "function", function)
     if not isinstance(topology, Topology):
@@ -61,6 +75,11 @@ def simulate(
         )
     symmetry = bool_arg("simulate", "symmetry", symmetry)
     classes = function.rank_classes if symmetry else ()
-    engine = Engine(topology, combine, comm=comm, classes=classes)
+    if costs is not None and not isinstance(costs, OpCosts):
+        raise ArgumentError(
+            f"simulate: costs must be an ir.sim.costs.OpCosts (from "
+            f"ir.backends.profile.profile_ops), got {type(costs).__name__}"
+        )
+    engine = Engine(topology, combine, comm=comm, classes=classes, costs=costs)
     engine.run(function)
     return SimResult(engine)

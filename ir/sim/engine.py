@@ -48,6 +48,7 @@ from ..types import (
 )
 from ..value import Value
 from ..verify import describe_op
+from .costs import OpCosts, compute_key
 
 COMBINE_MODES = ("roofline", "additive")
 COMM_MODES = ("channels", "serial")
@@ -108,6 +109,7 @@ class Engine:
         *,
         comm: str = "channels",
         classes: Sequence[Sequence[int]] = (),
+        costs: OpCosts | None = None,
     ) -> None:
         if not isinstance(combine, str) or combine not in COMBINE_MODES:
             raise SimulationError(
@@ -120,6 +122,7 @@ class Engine:
                 f"stream per device), got {comm!r}"
             )
         self.serial_comm = comm == "serial"
+        self.costs = costs  # measured op times over the models (ir.sim.costs)
         self.topology = topology
         self.additive = combine == "additive"
         self.index_of = {d.device_id: i for i, d in enumerate(topology.devices)}
@@ -418,15 +421,7 @@ class Engine:
             )
         # Ops of one type on equal shapes cost the same: key the cost rule's answer (and the
         # output sizes) by type and shapes, so a long program evaluates each rule a few times.
-        key = [opdef.name, _attributes_key(op)]
-        for v in (*op.inputs, *op.outputs):
-            t = v.type
-            if t.__class__ is TensorType:
-                key.append(t.shape)
-                key.append(t.dtype)
-            else:
-                key.append(t)
-        key = tuple(key)
+        key = compute_key(opdef.name, op)
         cost = self._cost_by_types.get(key)
         if cost is None:
             in_types = tuple(v.type for v in op.inputs)
@@ -435,7 +430,11 @@ class Engine:
             nbytes = c.bytes_read + c.bytes_written
             sizes = [_template(t) for t in out_types]  # device refs replaced below
             dtype = compute_dtype((*in_types, *out_types))
-            durations = self._durations(c.flops, nbytes, c.matrix_flops, dtype)
+            measured = self.costs.compute.get(key) if self.costs is not None else None
+            if measured is None:
+                durations = self._durations(c.flops, nbytes, c.matrix_flops, dtype)
+            else:
+                durations = [measured] * len(self._model_of)
             cost = (c.flops, nbytes, durations, sizes)
             self._cost_by_types[key] = cost
         sizes = cost[3]
@@ -494,7 +493,11 @@ class Engine:
                 participants = tuple(self.index_of[d] for d in c.participants)
             except KeyError as e:
                 raise _UnknownDeviceError(e.args[0]) from None
-            dur = c.time_s(self.topology)
+            dur = None
+            if self.costs is not None:
+                dur = self.costs.communication_time_s(c.kind, c.size_bytes, len(c.devices))
+            if dur is None:
+                dur = c.time_s(self.topology)
             channels = self._channels(c.kind, participants, c.groups)
             timing = (participants, dur, (0.0, float(c.size_bytes)), channels)
             self._comm_cache[ckey] = timing
@@ -623,17 +626,6 @@ def _leaves(slots: Any) -> list[int]:
     if slots.__class__ is int:
         return [slots]
     return [s for x in slots for s in _leaves(x)]
-
-
-def _attributes_key(op: Op) -> Any:
-    if not op.attributes:
-        return ()
-    try:
-        key = tuple(sorted(op.attributes.items()))
-        hash(key)
-        return key
-    except TypeError:
-        return op  # unhashable attributes: cost this op on its own
 
 
 def _map_key(device_map: Any) -> Any:

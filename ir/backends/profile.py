@@ -1,0 +1,281 @@
+"""Measure each distinct op of a program on the torch backend: :func:`profile_ops`.
+
+The result, an :class:`ir.sim.costs.OpCosts`, is what ``ir.simulate(..., costs=table)``
+composes instead of its roofline and alpha-beta models. Each op is measured the way
+``torch_dist.measure`` measures a program, so that a table and a measurement agree on
+what one op costs:
+
+* **compute**: the distinct compute ops (``ir.sim.costs.compute_key``: type, attributes,
+  shapes, element types), in program order, are copied into one profiling program
+  ``repeats`` rounds over, each op reading its own random operands every round
+  (``ir.random_inputs``: labels below the class count, and so on), so that an op runs
+  among the others as in the program, not hot from a copy of itself; the program runs
+  through ``ranked_measure.timed_step`` (the measurement's own loop: torch kernels,
+  live-byte bookkeeping, the timers) after ``warmup`` runs, and an op costs the median
+  over rounds of the time from its start to the next op's (the op and the loop's
+  bookkeeping after it, as in a measured step);
+* **communication**: every distinct transfer (``(kind, bytes, group size)``) runs
+  ``repeats`` times through the ranked backend's own collective code (gloo; all-gathers
+  and all-reduces with slicing where gloo lacks the collective), each after a barrier,
+  on groups of consecutive ranks that partition the processes (several groups at once,
+  as a data-parallel all-reduce runs beside the others); a collective costs the median
+  over repeats of the shortest rank's time (the last rank to arrive sees the transfer
+  alone), a send its receiver's time.
+
+``processes`` processes run it all at once, one gloo world on loopback: on a machine
+with fewer cores than processes, each op is measured sharing the cores as the program's
+ranks will share them. Broadcast, scatter, gather and reduce are not measured (the
+steady-state programs the transforms build do not use them); the simulator models them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue as queue_module
+import statistics
+import time
+import traceback
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+
+from ..errors import ExecutionError
+from ..function import Function
+from ..sim.costs import OpCosts, communication_keys, compute_ops
+from .torch_dist import BackendError
+from .workers import die_with_parent, free_port, single_threaded_blas, stop
+
+__all__ = ["profile_ops"]
+
+MEASURED_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "send")
+
+
+def profile_ops(
+    program: Function,
+    processes: int | None = None,
+    *,
+    repeats: int = 9,
+    warmup: int = 2,
+    costs: OpCosts | None = None,
+    timeout_s: float = 300.0,
+    progress: bool = True,
+) -> OpCosts:
+    """Measure every distinct op of ``program`` (pmap bodies included) with the torch
+    backend on ``processes`` processes at once (default: as many as the program has
+    devices); return the table (module doc). ``costs``: a table measured before with the
+    same ``processes``; only the ops it lacks are measured, and the result holds both
+    (profiling a second strategy of one model measures only its new shapes).
+    """
+    from .torch_kernels import check_kernels
+
+    if not isinstance(program, Function):
+        raise BackendError(f"profile_ops profiles an ir.Function, got {type(program).__name__}")
+    if processes is None:
+        processes = max(1, len(program.devices))
+    for name, value, least in (("processes", processes, 1), ("repeats", repeats, 2)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise BackendError(f"profile_ops: {name} must be an integer >= {least}, got {value!r}")
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
+        raise BackendError(f"profile_ops: warmup must be an integer >= 0, got {warmup!r}")
+    if costs is not None and costs.processes != processes:
+        raise BackendError(
+            f"profile_ops: the given costs were measured with {costs.processes} processes at "
+            f"once, not {processes}"
+        )
+    known = costs or OpCosts(processes=processes)
+    ops = [(k, op) for k, op in compute_ops(program) if k not in known.compute]
+    check_kernels((op.op_type for _, op in ops), f"program {program.name!r}")
+    transfers = [
+        t
+        for t in communication_keys(program)
+        if t[0] in MEASURED_KINDS and t not in known.communication and t[2] <= processes
+    ]
+    measured = _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress)
+    fresh = OpCosts(
+        dict(zip((k for k, _ in ops), measured["compute"])),
+        dict(zip(transfers, measured["communication"])),
+        processes,
+        (
+            f"torch backend, {processes} process(es) at once on {os.cpu_count()} CPU(s); "
+            f"median of {repeats} after {warmup} warm-up run(s)",
+        ),
+    )
+    return known.updated(fresh)
+
+
+def _profiling_program(ops: list[tuple[tuple, Any]], repeats: int) -> Function:
+    """``repeats`` rounds of the ops in program order, each op on its own operands: an op
+    runs among the others, its caches as warm as in the program, not hot from itself."""
+    from ..builder import FunctionBuilder
+
+    b = FunctionBuilder("profile")
+    operands = [
+        [b.input(f"x{i}_{j}", v.type) for j, v in enumerate(op.inputs)]
+        for i, (_, op) in enumerate(ops)
+    ]
+    outputs: list = []
+    for r in range(repeats):
+        for i, (_, op) in enumerate(ops):
+            new = b.add_like(op, operands[i], [f"y{r}_{i}_{j}" for j in range(len(op.outputs))])
+            if r == repeats - 1:
+                outputs += list(new.outputs)
+    return b.finish(outputs)
+
+
+def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) -> dict:
+    from tqdm.auto import tqdm
+
+    from ..execute import random_inputs
+
+    program = _profiling_program(ops, repeats) if ops else None
+    args = random_inputs(program, seed=0) if program is not None else []
+    plan = {
+        "port": free_port(),
+        "parent": os.getpid(),
+        "processes": processes,
+        "repeats": repeats,
+        "warmup": warmup,
+        "transfers": transfers,
+        "groups": sorted({t[2] for t in transfers}),
+    }
+    ctx = mp.get_context("fork")
+    outbox = ctx.Queue()
+    procs = [
+        ctx.Process(target=_worker, args=(r, program, args, plan, outbox), daemon=True)
+        for r in range(processes)
+    ]
+    total = (warmup + 1) * (1 if ops else 0) + len(transfers)
+    results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
+    with tqdm(total=total, desc="profiling ops", disable=not progress) as bar:
+        for p in procs:
+            p.start()
+        try:
+            while len(results) < processes:
+                left = deadline - time.monotonic()
+                r, kind, payload = outbox.get(timeout=max(0.1, left))
+                if kind == "tick":
+                    bar.update()
+                elif kind == "error":
+                    raise BackendError(f"profiling failed on process {r}: {payload}")
+                else:
+                    results[r] = payload
+        except queue_module.Empty:
+            waiting = [r for r in range(processes) if r not in results]
+            raise ExecutionError(
+                f"profile_ops got no result within {timeout_s} s from processes {waiting}"
+            ) from None
+        finally:
+            stop(procs, results)
+    compute = []
+    if ops:
+        per_rank = [results[r]["compute"] for r in range(processes)]
+        compute = [statistics.mean(ts) for ts in zip(*per_rank)]
+    communication = []
+    for i, (kind, _, _) in enumerate(transfers):
+        samples = [results[r]["communication"][i] for r in range(processes)]
+        runs = [
+            min(s[k] for s in samples if s) if kind != "send" else max(s[k] for s in samples if s)
+            for k in range(repeats)
+        ]
+        communication.append(statistics.median(runs))
+    return {"compute": compute, "communication": communication}
+
+
+def _worker(rank: int, program, args, plan, outbox) -> None:
+    try:
+        die_with_parent(plan["parent"])
+        import torch
+        import torch.distributed as dist
+
+        from .torch_kernels import TORCH_KERNELS
+        from .torch_ranked import RankContext
+
+        torch.set_num_threads(1)
+        single_threaded_blas()
+        n = plan["processes"]
+        dist.init_process_group(
+            "gloo",
+            init_method=f"tcp://127.0.0.1:{plan['port']}",
+            rank=rank,
+            world_size=n,
+            timeout=datetime.timedelta(seconds=120),
+        )
+        groups = {}
+        for size in plan["groups"]:  # every group made on every process, in one order
+            for start in range(0, n - size + 1, size):
+                g = tuple(range(start, start + size))
+                groups[g] = dist.new_group(list(g))
+        context = RankContext(rank, {r: r for r in range(n)}, groups, dist, TORCH_KERNELS)
+        out = {"compute": [], "communication": []}
+        if program is not None:
+            out["compute"] = _time_compute(program, args, context, plan, outbox, rank)
+        for kind, size_bytes, size in plan["transfers"]:
+            out["communication"].append(
+                _time_transfer(kind, size_bytes, size, context, plan["repeats"])
+            )
+            if rank == 0:
+                outbox.put((rank, "tick", None))
+        dist.barrier()
+        outbox.put((rank, "done", out))
+        dist.destroy_process_group()
+    except Exception as e:  # said to the parent as text: an exception may not pickle
+        outbox.put((rank, "error", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+
+
+def _time_compute(program, args, context, plan, outbox, rank) -> list[float]:
+    import torch
+
+    from .ranked_measure import timed_step
+
+    values = [torch.from_numpy(np.array(a, copy=True)) for a in args]
+    state = {"op": None}
+    record = None
+    for _ in range(plan["warmup"] + 1):
+        context.dist.barrier()
+        _, record = timed_step(program, values, context, state)
+        if rank == 0:
+            outbox.put((rank, "tick", None))
+    _, timed, _ = record
+    timed = sorted(timed)
+    k = len(program.ops) // plan["repeats"]
+    # each op from its start to the next op's start (its bookkeeping included); the last
+    # op of the last round to its own end
+    periods = [timed[i + 1][1] - timed[i][1] for i in range(len(timed) - 1)]
+    periods.append(timed[-1][2] - timed[-1][1])
+    return [statistics.median(periods[i::k]) for i in range(k)]
+
+
+def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: int) -> list:
+    """This rank's times of ``repeats`` runs of one transfer (empty if not in a group)."""
+    import torch
+
+    from .torch_ranked import _collective
+
+    dist, me = context.dist, context.me
+    groups = [g for g in context.groups if len(g) == size]
+    mine = next((g for g in groups if me in g), None)
+    elements = max(1, round(size_bytes / 4))
+    if kind == "allgather":
+        elements = max(1, elements // size)
+    x = torch.randn(elements)
+    times = []
+    for _ in range(repeats + 1):  # the first run warms the connection up
+        dist.barrier()
+        if mine is None:
+            continue
+        t0 = time.perf_counter()
+        if kind == "send":
+            peer = mine[1] if me == mine[0] else mine[0]
+            if me == mine[0]:
+                dist.isend(x, peer, tag=7).wait()
+            elif me == mine[1]:
+                dist.irecv(torch.empty_like(x), peer, tag=7).wait()
+        else:
+            attrs = {"kind": kind, "group": list(mine), "op": "sum", "dim": 0, "concat_dim": 0}
+            _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
+        times.append(time.perf_counter() - t0)
+    return times[1:]

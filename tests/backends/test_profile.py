@@ -1,0 +1,81 @@
+"""ir.backends.profile.profile_ops: every distinct op of a program timed on the torch
+backend, in processes sharing the machine as the program's ranks will, and the table
+feeding ir.simulate."""
+
+from __future__ import annotations
+
+import pytest
+
+import ir
+from ir import transforms
+
+pytest.importorskip("torch.distributed", reason="torch is not installed (pip install torch)")
+
+from ir.backends.profile import profile_ops
+from ir.backends.torch_dist import BackendError
+from ir.sim.costs import OpCosts, communication_keys, compute_ops
+
+F32 = ir.DType.float32
+
+
+def _step(dp: int, tp: int = 1, pp: int = 1, features: int = 8):
+    f = ir.models.mlp(8, features, 16, 4, layers=2, training=True, dtype=F32)
+    return transforms.megatron(f, dp, tp, pp, 2 if pp > 1 else 1)
+
+
+def test_every_op_of_a_tensor_parallel_step_is_measured_and_simulates():
+    g = _step(1, tp=2)
+    table = profile_ops(g, repeats=3, warmup=1, progress=False)
+    assert table.processes == 2
+    assert table.missing(g) == []
+    assert set(table.compute) == {k for k, _ in compute_ops(g)}
+    assert set(table.communication) == set(communication_keys(g))
+    assert all(0 < t < 1.0 for t in [*table.compute.values(), *table.communication.values()])
+    result = ir.simulate(transforms.unroll_pmap(g), ir.Topology.uniform(2), costs=table)
+    # each compute event lasts exactly its measured time
+    from ir.sim.costs import compute_key
+
+    for e in result.events:
+        if e.stream == "compute":
+            assert e.dur_s == table.compute[compute_key(e.op.op_type, e.op)]
+
+
+def test_a_bigger_matmul_is_measured_slower():
+    small, big = _step(1, features=4), _step(1, features=512)
+    t_small = profile_ops(small, repeats=3, warmup=1, progress=False)
+    t_big = profile_ops(big, repeats=3, warmup=1, progress=False)
+
+    def first_matmul(table):
+        return next(t for k, t in table.compute.items() if k[0] == "MatMul")
+
+    # 8 x 512 x 16 against 8 x 4 x 16: 128 times the work
+    assert first_matmul(t_big) > first_matmul(t_small)
+
+
+def test_a_given_table_is_reused_and_only_new_ops_are_measured():
+    one = profile_ops(_step(2), repeats=3, warmup=1, progress=False)
+    again = profile_ops(_step(2), costs=one, repeats=3, warmup=1, progress=False)
+    assert again.compute == one.compute and again.communication == one.communication
+    wider = profile_ops(_step(2, features=12), costs=one, repeats=3, warmup=1, progress=False)
+    assert set(one.compute) < set(wider.compute)
+    for k, t in one.compute.items():  # measured before: kept as it was
+        assert wider.compute[k] == t
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"processes": 0}, "processes must be an integer >= 1"),
+        ({"repeats": 1}, "repeats must be an integer >= 2"),
+        ({"warmup": -1}, "warmup must be an integer >= 0"),
+        ({"processes": 2, "costs": OpCosts(processes=4)}, "measured with 4 processes"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_process_starts(options, message):
+    with pytest.raises(BackendError, match=message):
+        profile_ops(_step(2), progress=False, **options)
+
+
+def test_a_non_program_is_refused():
+    with pytest.raises(BackendError, match=r"profiles an ir\.Function"):
+        profile_ops("MatMul", progress=False)
