@@ -10,11 +10,13 @@ rank times its ops (:func:`timed_step`):
 * a step starts with a barrier of all ranks; on one host every process reads one
   monotonic clock, so a step's times are relative to the first rank's barrier exit;
 * a compute op runs from its call to its return (torch on the CPU is synchronous);
-  a ``RecvFrom`` until its message has arrived, a ``RankCollective`` until it has
-  completed here (both include waiting for peers, as the global measure's do);
-* a ``SendTo`` is asynchronous (the rank goes on computing, as in ``run_ranked``):
-  its event runs from its ``isend`` to the first op boundary at which the send is
-  seen complete, or to the end of the step, where the rank waits for it;
+  a ``RecvFrom`` until its message has arrived, an all-gather or all-to-all
+  ``RankCollective`` until it has completed here (both include waiting for peers, as
+  the global measure's do);
+* a ``SendTo``, an all-reduce and a reduce-scatter are asynchronous (the rank goes on
+  computing, as in ``run_ranked``): the event runs from its posting to the first op
+  boundary at which it is seen complete, to the moment an op that reads it has waited
+  for it, or to the end of the step, where the rank waits for it;
 * tuple ops (``MakeTuple``, ``TupleGet``) are not timed (they move no data).
 
 Each rank also tracks its live bytes (:meth:`Measurement.memory_timeline` says
@@ -100,6 +102,7 @@ class _Live:
     def _storages(self, x: Any) -> list[tuple[int, int]]:
         if isinstance(x, tuple | list):
             return [s for e in x for s in self._storages(e)]
+        x = getattr(x, "value", x)  # a collective in flight holds its buffer
         storage = getattr(x, "untyped_storage", None)
         if storage is None:
             return []
@@ -142,7 +145,7 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
 
     Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])).
     """
-    from .torch_ranked import run_op
+    from .torch_ranked import Pending, run_op
 
     origin = time.perf_counter()
     env = dict(zip(program.inputs, args))
@@ -153,16 +156,28 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     frees = _last_reads(program)
     timed: list[tuple[int, float, float]] = []
     sends: list = []
-    pending: list[tuple[int, float, Any]] = []  # (op index, start, work) of unfinished sends
+    # (op index, start, work) of sends and collectives in flight
+    pending: list[tuple[int, float, Any]] = []
     for index, op in enumerate(program.ops):
         state["op"] = op
-        xs = [env[v] for v in op.inputs]
+        xs = []
+        for v in op.inputs:
+            x = env[v]
+            if isinstance(x, Pending):  # the first read of a collective in flight: wait
+                x.work.wait()
+                pending = _finished(pending, timed)
+                live.drop(x)
+                x = env[v] = x.result()
+                live.add(x)
+            xs.append(x)
         posted = len(sends)
         start = time.perf_counter()
         results = run_op(op, xs, context, sends)
         end = time.perf_counter()
         if len(sends) > posted:  # a SendTo: timed until it is seen complete
             pending.append((index, start, sends[-1]))
+        elif results and isinstance(results[0], Pending):  # likewise a posted collective
+            pending.append((index, start, results[0].work))
         elif get_op(op.op_type).kind is not OpKind.CONTROL:
             timed.append((index, start, end))
         for v, y in zip(op.outputs, results):
@@ -177,11 +192,14 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     for index, start, work in pending:
         work.wait()
         timed.append((index, start, time.perf_counter()))
-    return [env[v] for v in program.outputs], (origin, timed, memory)
+    outputs = [
+        x.result() if isinstance(x, Pending) else x for x in (env[v] for v in program.outputs)
+    ]
+    return outputs, (origin, timed, memory)
 
 
 def _finished(pending: list, timed: list) -> list:
-    """Stamp the sends seen complete now; return those still in flight."""
+    """Stamp the sends and collectives seen complete now; return those still in flight."""
     now = time.perf_counter()
     left = []
     for index, start, work in pending:

@@ -12,6 +12,10 @@ others through ``torch.distributed`` over loopback (a port the OS picks):
   every program is made, in one order, on every process): ``all_reduce``, and, as
   gloo has no reduce-scatter or all-to-all, all-gathers and all-reduces whose
   results each rank slices (uneven blocks padded for the gather and cut back).
+  All-reduces and reduce-scatters are posted asynchronously (``async_op=True``, a
+  :class:`Pending` value) and waited for where an op first reads them, as DDP
+  overlaps a gradient's all-reduce with the rest of the backward pass; the step's
+  outputs are waited for at its end.
 
 With ``steps > 1`` the program runs that many times on its ranks; ``carry`` says
 which outputs are the next step's inputs (a training step's new weights and
@@ -37,7 +41,16 @@ from ..verify import describe_op
 from .torch_dist import BackendError
 from .workers import die_with_parent, free_port, single_threaded_blas, stop
 
-__all__ = ["RankContext", "carry_of", "launch", "prepare", "run_op", "run_ranked"]
+__all__ = [
+    "Pending",
+    "RankContext",
+    "carry_of",
+    "launch",
+    "prepare",
+    "resolve",
+    "run_op",
+    "run_ranked",
+]
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,25 @@ class RankContext:
     groups: Mapping[tuple[int, ...], Any]
     dist: Any
     kernels: Mapping[str, Any]
+
+
+class Pending:
+    """A collective in flight: its gloo ``work``, the buffer it fills (``value``) and what
+    to do with the buffer once it is done (``finish``: a mean's division, a rank's slice)."""
+
+    __slots__ = ("finish", "value", "work")
+
+    def __init__(self, work: Any, value: Any, finish: Any = None) -> None:
+        self.work, self.value, self.finish = work, value, finish
+
+    def result(self) -> Any:
+        self.work.wait()
+        return self.value if self.finish is None else self.finish(self.value)
+
+
+def resolve(x: Any) -> Any:
+    """``x``, or the finished result of ``x`` if it is a :class:`Pending` collective."""
+    return x.result() if isinstance(x, Pending) else x
 
 
 def carry_of(source: Function) -> dict[int, str]:
@@ -256,17 +288,24 @@ def _step(program: Function, args: list, context: RankContext, state) -> list:
     sends: list = []
     for op in program.ops:
         state["op"] = op
-        env.update(zip(op.outputs, run_op(op, [env[v] for v in op.inputs], context, sends)))
+        xs = []
+        for v in op.inputs:
+            x = env[v]
+            if isinstance(x, Pending):  # first read of a collective in flight: wait for it
+                x = env[v] = x.result()
+            xs.append(x)
+        env.update(zip(op.outputs, run_op(op, xs, context, sends)))
     for work in sends:
         work.wait()
-    return [env[v] for v in program.outputs]
+    return [resolve(env[v]) for v in program.outputs]
 
 
 def run_op(op, xs: list, context: RankContext, sends: list) -> list:
     """One op of ``context.me``'s program on torch values: a ``SendTo`` posts an ``isend``
     and appends its work to ``sends`` (the caller waits for it), a ``RecvFrom`` waits for
     its message, a ``RankCollective`` runs on its group; any other op is its torch kernel.
-    Returns the op's results in the dtypes of its output types."""
+    Returns the op's results in the dtypes of its output types; an all-reduce or a
+    reduce-scatter returns a :class:`Pending` (``xs`` must hold none)."""
     dist, rank_of = context.dist, context.rank_of
     a = op.attributes
     if op.op_type == "SendTo":
@@ -285,6 +324,9 @@ def run_op(op, xs: list, context: RankContext, sends: list) -> list:
         results = context.kernels[op.op_type](xs, a)
     out = []
     for v, y in zip(op.outputs, results):
+        if isinstance(y, Pending):  # the collective keeps its operand's dtype
+            out.append(y)
+            continue
         if not isinstance(y, tuple) and y.dtype != _torch_dtype(v.type.dtype):
             y = y.to(_torch_dtype(v.type.dtype))  # python floats in a formula promote
         out.append(y)
@@ -315,14 +357,18 @@ def _collective(x, op, me: int, rank_of, groups):
         ops = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM}
         ops.update(max=dist.ReduceOp.MAX, min=dist.ReduceOp.MIN)
         y = x.clone()
-        dist.all_reduce(y, op=ops[how], group=pg)
-        if how == "mean":
-            y = y / k
+        work = dist.all_reduce(y, op=ops[how], group=pg, async_op=True)
         if kind == "allreduce":
-            return y
+            return Pending(work, y, (lambda y: y.div_(k)) if how == "mean" else None)
         dim = a["dim"] % y.dim()
         sizes = split_sizes(y.shape[dim], k)
-        return y.narrow(dim, sum(sizes[:pos]), sizes[pos]).clone()
+        start = sum(sizes[:pos])
+
+        def mine(y):
+            part = y.narrow(dim, start, sizes[pos]).clone()
+            return part.div_(k) if how == "mean" else part
+
+        return Pending(work, y, mine)
     dim = a["dim"] % x.dim()
     parts = _all_gather(x, dim, group, pg)
     if kind == "allgather":
