@@ -6,6 +6,16 @@ redistribution of its results to their desired layouts, a halo exchange where it
 has one, and the op's compute divided over its shards. The cheapest strategy whose
 local ops type-check on every device wins (ties: the first enumerated).
 
+An optimizer update of resident state (a steady-state step's carried state) is costed
+as the step runs it: its gradient's reduction starts where the backward pass makes the
+gradient and overlaps the backward that follows, so it is not counted; its results go
+back to the layout of the state they update (where ``_keep`` puts them), after the
+update, at the end of the step, where nothing overlaps them, so that is counted in
+full. With replicated state this weighs a replicated update (all-reduced gradient, the
+whole update on every device: DDP, Megatron) against a sharded one (reduce-scattered
+gradient, 1/n of the update, the new state all-gathered: ZeRO) by what the simulator
+finds: the update's compute saved against the all-gathers it adds to the step's end.
+
 :class:`Chooser` is the part of propagation's materialiser that does this; the
 materialiser (``ir.sharding.propagate``) sets the state it reads: ``mesh``,
 ``topology``, ``desired``, ``dist``, ``views``, ``device`` (whose roofline costs
@@ -16,8 +26,10 @@ the memo tables made by :meth:`Chooser.init_choice`.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Iterable, Mapping
 
 from ..errors import VerifyError
+from ..op import Op
 from ..registry import CostContext, get_op
 from ..types import Type, compute_dtype
 from ..value import Value
@@ -33,8 +45,17 @@ from .rules import placements_for, rule_for, strategies
 class Chooser:
     """Strategy choice and costing, memoised per propagation (one mesh, one topology)."""
 
-    def init_choice(self) -> None:
-        """The memo tables; call once the mesh and topology are set."""
+    def init_choice(self, ops: Iterable[Op], carried: Mapping[Value, Value]) -> None:
+        """The memo tables; call once the mesh and topology are set. ``carried``: each
+        updated state (an optimizer's result the step returns) -> the input it updates."""
+        self._carried = {v: x for v, x in carried.items() if v is not x}
+        # each update of carried state (of ``ops``) -> its gradient operands, whose
+        # reductions overlap the backward pass
+        self._overlapped: dict[Op, frozenset[Value]] = {}
+        for op in ops:
+            states = {self._carried[v] for v in op.outputs if v in self._carried}
+            if states:
+                self._overlapped[op] = frozenset(x for x in op.inputs if x not in states)
         self._plan_times: dict[tuple, float | PropagationError] = {}
         self._costs = RedistributionCosts(self.topology)
         self._layouts: dict[tuple, Layout] = {}
@@ -98,15 +119,23 @@ class Chooser:
 
     def _term_s(self, op, rule, strategy, pl, i: int) -> float:
         """Term ``i`` of a strategy's time, compute aside: redistributing operand ``i`` from
-        its cheapest current layout, then each result to its desired layout (0 where it
+        its cheapest current layout (0 for an update's gradient: see the module doc), then
+        each result to its desired layout, or an updated state's to its input's (0 where it
         cannot), then the halo exchange. Raises PropagationError for an impossible operand."""
         ins, outs = pl
         if i < len(op.inputs):
-            return self._source(op.inputs[i], self._layout_of(ins[i]))[0]
+            v = op.inputs[i]
+            time_s = self._source(v, self._layout_of(ins[i]))[0]  # (raises if impossible)
+            overlapped = self._overlapped.get(op)
+            return 0.0 if overlapped is not None and v in overlapped else time_s
         j = i - len(op.inputs)
         if j < len(op.outputs):
             v, ps = op.outputs[j], outs[j]
-            want = self._layout_of(self.desired.get(v, ps))
+            state = self._carried.get(v)
+            if state is not None:  # updated state goes back to its input's layout
+                want = self.dist[state].layout
+            else:
+                want = self._layout_of(self.desired.get(v, ps))
             try:
                 return self._plan_time_s(v.type, self._layout_of(ps), want)
             except PropagationError:  # cannot reach its desired layout: no cost counted

@@ -148,7 +148,19 @@ class _Materialiser(Chooser, StepIO):
         self.b = FunctionBuilder(f"{function.name}_sharded")
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
-        self.init_choice()
+        self.carried: dict[Value, Value] = {}  # an updated state -> the input it updates
+        if resident:
+            from ..transforms._emit import carried_inputs  # (transforms import sharding)
+
+            self.carried = carried_inputs(function)
+        self.init_choice(function.ops, self.carried)
+        # a gradient -> the updates of carried state that read it, whose operands are
+        # redistributed as soon as the last of them is made (the transforms' overlap)
+        self._readers: dict[Value, list[Op]] = {}
+        for op in self._overlapped:
+            for v in op.inputs:
+                self._readers.setdefault(v, []).append(op)
+        self._early: dict[Op, _Decision] = {}  # updates whose operands are laid out
         self._suffixes = [f"_{d}" for d in mesh.devices]
         self._signatures = op_signatures(function)
         self._choices: dict[tuple, _Decision] = {}
@@ -167,12 +179,14 @@ class _Materialiser(Chooser, StepIO):
                 )
                 continue
             self._op(op)
+            for v in op.outputs:
+                for update in self._readers.get(v, ()):
+                    if update not in self._early and all(x in self.dist for x in update.inputs):
+                        decision = self._early[update] = self._decision(update)
+                        self._operands(update, decision)
         if self.resident:
-            from ..transforms._emit import carried_inputs  # (transforms import sharding)
-
-            carried = carried_inputs(self.f)  # an updated state -> the input it updates
             outs, out_levels = (
-                zip(*[self._keep(v, carried.get(v)) for v in self.f.outputs])
+                zip(*[self._keep(v, self.carried.get(v)) for v in self.f.outputs])
                 if self.f.outputs
                 else ((), ())
             )
@@ -219,6 +233,11 @@ class _Materialiser(Chooser, StepIO):
     # -- ops -------------------------------------------------------------------------------
 
     def _op(self, op) -> None:
+        decision = self._early.pop(op, None)
+        self._emit(op, decision if decision is not None else self._decision(op))
+
+    def _decision(self, op) -> _Decision:
+        """``op``'s strategy, memoised for ops that ask the same question."""
         key = self._choice_key(op)
         decision = self._choices.get(key) if key is not None else None
         if decision is None:
@@ -233,7 +252,7 @@ class _Materialiser(Chooser, StepIO):
             )
             if key is not None:
                 self._choices[key] = decision
-        self._emit(op, decision)
+        return decision
 
     def _choice_key(self, op) -> tuple | None:
         """What the choice of ``op``'s strategy depends on, or None when it cannot be hashed.
@@ -257,27 +276,13 @@ class _Materialiser(Chooser, StepIO):
                     ]
                 ),
                 tuple([self.desired.get(v) for v in op.outputs]),
+                op in self._overlapped,  # an update of carried state is costed as such
             )
         )
 
     def _emit(self, op, decision: _Decision) -> None:
         self.report.op_strategies.append((op, decision.how))
-        operands = []
-        for v, target in zip(op.inputs, decision.in_layouts):
-            views = self.views.setdefault(v, {})
-            source = views.get(target)
-            if source is None:  # redistribute a value once per layout, then reuse it
-                source = self.dist[v]
-                if views or (source.layout is not target and source.layout != target):
-                    source = self._source(v, target)[1]  # (else the one candidate fits)
-                if source.layout != target:  # (the printer is not free: only when needed)
-                    need = (
-                        f"{describe_op(op)} runs as ({decision.how}), "
-                        f"needing it as [{', '.join(target.texts)}]"
-                    )
-                    source = self.redistribute(source, target, need)
-                views[target] = source
-            operands.append(source)
+        operands = self._operands(op, decision)
         if decision.halo:
             for x in operands:
                 x.locals_in(self.b, self._suffixes)
@@ -304,6 +309,27 @@ class _Materialiser(Chooser, StepIO):
             if v in self.fixed and value.layout != self.fixed[v]:
                 value = self.redistribute(value, self.fixed[v], f"user annotation on {v.name!r}")
             self.dist[v] = value
+
+    def _operands(self, op, decision: _Decision) -> list[DistValue]:
+        """``op``'s operands in the layouts ``decision`` runs it on: each value redistributed
+        once per layout, then reused."""
+        operands = []
+        for v, target in zip(op.inputs, decision.in_layouts):
+            views = self.views.setdefault(v, {})
+            source = views.get(target)
+            if source is None:  # redistribute a value once per layout, then reuse it
+                source = self.dist[v]
+                if views or (source.layout is not target and source.layout != target):
+                    source = self._source(v, target)[1]  # (else the one candidate fits)
+                if source.layout != target:  # (the printer is not free: only when needed)
+                    need = (
+                        f"{describe_op(op)} runs as ({decision.how}), "
+                        f"needing it as [{', '.join(target.texts)}]"
+                    )
+                    source = self.redistribute(source, target, need)
+                views[target] = source
+            operands.append(source)
+        return operands
 
     def _emit_rows(self, op, decision: _Decision, operands: list[DistValue]) -> list[DistValue]:
         """One op per device, with the planned local ops' attributes and result types (the

@@ -15,6 +15,7 @@ from ir import FunctionBuilder, TensorType
 from ir.sharding import Mesh, R, S, halo, propagate
 from ir.sharding.errors import PropagationError
 from ir.sharding.rules import describe, placements_for, rule_for, strategies
+from ir.transforms._emit import carried_inputs
 
 choice = importlib.import_module("ir.sharding.choice")
 propagate_impl = importlib.import_module("ir.sharding.propagate")
@@ -22,12 +23,21 @@ propagate_impl = importlib.import_module("ir.sharding.propagate")
 
 def reference_cost(self, op, rule, strategy, ins, outs) -> float:
     """A strategy's time as propagation costed it before the lazy choice (commit 06629b3),
-    written out here so that the choice's own terms are not their own reference."""
+    written out here so that the choice's own terms are not their own reference; an
+    update of a steady-state step's carried state as the step runs it: its gradient's
+    reduction overlapped (not counted), its results taken back to their state's layout."""
+    carried = carried_inputs(self.f) if self.resident else {}
+    states = {carried[v] for v in op.outputs if v in carried and carried[v] is not v}
     total = 0.0
     for v, ps in zip(op.inputs, ins):
-        total += self._source(v, self._layout_of(ps))[0]
+        time_s = self._source(v, self._layout_of(ps))[0]
+        if not states or v in states:
+            total += time_s
     for v, ps in zip(op.outputs, outs):
-        want = self._layout_of(self.desired.get(v, ps))
+        if v in carried and carried[v] is not v:
+            want = self.dist[carried[v]].layout
+        else:
+            want = self._layout_of(self.desired.get(v, ps))
         with contextlib.suppress(PropagationError):
             total += self._plan_time_s(v.type, self._layout_of(ps), want)
     shards = 1
