@@ -17,7 +17,9 @@ import ir
 from ir import transforms
 from ir.sharding import lower_to_ranks
 
-torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
+pytest.importorskip("torch.distributed", reason="torch is not installed (pip install torch)")
+
+import torch
 
 from ir.backends import torch_dist, torch_kernels, torch_ranked
 from ir.backends.torch_devices import to_numpy, to_torch
@@ -52,7 +54,7 @@ def test_cuda_without_a_gpu_is_refused_before_any_process_starts(monkeypatch):
     _, ranked, inputs = _one_rank(f)
     monkeypatch.setattr(torch_ranked, "launch", _no_launch)
     for call in (torch_dist.run_ranked, torch_dist.measure):
-        with pytest.raises(torch_dist.BackendError, match="no CUDA GPU.*device='cpu'"):
+        with pytest.raises(torch_dist.BackendError, match=r"no CUDA GPU.*device='cpu'"):
             call(ranked, inputs, device="cuda")
 
 
@@ -107,7 +109,7 @@ def test_a_half_precision_loss_over_many_tokens_stays_finite():
 
 def test_a_bfloat16_gpt_step_runs_on_cpu_ranks_like_numpy():
     f = ir.models.gpt(2, 4, 8, 2, 11, 1, training=True, dtype=ir.DType.bfloat16)
-    g, ranked, inputs = _one_rank(f)
+    _, ranked, inputs = _one_rank(f)
     got = torch_dist.run_ranked(ranked, inputs)
     want = ir.sharding.run_ranked(ranked, inputs)
     for i, (x, y) in enumerate(zip(_flat(got), _flat(want))):
@@ -166,7 +168,7 @@ def test_measure_on_cuda_times_every_op_of_the_rank_program():
     from ir.registry import OpKind, get_op
 
     f = GPU_STEPS["gpt adam"]()
-    g, ranked, inputs = _one_rank(f)
+    _, ranked, inputs = _one_rank(f)
     m = torch_dist.measure(ranked, inputs, steps=2, warmup=1, carry=carry_of(f), device="cuda")
     program = ranked.program_for(ranked.ranks[0])
     timed = [op for op in program.ops if get_op(op.op_type).kind is not OpKind.CONTROL]
