@@ -6,9 +6,9 @@
 #     OUT=/some/folder bash scripts/gpu_check.sh [bench_accuracy_gpu.py options]
 #
 # Writes $OUT/log.txt (everything) and $OUT/accuracy_gpu.txt (the benchmark's figures);
-# OUT defaults to ./gpu_check_out. Each part has a time limit: about 7 minutes in all.
+# OUT defaults to /tmp/gpu_check. Each part has a time limit: about 7 minutes in all.
 set -u
-OUT=${OUT:-gpu_check_out}
+OUT=${OUT:-/tmp/gpu_check}
 mkdir -p "$OUT"
 export OUT PYTHONPATH=. PYTHONUNBUFFERED=1
 # torch.cuda.is_available() then asks NVML, not the CUDA driver: a parent that has
