@@ -69,7 +69,15 @@ def worker_device(device: str, position: int) -> Any:
     import torch
 
     index = position % torch.cuda.device_count()
-    torch.cuda.set_device(index)
+    try:
+        torch.cuda.set_device(index)  # CUDA starts here, in the forked worker
+    except RuntimeError as e:
+        raise BackendError(
+            f"CUDA did not start on GPU {index} in this rank's process ({e}); the process is "
+            "forked from the caller, which has most likely initialised the CUDA driver "
+            "(torch.cuda.is_available() does unless PYTORCH_NVML_BASED_CUDA_CHECK=1 is set): "
+            "measure or run from a process that has not used CUDA"
+        ) from e
     return torch.device("cuda", index)
 
 
