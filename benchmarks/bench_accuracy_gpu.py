@@ -16,7 +16,8 @@ name (H100 -> ``h100-hgx``, H200 -> ``h200-hgx``; ``--preset`` overrides). Nothi
 fitted to the measurements.
 
 Prints per program the measured and simulated step times and the error
-``(simulated - measured) / measured``, the FLOPs the measured time implies, then the
+``(simulated - measured) / measured``, the FLOP/s the measured time implies, the peak
+memory (measured live bytes / simulated, and the allocator's peak on CUDA), then the
 MAPE and Spearman rank correlation over all programs, and for the largest program the
 time per op type (measured and simulated microseconds, summed over its ops) and the
 matrix efficiency the measurement implies: the simulated MatMul/MatMulGrad time (at
@@ -165,6 +166,7 @@ class Row:
     flops: float
     peak_measured_bytes: float
     peak_simulated_bytes: float
+    allocated_peak_bytes: float  # torch.cuda.max_memory_allocated (0 on the CPU)
 
     @property
     def error(self) -> float:
@@ -202,12 +204,14 @@ def run_one(label, source, inputs_of, topology, args, report) -> tuple[Row, obje
         flops,
         max(m.peak_memory_bytes.values()),
         max(sim.peak_memory_bytes.values()),
+        max(m.allocated_peak_bytes.values(), default=0.0),
     )
     report(
         f"{label:34} measured {row.measured_s * 1e3:9.3f} ms  simulated "
         f"{row.simulated_s * 1e3:9.3f} ms  error {row.error:+7.1%}  "
         f"{flops / 1e9:8.1f} GFLOP -> {flops / row.measured_s / 1e12:6.2f} TFLOP/s  "
-        f"peak {row.peak_measured_bytes / 1e9:7.3f} / {row.peak_simulated_bytes / 1e9:7.3f} GB  "
+        f"peak {row.peak_measured_bytes / 1e9:7.3f} / {row.peak_simulated_bytes / 1e9:7.3f} GB "
+        f"(allocator {row.allocated_peak_bytes / 1e9:.3f})  "
         f"(inputs {made:.1f} s, all {time.perf_counter() - started:.1f} s)"
     )
     return row, m, sim

@@ -145,11 +145,16 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     """One step of rank ``context.me``'s ``program`` (a
     :class:`~ir.backends.torch_ranked.RankContext`) with every op timed (module doc).
 
-    Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])).
+    Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])); on CUDA
+    the record ends with the step's ``torch.cuda.max_memory_allocated``.
     """
     from .torch_ranked import run_op
 
     context.synchronize()  # on CUDA: the previous step's kernels end before this one starts
+    if context.device is not None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(context.device)
     origin = time.perf_counter()
     env = dict(zip(program.inputs, args))
     live = _Live()
@@ -185,7 +190,11 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     for index, start, work in pending:
         work.wait()
         timed.append((index, start, time.perf_counter()))
-    return [env[v] for v in program.outputs], (origin, timed, memory)
+    record = (origin, timed, memory)
+    if context.device is not None:
+        context.synchronize()
+        record += (torch.cuda.max_memory_allocated(context.device),)
+    return [env[v] for v in program.outputs], record
 
 
 def _finished(pending: list, timed: list) -> list:

@@ -179,8 +179,26 @@ def test_measure_times_every_op_of_the_rank_program(device):
     for events in m.step_events:
         assert sorted(id(e.op) for e in events) == sorted(id(op) for op in timed)
         assert all(e.end_s >= e.start_s >= 0 for e in events)
-    assert m.peak_memory_bytes[ranked.ranks[0]] > sum(v.type.size_bytes for v in program.inputs)
+    rank = ranked.ranks[0]
+    assert m.peak_memory_bytes[rank] > sum(v.type.size_bytes for v in program.inputs)
+    if device == "cuda":  # the allocator holds at least the live tensors (and temporaries)
+        assert m.allocated_peak_bytes[rank] >= 0.9 * m.peak_memory_bytes[rank]
+    else:
+        assert m.allocated_peak_bytes == {}
     assert not torch.cuda.is_initialized()
+
+
+def test_an_allocator_peak_in_a_rank_record_is_kept_per_step():
+    from ir.backends.measurement import Measurement
+
+    f = ir.models.mlp(4, 3, 5, 2)
+    relu = next(i for i, op in enumerate(f.ops) if op.op_type == "Relu")
+    steps = [(1.0, [(relu, 1.0, 1.5)], [(1.0, 10.0)], 64.0), (2.0, [(relu, 2.0, 2.1)], [], 96.0)]
+    m = Measurement.from_rank_records({0: f}, {0: steps})
+    assert m.step_allocated_peak == ({0: 64.0}, {0: 96.0})
+    assert m.allocated_peak_bytes == {0: 64.0 if m.median_step == 0 else 96.0}
+    without = Measurement.from_rank_records({0: f}, {0: [s[:3] for s in steps]})
+    assert without.allocated_peak_bytes == {} and without.step_allocated_peak == ()
 
 
 @needs_gpu
