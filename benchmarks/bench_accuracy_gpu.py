@@ -41,7 +41,7 @@ import statistics
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from bench_accuracy import SIZES, spearman
@@ -80,12 +80,12 @@ class Gpt:
         return transforms.training(f, "adam")
 
 
-# 4 sizes x 2 dtypes; on an H100 the largest is about 7 TFLOP a step (module doc's estimate)
+# 4 sizes x 2 dtypes, smallest first; the largest is 24 TFLOP a step (50-70 ms on an H100)
 GPTS = [
-    Gpt(8, 512, 512, 8, 8192, 2),
+    Gpt(8, 512, 512, 8, 8192, 4),
     Gpt(8, 1024, 1024, 16, 16384, 2),
-    Gpt(8, 1024, 1024, 16, 16384, 4),
     Gpt(4, 2048, 2048, 16, 16384, 2),
+    Gpt(8, 1024, 4096, 32, 16384, 2),
 ]
 QUICK_GPTS = [Gpt(2, 32, 32, 2, 64, 2), Gpt(2, 64, 64, 4, 128, 2)]
 DTYPES = ("float16", "bfloat16")
@@ -287,7 +287,7 @@ def main() -> None:
             continue
         rows.append(row)
         if largest is None or row.flops > largest[0].flops:
-            largest = (row, m, sim)
+            largest = (row, replace(m, outputs=()), sim)  # its events, not its weights
         report.save()
     if len(rows) >= 2:
         measured = [r.measured_s for r in rows]
