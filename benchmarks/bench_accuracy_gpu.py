@@ -282,7 +282,10 @@ def main() -> None:
         try:
             row, m, sim = run_one(label, source, inputs_of, topology, args, report)
         except Exception as e:  # one program failing (out of memory, say) ends no others
-            report(f"{label:34} FAILED: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+            said = " | ".join(str(e).splitlines()[:3])[:500]
+            report(f"{label:34} FAILED: {type(e).__name__}: {said}")
+            for line in (getattr(e, "worker_traceback", None) or "").splitlines()[-6:]:
+                report(f"    {line}")
             report.save()
             continue
         rows.append(row)
@@ -297,6 +300,11 @@ def main() -> None:
             f"\n{len(rows)} programs; MAPE {statistics.mean(errors):.1%}, median |error| "
             f"{statistics.median(errors):.1%}, Spearman {rho:.3f}"
         )
+        for group in ("mlp", "float16", "bfloat16"):
+            mine = [r for r in rows if group in (r.label.split()[0], r.label.split()[-1])]
+            if mine:
+                mape = statistics.mean(abs(r.error) for r in mine)
+                report(f"  {group:9} {len(mine):2} programs: MAPE {mape:.1%}")
     if largest is not None:
         breakdown(*largest, report)
     report(f"\ntotal {time.perf_counter() - started:.0f} s")
