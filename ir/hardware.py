@@ -44,6 +44,11 @@ Sources (TFLOPS dense, per figure):
   TF32 494.7, BF16/FP16 tensor 989 (989.4), FP8 1,979 (1,978.9); FP16/BF16
   vector 133.8; 3.35 TB/s HBM3, 80 GB, NVLink 4 900 GB/s total (450 per
   direction) on HGX H100; DGX H100 has one 400 Gb/s NDR InfiniBand port per GPU.
+* H200 SXM: the H200 datasheet ("NVIDIA H200 Tensor Core GPU", H200 SXM column):
+  the H100 SXM5's compute (FP64 34, FP64 tensor 67, FP32 67, TF32 494.7,
+  BF16/FP16 tensor 989, FP8 1,979 dense: the datasheet prints the sparse 989,
+  1,979 and 3,958), 141 GB HBM3e at 4.8 TB/s, NVLink 900 GB/s total (450 per
+  direction) on HGX H200; networking as the HGX H100 (400 Gb/s NDR per GPU).
 * RTX 4090: "NVIDIA Ada GPU Architecture" whitepaper (Appendix A, Table 9):
   FP32 82.6, FP16/BF16 vector 82.6, FP64 1.3, TF32 tensor 82.6, FP16/BF16
   tensor with FP32 accumulate 165.2 (330.3 with FP16 accumulate, which
@@ -246,6 +251,17 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=50 * GB,  # 400 Gb/s NDR per GPU
         inter_latency_s=5e-6,
         **_H100,
+    ),
+    "h200-hgx": NodeSpec(
+        "H200-SXM-141GB",
+        8,
+        mem_bandwidth_bytes_per_s=4800 * GB,
+        memory_bytes=141 * GB,
+        intra_bandwidth_bytes_per_s=_all_to_all(450 * GB),
+        intra_latency_s=2e-6,
+        inter_bandwidth_bytes_per_s=50 * GB,  # 400 Gb/s NDR per GPU
+        inter_latency_s=5e-6,
+        **_H100,  # same compute as the H100 SXM5: only memory size and bandwidth differ
     ),
     "rtx4090": NodeSpec(
         "RTX-4090-24GB",

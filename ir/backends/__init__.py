@@ -8,5 +8,6 @@ rank and returns a :class:`~ir.backends.measurement.Measurement`, shaped like a 
 of ``ir.sharding.lower_to_ranks`` with torch kernels (``torch_kernels``), one process per
 rank holding only its rank class's program (``torch_ranked``); ``torch_dist.measure(ranked,
 inputs, steps=5, carry=...)`` times every op of each rank's own program over carried
-steps and tracks each rank's live bytes (``ranked_measure``).
+steps and tracks each rank's live bytes (``ranked_measure``). Both take ``device="cuda"``
+to put each rank on its own GPU and talk through NCCL (``torch_devices``).
 """

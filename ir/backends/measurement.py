@@ -34,6 +34,7 @@ __all__ = ["Measurement", "RankStepRecord", "StepRecord"]
 # one rank's step: the clock when it left the step's barrier, then (op index, start, end)
 StepRecord = tuple[float, Sequence[tuple[int, float, float]]]
 # a rank of a ranked program: the same, then its live bytes as (clock, bytes) points
+# (on CUDA, a fourth element: the step's torch.cuda.max_memory_allocated)
 RankStepRecord = tuple[float, Sequence[tuple[int, float, float]], Sequence[tuple[float, float]]]
 # one step's memory: device -> (times_s, live_bytes)
 StepMemory = Mapping[int, tuple[tuple[float, ...], tuple[float, ...]]]
@@ -52,7 +53,8 @@ class Measurement:
     ``function`` is the global program that ran (``None`` for a ranked program);
     ``programs`` each rank's own program as it ran (ranked programs only: the
     events' ops are theirs). ``step_memory[k]`` is step ``k``'s live bytes per
-    device (ranked programs only; see :meth:`memory_timeline`). ``outputs`` are the
+    device (ranked programs only; see :meth:`memory_timeline`), ``step_allocated_peak[k]``
+    its allocator peak per device (on CUDA only; :attr:`allocated_peak_bytes`). ``outputs`` are the
     global outputs of the last step (ranked programs: with ``carry``, the state after
     every step, warm-up included, has moved on).
     """
@@ -62,6 +64,7 @@ class Measurement:
     steps_s: tuple[float, ...]
     programs: Mapping[int, Function] = field(default_factory=dict)
     step_memory: tuple[StepMemory, ...] = ()
+    step_allocated_peak: tuple[Mapping[int, float], ...] = ()
     outputs: tuple = ()
 
     @classmethod
@@ -89,12 +92,14 @@ class Measurement:
         """From each rank's timed steps of its own program ``programs[rank]``: op indices
         are into that program, and each step carries the rank's live-bytes points."""
         count = _step_count(records)
-        step_events, steps_s, step_memory = [], [], []
+        step_events, steps_s, step_memory, step_allocated = [], [], [], []
         for k in range(count):
             origin = min(steps[k][0] for steps in records.values())
-            events, memory = [], {}
+            events, memory, allocated = [], {}, {}
             for rank in sorted(records):
-                _, timed, live = records[rank][k]
+                timed, live, *peak = records[rank][k][1:]
+                if peak:
+                    allocated[rank] = float(peak[0])
                 events += _events(programs[rank].ops, rank, timed, origin)
                 memory[rank] = (
                     tuple(max(t - origin, 0.0) for t, _ in live),
@@ -103,7 +108,16 @@ class Measurement:
             step_events.append(tuple(sorted(events, key=lambda e: (e.start_s, e.device))))
             steps_s.append(max((e.end_s for e in events), default=0.0))
             step_memory.append(memory)
-        return cls(None, tuple(step_events), tuple(steps_s), dict(programs), tuple(step_memory))
+            step_allocated.append(allocated)
+        allocated_peaks = tuple(step_allocated) if any(step_allocated) else ()
+        return cls(
+            None,
+            tuple(step_events),
+            tuple(steps_s),
+            dict(programs),
+            tuple(step_memory),
+            allocated_peaks,
+        )
 
     @property
     def steps(self) -> int:
@@ -227,6 +241,15 @@ class Measurement:
             return {}
         memory = self.step_memory[self.median_step]
         return {d: max(live, default=0.0) for d, (_, live) in sorted(memory.items())}
+
+    @property
+    def allocated_peak_bytes(self) -> dict[int, float]:
+        """Device -> ``torch.cuda.max_memory_allocated`` over the median step (ranked
+        programs on CUDA; ``{}`` otherwise): the allocator's peak, which also counts what
+        the live bytes do not (kernels' temporaries, the allocator's rounding)."""
+        if not self.step_allocated_peak:
+            return {}
+        return dict(sorted(self.step_allocated_peak[self.median_step].items()))
 
     def __repr__(self) -> str:
         name = self.function.name if self.function is not None else "ranked program"

@@ -1,4 +1,4 @@
-"""Measuring ranked programs: every op of every rank's own program timed on gloo processes.
+"""Measuring ranked programs: every op of every rank's own program timed on real processes.
 
 :func:`measure_ranked` runs ``warmup + steps`` steps of a
 :class:`ir.sharding.RankedProgram` the way :func:`ir.backends.torch_dist.run_ranked`
@@ -9,7 +9,9 @@ rank times its ops (:func:`timed_step`):
 
 * a step starts with a barrier of all ranks; on one host every process reads one
   monotonic clock, so a step's times are relative to the first rank's barrier exit;
-* a compute op runs from its call to its return (torch on the CPU is synchronous);
+* a compute op runs from its call to its return (torch on the CPU is synchronous); on
+  CUDA (``device="cuda"``) the rank waits for its GPU before the start stamp and again
+  before the end stamp, so an op's time is its kernels' GPU time plus their launch;
   a ``RecvFrom`` until its message has arrived, an all-gather or all-to-all
   ``RankCollective`` until it has completed here (both include waiting for peers, as
   the global measure's do);
@@ -47,15 +49,18 @@ def measure_ranked(
     warmup: int = 2,
     carry: Mapping[int, str] | None = None,
     timeout_s: float = 300.0,
+    device: str = "cpu",
 ) -> Measurement:
-    """Time ``warmup + steps`` steps of ``ranked`` on one gloo process per rank; return the
+    """Time ``warmup + steps`` steps of ``ranked`` on one process per rank; return the
     :class:`~ir.backends.measurement.Measurement` of the ``steps`` after the warm-up (its
     ``programs`` are the rank programs as they ran, its memory curves the ranks' live bytes,
     its ``outputs`` the global outputs of the last step).
 
     ``carry`` (``{output index: input name}``, see
     :func:`ir.backends.torch_ranked.carry_of`) feeds each step's outputs to the next
-    step's inputs on their ranks; without it every step reruns ``inputs``.
+    step's inputs on their ranks; without it every step reruns ``inputs``. ``device``:
+    ``"cpu"`` (gloo) or ``"cuda"`` (each rank on its own GPU, NCCL;
+    ``ir.backends.torch_devices``).
 
     >>> import ir
     >>> from ir.sharding import lower_to_ranks
@@ -73,7 +78,7 @@ def measure_ranked(
                 f"measure needs steps >= 1 and warmup >= 0, got {steps!r}, {warmup!r}"
             )
     _check_lowered(ranked)
-    args, pairs, plan = prepare(ranked, inputs, warmup + steps, carry)
+    args, pairs, plan = prepare(ranked, inputs, warmup + steps, carry, device)
     plan["measure"] = True
     results = launch(ranked, args, pairs, plan, timeout_s)
     programs = {r: ranked.program_for(r) for r in ranked.ranks}
@@ -143,10 +148,16 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     """One step of rank ``context.me``'s ``program`` (a
     :class:`~ir.backends.torch_ranked.RankContext`) with every op timed (module doc).
 
-    Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])).
+    Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])); on CUDA
+    the record ends with the step's ``torch.cuda.max_memory_allocated``.
     """
     from .torch_ranked import Pending, run_op
 
+    context.synchronize()  # on CUDA: the previous step's kernels end before this one starts
+    if context.device is not None:
+        import torch
+
+        torch.cuda.reset_peak_memory_stats(context.device)
     origin = time.perf_counter()
     env = dict(zip(program.inputs, args))
     live = _Live()
@@ -171,8 +182,10 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
                 live.add(x)
             xs.append(x)
         posted = len(sends)
+        context.synchronize()
         start = time.perf_counter()
         results = run_op(op, xs, context, sends)
+        context.synchronize()
         end = time.perf_counter()
         if len(sends) > posted:  # a SendTo: timed until it is seen complete
             pending.append((index, start, sends[-1]))
@@ -195,7 +208,11 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     outputs = [
         x.result() if isinstance(x, Pending) else x for x in (env[v] for v in program.outputs)
     ]
-    return outputs, (origin, timed, memory)
+    record = (origin, timed, memory)
+    if context.device is not None:
+        context.synchronize()
+        record += (torch.cuda.max_memory_allocated(context.device),)
+    return outputs, record
 
 
 def _finished(pending: list, timed: list) -> list:

@@ -509,6 +509,7 @@ def measure(
     timeout_s: float = 300.0,
     *,
     carry: Mapping[int, str] | None = None,
+    device: str = "cpu",
 ) -> Measurement:
     """Run ``function`` ``warmup + steps`` times on real processes and time every op on every
     rank; return the :class:`~ir.backends.measurement.Measurement` of the ``steps`` after
@@ -523,7 +524,8 @@ def measure(
     ``function`` may also be a :class:`ir.sharding.RankedProgram`: each process then runs
     its rank's own program with torch kernels, ``carry`` feeds each step's outputs to the
     next step's inputs, and the measurement has memory curves
-    (:func:`ir.backends.ranked_measure.measure_ranked`).
+    (:func:`ir.backends.ranked_measure.measure_ranked`); ``device="cuda"`` runs each rank
+    on its own GPU (NCCL; ``ir.backends.torch_devices``). A global program runs on the CPU.
     """
     from ..sharding.lower import RankedProgram
 
@@ -531,7 +533,18 @@ def measure(
         from .ranked_measure import measure_ranked
 
         return measure_ranked(
-            function, inputs, steps=steps, warmup=warmup, carry=carry, timeout_s=timeout_s
+            function,
+            inputs,
+            steps=steps,
+            warmup=warmup,
+            carry=carry,
+            timeout_s=timeout_s,
+            device=device,
+        )
+    if device != "cpu":
+        raise BackendError(
+            f"device={device!r} needs a ranked program (ir.sharding.lower_to_ranks(program)): "
+            "the global measure runs on the CPU"
         )
     if carry is not None:
         raise BackendError(
@@ -632,7 +645,8 @@ def _whole(t: Any, parts: list, devices: list[int]) -> Any:
 def run_ranked(ranked: Any, inputs: Sequence[Any] | Mapping[str, Any], **options: Any) -> tuple:
     """Run a :class:`ir.sharding.RankedProgram` on one process per rank, each with only its
     rank class's program, torch kernels and gloo communication; see
-    :func:`ir.backends.torch_ranked.run_ranked` (``steps``, ``carry``, ``timeout_s``)."""
+    :func:`ir.backends.torch_ranked.run_ranked` (``steps``, ``carry``, ``timeout_s``,
+    ``device``)."""
     from .torch_ranked import run_ranked as run_ranks
 
     return run_ranks(ranked, inputs, **options)

@@ -2,11 +2,14 @@
 
 Each entry of :data:`TORCH_KERNELS` computes what the op's numpy kernel in
 ``ir/ops`` computes (same formula, same dtype), on ``torch.Tensor`` operands:
-``kernel(inputs, attributes) -> list of results``. The ops covered are those of
-the MLP and GPT programs (forward, backward, SGD and Adam) and the ops that
-lowering adds (``Slice``, ``Concat``, ``Sum``, ``Split``, tuples), and ``Conv2D`` (any stride)
-for the halo exchange of a spatially sharded convolution. An op without
-an entry is refused before any process starts (:func:`check_kernels`).
+``kernel(inputs, attributes) -> list of results``; one exception: ``Loss`` sums a
+float16 or bfloat16 loss in float32 (numpy's float16 total overflows past 65,504,
+6,000 tokens at a loss of 11; its bfloat16 total stops growing). Kernels allocate on
+their operands' device (CPU or CUDA). The ops covered are those of the MLP and GPT
+programs (forward, backward, SGD and Adam) and the ops that lowering adds (``Slice``,
+``Concat``, ``Sum``, ``Split``, tuples), and ``Conv2D`` (any stride) for the halo
+exchange of a spatially sharded convolution. An op without an entry is refused
+before any process starts (:func:`check_kernels`).
 
 Imported only where torch is used (the backend's workers): it imports torch.
 """
@@ -97,8 +100,8 @@ def _layer_norm_grad(xs, a):
 def _causal_mask(xs, a):
     x = xs[0]
     rows, cols = x.shape[-2:]
-    above = torch.triu(torch.ones((rows, cols), dtype=torch.bool), diagonal=1)
-    return [torch.where(above, torch.tensor(a["fill"], dtype=x.dtype), x)]
+    above = torch.triu(torch.ones((rows, cols), dtype=torch.bool, device=x.device), diagonal=1)
+    return [torch.where(above, torch.tensor(a["fill"], dtype=x.dtype, device=x.device), x)]
 
 
 def _denominator(y, a) -> float:
@@ -122,10 +125,14 @@ def _log_softmax(y):
 
 def _loss(xs, a):
     y, z = xs
+    # a half-precision total overflows (16k tokens of a loss near 10 pass float16's 65504):
+    # it is summed in float32 and divided there; run_op casts the mean back to y's dtype
+    wide = torch.float32 if y.dtype in (torch.float16, torch.bfloat16) else None
     if a["kind"] == "cross_entropy":
-        total = -torch.sum(torch.gather(_log_softmax(y), -1, _labels("Loss", z, y.shape[-1])))
+        picked = torch.gather(_log_softmax(y), -1, _labels("Loss", z, y.shape[-1]))
+        total = -torch.sum(picked, dtype=wide)
     else:
-        total = torch.sum((y - z) ** 2)
+        total = torch.sum((y - z) ** 2, dtype=wide)
     return [total / _denominator(y, a)]
 
 
@@ -162,7 +169,7 @@ def _embedding(xs, a):
 
 def _embedding_grad(xs, a):
     ids, dy = xs
-    out = torch.zeros((a["num_embeddings"], dy.shape[-1]), dtype=dy.dtype)
+    out = torch.zeros((a["num_embeddings"], dy.shape[-1]), dtype=dy.dtype, device=dy.device)
     out.index_add_(0, ids.reshape(-1).long(), dy.reshape(-1, dy.shape[-1]))
     if a["padding_idx"] is not None:
         out[a["padding_idx"]] = 0

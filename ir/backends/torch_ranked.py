@@ -1,10 +1,12 @@
-"""Run ranked (per-rank) programs on real processes: torch kernels, torch.distributed gloo.
+"""Run ranked (per-rank) programs on real processes: torch kernels, torch.distributed.
 
 :func:`run_ranked` takes what ``ir.sharding.lower_to_ranks`` makes: one process per
 rank receives only its rank class's program and its own rank parameters
 (``RankedProgram.unique`` and ``parameters``; ranks of a class share one program),
 executes its ops with torch kernels (``ir.backends.torch_kernels``) and talks to the
-others through ``torch.distributed`` over loopback (a port the OS picks):
+others through ``torch.distributed`` over loopback (a port the OS picks): gloo on the
+CPU, or, with ``device="cuda"``, NCCL with each rank on its own GPU
+(``ir.backends.torch_devices``):
 
 * ``SendTo`` / ``RecvFrom`` pairs, as the lowering matched them (peer and tag), are
   ``isend`` / ``irecv``; a rank waits for its sends at the end of a step;
@@ -55,15 +57,25 @@ __all__ = [
 
 @dataclass(frozen=True)
 class RankContext:
-    """What one worker runs its ops with: its rank, every rank's position in the gloo
-    world, the process group of each collective group, and (imported once, not per op)
-    ``torch.distributed`` and the torch kernels."""
+    """What one worker runs its ops with: its rank, every rank's position in the
+    torch.distributed world, the process group of each collective group, (imported once,
+    not per op) ``torch.distributed`` and the torch kernels, and the ``torch.device`` its
+    values live on (``None``: the CPU)."""
 
     me: int
     rank_of: Mapping[int, int]
     groups: Mapping[tuple[int, ...], Any]
     dist: Any
     kernels: Mapping[str, Any]
+    device: Any = None
+
+    def synchronize(self) -> None:
+        """Wait for the kernels this rank has queued (CUDA runs them asynchronously; on
+        the CPU they have finished when they return)."""
+        if self.device is not None:
+            import torch
+
+            torch.cuda.synchronize(self.device)
 
 
 class Pending:
@@ -140,19 +152,22 @@ def run_ranked(
     steps: int = 1,
     carry: Mapping[int, str] | None = None,
     timeout_s: float = 120.0,
+    device: str = "cpu",
 ) -> tuple:
     """Run ``ranked`` (a :class:`ir.sharding.RankedProgram`) on one process per rank; return
     the global outputs of the last step (merged as ``ir.sharding.run_ranked`` merges them).
 
     ``steps``: how many steps in a row; ``carry`` (``{output index: input name}``, see
     :func:`carry_of`) feeds each step's outputs to the next step's inputs on their ranks.
+    ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (each rank on its own GPU, NCCL; see
+    ``ir.backends.torch_devices``); the outputs come back as numpy arrays either way.
     """
     from ..sharding.ranked import global_outputs
 
     _check_steps(steps)
     if steps > 1 and not carry:
         raise BackendError("steps > 1 needs carry={output index: input name} (see carry_of)")
-    args, pairs, plan = prepare(ranked, inputs, steps, carry)
+    args, pairs, plan = prepare(ranked, inputs, steps, carry, device)
     outs = launch(ranked, args, pairs, plan, timeout_s)
     return global_outputs(ranked, outs)
 
@@ -162,13 +177,17 @@ def _check_steps(steps: Any) -> None:
         raise BackendError(f"steps must be a positive integer, got {steps!r}")
 
 
-def prepare(ranked, inputs, steps: int, carry: Mapping[int, str] | None) -> tuple:
-    """Check ``ranked`` and ``steps`` and split ``inputs``: (each rank's arguments, each
-    rank's carry pairs, the plan every worker reads)."""
+def prepare(
+    ranked, inputs, steps: int, carry: Mapping[int, str] | None, device: str = "cpu"
+) -> tuple:
+    """Check ``ranked``, ``steps`` and ``device`` and split ``inputs``: (each rank's
+    arguments, each rank's carry pairs, the plan every worker reads)."""
     from ..sharding.ranked import rank_arguments
+    from .torch_devices import check_device
     from .torch_kernels import check_kernels
 
     _check_steps(steps)
+    check_device(device, len(ranked.ranks))
     for i, program in enumerate(ranked.unique):
         check_kernels((op.op_type for op in program.ops), f"rank class {i} ({program.name})")
     pairs = _carry_pairs(ranked, carry or {})
@@ -179,6 +198,7 @@ def prepare(ranked, inputs, steps: int, carry: Mapping[int, str] | None) -> tupl
         "steps": steps,
         "port": free_port(),
         "parent": os.getpid(),
+        "device": device,
     }
     return args, pairs, plan
 
@@ -231,7 +251,8 @@ def _failed(rank: int, where: str | None, error: str, worker_traceback: str) -> 
 
 
 def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
-    """One rank: join the gloo world, run its program ``steps`` times, send back outputs."""
+    """One rank: join the world (gloo, or NCCL on its GPU), run its program ``steps`` times,
+    send back its outputs as numpy arrays."""
     program, parameters, args, pairs = work
     state = {"op": None}
     try:
@@ -240,30 +261,35 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
         import torch.distributed as dist
 
         from ..sharding.rank_classes import instantiate
+        from .torch_devices import to_numpy, to_torch, worker_device
 
         torch.set_num_threads(1)
         single_threaded_blas()
         ranks = plan["ranks"]
         rank_of = {r: i for i, r in enumerate(ranks)}
+        device = worker_device(plan.get("device", "cpu"), rank_of[rank])
+        on_gpu = {} if device is None else {"device_id": device}
         dist.init_process_group(
-            "gloo",
+            "gloo" if device is None else "nccl",
             init_method=f"tcp://127.0.0.1:{plan['port']}",
             rank=rank_of[rank],
             world_size=len(ranks),
             timeout=datetime.timedelta(seconds=120),
+            **on_gpu,
         )
+        barrier = {} if device is None else {"device_ids": [device.index]}
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in plan["groups"]}
         from .torch_kernels import TORCH_KERNELS
 
-        context = RankContext(rank, rank_of, groups, dist, TORCH_KERNELS)
+        context = RankContext(rank, rank_of, groups, dist, TORCH_KERNELS, device)
         program = instantiate(program, parameters)
-        values = [torch.from_numpy(np.array(a, copy=True)) for a in args]
+        values = [to_torch(a, device) for a in args]
         records = []
         for _ in range(plan["steps"]):
             if plan.get("measure"):
                 from .ranked_measure import timed_step
 
-                dist.barrier()  # every rank starts the step together (one host: one clock)
+                dist.barrier(**barrier)  # every rank starts the step together (one clock)
                 outs, record = timed_step(program, values, context, state)
                 records.append(record)
             else:
@@ -271,10 +297,10 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
             for o, i in pairs:
                 values[i] = outs[o]
         state["op"] = None
-        result = [o.numpy() if hasattr(o, "numpy") else o for o in outs]
+        result = [to_numpy(o) for o in outs]
         if plan.get("measure"):
             result = (records, result)
-        dist.barrier()
+        dist.barrier(**barrier)
         outbox.put((rank, result, None))
         dist.destroy_process_group()
     except Exception as e:  # said to the parent as text: an exception may not pickle
@@ -315,7 +341,8 @@ def run_op(op, xs: list, context: RankContext, sends: list) -> list:
     elif op.op_type == "RecvFrom":
         import torch
 
-        buf = torch.empty(tuple(a["shape"]), dtype=_torch_dtype(op.outputs[0].type.dtype))
+        dtype = _torch_dtype(op.outputs[0].type.dtype)
+        buf = torch.empty(tuple(a["shape"]), dtype=dtype, device=context.device)
         dist.irecv(buf, rank_of[a["peer"]], tag=a["tag"]).wait()
         results = [buf]
     elif op.op_type == "RankCollective":
@@ -386,7 +413,7 @@ def _all_gather(x, dim: int, group: list[int], pg) -> list:
     import torch.distributed as dist
 
     order = sorted(group)  # a process group's ranks are in ascending order
-    size = torch.tensor([x.shape[dim]], dtype=torch.int64)
+    size = torch.tensor([x.shape[dim]], dtype=torch.int64, device=x.device)
     sizes = [torch.zeros_like(size) for _ in group]
     dist.all_gather(sizes, size, group=pg)
     biggest = int(max(s.item() for s in sizes))
@@ -394,7 +421,7 @@ def _all_gather(x, dim: int, group: list[int], pg) -> list:
     if x.shape[dim] < biggest:
         pad_shape = list(x.shape)
         pad_shape[dim] = biggest - x.shape[dim]
-        padded = torch.cat([x, torch.zeros(pad_shape, dtype=x.dtype)], dim=dim)
+        padded = torch.cat([x, torch.zeros(pad_shape, dtype=x.dtype, device=x.device)], dim=dim)
     out = [torch.empty_like(padded) for _ in group]
     dist.all_gather(out, padded.contiguous(), group=pg)
     by_rank = {r: o.narrow(dim, 0, int(s.item())) for r, o, s in zip(order, out, sizes)}

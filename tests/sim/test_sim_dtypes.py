@@ -138,6 +138,7 @@ CLAIMED_MATRIX_DTYPES = {
     "a100-hgx": {"float64", "float32", "tf32", "bfloat16", "float16"},
     "a100-pcie": {"float64", "float32", "tf32", "bfloat16", "float16"},
     "h100-hgx": {"float64", "float32", "tf32", "bfloat16", "float16", "float8"},
+    "h200-hgx": {"float64", "float32", "tf32", "bfloat16", "float16", "float8"},
     "rtx4090": {"float32", "tf32", "bfloat16", "float16", "float8"},
 }
 

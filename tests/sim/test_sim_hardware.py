@@ -11,7 +11,7 @@ from ir.hardware import calibrate_cpu
 
 def test_presets_are_listed_and_build():
     names = ir.Topology.presets()
-    assert {"v100-dgx1", "v100-dgx2", "a100-hgx", "h100-hgx", "cpu"} <= set(names)
+    assert {"v100-dgx1", "v100-dgx2", "a100-hgx", "h100-hgx", "h200-hgx", "cpu"} <= set(names)
     assert {"v100-pcie", "a100-pcie", "rtx4090"} <= set(names)
     for name in names:
         for n in (1, 8, 17):
@@ -28,6 +28,7 @@ def test_presets_are_listed_and_build():
         ("a100-hgx", 8),
         ("a100-pcie", 8),
         ("h100-hgx", 8),
+        ("h200-hgx", 8),
         ("rtx4090", 8),
     ],
 )
@@ -70,3 +71,11 @@ def test_calibrate_cpu_gives_a_topology_the_simulator_times_by():
 def test_a_multi_device_cpu_topology_links_processes_by_memory_copies():
     topology = calibrate_cpu(2)
     assert topology.bandwidth(0, 1) > 0 and topology.latency(0, 1) >= 0
+
+
+def test_h200_is_an_h100_with_more_and_faster_memory():
+    h100, h200 = (ir.Topology.preset(n, 1).devices[0] for n in ("h100-hgx", "h200-hgx"))
+    assert h200.matrix_peak_flops == h100.matrix_peak_flops
+    assert h200.vector_peak_flops == h100.vector_peak_flops
+    assert h200.memory_bytes == 141e9 and h200.mem_bandwidth_bytes_per_s == 4.8e12
+    assert h100.memory_bytes < h200.memory_bytes
