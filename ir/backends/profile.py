@@ -20,7 +20,7 @@ what one op costs:
   on groups of consecutive ranks that partition the processes (several groups at once,
   as a data-parallel all-reduce runs beside the others); a collective costs the median
   over repeats of the shortest rank's time (the last rank to arrive sees the transfer
-  alone), a send its receiver's time.
+  alone), a send half the round trip of a ping-pong between two ranks.
 
 ``processes`` processes run it all at once, one gloo world on loopback: on a machine
 with fewer cores than processes, each op is measured sharing the cores as the program's
@@ -175,12 +175,9 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
         per_rank = [results[r]["compute"] for r in range(processes)]
         compute = [statistics.mean(ts) for ts in zip(*per_rank)]
     communication = []
-    for i, (kind, _, _) in enumerate(transfers):
+    for i in range(len(transfers)):
         samples = [results[r]["communication"][i] for r in range(processes)]
-        runs = [
-            min(s[k] for s in samples if s) if kind != "send" else max(s[k] for s in samples if s)
-            for k in range(repeats)
-        ]
+        runs = [min(s[k] for s in samples if s) for k in range(repeats)]
         communication.append(statistics.median(runs))
     return {"compute": compute, "communication": communication}
 
@@ -262,20 +259,23 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
     if kind == "allgather":
         elements = max(1, elements // size)
     x = torch.randn(elements)
+    buffer = torch.empty_like(x)
     times = []
     for _ in range(repeats + 1):  # the first run warms the connection up
         dist.barrier()
         if mine is None:
             continue
         t0 = time.perf_counter()
-        if kind == "send":
-            peer = mine[1] if me == mine[0] else mine[0]
+        if kind == "send":  # a ping-pong: half the round trip, whatever the barrier's skew
             if me == mine[0]:
-                dist.isend(x, peer, tag=7).wait()
-            elif me == mine[1]:
-                dist.irecv(torch.empty_like(x), peer, tag=7).wait()
-        else:
-            attrs = {"kind": kind, "group": list(mine), "op": "sum", "dim": 0, "concat_dim": 0}
-            _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
+                dist.isend(x, mine[1], tag=7).wait()
+                dist.irecv(buffer, mine[1], tag=8).wait()
+                times.append((time.perf_counter() - t0) / 2)
+            else:
+                dist.irecv(buffer, mine[0], tag=7).wait()
+                dist.isend(buffer, mine[0], tag=8).wait()
+            continue
+        attrs = {"kind": kind, "group": list(mine), "op": "sum", "dim": 0, "concat_dim": 0}
+        _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
         times.append(time.perf_counter() - t0)
     return times[1:]
