@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 from ..builder import FunctionBuilder
 from ..collectives import collective_time_s
 from ..device import Topology
+from ..op import Op
 from ..ops.communication import shard_sizes
 from ..types import TensorType, TupleType, Type
 from ..value import Value
@@ -354,12 +355,19 @@ class RedistributionCosts:
         return total
 
 
-def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
+def emit(
+    b: FunctionBuilder, value: DistValue, step: Step, made: dict[tuple, Op] | None = None
+) -> DistValue:
     """Append the ops of one step to ``b``; return the redistributed value.
 
     One op on the value's per-device tuple: ``KeepShard`` for a local slice (nothing
     moves), a collective for the rest, with ``groups`` (tuple positions) where the mesh
     axis has several groups. An all-to-all, which has no grouped form, runs per group.
+
+    ``made``, when given, holds the first op of each (step, operand type, groups) that this
+    program's emissions added: a repeat of one (the same redistribution in every layer)
+    is added like it (:meth:`FunctionBuilder.add_like`), without asking the type rule
+    again.
     """
     layout = value.layout
     mesh = layout.mesh
@@ -372,36 +380,48 @@ def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
     if step.kind == "slice" and (uneven or step.dst.block is not None):  # type: ignore[union-attr]
         return _slice_per_device(b, value, step, after)
     if step.kind == "alltoall" or uneven:
-        return _per_group(b, value, step, groups, after)
-    ys = _call(b, step, value.whole_in(b), name, grouped)
+        return _per_group(b, value, step, groups, after, made)
+    ys = _call(b, step, value.whole_in(b), name, grouped, made)
     return DistValue(None, after, value.type, whole=ys, name=name)
 
 
-def _call(b: FunctionBuilder, step: Step, xs: Value, name: str, grouped: dict) -> Value:
+def _call(
+    b: FunctionBuilder,
+    step: Step,
+    xs: Value,
+    name: str,
+    grouped: dict,
+    made: dict[tuple, Op] | None = None,
+) -> Value:
     """The one op of ``step`` on the per-device tuple ``xs`` (its groups in ``grouped``)."""
+    op_type, attributes, suffix = _collective(step)
+    names = [f"{name}_{suffix}"]
+    key = None
+    if made is not None:  # the step and the groups fix the attributes
+        key = (step, xs.type, tuple([tuple(g) for g in grouped.get("groups", ())]))
+        first = made.get(key)
+        if first is not None:
+            return b.add_like(first, [xs], names).outputs[0]
+    op = b.add_op(op_type, [xs], {**attributes, **grouped}, names=names)
+    if key is not None:
+        made[key] = op  # type: ignore[index]
+    return op.outputs[0]
+
+
+def _collective(step: Step) -> tuple[str, dict, str]:
+    """The op type, attributes (but groups) and result-name suffix of ``step``'s op."""
     src, dst = step.src, step.dst
     if step.kind == "slice":
-        return b.call("KeepShard", xs, dim=dst.dim, name=f"{name}_kept", **grouped)  # type: ignore[union-attr]
+        return "KeepShard", {"dim": dst.dim}, "kept"  # type: ignore[union-attr]
     if step.kind == "allgather":
-        return b.call("AllGather", xs, dim=src.dim, name=f"{name}_gathered", **grouped)  # type: ignore[union-attr]
+        return "AllGather", {"dim": src.dim}, "gathered"  # type: ignore[union-attr]
     if step.kind == "allreduce":
-        return b.call("AllReduce", xs, op=src.op, name=f"{name}_reduced", **grouped)  # type: ignore[union-attr]
+        return "AllReduce", {"op": src.op}, "reduced"  # type: ignore[union-attr]
     if step.kind == "reducescatter":
-        return b.call(
-            "ReduceScatter",
-            xs,
-            dim=dst.dim,  # type: ignore[union-attr]
-            op=src.op,  # type: ignore[union-attr]
-            name=f"{name}_scattered",
-            **grouped,
-        )
-    return b.call(
-        "AllToAll",
-        xs,
-        split_dim=dst.dim,  # type: ignore[union-attr]
-        concat_dim=src.dim,  # type: ignore[union-attr]
-        name=f"{name}_exchanged",
-    )  # no grouped form: called per group
+        scattered = {"dim": dst.dim, "op": src.op}  # type: ignore[union-attr]
+        return "ReduceScatter", scattered, "scattered"
+    exchanged = {"split_dim": dst.dim, "concat_dim": src.dim}  # type: ignore[union-attr]
+    return "AllToAll", exchanged, "exchanged"  # no grouped form: called per group
 
 
 def _slice_per_device(b: FunctionBuilder, value: DistValue, step: Step, after: Layout) -> DistValue:
@@ -424,7 +444,12 @@ def _slice_per_device(b: FunctionBuilder, value: DistValue, step: Step, after: L
 
 
 def _per_group(
-    b: FunctionBuilder, value: DistValue, step: Step, groups: list[list[int]], after: Layout
+    b: FunctionBuilder,
+    value: DistValue,
+    step: Step,
+    groups: list[list[int]],
+    after: Layout,
+    made: dict[tuple, Op] | None = None,
 ) -> DistValue:
     """The step's collective once per group of the mesh axis, on that group's pieces."""
     suffixes = [f"_{d}" for d in value.layout.mesh.devices]
@@ -432,7 +457,7 @@ def _per_group(
     name = value.name
     for idx in groups:
         xs = b.call("MakeTuple", *(new[i] for i in idx), name=f"{name}_parts")
-        ys = _call(b, step, xs, name, {})
+        ys = _call(b, step, xs, name, {}, made)
         for i, part in zip(idx, b.unpack(ys, [name + suffixes[i] for i in idx])):
             new[i] = part
     return DistValue(tuple(new), after, value.type, name=name)
