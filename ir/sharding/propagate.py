@@ -43,7 +43,8 @@ from .desired import desired_layouts
 from .errors import PropagationError
 from .facts import op_signatures
 from .mesh import Layout, Mesh
-from .redistribute import DistValue, emit, plan, step_bytes
+from .redistribute import DistValue, plan, step_bytes
+from .redistribute_emit import emit
 from .rules import Rule, describe
 from .spmd import pmap, symmetric_body
 from .step_io import StepIO, symmetric
