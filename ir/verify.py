@@ -36,46 +36,6 @@ def describe_op(op: Op) -> str:
         return repr(op)
 
 
-def infer_types(
-    opdef: OpDef,
-    input_types: Sequence[Type],
-    attributes: Mapping[str, Any],
-    subfunctions: Sequence[Function] = (),
-) -> tuple[tuple[Type, ...], dict[str, Any]]:
-    """Run ``opdef``'s arity, attribute and type checks; return result types and full attributes.
-
-    Raises :class:`VerifyError` with a sentence that names the op type. Results
-    are memoised per (record, operand types, attributes) when the attributes
-    are hashable and there are no bodies: distributed programs add the same op
-    to thousands of devices' worth of identical operands.
-    """
-    key = _infer_key(opdef, input_types, attributes) if not subfunctions else None
-    if key is not None:
-        found = _INFERRED.get(key)
-        if found is not None and found[0] is opdef:
-            return found[1], dict(found[2])
-    results, attrs = _infer_types(opdef, input_types, attributes, subfunctions)
-    if key is not None:
-        if len(_INFERRED) >= _INFERRED_MAX:
-            _INFERRED.clear()
-        _INFERRED[key] = (opdef, results, dict(attrs))
-    return results, attrs
-
-
-_INFERRED: dict[tuple, tuple[OpDef, tuple[Type, ...], dict[str, Any]]] = {}
-_INFERRED_MAX = 1 << 14
-
-
-def _infer_key(
-    opdef: OpDef, input_types: Sequence[Type], attributes: Mapping[str, Any]
-) -> tuple | None:
-    """A hashable key of a type-rule question, or None when an attribute is not hashable."""
-    try:
-        return hashed_key((opdef.name, tuple(input_types), attributes_key(attributes)))
-    except RecursionError:  # a value nested beyond reason: its kind check refuses it
-        return None
-
-
 class HashedKey(tuple):
     """A tuple that hashes once: a memo's lookup and insertion would hash every type again."""
 
@@ -99,7 +59,7 @@ def attributes_key(v: Any) -> Any:
     """A hashable stand-in for attributes (or one value) that tells 1, 1.0, True and lists
     from tuples apart; hashing it raises TypeError when a value is not hashable (an array)."""
     t = type(v)
-    if t in _SCALARS:  # the common case first: this runs for every op a builder adds
+    if t in _SCALARS:  # the common case first: this runs for every op propagation keys
         return (t, v)
     if isinstance(v, (list, tuple)):
         return (t, tuple([attributes_key(x) for x in v]))
@@ -111,12 +71,18 @@ def attributes_key(v: Any) -> Any:
 _SCALARS = frozenset({str, int, float, bool, type(None)})
 
 
-def _infer_types(
+def infer_types(
     opdef: OpDef,
     input_types: Sequence[Type],
     attributes: Mapping[str, Any],
-    subfunctions: Sequence[Function],
+    subfunctions: Sequence[Function] = (),
 ) -> tuple[tuple[Type, ...], dict[str, Any]]:
+    """Run ``opdef``'s arity, attribute and type checks; return result types and full attributes.
+
+    Raises :class:`VerifyError` with a sentence that names the op type. Builders that
+    repeat an op on operands of the same types (a layer per microbatch, a collective
+    per layer) type it once and copy it with :meth:`ir.FunctionBuilder.add_like`.
+    """
     problem = opdef.check_arity(len(input_types))
     if problem:
         raise VerifyError(problem)

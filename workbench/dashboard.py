@@ -12,10 +12,9 @@ from code too (:meth:`Workbench.annotate`, :meth:`Workbench.set_strategy`,
 from __future__ import annotations
 
 import html
-import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import ipywidgets as w
@@ -23,32 +22,34 @@ import plotly.graph_objects as go
 
 from ir.device import Topology
 from ir.function import Function
-from ir.search import Row as SearchRow
 from ir.search import SearchResult
-from ir.search import search as search_strategies
 from widgets import (
     GraphOptions,
     GraphView,
-    RenderedGraph,
     Selection,
     compare_figure,
-    gantt_figure,
-    memory_figure,
 )
 from widgets.breakdown import breakdown_html
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.gantt_zoom import GanttZoom
-from widgets.graph import PendingGraph, render_graph
+from widgets.graph import PendingGraph
 from widgets.live import live_figure, show
 from widgets.memory import memory_spec
-from widgets.units import format_bytes, format_time
+from widgets.units import format_time
 
+from .dashboard_panels import ReadyTransformsPanel, SessionFilePanel
 from .editor import ShardingEditor
 from .measure_panel import MeasurePanel
-from .measuring import MeasuredRun
+from .payloads import (
+    Payloads,
+    base_name,
+    build_payloads,
+    placements_of,
+    short_annotation,
+    summary_html,
+)
 from .search_panel import SearchPanel
 from .session import (
-    SCHEDULES,
     Annotation,
     Derived,
     Session,
@@ -60,94 +61,7 @@ from .session import (
 DEFAULT_PRESET = "a100-hgx"
 
 
-def base_name(name: str, candidates: Sequence[str]) -> str | None:
-    """The base-program value a displayed value comes from, by its printed name.
-
-    Transforms and propagation name per-device copies after the original
-    (``wA_2``, ``wA_s``, ``y_parts``): the longest candidate that is the name
-    itself or a prefix followed by ``_`` or ``@`` wins.
-
-    >>> base_name("wA_2", ["w", "wA", "x"]), base_name("x", ["x"]), base_name("q", ["x"])
-    ('wA', 'x', None)
-    """
-    if name in candidates:
-        return name
-    best = None
-    for c in candidates:
-        if re.match(re.escape(c) + r"[_@.]", name) and (best is None or len(c) > len(best)):
-            best = c
-    return best
-
-
-@dataclass(frozen=True)
-class Payloads:
-    """Everything the views show for one derived state (built in Python, no browser)."""
-
-    graph: RenderedGraph
-    gantt: go.Figure
-    memory: go.Figure
-    summary_html: str
-
-
-def placements_of(derived: Derived) -> dict[str, str]:
-    """Placement labels per base-program value: from the propagation report, else the
-    user's annotations."""
-    report = derived.report
-    layouts = getattr(report, "layouts", None) or {}
-    return {name: " ".join(ps) for name, ps in layouts.items()}
-
-
-def summary_html(session: Session) -> str:
-    """Strategy, step time, peaks (out-of-memory flagged) and inserted collectives."""
-    d = session.current
-    r = d.result
-    peaks = r.peak_memory_bytes
-    worst = max(peaks, key=peaks.get) if peaks else None
-    over = getattr(r, "over_capacity", ())
-    parts = [
-        f"<b>{html.escape(d.state.describe())}</b>",
-        f'step time <b class="distir-step-time">{format_time(r.step_time_s)}</b>',
-        f"{len(r.devices)} device(s)",
-    ]
-    if worst is not None:
-        parts.append(f"peak memory {format_bytes(peaks[worst])} (device {worst})")
-    if over:
-        parts.append(
-            f'<span style="color:#d62728">out of memory on device(s) {", ".join(map(str, over))}'
-            "</span>"
-        )
-    text = " · ".join(parts)
-    if d.collectives:
-        items = "".join(f"<li><code>{html.escape(str(c))}</code></li>" for c in d.collectives)
-        text += (
-            f"<details><summary>{len(d.collectives)} redistribution(s) inserted by propagation"
-            f"</summary><ul>{items}</ul></details>"
-        )
-    text += (
-        f"<div style='color:#888;font-size:smaller'>derive {d.derive_s * 1e3:.0f} ms, "
-        f"simulate {d.simulate_s * 1e3:.0f} ms</div>"
-    )
-    return f'<div class="distir-summary-body">{text}</div>'
-
-
-def build_payloads(
-    session: Session, options: GraphOptions | None = None, *, view: str = "distributed"
-) -> Payloads:
-    """The graph drawing, Gantt and memory figures and summary of the session's state."""
-    d = session.current
-    if view == "original":
-        graph = render_graph(session.base, placements_of(d), options)
-    else:
-        graph = render_graph(d.function, None, options)
-    return Payloads(
-        graph,
-        gantt_figure(d.result, d.function),
-        memory_figure(d.result),
-        summary_html(session),
-    )
-
-
-class Workbench(w.VBox):
+class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
     """The workbench dashboard over ``function`` on ``topology`` (default: 8 A100s).
 
     In a notebook::
@@ -291,71 +205,6 @@ class Workbench(w.VBox):
 
         weights = {n: self.arguments[n] for n in self.weight_names} if with_weights else None
         return save_onnx(self.session, path, weights)
-
-    # -- session files ------------------------------------------------------------------
-
-    def save(self, path: Any) -> Any:
-        """Save the session (program, topology, state, undo/redo history) to ``path`` as
-        JSON; see docs/workbench.md. The arrays of ``wb.arguments`` are not saved."""
-        return self.session.save(path)
-
-    @classmethod
-    def load(cls, path: Any, **kw: Any) -> Workbench:
-        """The dashboard over the session saved at ``path`` (``kw``: display options)."""
-        session = Session.load(path)
-        return cls(session.base, session.topology, session=session, **kw)
-
-    def restore(self, path: Any) -> bool:
-        """What the Load button does: replace this dashboard's session by the one saved at
-        ``path``. False, with the error shown and nothing changed, when it cannot."""
-        if not self.session.restore(path):
-            return False
-        self.arguments, self.weight_names = {}, ()  # they belonged to the program replaced
-        if self.editor.value_name not in self.session.annotatable():
-            self.editor.select(None)
-        s = self.session.strategy
-        self.dp.value, self.hp.value, self.pp.value = s.dp, s.hp, s.pp
-        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
-        self.editor.refresh()
-        return True
-
-    def _save_to_box(self) -> None:
-        try:
-            path = self.save(self.file_path.value.strip())
-        except SessionError as e:
-            self.session.error = str(e)
-        else:
-            self.session.error = None
-            self.file_status.value = f"<small>saved {html.escape(str(path))}</small>"
-        self.editor.refresh()
-
-    def _load_from_box(self) -> None:
-        self.file_status.value = ""
-        self.editor.busy("loading the session…")
-        if self.restore(self.file_path.value.strip()):
-            self.file_status.value = (
-                f"<small>loaded {html.escape(self.file_path.value.strip())}</small>"
-            )
-        self.editor.refresh()
-
-    def _file_controls(self) -> w.VBox:
-        self.file_path = w.Text(value="session.json", description="file", layout={"width": "98%"})
-        self.file_path.add_class("distir-session-path")
-        self.save_button = w.Button(description="Save", layout={"width": "80px"})
-        self.save_button.add_class("distir-session-save")
-        self.save_button.on_click(lambda _b: self._save_to_box())
-        self.load_button = w.Button(description="Load", layout={"width": "80px"})
-        self.load_button.add_class("distir-session-load")
-        self.load_button.on_click(lambda _b: self._load_from_box())
-        self.file_status = w.HTML("")
-        return w.VBox(
-            [
-                w.HTML("<b>Session file</b> (errors show in the editor above)"),
-                self.file_path,
-                w.HBox([self.save_button, self.load_button, self.file_status]),
-            ],
-            layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
-        )
 
     # -- driving it from code ---------------------------------------------------------
 
@@ -523,146 +372,20 @@ class Workbench(w.VBox):
                 clicked += f" ({html.escape(selection.op.op_type)})"
             clicked += " · "
         annotation = self.session.state.annotation(target) if target else None
-        placed = f" = {html.escape(_short(annotation))}" if annotation is not None else ""
+        placed = f" = {html.escape(short_annotation(annotation))}" if annotation is not None else ""
         self.selection.value = (
             f"selected: {clicked}value <b class='distir-selected-name'>"
             f"{html.escape(target or '-')}</b>{placed} · step time "
             f"{format_time(r.step_time_s)}"
         )
 
-    # -- the ready transforms ---------------------------------------------------------
 
-    def _strategy_controls(self) -> w.VBox:
-        s = self.session.strategy
-
-        def knob(label: str, value: int, top: int, width: str = "118px") -> w.BoundedIntText:
-            return w.BoundedIntText(
-                value=value,
-                min=1,
-                max=top,
-                description=label,
-                style={"description_width": "initial"},  # the label in full
-                layout={"width": width},
-            )
-
-        def row(*children: w.Widget) -> w.HBox:
-            # wraps rather than run past a narrow panel's right edge
-            return w.HBox(list(children), layout={"flex_flow": "row wrap"})
-
-        self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
-        self.microbatches = knob("microbatches", s.microbatches, 1024, "180px")
-        self.schedule = w.Dropdown(
-            options=list(SCHEDULES),
-            value=s.schedule,
-            description="schedule",
-            layout={"width": "180px"},
-        )
-        apply = w.Button(description="Apply strategy", button_style="info")
-        apply.add_class("distir-apply-strategy")
-        apply.on_click(lambda _b: self._apply_strategy())
-        reset = w.Button(description="Sequential")
-        reset.on_click(lambda _b: self.session.set_strategy(Strategy()))
-        compare = w.Button(description="Compare with previous", layout={"width": "180px"})
-        compare.add_class("distir-compare")
-        compare.on_click(lambda _b: self._show_comparison())
-        search = w.Button(description="Search all", layout={"width": "120px"})
-        search.add_class("distir-search")
-        search.tooltip = "simulate every dp x hp x pp of the devices; click a point to apply it"
-        search.on_click(lambda _b: self.search())
-        return w.VBox(
-            [
-                w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
-                row(self.dp, self.hp, self.pp),
-                row(self.microbatches, self.schedule),
-                row(apply, reset),
-                row(compare, search),
-            ],
-            layout={
-                "padding": "4px",
-                "border": "1px solid #ddd",
-                "margin": "6px 0 0 0",
-            },
-        )
-
-    def search(self, **space: Any) -> SearchResult:
-        """Simulate every strategy of the ready transforms on all the devices (the space of
-        :func:`ir.search.search`, narrowed by ``space``) and show the step time x memory
-        chart below the dashboard (:class:`~workbench.search_panel.SearchPanel`): clicking
-        a point applies its strategy; with "Compare two" on, the last two points clicked
-        are shown side by side."""
-        self.editor.busy("simulating every strategy…")
-        space.setdefault("progress", False)
-        topology = self.session.topology
-        result = search_strategies(self.session.base, topology, optimizer=None, **space)
-        self.search_result = result
-        capacity = min(d.memory_bytes for d in topology.devices)
-        self.search_panel.show(result, capacity_bytes=capacity)
-        self.search_box.children = [self.search_panel]
-        self.editor.refresh()
-        return result
-
-    def measure(self, topology: Topology | None = None) -> MeasuredRun | None:
-        """What the "Measure" button does: run the step shown on one gloo process per
-        device of this CPU (at most 4) and show its timeline over the simulator's, on
-        ``topology`` (default: this machine, calibrated once), with the error table
-        (:class:`~workbench.measure_panel.MeasurePanel`); None when it is not measured
-        (the panel says why)."""
-        if topology is not None:
-            self.measure_panel.topology = topology
-        return self.measure_panel.measure()
-
-    def compare_search_rows(self, a: SearchRow, b: SearchRow) -> go.Figure:
-        """Load searched strategies ``a`` then ``b`` and show them side by side below the
-        chart, as two clicks with "Compare two" on do; return the comparison's figure.
-        A row the ready transforms cannot express raises SessionError with the reason."""
-        if self.search_result is None:
-            raise SessionError("compare_search_rows: run search() first")
-        panel = self.search_panel
-        panel.compare_mode.value = True
-        panel.clear()  # these two, whatever was picked before
-        for row in (a, b):
-            if not panel.pick(row):
-                raise SessionError(f"cannot load {row.strategy}: {self.session.error}")
-        return panel.comparison.children[-1]
-
-    def apply_search_row(self, row: SearchRow) -> bool:
-        """Apply a searched strategy through the ready transforms (one the dashboard's knobs
-        can express: no ZeRO, sequence parallelism, chunks or recomputation)."""
-        s = row.strategy
-        if s.zero or s.sequence_parallel or s.chunks > 1 or s.recompute:
-            self.session.error = f"{s}: the ready-transform knobs cannot express it; use T.megatron"
-            self.editor.refresh()
-            return False
-        self.dp.value, self.hp.value, self.pp.value = s.dp, s.tp, s.pp
-        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
-        return self.set_strategy(
-            dp=s.dp, hp=s.tp, pp=s.pp, microbatches=s.microbatches, schedule=s.schedule
-        )
-
-    def _load_search_row(self, row: SearchRow) -> Derived | None:
-        """The search panel's click: apply ``row``; the state shown, or None if refused."""
-        return self.session.current if self.apply_search_row(row) else None
-
-    def _show_comparison(self) -> None:
-        if self.session.previous is None:
-            self.session.error = "nothing to compare with: make a change first"
-            self.editor.refresh()
-            return
-        self.compare_box.children = [go.FigureWidget(self.compare())]
-
-    def _apply_strategy(self) -> None:
-        self.editor.busy("transforming and simulating…")
-        self.session.set_strategy(
-            dp=self.dp.value,
-            hp=self.hp.value,
-            pp=self.pp.value,
-            microbatches=self.microbatches.value,
-            schedule=self.schedule.value,
-        )
-
-
-def _short(annotation: Annotation) -> str:
-    if isinstance(annotation, tuple):
-        mesh, placements = annotation
-        return f"mesh {list(mesh.shape)} [{', '.join(map(str, placements))}]"
-    return str(annotation)
+__all__ = [
+    "DEFAULT_PRESET",
+    "Payloads",
+    "Workbench",
+    "base_name",
+    "build_payloads",
+    "placements_of",
+    "summary_html",
+]

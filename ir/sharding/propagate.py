@@ -43,7 +43,8 @@ from .desired import desired_layouts
 from .errors import PropagationError
 from .facts import op_signatures
 from .mesh import Layout, Mesh
-from .redistribute import DistValue, emit, plan, step_bytes
+from .redistribute import DistValue, plan, step_bytes
+from .redistribute_emit import emit
 from .rules import Rule, describe
 from .spmd import pmap, symmetric_body
 from .step_io import StepIO, symmetric
@@ -166,6 +167,8 @@ class _Materialiser(Chooser, StepIO):
         self._choices: dict[tuple, _Decision] = {}
         # (input type, layout) -> the op that distributes it: (op type, attributes, types)
         self._distributions: dict[tuple, tuple[str, Mapping, tuple[Type, ...]]] = {}
+        # (step, operand type, groups) -> the first op that redistributed so: repeats copy it
+        self._redistributions: dict[tuple, Op] = {}
         self.report = PropagationReport(mesh)
         self.device = topology.device(mesh.devices[0])
 
@@ -213,7 +216,7 @@ class _Materialiser(Chooser, StepIO):
         for step in plan(value.shape, value.layout, target):
             time_s = self._costs.step_time_s(value.type, value.layout, step)
             size = step_bytes(value.type, value.layout, step)
-            new = emit(self.b, value, step)
+            new = emit(self.b, value, step, self._redistributions)
             if step.kind != "slice":
                 self.report.collectives.append(
                     InsertedCollective(
@@ -297,7 +300,11 @@ class _Materialiser(Chooser, StepIO):
                 decision.body = symmetric_body(op, in_types, decision.local_ops)
             if decision.body is not None:  # every device runs the same op: one Pmap
                 wholes = [x.whole_in(self.b) for x in operands]
-                new = pmap(self.b, decision.body, wholes, [v.name for v in op.outputs])
+                names = [v.name for v in op.outputs]
+                if decision.pmap is None:
+                    new = decision.pmap = pmap(self.b, decision.body, wholes, names)
+                else:  # a repeated layer: the same body on operands of the same types
+                    new = self.b.add_like(decision.pmap, wholes, names)
                 values = [DistValue(None, None, None, whole=y) for y in new.outputs]
             else:
                 values = self._emit_rows(op, decision, operands)
@@ -396,3 +403,5 @@ class _Decision:
     local_ops: list[tuple[Mapping, tuple[Type, ...]]] | None = None
     # the Pmap body every device runs, when they all run the same local op (ir.sharding.spmd)
     body: Function | None = None
+    # the first Pmap of ``body``: the decision's later ops are added like it (add_like)
+    pmap: Op | None = None

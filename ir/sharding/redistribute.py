@@ -28,7 +28,6 @@ from dataclasses import dataclass, replace
 from ..builder import FunctionBuilder
 from ..collectives import collective_time_s
 from ..device import Topology
-from ..ops.communication import shard_sizes
 from ..types import TensorType, TupleType, Type
 from ..value import Value
 from .errors import PropagationError
@@ -352,87 +351,3 @@ class RedistributionCosts:
                 total += self._time_s(step.kind, size, mesh, step.axis)
             ps = after
         return total
-
-
-def emit(b: FunctionBuilder, value: DistValue, step: Step) -> DistValue:
-    """Append the ops of one step to ``b``; return the redistributed value.
-
-    One op on the value's per-device tuple: ``KeepShard`` for a local slice (nothing
-    moves), a collective for the rest, with ``groups`` (tuple positions) where the mesh
-    axis has several groups. An all-to-all, which has no grouped form, runs per group.
-    """
-    layout = value.layout
-    mesh = layout.mesh
-    name, after = value.name, _after(layout, step)
-    groups = [[mesh.devices.index(d) for d in g] for g in mesh.groups(step.axis)]
-    grouped = {"groups": groups} if len(groups) > 1 else {}
-    # One op over the whole tuple takes pieces of one shape; uneven pieces (a tail block,
-    # an axis split unevenly by another mesh axis) go per device or per group.
-    uneven = len({_elem(t).shape for t in value.local_types}) > 1
-    if step.kind == "slice" and (uneven or step.dst.block is not None):  # type: ignore[union-attr]
-        return _slice_per_device(b, value, step, after)
-    if step.kind == "alltoall" or uneven:
-        return _per_group(b, value, step, groups, after)
-    ys = _call(b, step, value.whole_in(b), name, grouped)
-    return DistValue(None, after, value.type, whole=ys, name=name)
-
-
-def _call(b: FunctionBuilder, step: Step, xs: Value, name: str, grouped: dict) -> Value:
-    """The one op of ``step`` on the per-device tuple ``xs`` (its groups in ``grouped``)."""
-    src, dst = step.src, step.dst
-    if step.kind == "slice":
-        return b.call("KeepShard", xs, dim=dst.dim, name=f"{name}_kept", **grouped)  # type: ignore[union-attr]
-    if step.kind == "allgather":
-        return b.call("AllGather", xs, dim=src.dim, name=f"{name}_gathered", **grouped)  # type: ignore[union-attr]
-    if step.kind == "allreduce":
-        return b.call("AllReduce", xs, op=src.op, name=f"{name}_reduced", **grouped)  # type: ignore[union-attr]
-    if step.kind == "reducescatter":
-        return b.call(
-            "ReduceScatter",
-            xs,
-            dim=dst.dim,  # type: ignore[union-attr]
-            op=src.op,  # type: ignore[union-attr]
-            name=f"{name}_scattered",
-            **grouped,
-        )
-    return b.call(
-        "AllToAll",
-        xs,
-        split_dim=dst.dim,  # type: ignore[union-attr]
-        concat_dim=src.dim,  # type: ignore[union-attr]
-        name=f"{name}_exchanged",
-    )  # no grouped form: called per group
-
-
-def _slice_per_device(b: FunctionBuilder, value: DistValue, step: Step, after: Layout) -> DistValue:
-    """A local slice into fixed blocks with a short tail (``S(i, block=b)``), per device."""
-    mesh = value.layout.mesh
-    suffixes = [f"_{d}" for d in mesh.devices]
-    dim = step.dst.dim  # type: ignore[union-attr]
-    new = []
-    for d, x in zip(mesh.devices, value.locals_in(b, suffixes)):
-        n = _elem(x.type).shape[dim]
-        sizes = shard_sizes(n, mesh.shape[step.axis], step.dst.block)  # type: ignore[union-attr]
-        c = mesh.coord_of(d)[step.axis]
-        start = sum(sizes[:c])
-        new.append(
-            b.call(
-                "Slice", x, axis=dim, start=start, end=start + sizes[c], name=f"{value.name}_{d}"
-            )
-        )
-    return DistValue(tuple(new), after, value.type, name=value.name)
-
-
-def _per_group(
-    b: FunctionBuilder, value: DistValue, step: Step, groups: list[list[int]], after: Layout
-) -> DistValue:
-    """The step's collective once per group of the mesh axis, on that group's pieces."""
-    suffixes = [f"_{d}" for d in value.layout.mesh.devices]
-    new = list(value.locals_in(b, suffixes))
-    name = value.name
-    for idx in groups:
-        xs = b.call("MakeTuple", *(new[i] for i in idx), name=f"{name}_parts")
-        ys = _call(b, step, xs, name, {})
-        for i, part in zip(idx, b.unpack(ys, [name + suffixes[i] for i in idx])):
-            new[i] = part
-    return DistValue(tuple(new), after, value.type, name=name)

@@ -7,7 +7,7 @@ seed's "A -> ... -> E in stage 1, F -> ... -> K in stage 2"), and
 :func:`place_stages` runs each stage on its own device, moving values between
 stages with ``Send`` (model-parallel placement). The pipeline *schedule* over
 microbatches is ``ir.transforms``' job: ``pipeline_parallel`` and ``megatron``
-take their stages from these annotations (``ir/transforms/stage_cut.py``), reading
+take their stages from these annotations (``ir/transforms/stage_annotations.py``), reading
 them with :func:`stage_marks` or :func:`strip_stages`.
 """
 

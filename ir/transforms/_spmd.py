@@ -28,6 +28,7 @@ from ..function import Function
 from ..op import Op
 from ..ops.communication import split_sizes
 from ..sharding.errors import PropagationError
+from ..sharding.facts import op_signatures
 from ..sharding.rules import rule_for
 from ..types import DeviceVar, TensorType
 from ..value import Value
@@ -107,6 +108,10 @@ class LocalProgram:
         self.env: dict[Value, Value] = {}
         self.step_ops: dict[int, Op] = {}
         self.device = DeviceVar(plan.var)
+        # (op signature, op name, local operand types) -> the first local op so made: a
+        # repeated layer's op is added like it (FunctionBuilder.add_like), typed once
+        self._first: dict[tuple, Op] = {}
+        self._signatures = op_signatures(plan.f)
 
     def local_type(self, t: TensorType, state: Shard) -> TensorType:
         t = t.with_device(self.device)
@@ -127,9 +132,23 @@ class LocalProgram:
             self.value(src)
             self.env[dst] = self.b.input(dst.name, self.local_type(dst.type, step.dst))
             return (self.env[dst],)
-        outs = localize_op(self.b, step.op, [self.value(k) for k in step.keys], self.device)
+        op, inputs = step.op, [self.value(k) for k in step.keys]
+        signature = self._signatures.get(op)
+        key = None
+        if signature is not None:
+            key = (signature, op.name, tuple([x.type for x in inputs]))
+            first = self._first.get(key)
+            if first is not None:
+                new = self.b.add_like(first, inputs, [v.name for v in op.outputs])
+                self.step_ops[index] = new
+                for v, loc in zip(op.outputs, new.outputs):
+                    self.env[v] = loc
+                return new.outputs
+        outs = localize_op(self.b, op, inputs, self.device)
         self.step_ops[index] = self.b.ops[-1]
-        for v, loc in zip(step.op.outputs, outs):
+        if key is not None:
+            self._first[key] = self.step_ops[index]
+        for v, loc in zip(op.outputs, outs):
             self.env[v] = loc
         return outs
 

@@ -12,7 +12,8 @@ Recursive: one style's pmap bodies are parallelised by another over sub-devices
 ``nested(f, ("dp", 2), ("hp", 2))`` is D over H, and so on for H over D, D over
 P and H over P. A body the inner style cannot split (an optimizer-only update
 body under H, for instance) stays as it is. These are the seeds' teaching
-forms; ``parallelize`` is the 3D step real systems run (``megatron.py``).
+forms; ``parallelize`` is the 3D step real systems run (``megatron.py`` and its
+``_megatron_*.py`` parts).
 """
 
 from __future__ import annotations

@@ -32,57 +32,11 @@ from collections.abc import Mapping
 from ..arguments import function_arg
 from ..function import Function
 from ..op import Op
-from ..ops.communication import split_sizes
-from ..sharding.errors import AnnotationError
-from ..sharding.stages import is_stage_marker, stage_marks, strip_stages
 from ..value import Value
-from ..verify import describe_op
-from ._rewrite import (
-    TransformError,
-    batch_inputs,
-    is_optimizer,
-    parameter_inputs,
-    starts_backward,
-)
-
-_SEE = "(the pipeline degree, times chunks with the interleaved schedule)"
-
-
-def weights(f: Function) -> list[Value]:
-    """The weights of ``f`` (what its optimizer steps update, else its parameters) in order
-    of first use."""
-    optimizers = [op for op in f.ops if is_optimizer(op)]
-    chosen = {op.inputs[0] for op in optimizers} if optimizers else set(parameter_inputs(f))
-    order: list[Value] = []
-    for op in f.ops:
-        for v in op.inputs:
-            if v in chosen and v not in order:
-                order.append(v)
-    return order
-
-
-def gradient_ops(f: Function) -> set[Op]:
-    """The ops that depend on a ``LossGrad`` result (the backward pass without replays)."""
-    tainted: set[Value] = set()
-    found: set[Op] = set()
-    for op in f.ops:
-        if starts_backward(op) or any(v in tainted for v in op.inputs):
-            found.add(op)
-            tainted.update(op.outputs)
-    return found
-
-
-def backward_ops(f: Function) -> set[Op]:
-    """The backward pass: ops that depend on a ``LossGrad`` result, and ops after the first
-    ``LossGrad`` that only feed the backward pass (recomputed activations)."""
-    found = gradient_ops(f)
-    first = next((i for i, op in enumerate(f.ops) if starts_backward(op)), len(f.ops))
-    outputs = set(f.outputs)
-    for op in reversed(f.ops[first:]):
-        users = [u for v in op.outputs for u in f.consumers.get(v, [])]
-        if users and all(u in found for u in users) and not outputs & set(op.outputs):
-            found.add(op)
-    return found
+from ._rewrite import TransformError, is_optimizer
+from .layer_cut import balanced_weights, constant_ops, layer_boundaries
+from .stage_annotations import annotated_forward, annotated_stages, unmarked, weight_stages
+from .step_parts import backward_ops, gradient_ops, weights
 
 
 def stage_assignment(
@@ -106,58 +60,6 @@ def stage_assignment(
     return assign_stages(f, n, annotated_stages(f, stage_of))
 
 
-def annotated_stages(f: Function, stage_of: Mapping[str, int] | None = None) -> dict[Op, int]:
-    """The ops of ``f`` that its ``PipelineStage`` markers or ``stage_of`` (value name ->
-    stage) put in a stage (empty: no annotations)."""
-    try:
-        marked = stage_marks(f)
-    except AnnotationError as e:
-        raise TransformError(f"pipeline level: {e}") from None
-    if stage_of is None:
-        return marked
-    if not isinstance(stage_of, Mapping):
-        raise TransformError(
-            f"pipeline level: stage_of must map value names to stages, got {stage_of!r}"
-        )
-    if marked:
-        raise TransformError(
-            f"pipeline level: {f.name} carries PipelineStage annotations and stage_of= was "
-            "given too; give the stages one way (strip the markers or drop stage_of)"
-        )
-    after = backward_ops(f)
-    makers: dict[str, list[Op]] = {}
-    for op in f.ops:
-        if not is_stage_marker(op) and op not in after and not is_optimizer(op):
-            for v in op.outputs:
-                makers.setdefault(v.name, []).append(op)
-    for name, s in stage_of.items():
-        if isinstance(s, bool) or not isinstance(s, int) or s < 0:
-            raise TransformError(
-                f"pipeline level: the stage of {name!r} must be a non-negative integer, got {s!r}"
-            )
-        if name not in makers:
-            raise TransformError(
-                f"pipeline level: no forward op of {f.name} makes a value named {name!r} to put "
-                f"in stage {s} (the backward pass and optimizer steps follow their forward ops)"
-            )
-        for op in makers[name]:
-            if marked.get(op, s) != s:
-                raise TransformError(
-                    f"pipeline level: the op making {name!r} is put in stages {marked[op]} and "
-                    f"{s}; one stage per op\n  in: {describe_op(op)}"
-                )
-            marked[op] = s
-    return marked
-
-
-def unmarked(f: Function, stage_of: Mapping[str, int] | None = None) -> tuple[Function, dict]:
-    """``f`` without ``PipelineStage`` markers, and its annotated ops (by the new ops)."""
-    marks = annotated_stages(f, stage_of)
-    if stage_of is not None:  # then f has no markers (annotated_stages checks)
-        return f, marks
-    return strip_stages(f)
-
-
 def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]:
     """The stage of every op of ``f``: ``marks`` (annotated ops) or, if empty, the cost cut."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
@@ -165,11 +67,11 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
     backward = backward_ops(f)
     gradients = gradient_ops(f)
     if marks:
-        forward = _annotated_forward(f, n, marks, backward)
-        weight_stage = _weight_stages(f, forward)
+        forward = annotated_forward(f, n, marks, backward)
+        weight_stage = weight_stages(f, forward)
     else:
         forward = None
-        weight_stage = _balanced_weights(f, n, backward)
+        weight_stage = balanced_weights(f, n, backward)
     producer = f.producers
     # the weight whose gradient each op makes (an EmbeddingGrad reads only the weight's
     # shape, not the weight): it runs on that weight's stage
@@ -183,7 +85,7 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
     # imported Llama's rotary tables, computed from buffers) run where they are read, on
     # the earliest stage that reads them; they pull neither their forward readers nor the
     # backward ops that read them to an earlier stage.
-    free = _constant_ops(f, weight_stage)
+    free = constant_ops(f, weight_stage)
     made_by = {v: op for v, op in producer.items() if op not in free}
     # A weight lives where the forward op that reads it runs (an op reading weights of two
     # groups runs on the later one); its gradient and optimizer step follow it there.
@@ -224,18 +126,6 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
     return {op: stage[op] for op in f.ops}
 
 
-def _constant_ops(f: Function, weights) -> set[Op]:
-    """The ops of ``f`` that depend on no batch input and none of ``weights``."""
-    derived = set(batch_inputs(f)) | set(weights)
-    free: set[Op] = set()
-    for op in f.ops:
-        if any(v in derived for v in op.inputs):
-            derived.update(op.outputs)
-        else:
-            free.add(op)
-    return free
-
-
 def _weight_gradient_chains(
     f: Function, grad_of: Mapping[Op, Value], weight_stage: Mapping[Value, int], gradients: set[Op]
 ) -> dict[Op, Value]:
@@ -270,161 +160,12 @@ def _weight_gradient_chains(
     return chains
 
 
-def _balanced_weights(f: Function, n: int, backward: set[Op]) -> dict[Value, int]:
-    """Weights cut into ``n`` consecutive groups of about equal count, at layer boundaries
-    (see :func:`layer_boundaries`) where there are enough; else by count alone."""
-    order = weights(f)
-    if n > len(order):
-        raise TransformError(
-            f"{n} stages but {f.name} has only {len(order)} weight(s) to spread over "
-            f"them (stages more than layers); use at most {len(order)} stages"
-        )
-    sizes = [w.type.size_bytes for w in order]
-    cuts = _cuts_at_boundaries(layer_boundaries(f, backward, order), sizes, n)
-    if cuts is None:
-        counts = split_sizes(len(order), n)
-        cuts = [sum(counts[:k]) for k in range(1, n)]
-    weight_stage: dict[Value, int] = {}
-    bounds = [0, *cuts, len(order)]
-    for s in range(n):
-        for w in order[bounds[s] : bounds[s + 1]]:
-            weight_stage[w] = s
-    return weight_stage
-
-
-def layer_boundaries(f: Function, backward: set[Op], order: list[Value]) -> list[int]:
-    """Where a pipeline may cut the forward pass: the counts ``k`` of weights (in order of
-    first use) before a point of the forward pass that one activation alone crosses (a
-    transformer's residual stream between blocks and sublayers, an MLP between layers),
-    so that a cut there sends one value and splits no layer (as Megatron-LM cuts).
-    Values that depend on no batch input and no weight (an imported Llama's rotary
-    tables, read by every layer) do not count: they would leave no boundary but in the
-    last layer."""
-    free = _constant_ops(f, order)
-    forward = [op for op in f.ops if op not in backward and not is_optimizer(op)]
-    where = {op: i for i, op in enumerate(forward)}
-    last_use: dict[Value, int] = {}
-    for i, op in enumerate(forward):
-        for v in op.inputs:
-            last_use[v] = i
-    crossing = [0] * (len(forward) + 1)  # values live across the point after op i
-    for i, op in enumerate(forward):
-        if op in free:
-            continue
-        for v in op.outputs:
-            end = last_use.get(v, i)
-            if end > i:
-                crossing[i] += 1
-                crossing[end] -= 1
-    first_read = {}
-    for w in order:
-        first_read[w] = min((where[u] for u in f.consumers[w] if u in where), default=len(where))
-    weights_before = 0
-    by_position = sorted(first_read.values())
-    out, live = [], 0
-    for i in range(len(forward) - 1):
-        live += crossing[i]
-        while weights_before < len(by_position) and by_position[weights_before] <= i:
-            weights_before += 1
-        if live == 1 and 0 < weights_before < len(order) and weights_before not in out:
-            out.append(weights_before)
-    return out
-
-
-def _cuts_at_boundaries(boundaries: list[int], sizes: list[int], n: int) -> list[int] | None:
-    """``n - 1`` boundaries (weight counts) whose groups' weight bytes are closest to equal,
-    or None if there are too few: each cut is the boundary nearest to its share."""
-    if len(boundaries) < n - 1:
-        return None
-    before = [0]
-    for size in sizes:
-        before.append(before[-1] + size)
-    cuts: list[int] = []
-    for k in range(1, n):
-        left = len(boundaries) - (n - 1 - k)  # leave a boundary for every later cut
-        choices = [b for b in boundaries[:left] if not cuts or b > cuts[-1]]
-        if not choices:
-            return None
-        target = k * before[-1] / n
-        cuts.append(min(choices, key=lambda b: (abs(before[b] - target), b)))
-    return cuts
-
-
-def _annotated_forward(
-    f: Function, n: int, marks: Mapping[Op, int], backward: set[Op]
-) -> dict[Op, int]:
-    """The stage of every forward op (markers included), checked to make ``n`` stages."""
-    producer = f.producers
-    for op in marks:
-        if op in backward or is_optimizer(op):
-            raise TransformError(
-                f"pipeline level: {op.outputs[0].name!r} is annotated, but its op is part of "
-                "the backward pass or an optimizer step, which follow their forward ops; "
-                f"annotate forward ops only\n  in: {describe_op(op)}"
-            )
-    forward: dict[Op, int] = {}
-    for op in f.ops:
-        if op in backward or is_optimizer(op):
-            continue
-        made = {v: forward[producer[v]] for v in op.inputs if producer.get(v) in forward}
-        if is_stage_marker(op):
-            forward[op] = made.get(op.inputs[0], 0)
-            continue
-        inherited = max(made.values(), default=0)
-        s = marks.get(op, inherited)
-        if s < inherited:
-            late = next(v for v, k in made.items() if k == inherited)
-            raise TransformError(
-                f"pipeline level: {op.outputs[0].name!r} is annotated stage {s} but reads "
-                f"{late.name!r} from stage {inherited}; stages must not decrease along the "
-                "data flow (a later stage feeding an earlier one is a cycle between stages): "
-                f"put it in stage {inherited} or later\n  in: {describe_op(op)}"
-            )
-        forward[op] = s
-    used = sorted({s for op, s in forward.items() if not is_stage_marker(op)})
-    beyond = [s for s in used if s >= n]
-    if beyond:
-        raise TransformError(
-            f"pipeline level: the annotations use stages {used} but the pipeline has {n} "
-            f"{_SEE}, numbered 0 to {n - 1}; stage(s) {beyond} are out of range"
-        )
-    empty = [s for s in range(n) if s not in used]
-    gaps = [s for s in empty if s < used[-1]]
-    if gaps:
-        raise TransformError(
-            f"pipeline level: stage(s) {gaps} have no op (a gap in the annotated stages "
-            f"{used}); number the stages 0, 1, 2, ... without gaps"
-        )
-    if empty:
-        raise TransformError(
-            f"pipeline level: the annotations make {len(used)} stage(s) but the pipeline has "
-            f"{n} {_SEE}; annotate {n} stages or ask for {len(used)}"
-        )
-    return forward
-
-
-def _weight_stages(f: Function, forward: Mapping[Op, int]) -> dict[Value, int]:
-    """The one stage whose forward ops read each weight."""
-    readers: dict[Value, set[int]] = {}
-    chosen = set(weights(f))
-    for op, s in forward.items():
-        for v in op.inputs:
-            if v in chosen:
-                readers.setdefault(v, set()).add(s)
-    for w, stages in readers.items():
-        if len(stages) > 1:
-            raise TransformError(
-                f"pipeline level: weight {w.name!r} is read by stages {sorted(stages)}; a "
-                "weight lives on one stage, so annotate the ops that read it into one stage "
-                "(tied weights across stages are not supported)"
-            )
-    return {w: min(stages) for w, stages in readers.items()}
-
-
 __all__ = [
     "annotated_stages",
     "assign_stages",
     "backward_ops",
+    "gradient_ops",
+    "layer_boundaries",
     "stage_assignment",
     "unmarked",
     "weights",

@@ -1,0 +1,344 @@
+"""The analysis behind :func:`ir.transforms.megatron`: what a 3D step runs where.
+
+The data plan over ``dp * microbatches`` pieces gives the per-piece program (global
+loss denominators), the gradients it leaves partial and the optimizer steps after
+their all-reduce; the tensor-parallel plan of the piece gives its items (local ops and
+grouped conversions), each in a pipeline stage and phase (forward or backward); ZeRO
+picks the axis each weight's optimizer state splits along. Devices are numbered as
+Megatron-LM numbers ranks (see :mod:`ir.transforms.megatron`). Nothing is emitted
+here: :mod:`ir.transforms._megatron_stages` and :mod:`ir.transforms._megatron_update`
+write the program.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ..builder import FunctionBuilder
+from ..errors import VerifyError
+from ..function import Function
+from ..op import Op
+from ..types import TensorType
+from ..value import Value
+from ..verify import describe_op
+from ._rewrite import TransformError, batch_inputs, batch_size, is_optimizer
+from ._rules import data_rule
+from ._spmd import P, R, Shard
+from ._spmd import Plan as _Plan
+from .data_parallel import data_plan
+from .horizontal import horizontal_plan
+from .pipeline import _device_sequence, backward_ops, stage_assignment
+
+VAR = "e"  # the device variable of every pmap body of the step
+
+
+def level(state: Shard | None, n: int) -> str:
+    if state is None or state == R:
+        return f"R@{n}"
+    return f"P@{n}" if state == P else f"S({state.dim})@{n}"
+
+
+@dataclass(eq=False)
+class Item:
+    """One step of the tensor-parallel plan: a local op, or a conversion (collective)."""
+
+    index: int
+    op: Op | None  # the local (per-device) op, or None for a conversion
+    keys: tuple[Value, ...]
+    outputs: tuple[Value, ...]
+    stage: int = 0
+    phase: str = "F"
+    src: Shard = R
+    dst: Shard = R
+    grads: list[Value] = field(default_factory=list)  # summed keys this item completes
+    regather: bool = False  # a forward all-gather of token slices made again for backward
+
+
+class TensorSplitError(TransformError):
+    """Tensor parallelism over the asked ranks splits no weight of the program."""
+
+
+def copy_op(builder: FunctionBuilder, op: Op, inputs: list[Value]) -> tuple[Value, ...]:
+    """``op`` (of a plan's per-device program: built, so verified) added to ``builder`` on
+    ``inputs``, keeping its names: typed again only if the operand types differ."""
+    try:
+        return builder.add_like(op, inputs, [v.name for v in op.outputs]).outputs
+    except VerifyError as e:
+        raise VerifyError(f"{e}\n  while rebuilding: {describe_op(op)}") from None
+
+
+class MegatronPlan:
+    """The analysis of ``t`` as a 3D step (see the module doc); raises a TransformError
+    naming the level (data, tensor, pipeline) whose limit ``t`` meets."""
+
+    def __init__(
+        self,
+        t: Function,
+        dp: int,
+        tp: int,
+        pp: int,
+        m: int,
+        schedule: str,
+        chunks: int,
+        base: int,
+        zero: int = 0,
+        sequence_parallel: bool = False,
+        stage_of: Mapping[str, int] | None = None,
+    ) -> None:
+        self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
+        self.sequence_parallel = sequence_parallel and tp > 1
+        self.stage_of = stage_of
+        self.v, self.n = chunks, dp * tp
+        self.stages = pp * chunks
+        self.base = base
+        self.zero = zero if dp > 1 else 0
+        self._analyse(schedule)
+        self._plan_zero()
+
+    # -- analysis --------------------------------------------------------------------------
+
+    def _analyse(self, schedule: str) -> None:
+        t, dp, m = self.t, self.dp, self.m
+        batch = batch_inputs(t)
+        if not batch:
+            raise TransformError(f"{t.name} has no batch input to split over replicas")
+        rows = batch_size(t, batch)
+        if rows % (dp * m):
+            raise TransformError(
+                f"data level: the batch of {rows} rows does not split into {dp} replicas x "
+                f"{m} microbatches of equal size; choose dp * microbatches dividing {rows}"
+            )
+        # Data plan over dp * m pieces: the per-piece program (global loss denominators),
+        # the gradients it leaves partial, and the optimizer steps after their all-reduce.
+        dplan = data_plan(t, dp * m, what="dp x microbatches")
+        self.dplan = dplan
+        sliced = [st.keys[0].name for st in dplan.steps if st.op is None and st.src == R]
+        if sliced:
+            raise TransformError(
+                f"data level: {sliced} are whole-batch values made from no batch input (a "
+                "class token broadcast to the batch) that the replicas slice; slicing them "
+                "per microbatch is not supported yet: use T.data_parallel"
+            )
+        late: set[Value] = {st.keys[1] for st in dplan.steps if st.op is None}
+        self.post: list[Op] = []
+        self.post_keys: dict[Op, tuple[Value, ...]] = {}
+        piece_ops: list[tuple[int, Op]] = []
+        for i, st in enumerate(dplan.steps):
+            if st.op is None:
+                continue
+            if any(k in late for k in st.keys):
+                if any(dplan.state[k] != R for k in st.keys if k not in late):
+                    raise TransformError(
+                        f"pipeline level: {st.op.op_type} needs a value summed over the whole "
+                        "batch before the batch is done; it cannot be pipelined"
+                    )
+                late.update(st.op.outputs)
+                self.post.append(st.op)
+                self.post_keys[st.op] = st.keys
+            else:
+                piece_ops.append((i, st.op))
+        if any(not is_optimizer(op) for op in self.post):
+            shown = sorted({op.op_type for op in self.post if not is_optimizer(op)})
+            raise TransformError(
+                f"3D parallelism runs only optimizer steps after the gradient all-reduce; "
+                f"{t.name} also runs {shown} there"
+            )
+        self.conv_dst = {st.keys[1]: st for st in dplan.steps if st.op is None}
+        self._summed_sources = {st.keys[0] for st in self.conv_dst.values() if st.src == P}
+        # The per-piece program: the local ops of the data plan (batch / (dp m) rows).
+        loc = dplan.local
+        b = FunctionBuilder(f"{t.name}_piece")
+        env: dict[Value, Value] = {}
+        self.source_of: dict[Value, Value] = {}  # piece input -> source key
+        for i, _ in piece_ops:
+            local = loc.step_ops[i]
+            ins = []
+            for k, lv in zip(dplan.steps[i].keys, local.inputs):
+                if lv not in env:
+                    env[lv] = b.input(k.name, lv.type)
+                    self.source_of[env[lv]] = k
+                ins.append(env[lv])
+            for x, y in zip(local.outputs, copy_op(b, local, ins)):
+                env[x] = y
+        self.key_of = {env[loc.env[k]]: k for k in loc.env if loc.env[k] in env}
+        needed = [st.keys[0] for st in self.conv_dst.values()]
+        needed += [dplan.current[v] for v in t.outputs if dplan.current[v] not in late]
+        self.piece_out = list(dict.fromkeys(env[loc.env[k]] for k in needed))
+        self.piece = b.finish(self.piece_out)
+        self.summed = {env[loc.env[st.keys[0]]] for st in self.conv_dst.values() if st.src == P}
+        self.summed |= {
+            env[loc.env[dplan.current[v]]]
+            for v in t.outputs
+            if dplan.state[dplan.current[v]] == P and dplan.current[v] not in late
+        }
+        # Stages (of the source program's ops) and the tensor-parallel plan of the piece.
+        stage_of_op = stage_assignment(t, self.stages, self.stage_of)
+        backward = backward_ops(t)
+        piece_stage = {
+            loc.step_ops[i]: (stage_of_op[op], "B" if op in backward else "F")
+            for i, op in piece_ops
+        }
+        rebuilt = dict(zip([loc.step_ops[i] for i, _ in piece_ops], self.piece.ops))
+        self.stage_of_post = {op: stage_of_op[op] for op in self.post}
+        if self.tp > 1:
+            lead = self._token_shape() if self.sequence_parallel else None
+            if lead is not None and lead[-1] % self.tp:
+                # one pmap body serves every tensor-parallel rank: the blocks must be equal
+                raise TransformError(
+                    f"sequence parallelism splits the {lead[-1]} tokens along axis "
+                    f"{len(lead) - 1} of {t.name}'s activations {self.tp} ways; give a length "
+                    f"divisible by tp={self.tp} (or sequence_parallel=False)"
+                )
+            hplan = horizontal_plan(self.piece, self.tp, VAR, sequence=lead)
+            if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
+                raise TensorSplitError(
+                    f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
+                    "parallelism splits MatMul pairs and attention heads)"
+                )
+        else:
+            hplan = _Plan(self.piece, 1, {}, data_rule, VAR)
+        self.hplan = hplan
+        self._gradients_in_weight_layout()
+        stage_of_piece = {rebuilt[k]: v for k, v in piece_stage.items()}
+        self.items: list[Item] = []
+        for i, st in enumerate(hplan.steps):
+            if st.op is None:
+                self.items.append(
+                    Item(i, None, (st.keys[0],), (st.keys[1],), src=st.src, dst=st.dst)
+                )
+            else:
+                s, ph = stage_of_piece[st.op]
+                local = hplan.local.step_ops[i]
+                self.items.append(Item(i, local, st.keys, st.op.outputs, s, ph))
+        # A conversion runs in the stage and phase of its first user.
+        users: dict[Value, Item] = {}
+        for item in self.items:
+            for k in item.keys:
+                users.setdefault(k, item)
+        for item in reversed(self.items):
+            if item.op is None:
+                user = users.get(item.outputs[0])
+                if user is None:  # an output: the stage of its producer
+                    user = next(x for x in self.items if item.keys[0] in x.outputs)
+                item.stage, item.phase = user.stage, user.phase
+        self.tasks: dict[tuple[int, str], list[Item]] = {}
+        for item in self.items:
+            self.tasks.setdefault((item.stage, item.phase), []).append(item)
+        if self.sequence_parallel:
+            self._regather_for_backward()
+        has_backward = any(ph == "B" for _, ph in self.tasks)
+        self.sequences = [
+            [
+                (s, mb, ph)
+                for s, mb, ph in _device_sequence(
+                    schedule, d, self.pp, self.v, self.m, has_backward
+                )
+                if (s, ph) in self.tasks
+            ]
+            for d in range(self.pp)
+        ]
+        self.final = {k: hplan.current[k] for k in self.piece_out}
+
+    def _regather_for_backward(self) -> None:
+        """Sequence parallelism keeps a layer's input as token slices and all-gathers it
+        again for the backward pass (Korthikanti et al. 2022, section 4.2.2) rather than
+        keeping the gathered copy alive from forward to backward."""
+        tokens = getattr(self.hplan.rule, "token_split", set())
+        for item in self.items:
+            if item.op is not None or item.phase != "F" or item.keys[0] not in tokens:
+                continue
+            if item.dst != R:
+                continue
+            task = self.tasks.get((item.stage, "B"), [])
+            first = next((i for i, x in enumerate(task) if item.outputs[0] in x.keys), None)
+            if first is None:
+                continue
+            again = Item(item.index, None, item.keys, item.outputs, item.stage, "B", item.src, R)
+            again.regather = True
+            task.insert(first, again)
+
+    def _gradients_in_weight_layout(self) -> None:
+        """Each weight gradient the piece returns, converted to its weight's tensor-parallel
+        layout (with sequence parallelism a layer norm's weight gradient is a partial sum
+        over the token slices, a position embedding's is split by tokens)."""
+        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        by_key = {k: p for p, k in self.key_of.items()}
+        for op in self.post:
+            w = self.post_keys[op][0]
+            for k in self.post_keys[op][1:]:
+                st = self.conv_dst.get(k)
+                out = by_key.get(st.keys[0]) if st is not None else None
+                if out is None or out not in self.hplan.current:
+                    continue
+                p = piece_inputs.get(w)
+                want = (self.hplan.state.get(p) or R) if p is not None else R
+                current = self.hplan.current[out]
+                if self.hplan.state[current] != want:
+                    self.hplan.current[out] = self.hplan.convert(current, want)
+
+    def _token_shape(self) -> tuple[int, ...]:
+        """The leading shape of the piece's activations: its integer batch input's (token
+        ids or labels: ``(batch, seq)``), else the batch axis alone."""
+        batch = [p for p in self.piece.inputs if self.dplan.state.get(self.source_of[p]) != R]
+        ints = [p for p in batch if not p.type.dtype.is_float]
+        if ints:
+            return min((p.type.shape for p in ints), key=len)
+        return batch[0].type.shape[:1]
+
+    def _plan_zero(self) -> None:
+        """For ZeRO: the axis along which each weight's optimizer state is split over the
+        data-parallel replicas (None: the weight's state stays replicated)."""
+        self.zero_dim: dict[Value, int | None] = {}  # weight -> axis of its tensor-local shard
+        self.weight_of_grad: dict[Value, Value] = {}  # data-plan gradient key -> weight
+        self.state_of: dict[Value, Value] = {}  # optimizer-state input -> its weight
+        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        for op in self.post:
+            keys = self.post_keys[op]
+            w = keys[0]
+            for k in keys[1:]:
+                st = self.conv_dst.get(k)
+                if st is not None:
+                    self.weight_of_grad[st.keys[0]] = w
+                elif k in self.t.inputs:
+                    self.state_of[k] = w
+            if not self.zero:
+                continue
+            p = piece_inputs.get(w)
+            state = (self.hplan.state.get(p) or R) if p is not None else R
+            local = self._local_type(w.type, state, 0)
+            axes = [
+                d
+                for d in range(local.rank)
+                if not (state.kind == "S" and d == state.dim) and local.shape[d] % self.dp == 0
+            ]
+            self.zero_dim[w] = axes[0] if axes else None
+
+    def _zero_axis(self, weight: Value | None) -> int | None:
+        return self.zero_dim.get(weight) if weight is not None else None
+
+    def _local_type(self, t: TensorType, state: Shard | None, stage: int) -> TensorType:
+        if state is not None and state.kind == "S":
+            n = t.shape[state.dim]
+            if n % self.tp:
+                raise TransformError(
+                    f"tensor level: dim {state.dim} of size {n} does not split evenly "
+                    f"over {self.tp} devices"
+                )
+            shape = list(t.shape)
+            shape[state.dim] = n // self.tp
+            t = t.with_shape(tuple(shape))
+        return t.with_device(None)
+
+    # -- devices ---------------------------------------------------------------------------
+
+    def devices(self, stage: int) -> list[int]:
+        rank = stage % self.pp
+        first = self.base + rank * self.n
+        return list(range(first, first + self.n))
+
+    def tp_groups(self) -> list[list[int]]:
+        return [[i * self.tp + j for j in range(self.tp)] for i in range(self.dp)]
+
+    def dp_groups(self) -> list[list[int]]:
+        return [[i * self.tp + j for i in range(self.dp)] for j in range(self.tp)]

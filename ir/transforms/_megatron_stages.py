@@ -1,0 +1,333 @@
+"""The per-stage emission of :func:`ir.transforms.megatron`: the steady-state inputs and
+every (stage, microbatch, phase) task in schedule order.
+
+Each task's run of local ops is one ``Pmap`` over the stage's devices (its body written
+once, shared by every microbatch that runs it), tensor-parallel conversions are grouped
+collectives, activations move between stages with ``SendEach``, and each weight
+gradient is summed over microbatches and reduced among its replicas as soon as its
+last microbatch's backward has made it. A repeated step of a later microbatch is added
+like the first (``FunctionBuilder.add_like``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from ..builder import FunctionBuilder
+from ..function import Function
+from ..op import Op
+from ..types import DeviceVar, TensorType, TupleType
+from ..value import Value
+from ._megatron_plan import VAR, Item, MegatronPlan, copy_op, level
+from ._rewrite import TransformError
+from ._spmd import P, R, Shard
+from .pipeline import run_schedule
+
+
+class StageEmission(MegatronPlan):
+    """Adds the inputs and the stages' tasks of the step to ``self.b``."""
+
+    # -- emission --------------------------------------------------------------------------
+
+    def _emit_inputs(self) -> None:
+        """Start the builder and add the steady-state inputs: weights replicated over dp and
+        laid out over tp on their stage; batch inputs split into microbatches and replicas
+        on their stage."""
+        t, hplan, dplan = self.t, self.hplan, self.dplan
+        b = self.b = FunctionBuilder(t.name)
+        self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
+        self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
+        self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
+        self._runs: dict[tuple[Item, ...], tuple] = {}  # each run of items: _body's answer
+        self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
+        self._flat: dict[tuple[TensorType, int], TupleType] = {}  # see flat_type
+        self.acc: dict[Value, Value] = {}
+        self.layouts: dict[str, tuple[str, ...]] = {}
+        self.stage_of_key: dict[Value, int] = {}
+        for item in self.items:
+            for k in item.keys:
+                self.stage_of_key.setdefault(k, item.stage)
+        self.inputs: dict[Value, Value] = {}
+        self.weight_input: dict[Value, Value] = {}
+        self.batch_split: dict[Value, Value] = {}
+        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        self._items_reading: dict[Value, list[Item]] = {}
+        for item in self.items:
+            for k in item.keys:
+                self._items_reading.setdefault(k, []).append(item)
+        post_users_of: dict[Value, list[Op]] = {}
+        updating: dict[Value, list[Op]] = {}  # weight -> the optimizer steps that update it
+        for op in self.post:
+            for k in dict.fromkeys(self.post_keys[op]):
+                post_users_of.setdefault(k, []).append(op)
+            updating.setdefault(self.post_keys[op][0], []).append(op)
+        post_states = self._post_states(piece_inputs)
+        for v in t.inputs:
+            p = piece_inputs.get(v)
+            post_users = post_users_of.get(v, [])
+            if p is None and not post_users:
+                if v in t.outputs:
+                    raise TransformError(f"input {v.name!r} is returned unchanged; not supported")
+                continue
+            if dplan.state[v] == R:
+                stage = self._weight_stage(v, p, post_users)
+                for op in updating.get(v, ()):
+                    self.stage_of_post[op] = stage
+                state = hplan.state.get(p, R) if p is not None else post_states.get(v, R)
+                local = self._local_type(v.type, state, stage)
+                dp_level = f"R@{self.dp}"
+                zd = self._zero_axis(self.state_of.get(v)) if p is None else None
+                if zd is not None:  # ZeRO: the replicas split the optimizer state
+                    shape = list(local.shape)
+                    shape[zd] //= self.dp
+                    local = local.with_shape(tuple(shape))
+                    dp_level = f"S({zd})@{self.dp}"
+                x = b.input(v.name, self.flat_type(local, stage))
+                self.layouts[v.name] = (dp_level, level(state, self.tp))
+                self.weight_input[v] = x
+                if p is not None:
+                    for mb in range(self.m):
+                        self._put(p, mb, stage, x)
+            else:
+                stage = self.stage_of_key[p]
+                state = hplan.state[p] if p is not None else R
+                local = hplan.local.value(p).type.with_device(None)
+                per_mb = self.flat_type(local, stage)
+                x = b.input(v.name, TupleType((per_mb,) * self.m))
+                self.layouts[v.name] = ("S(0)", f"S(0)@{self.dp}", level(state, self.tp))
+                for mb in range(self.m):
+                    split = b.call("TupleGet", x, index=mb, name=f"{v.name}_mb{mb}")
+                    self._put(p, mb, stage, split)
+
+    def _weight_stage(self, v: Value, p: Value | None, post_users: list[Op]) -> int:
+        """The stage whose ops read weight ``v``; its optimizer steps run there too."""
+        stages = set()
+        if p is not None:
+            stages |= {item.stage for item in self._items_reading.get(p, ())}
+        if not stages:
+            stages |= {self.stage_of_post[op] for op in post_users}
+        if len(stages) > 1:
+            raise TransformError(
+                f"pipeline level: weight {v.name!r} is read by stages {sorted(stages)}; a "
+                "weight shared between stages (tied embeddings) is not supported"
+            )
+        return stages.pop() if stages else 0
+
+    def _post_states(self, piece_inputs: Mapping[Value, Value]) -> dict[Value, Shard]:
+        """The tensor-parallel state of each optimizer operand: that of the weight of the
+        first optimizer step reading it whose weight the piece reads (an optimizer-only
+        input, Adam's moments say, is laid out as its weight)."""
+        states: dict[Value, Shard] = {}
+        for op in self.post:
+            p = piece_inputs.get(self.post_keys[op][0])
+            if p is not None:
+                for k in self.post_keys[op]:
+                    states.setdefault(k, self.hplan.state.get(p) or R)
+        return states
+
+    def _put(self, key: Value, mb: int, stage: int, value: Value) -> None:
+        self.vals[(key, mb, stage)] = value
+        self.made_on.setdefault((key, mb), stage)
+
+    def value(self, key: Value, mb: int, stage: int) -> Value:
+        """``key`` of microbatch ``mb`` on ``stage``'s devices (sent there once)."""
+        if (key, mb, stage) in self.vals:
+            return self.vals[(key, mb, stage)]
+        home = self.made_on.get((key, mb))
+        if home is None:
+            raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
+        src = self.vals[(key, mb, home)]
+        attributes = {"to_devices": self.devices(stage)}
+        names = [f"{key.name}_mb{mb}_s{stage}"]
+        (moved,) = self._add(("send", key, home, stage), "SendEach", [src], attributes, names)
+        self.vals[(key, mb, stage)] = moved
+        return moved
+
+    def _merge(self) -> None:
+        self._readers = self._items_reading  # the items that read each key
+        self._kept = set(self.final.values()) | self.summed
+        self._piece_of_final = {h: p for p, h in self.final.items()}
+        producer: dict[Value, tuple[int, str]] = {}
+        for key, items in self.tasks.items():
+            for item in items:
+                if item.regather:
+                    continue
+                for v in item.outputs:
+                    producer[v] = key
+        deps = {
+            key: {producer[k] for it in items for k in it.keys if k in producer} - {key}
+            for key, items in self.tasks.items()
+        }
+        run_schedule(self.sequences, deps, self._emit_task)
+
+    def _emit_task(self, s: int, mb: int, phase: str) -> None:
+        items = self.tasks[(s, phase)]
+        run: list[Item] = []
+        for item in items:
+            if item.op is None:
+                self._emit_ops(run, s, mb)
+                run = []
+                self._emit_conversion(item, s, mb)
+                continue
+            run.append(item)
+            # End the body where a gradient is complete, so that its all-reduce can start
+            # while the rest of the backward pass runs.
+            if mb == self.m - 1 and any(v in self.summed for v in item.outputs):
+                self._emit_ops(run, s, mb)
+                run = []
+        self._emit_ops(run, s, mb)
+
+    def _emit_ops(self, run: list[Item], s: int, mb: int) -> None:
+        if not run:
+            return
+        key = tuple(run)
+        if key not in self._runs:  # the first microbatch to run these items
+            self._runs[key] = self._body(run, s)
+        inputs, results, body = self._runs[key]
+        if not results:
+            return
+        operands = [self.value(k, mb, s) for k in inputs]
+        names = [f"{v.name}_mb{mb}" for v in results]
+        outs = self._add(("pmap", body), "Pmap", operands, {"device_var": VAR}, names, body)
+        for v, out in zip(results, outs):
+            self._made(v, mb, s, out)
+
+    def _add(
+        self,
+        step: tuple,
+        op_type: str,
+        inputs: list[Value],
+        attributes: dict[str, Any],
+        names: list[str],
+        body: Function | None = None,
+    ) -> tuple[Value, ...]:
+        """Append an op; ``step`` names what it does (its body, conversion, gradient or
+        transfer, which fix its attributes), and the same step of a later microbatch, on
+        operands of the same types, is added like the first (typed once:
+        ``FunctionBuilder.add_like``)."""
+        first = self._first.get(step)
+        if first is not None:
+            return self.b.add_like(first, inputs, names).outputs
+        bodies = [body] if body is not None else []
+        op = self.b.add_op(op_type, inputs, attributes, names=names, subfunctions=bodies)
+        self._first[step] = op
+        return op.outputs
+
+    def _body(self, run: list[Item], s: int) -> tuple[list[Value], list[Value], Function | None]:
+        """The keys ``run`` reads, those it makes that are used later, and its pmap body
+        (None if nothing it makes is used): found once, shared by every microbatch that
+        runs it (a stage's microbatches run the same ops on the same shapes)."""
+        made = {v for item in run for v in item.outputs}
+        inputs: list[Value] = []
+        for item in run:
+            for k in item.keys:
+                if k not in made and k not in inputs:
+                    inputs.append(k)
+        later = self._used_later(run)
+        results = [v for item in run for v in item.outputs if v in later]
+        if not results:
+            return inputs, results, None
+        body_b = FunctionBuilder(f"{self.t.name}_s{s}")
+        env: dict[Value, Value] = {}
+        for k in inputs:
+            env[k] = body_b.input(k.name, self.hplan.local.value(k).type)
+        for item in run:
+            outs = copy_op(body_b, item.op, [env[k] for k in item.keys])
+            for v, y in zip(item.outputs, outs):
+                env[v] = y
+        return inputs, results, body_b.finish([env[v] for v in results])
+
+    def _used_later(self, run: list[Item]) -> set[Value]:
+        """The values ``run`` makes that an item outside it reads, or that are kept."""
+        inside = set(run)
+        return {
+            v
+            for item in run
+            for v in item.outputs
+            if v in self._kept or any(r not in inside for r in self._readers.get(v, ()))
+        }
+
+    def _made(self, v: Value, mb: int, s: int, out: Value) -> None:
+        self._put(v, mb, s, out)
+        piece_value = self._piece_of_final.get(v)
+        if piece_value is None or piece_value not in self.summed:
+            return
+        if self.zero == 2:  # ZeRO-2: each microbatch's gradient reduce-scattered as made
+            zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
+            if zd is not None:
+                attributes = {"dim": zd, "op": "sum", "groups": self.dp_groups()}
+                names = [f"{v.name}_mb{mb}_dp"]
+                (out,) = self._add(("zero2", v), "ReduceScatter", [out], attributes, names)
+        prev = self.acc.get(v)
+        if prev is not None:
+            out = self._pmap_add(prev, out, v, mb)
+        self.acc[v] = out
+        if mb == self.m - 1:
+            self._reduce_gradient(v, s)
+
+    def _pmap_add(self, a: Value, x: Value, v: Value, mb: int) -> Value:
+        body = self._bodies.get(v)
+        if body is None:  # one per gradient, shared by its microbatches (of one shape)
+            elem = a.type.elements[0].with_device(DeviceVar(VAR))
+            body_b = FunctionBuilder(f"{v.name}_acc")
+            p = body_b.input(f"{v.name}_acc", elem)
+            q = body_b.input(v.name, elem)
+            body = body_b.finish(body_b.call("Add", p, q, name=f"{v.name}_sum"))
+            self._bodies[v] = body
+        names = [f"{v.name}_acc{mb}"]
+        return self._add(("pmap", body), "Pmap", [a, x], {"device_var": VAR}, names, body)[0]
+
+    def _reduce_gradient(self, v: Value, s: int) -> None:
+        """All-reduce a weight gradient among the replicas holding the same shard (ZeRO-1:
+        reduce-scatter it, each replica keeping the part its optimizer-state shard updates;
+        ZeRO-2 has reduce-scattered every microbatch's already)."""
+        piece_value = self._piece_of_final[v]  # each piece output has its own final value
+        source = self.dplan_source(piece_value)
+        if source is None or self.dp == 1:
+            return
+        zd = self._zero_axis(self.weight_of_grad.get(source))
+        if zd is None:
+            self.acc[v] = self.b.call(
+                "AllReduce", self.acc[v], op="sum", groups=self.dp_groups(), name=f"{v.name}_dp"
+            )
+        elif self.zero == 1:
+            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp")
+
+    def _reduce_scatter(self, x: Value, zd: int, name: str) -> Value:
+        return self.b.call("ReduceScatter", x, dim=zd, op="sum", groups=self.dp_groups(), name=name)
+
+    def dplan_source(self, piece_value: Value) -> Value | None:
+        """The data-plan key a piece output stands for, if it is converted (a gradient)."""
+        key = self.key_of.get(piece_value)
+        return key if key is not None and key in self._summed_sources else None
+
+    def _emit_conversion(self, item: Item, s: int, mb: int) -> None:
+        src, dst = item.src, item.dst
+        xs = self.value(item.keys[0], mb, s)
+        names = [f"{item.outputs[0].name}_mb{mb}"]
+        groups = self.tp_groups()
+        if dst == R and src.kind == "S":
+            op_type, attributes = "AllGather", {"dim": src.dim, "groups": groups}
+        elif dst == R and src == P:
+            op_type, attributes = "AllReduce", {"op": "sum", "groups": groups}
+        elif dst.kind == "S" and src == P:
+            op_type, attributes = "ReduceScatter", {"dim": dst.dim, "op": "sum", "groups": groups}
+        elif dst.kind == "S" and src == R:  # into a sequence-parallel region: no transfer
+            op_type, attributes = "KeepShard", {"dim": dst.dim, "groups": groups}
+        else:
+            raise TransformError(
+                f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
+            )
+        (out,) = self._add(("conversion", item, s), op_type, [xs], attributes, names)
+        self._made(item.outputs[0], mb, s, out)
+
+    def flat_type(self, local: TensorType, stage: int) -> TupleType:
+        """``local`` on each device of ``stage``: made once per (type, pipeline rank), as
+        a model's many equal weight and optimizer-state shards of a stage share it."""
+        key = (local, stage % self.pp)
+        found = self._flat.get(key)
+        if found is None:
+            found = TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
+            self._flat[key] = found
+        return found

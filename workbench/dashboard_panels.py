@@ -1,0 +1,225 @@
+"""The dashboard's side panels, as parts of :class:`workbench.Workbench`: the session
+file (Save / Load) and the ready transforms (dp x hp x pp knobs, Apply, compare with
+the previous state, search every strategy, measure the step shown).
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+import ipywidgets as w
+import plotly.graph_objects as go
+
+from ir.device import Topology
+from ir.search import Row as SearchRow
+from ir.search import SearchResult
+from ir.search import search as search_strategies
+
+from .measuring import MeasuredRun
+from .session import SCHEDULES, Derived, Session, SessionError, Strategy
+
+if TYPE_CHECKING:
+    from .dashboard import Workbench
+
+
+class SessionFilePanel:
+    """Save and Load: the session (program, topology, state, history) as a JSON file."""
+
+    def save(self, path: Any) -> Any:
+        """Save the session (program, topology, state, undo/redo history) to ``path`` as
+        JSON; see docs/workbench.md. The arrays of ``wb.arguments`` are not saved."""
+        return self.session.save(path)
+
+    @classmethod
+    def load(cls, path: Any, **kw: Any) -> Workbench:
+        """The dashboard over the session saved at ``path`` (``kw``: display options)."""
+        session = Session.load(path)
+        return cls(session.base, session.topology, session=session, **kw)
+
+    def restore(self, path: Any) -> bool:
+        """What the Load button does: replace this dashboard's session by the one saved at
+        ``path``. False, with the error shown and nothing changed, when it cannot."""
+        if not self.session.restore(path):
+            return False
+        self.arguments, self.weight_names = {}, ()  # they belonged to the program replaced
+        if self.editor.value_name not in self.session.annotatable():
+            self.editor.select(None)
+        s = self.session.strategy
+        self.dp.value, self.hp.value, self.pp.value = s.dp, s.hp, s.pp
+        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
+        self.editor.refresh()
+        return True
+
+    def _save_to_box(self) -> None:
+        try:
+            path = self.save(self.file_path.value.strip())
+        except SessionError as e:
+            self.session.error = str(e)
+        else:
+            self.session.error = None
+            self.file_status.value = f"<small>saved {html.escape(str(path))}</small>"
+        self.editor.refresh()
+
+    def _load_from_box(self) -> None:
+        self.file_status.value = ""
+        self.editor.busy("loading the session…")
+        if self.restore(self.file_path.value.strip()):
+            self.file_status.value = (
+                f"<small>loaded {html.escape(self.file_path.value.strip())}</small>"
+            )
+        self.editor.refresh()
+
+    def _file_controls(self) -> w.VBox:
+        self.file_path = w.Text(value="session.json", description="file", layout={"width": "98%"})
+        self.file_path.add_class("distir-session-path")
+        self.save_button = w.Button(description="Save", layout={"width": "80px"})
+        self.save_button.add_class("distir-session-save")
+        self.save_button.on_click(lambda _b: self._save_to_box())
+        self.load_button = w.Button(description="Load", layout={"width": "80px"})
+        self.load_button.add_class("distir-session-load")
+        self.load_button.on_click(lambda _b: self._load_from_box())
+        self.file_status = w.HTML("")
+        return w.VBox(
+            [
+                w.HTML("<b>Session file</b> (errors show in the editor above)"),
+                self.file_path,
+                w.HBox([self.save_button, self.load_button, self.file_status]),
+            ],
+            layout={"padding": "4px", "border": "1px solid #ddd", "margin": "6px 0 0 0"},
+        )
+
+
+class ReadyTransformsPanel:
+    """The ready transforms' knobs and buttons, and the search and measurement they start."""
+
+    def _strategy_controls(self) -> w.VBox:
+        s = self.session.strategy
+
+        def knob(label: str, value: int, top: int, width: str = "118px") -> w.BoundedIntText:
+            return w.BoundedIntText(
+                value=value,
+                min=1,
+                max=top,
+                description=label,
+                style={"description_width": "initial"},  # the label in full
+                layout={"width": width},
+            )
+
+        def row(*children: w.Widget) -> w.HBox:
+            # wraps rather than run past a narrow panel's right edge
+            return w.HBox(list(children), layout={"flex_flow": "row wrap"})
+
+        self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
+        self.microbatches = knob("microbatches", s.microbatches, 1024, "180px")
+        self.schedule = w.Dropdown(
+            options=list(SCHEDULES),
+            value=s.schedule,
+            description="schedule",
+            layout={"width": "180px"},
+        )
+        apply = w.Button(description="Apply strategy", button_style="info")
+        apply.add_class("distir-apply-strategy")
+        apply.on_click(lambda _b: self._apply_strategy())
+        reset = w.Button(description="Sequential")
+        reset.on_click(lambda _b: self.session.set_strategy(Strategy()))
+        compare = w.Button(description="Compare with previous", layout={"width": "180px"})
+        compare.add_class("distir-compare")
+        compare.on_click(lambda _b: self._show_comparison())
+        search = w.Button(description="Search all", layout={"width": "120px"})
+        search.add_class("distir-search")
+        search.tooltip = "simulate every dp x hp x pp of the devices; click a point to apply it"
+        search.on_click(lambda _b: self.search())
+        return w.VBox(
+            [
+                w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
+                row(self.dp, self.hp, self.pp),
+                row(self.microbatches, self.schedule),
+                row(apply, reset),
+                row(compare, search),
+            ],
+            layout={
+                "padding": "4px",
+                "border": "1px solid #ddd",
+                "margin": "6px 0 0 0",
+            },
+        )
+
+    def search(self, **space: Any) -> SearchResult:
+        """Simulate every strategy of the ready transforms on all the devices (the space of
+        :func:`ir.search.search`, narrowed by ``space``) and show the step time x memory
+        chart below the dashboard (:class:`~workbench.search_panel.SearchPanel`): clicking
+        a point applies its strategy; with "Compare two" on, the last two points clicked
+        are shown side by side."""
+        self.editor.busy("simulating every strategy…")
+        space.setdefault("progress", False)
+        topology = self.session.topology
+        result = search_strategies(self.session.base, topology, optimizer=None, **space)
+        self.search_result = result
+        capacity = min(d.memory_bytes for d in topology.devices)
+        self.search_panel.show(result, capacity_bytes=capacity)
+        self.search_box.children = [self.search_panel]
+        self.editor.refresh()
+        return result
+
+    def measure(self, topology: Topology | None = None) -> MeasuredRun | None:
+        """What the "Measure" button does: run the step shown on one gloo process per
+        device of this CPU (at most 4) and show its timeline over the simulator's, on
+        ``topology`` (default: this machine, calibrated once), with the error table
+        (:class:`~workbench.measure_panel.MeasurePanel`); None when it is not measured
+        (the panel says why)."""
+        if topology is not None:
+            self.measure_panel.topology = topology
+        return self.measure_panel.measure()
+
+    def compare_search_rows(self, a: SearchRow, b: SearchRow) -> go.Figure:
+        """Load searched strategies ``a`` then ``b`` and show them side by side below the
+        chart, as two clicks with "Compare two" on do; return the comparison's figure.
+        A row the ready transforms cannot express raises SessionError with the reason."""
+        if self.search_result is None:
+            raise SessionError("compare_search_rows: run search() first")
+        panel = self.search_panel
+        panel.compare_mode.value = True
+        panel.clear()  # these two, whatever was picked before
+        for row in (a, b):
+            if not panel.pick(row):
+                raise SessionError(f"cannot load {row.strategy}: {self.session.error}")
+        return panel.comparison.children[-1]
+
+    def apply_search_row(self, row: SearchRow) -> bool:
+        """Apply a searched strategy through the ready transforms (one the dashboard's knobs
+        can express: no ZeRO, sequence parallelism, chunks or recomputation)."""
+        s = row.strategy
+        if s.zero or s.sequence_parallel or s.chunks > 1 or s.recompute:
+            self.session.error = f"{s}: the ready-transform knobs cannot express it; use T.megatron"
+            self.editor.refresh()
+            return False
+        self.dp.value, self.hp.value, self.pp.value = s.dp, s.tp, s.pp
+        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
+        return self.set_strategy(
+            dp=s.dp, hp=s.tp, pp=s.pp, microbatches=s.microbatches, schedule=s.schedule
+        )
+
+    def _load_search_row(self, row: SearchRow) -> Derived | None:
+        """The search panel's click: apply ``row``; the state shown, or None if refused."""
+        return self.session.current if self.apply_search_row(row) else None
+
+    def _show_comparison(self) -> None:
+        if self.session.previous is None:
+            self.session.error = "nothing to compare with: make a change first"
+            self.editor.refresh()
+            return
+        self.compare_box.children = [go.FigureWidget(self.compare())]
+
+    def _apply_strategy(self) -> None:
+        self.editor.busy("transforming and simulating…")
+        self.session.set_strategy(
+            dp=self.dp.value,
+            hp=self.hp.value,
+            pp=self.pp.value,
+            microbatches=self.microbatches.value,
+            schedule=self.schedule.value,
+        )
+
+
+__all__ = ["ReadyTransformsPanel", "SessionFilePanel"]
