@@ -8,7 +8,9 @@ and 4 processes, for two MLP sizes. Each is measured with
 ``ir.backends.torch_dist.measure`` (gloo on this CPU, one process per device, the
 median of ``--steps`` timed steps after ``--warmup``) and simulated with
 ``ir.simulate`` on ``ir.calibrate()``'s topology of this machine (``--quick``: its
-short calibration), and again with a profiled cost table
+short calibration; ``comm=calibration.comm_mode(n)``: transfers hold the compute of
+their processes where the processes leave no core free), and again with a profiled
+cost table
 (``ir.backends.profile.profile_ops``: each distinct op of the program timed alone on the
 torch backend, in as many processes at once as the program has ranks; one table per
 process count, shared by the programs). Nothing is fitted to the measurements: the
@@ -122,8 +124,9 @@ def main() -> None:
                 for _ in range(args.runs)
             ]
             flat = transforms.unroll_pmap(g)
-            sim = ir.simulate(flat, calibration.topology(n))
-            profiled = ir.simulate(flat, calibration.topology(n), costs=tables[n])
+            topology, comm = calibration.topology(n), calibration.comm_mode(n)
+            sim = ir.simulate(flat, topology, comm=comm)
+            profiled = ir.simulate(flat, topology, comm=comm, costs=tables[n])
             simulated = {"model": sim.step_time_s, "profiled": profiled.step_time_s}
             row = Row(size, label, n, [x.step_time_s for x in measured], simulated)
             rows.append(row)
@@ -150,6 +153,13 @@ def main() -> None:
                 f"{src:8} run {run + 1}: MAPE {statistics.mean(errors):.1%}, median |error| "
                 f"{statistics.median(errors):.1%}, Spearman {rho:.3f}"
             )
+    for src in SOURCES:
+        by_n = {
+            n: statistics.mean(abs(r.error(src)) for r in rows if r.processes == n)
+            for n in sorted({r.processes for r in rows})
+        }
+        shown = ", ".join(f"{n} process{'es' if n > 1 else ''} {e:.1%}" for n, e in by_n.items())
+        print(f"{src:8} MAPE by process count (run 1; {os.cpu_count()} cores here): {shown}")
     if args.runs > 1:
         spreads = [r.spread for r in rows]
         print(f"spread between runs: median {statistics.median(spreads):.1%}, ", end="")

@@ -172,6 +172,21 @@ class Calibration:
                 best[dtype] = max(best.get(dtype, 0.0), fit.rate_per_s)
         return best
 
+    def comm_mode(self, num_devices: int, cores: int | None = None) -> str:
+        """The ``ir.simulate(comm=...)`` that ``num_devices`` processes on this machine
+        need: ``"blocking"`` when they leave no core free for their communication (each
+        process computing on one core and gloo's copies and reductions needing another:
+        ``2 n > cores``), else ``"channels"`` (communication hides behind compute).
+
+        >>> _fitted([Sample("copy", "numpy", "uint8", x, "bytes", x / 1e10) for x in (1e8, 2e8)]
+        ...        ).comm_mode(2, cores=2)
+        'blocking'
+        """
+        if cores is None:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+        cores = cores or os.cpu_count() or 1
+        return "blocking" if 2 * num_devices > cores else "channels"
+
     def topology(self, num_devices: int = 1) -> Topology:
         """``num_devices`` devices like this machine: processes linked as gloo links them
         (by memory copies when communication was not measured).

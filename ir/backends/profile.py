@@ -18,9 +18,11 @@ what one op costs:
   ``repeats`` times through the ranked backend's own collective code (gloo; all-gathers
   and all-reduces with slicing where gloo lacks the collective), each after a barrier,
   on groups of consecutive ranks that partition the processes (several groups at once,
-  as a data-parallel all-reduce runs beside the others); a collective costs the median
-  over repeats of the shortest rank's time (the last rank to arrive sees the transfer
-  alone), a send half the round trip of a ping-pong between two ranks.
+  as a data-parallel all-reduce runs beside the others), at least ``COMM_REPEATS``
+  times; a collective costs the *mean* over repeats (a step pays the long tail of
+  waking blocked threads, not the median) of the shortest rank's time (the last rank
+  to arrive sees the transfer alone), a send half the round trip of a ping-pong
+  between two ranks.
 
 ``processes`` processes run it all at once, one gloo world on loopback: on a machine
 with fewer cores than processes, each op is measured sharing the cores as the program's
@@ -50,6 +52,11 @@ from .workers import die_with_parent, free_port, single_threaded_blas, stop
 
 __all__ = ["profile_ops"]
 
+# A transfer's time on a busy or virtual machine has a long tail (a 16 KB gloo all-reduce
+# between two processes here: median 0.45 ms, mean 1 ms, 90th percentile 3-4 ms: waking a
+# blocked thread), and a step pays the tail: transfers are timed this many times at least
+# and cost their mean
+COMM_REPEATS = 30
 MEASURED_KINDS = ("allreduce", "allgather", "reducescatter", "alltoall", "send")
 
 
@@ -137,6 +144,7 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
         "parent": os.getpid(),
         "processes": processes,
         "repeats": repeats,
+        "comm_repeats": max(repeats, COMM_REPEATS),
         "warmup": warmup,
         "transfers": transfers,
         "groups": sorted({t[2] for t in transfers}),
@@ -177,8 +185,9 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
     communication = []
     for i in range(len(transfers)):
         samples = [results[r]["communication"][i] for r in range(processes)]
-        runs = [min(s[k] for s in samples if s) for k in range(repeats)]
-        communication.append(statistics.median(runs))
+        taken = [s for s in samples if s]  # the ranks in a group (a send: its sender)
+        runs = [min(s[k] for s in taken) for k in range(len(taken[0]))]
+        communication.append(statistics.mean(runs))
     return {"compute": compute, "communication": communication}
 
 
@@ -212,7 +221,7 @@ def _worker(rank: int, program, args, plan, outbox) -> None:
             out["compute"] = _time_compute(program, args, context, plan, outbox, rank)
         for kind, size_bytes, size in plan["transfers"]:
             out["communication"].append(
-                _time_transfer(kind, size_bytes, size, context, plan["repeats"])
+                _time_transfer(kind, size_bytes, size, context, plan["comm_repeats"])
             )
             if rank == 0:
                 outbox.put((rank, "tick", None))

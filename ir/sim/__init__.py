@@ -55,7 +55,11 @@ def simulate(
     FIFO channel of its (source, destination) pair and each collective on the
     channel of its group, so independent transfers overlap; ``comm="serial"``
     gives each device one FIFO communication stream, which every transfer it
-    takes part in waits for. See ``docs/simulator.md``.
+    takes part in waits for. ``comm="blocking"`` is ``"channels"`` where a transfer
+    also holds the compute of every device taking part (it starts when their compute
+    is free, and their compute waits for its end): CPU processes whose communication
+    is work on the cores they compute on (gloo on a machine with no spare core per
+    process), or a backend that does not overlap. See ``docs/simulator.md``.
 
     ``symmetry``: walk a pmap body once per rank class the program declares
     (``Function.rank_classes``: the devices of a 3D stage do identical work at

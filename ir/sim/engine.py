@@ -51,7 +51,7 @@ from ..verify import describe_op
 from .costs import OpCosts, compute_key
 
 COMBINE_MODES = ("roofline", "additive")
-COMM_MODES = ("channels", "serial")
+COMM_MODES = ("channels", "serial", "blocking")
 
 COMPUTE, COMMUNICATION = 0, 1  # stream numbers in the trace
 
@@ -119,9 +119,12 @@ class Engine:
             raise SimulationError(
                 f"comm must be one of {', '.join(COMM_MODES)} ('channels': one FIFO channel "
                 f"per peer pair and per collective group; 'serial': one FIFO communication "
-                f"stream per device), got {comm!r}"
+                f"stream per device; 'blocking': channels, and a transfer also holds its "
+                f"participants' compute), got {comm!r}"
             )
         self.serial_comm = comm == "serial"
+        # a transfer is work on its participants' compute (CPU processes with no spare core)
+        self.blocking_comm = comm == "blocking"
         self.costs = costs  # measured op times over the models (ir.sim.costs)
         self.topology = topology
         self.additive = combine == "additive"
@@ -315,6 +318,10 @@ class Engine:
                     ready = max(map(ready_of, ins)) if ins else 0.0
                     where, dur, cost, channels = self._collective(op, scope, prep, once)
                     start = max([ready, *(comm_free[c] for c in channels)])
+                    if self.blocking_comm:
+                        start = max([start, *(compute_free[d] for d in where)])
+                        for d in where:
+                            compute_free[d] = start + dur
                     end = start + dur
                     for c in channels:
                         comm_free[c] = end

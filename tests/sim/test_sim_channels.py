@@ -115,3 +115,34 @@ def test_communication_time_of_a_device_is_the_union_of_its_channels_busy_spans(
     assert 0 < late_start < SEND_S  # the two sends overlap: counted once
     assert overlapping.communication_s[0] == pytest.approx(late_start + SEND_S)
     assert overlapping.communication_s[1] == pytest.approx(SEND_S)
+
+
+def test_blocking_comm_holds_the_compute_of_its_participants():
+    """comm="blocking": a transfer starts when its participants' compute is free and their
+    compute waits for its end; with "channels" the same compute overlaps it."""
+    f = ir.models.mlp(8, 16, 32, 4, layers=3, training=True, dtype=ir.DType.float32)
+    g = ir.transforms.unroll_pmap(ir.transforms.megatron(f, 2, 1, 1, 1))
+    topo = ir.Topology.uniform(
+        2, peak_flops=1e9, link_bandwidth_bytes_per_s=1e6, link_latency_s=1e-4
+    )
+    overlapped = ir.simulate(g, topo)
+    blocking = ir.simulate(g, topo, comm="blocking")
+    for d in (0, 1):
+        compute = blocking.events_on(d, "compute")
+        transfers = [e for e in blocking.events if e.stream != "compute" and e.device == d]
+        assert transfers
+        for t in transfers:
+            for c in compute:  # no compute op runs while a transfer of its device does
+                assert c.end_s <= t.start_s + 1e-12 or c.start_s >= t.end_s - 1e-12
+    # with channels some compute overlaps an all-reduce, so blocking is slower by at least
+    # the overlapped compute, and never faster than the sum of one device's busy times
+    some = [
+        (c, t)
+        for t in overlapped.events
+        if t.stream != "compute" and t.device == 0
+        for c in overlapped.events_on(0, "compute")
+        if t.start_s < c.start_s < t.end_s
+    ]
+    assert some and blocking.step_time_s > overlapped.step_time_s
+    busy = sum(e.dur_s for e in blocking.events if e.device == 0)
+    assert blocking.step_time_s >= busy - 1e-12
