@@ -20,9 +20,10 @@ what one op costs:
   on groups of consecutive ranks that partition the processes (several groups at once,
   as a data-parallel all-reduce runs beside the others), at least ``COMM_REPEATS``
   times; a collective costs the *mean* over repeats (a step pays the long tail of
-  waking blocked threads, not the median) of the shortest rank's time (the last rank
-  to arrive sees the transfer alone), a send half the round trip of a ping-pong
-  between two ranks.
+  waking blocked threads, not the median) of the time from the last rank's call to
+  the last rank's return (the simulator's definition: a collective starts when all
+  are ready; one host, one clock), a send half the round trip of a ping-pong between
+  two ranks.
 
 ``processes`` processes run it all at once, one gloo world on loopback: on a machine
 with fewer cores than processes, each op is measured sharing the cores as the program's
@@ -185,8 +186,12 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
     communication = []
     for i in range(len(transfers)):
         samples = [results[r]["communication"][i] for r in range(processes)]
-        taken = [s for s in samples if s]  # the ranks in a group (a send: its sender)
-        runs = [min(s[k] for s in taken) for k in range(len(taken[0]))]
+        taken = [s for s in samples if s]  # the ranks of the first group (a send: its sender)
+        # from the last rank's arrival to the last rank's completion (one host: one clock)
+        runs = [
+            max(s[k][1] for s in taken) - max(s[k][0] for s in taken)
+            for k in range(len(taken[0]))
+        ]
         communication.append(statistics.mean(runs))
     return {"compute": compute, "communication": communication}
 
@@ -256,7 +261,8 @@ def _time_compute(program, args, context, plan, outbox, rank) -> list[float]:
 
 
 def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: int) -> list:
-    """This rank's times of ``repeats`` runs of one transfer (empty if not in a group)."""
+    """This rank's ``(start, end)`` clock readings of ``repeats`` runs of one transfer, in
+    the first group of its size only (empty elsewhere; a send's: its sender's)."""
     import torch
 
     from .torch_ranked import _collective
@@ -264,6 +270,7 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
     dist, me = context.dist, context.me
     groups = [g for g in context.groups if len(g) == size]
     mine = next((g for g in groups if me in g), None)
+    timed = groups and me in groups[0]  # the other groups run beside it, untimed
     elements = max(1, round(size_bytes / 4))
     if kind == "allgather":
         elements = max(1, elements // size)
@@ -279,12 +286,14 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
             if me == mine[0]:
                 dist.isend(x, mine[1], tag=7).wait()
                 dist.irecv(buffer, mine[1], tag=8).wait()
-                times.append((time.perf_counter() - t0) / 2)
+                if timed:
+                    times.append((t0, t0 + (time.perf_counter() - t0) / 2))
             else:
                 dist.irecv(buffer, mine[0], tag=7).wait()
                 dist.isend(buffer, mine[0], tag=8).wait()
             continue
         attrs = {"kind": kind, "group": list(mine), "op": "sum", "dim": 0, "concat_dim": 0}
         _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
-        times.append(time.perf_counter() - t0)
+        if timed:
+            times.append((t0, time.perf_counter()))
     return times[1:]
