@@ -27,7 +27,7 @@ from ..op import Op
 from ..types import TensorType
 
 
-def attributes_key(op: Op) -> Any:
+def _attributes(op: Op) -> Any:
     """An op's attributes as a hashable key; the op itself when they do not hash."""
     if not op.attributes:
         return ()
@@ -42,7 +42,7 @@ def attributes_key(op: Op) -> Any:
 def compute_key(op_type: str, op: Op) -> tuple:
     """What a compute op's cost depends on: its type, attributes, and the shape and element
     type of every operand and result (a tuple-typed value by its whole type)."""
-    key: list[Any] = [op_type, attributes_key(op)]
+    key: list[Any] = [op_type, _attributes(op)]
     for v in (*op.inputs, *op.outputs):
         t = v.type
         if t.__class__ is TensorType:
