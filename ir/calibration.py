@@ -173,19 +173,8 @@ class Calibration:
         return best
 
     def comm_mode(self, num_devices: int, cores: int | None = None) -> str:
-        """The ``ir.simulate(comm=...)`` that ``num_devices`` processes on this machine
-        need: ``"blocking"`` when they leave no core free for their communication (each
-        process computing on one core and gloo's copies and reductions needing another:
-        ``2 n > cores``), else ``"channels"`` (communication hides behind compute).
-
-        >>> _fitted([Sample("copy", "numpy", "uint8", x, "bytes", x / 1e10) for x in (1e8, 2e8)]
-        ...        ).comm_mode(2, cores=2)
-        'blocking'
-        """
-        if cores is None:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
-        cores = cores or os.cpu_count() or 1
-        return "blocking" if 2 * num_devices > cores else "channels"
+        """:func:`comm_mode` of ``num_devices`` processes on this machine."""
+        return comm_mode(num_devices, cores)
 
     def topology(self, num_devices: int = 1) -> Topology:
         """``num_devices`` devices like this machine: processes linked as gloo links them
@@ -231,6 +220,22 @@ class Calibration:
             rate = f"{fit.rate_per_s / 1e9:.3g} G{fit.unit}/s"
             rows.append(f"| {series} | {fit.alpha_s * 1e6:.3g} us | {rate} | {worst:.1%} |")
         return "\n".join(rows) + "\n"
+
+
+def comm_mode(num_devices: int, cores: int | None = None) -> str:
+    """The ``ir.simulate(comm=...)`` that ``num_devices`` processes on this machine (or on
+    ``cores`` cores) need: ``"blocking"`` when they leave no core free for their
+    communication (each process computing on one core and gloo's copies and reductions
+    needing another: ``2 n > cores``), else ``"channels"`` (communication hides behind
+    compute).
+
+    >>> comm_mode(2, cores=2), comm_mode(2, cores=8)
+    ('blocking', 'channels')
+    """
+    if cores is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    cores = cores or os.cpu_count() or 1
+    return "blocking" if 2 * num_devices > cores else "channels"
 
 
 def calibrate(

@@ -9,7 +9,9 @@ against the simulator's memory curve (:func:`widgets.measured_memory.measured_me
 and the error table: step,
 per device, per op type (:func:`widgets.measured_table.error_table_html`). The
 simulation is on this machine's calibrated topology (calibrated once, on the first
-measurement, unless a topology is given), not the dashboard's hardware.
+measurement, unless a topology is given), not the dashboard's hardware, with the
+step's ops profiled on this machine (``MeasuredRun.profiled``); a line above the
+charts gives the step error with the profiled costs and with the topology's models.
 :meth:`MeasurePanel.measure` does what a click does, for code and tests.
 """
 
@@ -92,16 +94,18 @@ class MeasurePanel(w.VBox):
             return None
         self.run = run
         m = run.measured
-        figure = measured_vs_simulated_figure(m, run.simulated)
+        figure = measured_vs_simulated_figure(m, run.compared)
         self.output.children = [
+            w.HTML(f"<p>{html.escape(run.summary())}</p>"),
             go.FigureWidget(figure),
-            go.FigureWidget(measured_memory_figure(m, run.simulated)),
-            w.HTML(error_table_html(m, run.simulated)),
+            go.FigureWidget(measured_memory_figure(m, run.compared)),
+            w.HTML(error_table_html(m, run.compared)),
         ]
         carried = "state carried between steps" if run.carried else run.note
+        costs = "profiled op costs" if run.profiled is not None else "its cost models"
         self._say(
             f"measured {m.steps} steps after warm-up on {len(m.devices)} gloo processes "
-            f"({carried}); simulated on {run.topology.name}"
+            f"({carried}); simulated on {run.topology.name} with {costs}"
         )
         return run
 

@@ -41,7 +41,9 @@ class MeasureRefusedError(DistIRError):
 
 @dataclass(frozen=True)
 class MeasuredRun:
-    """A measured step (``measured``), its simulation on ``topology`` (``simulated``), and
+    """A measured step (``measured``), its simulation on ``topology`` with the topology's
+    cost models (``simulated``) and with the step's ops profiled on this machine
+    (``profiled``, None when not profiled: ``ir.backends.profile.profile_ops``), and
     whether the training state was carried from step to step (``note`` says if not)."""
 
     measured: Any  # ir.backends.measurement.Measurement
@@ -49,6 +51,25 @@ class MeasuredRun:
     topology: Topology
     carried: bool
     note: str = ""
+    profiled: Any = None  # ir.sim.SimResult with costs=, or None
+
+    @property
+    def compared(self) -> Any:
+        """The simulation to set beside the measurement: the profiled one when there is
+        one (its op costs are this machine's), else the models'."""
+        return self.profiled if self.profiled is not None else self.simulated
+
+    def summary(self) -> str:
+        """One line: the measured step against each simulation, with the errors."""
+        m = self.measured.step_time_s
+        parts = [f"measured step {m * 1e3:.2f} ms"]
+        for label, sim in (("profiled op costs", self.profiled), ("models", self.simulated)):
+            if sim is not None:
+                error = (sim.step_time_s - m) / m
+                parts.append(
+                    f"simulated {sim.step_time_s * 1e3:.2f} ms with {label} ({error:+.0%})"
+                )
+        return "; ".join(parts)
 
 
 def why_not_measured(step: Function, simulated: Any = None) -> str | None:
@@ -84,12 +105,17 @@ def measure_step(
     warmup: int = 1,
     seed: int = 0,
     timeout_s: float = 120.0,
+    profile: bool = True,
 ) -> MeasuredRun:
     """Measure ``step`` (a distributed program built from ``source``, the sequential
     program whose input names it keeps) on gloo processes, ``warmup + steps`` steps on
     random inputs, and simulate it on ``topology`` (default: ``ir.calibrate(quick=True)``'s
-    topology of this machine, about 10 s). :class:`MeasureRefusedError` says why not when the
-    program is too big or cannot be lowered or run."""
+    topology of this machine, about 10 s). With ``profile``, each distinct op and transfer
+    of the step is also timed on this machine (``ir.backends.profile.profile_ops``, a few
+    seconds) and the step simulated with those costs (``MeasuredRun.profiled``). Both
+    simulations use ``ir.calibration.comm_mode`` for this machine's cores.
+    :class:`MeasureRefusedError` says why not when the program is too big or cannot be
+    lowered or run."""
     import ir
     from ir.backends import torch_dist
     from ir.backends.torch_ranked import carry_of
@@ -98,10 +124,13 @@ def measure_step(
     reason = why_not_measured(step)
     if reason is not None:
         raise MeasureRefusedError(f"{step.name} is not measured: {reason}")
+    from ir.calibration import comm_mode
+
     n = max(len(step.devices), 1)
     if topology is None:
         topology = ir.calibrate(quick=True, progress=False).topology(n)
-    simulated = ir.simulate(step, topology)
+    comm = comm_mode(n)
+    simulated = ir.simulate(step, topology, comm=comm)
     reason = why_not_measured(step, simulated)
     if reason is not None:
         raise MeasureRefusedError(f"{step.name} is not measured: {reason}")
@@ -121,7 +150,17 @@ def measure_step(
         # the state is not resident on its ranks (not a steady-state step): rerun
         measured = torch_dist.measure(ranked, inputs, **options)
         carry, note = None, f"the state is not carried between steps ({str(e).splitlines()[0]})"
-    return MeasuredRun(measured, simulated, topology, carry is not None, note)
+    profiled = None
+    if profile:
+        from ir.backends.profile import profile_ops
+
+        try:
+            costs = profile_ops(step, n, timeout_s=timeout_s, progress=False)
+        except DistIRError as e:
+            note = f"{note}; not profiled: {str(e).splitlines()[0]}".lstrip("; ")
+        else:
+            profiled = ir.simulate(step, topology, comm=comm, costs=costs)
+    return MeasuredRun(measured, simulated, topology, carry is not None, note, profiled)
 
 
 def measure_part(
@@ -167,7 +206,8 @@ def measure_part(
             parts.append(("", f"<p>{html.escape(label)}: {html.escape(str(e))}</p>"))
             continue
         title = f"{label}: measured {run.measured.steps} steps against simulated"
-        parts.append((title, measured_vs_simulated_figure(run.measured, run.simulated)))
-        parts.append(("", measured_memory_figure(run.measured, run.simulated)))
-        parts.append(("", error_table_html(run.measured, run.simulated)))
+        parts.append(("", f"<p>{html.escape(run.summary())}</p>"))
+        parts.append((title, measured_vs_simulated_figure(run.measured, run.compared)))
+        parts.append(("", measured_memory_figure(run.measured, run.compared)))
+        parts.append(("", error_table_html(run.measured, run.compared)))
     return parts

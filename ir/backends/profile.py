@@ -189,8 +189,7 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
         taken = [s for s in samples if s]  # the ranks of the first group (a send: its sender)
         # from the last rank's arrival to the last rank's completion (one host: one clock)
         runs = [
-            max(s[k][1] for s in taken) - max(s[k][0] for s in taken)
-            for k in range(len(taken[0]))
+            max(s[k][1] for s in taken) - max(s[k][0] for s in taken) for k in range(len(taken[0]))
         ]
         communication.append(statistics.mean(runs))
     return {"compute": compute, "communication": communication}

@@ -4,6 +4,7 @@ a step too big for this machine is refused with the reason."""
 
 from __future__ import annotations
 
+import html
 import re
 
 import plotly.graph_objects as go
@@ -42,13 +43,21 @@ def test_the_button_measures_the_step_shown_on_two_processes(measured_dp) -> Non
     kinds = {e.op.attributes.get("kind") for e in run.measured.events if e.stream != "compute"}
     assert kinds == {"allreduce"}
     assert run.simulated.devices == (0, 1)
+    # the step's ops were profiled on this machine and the step simulated with them
+    assert run.profiled is not None and run.compared is run.profiled
+    assert run.profiled.step_time_s != run.simulated.step_time_s
     status = measured_dp.measure_panel.status.value
     assert "2 gloo processes" in status and "state carried" in status
+    assert "profiled op costs" in status
 
 
 def test_the_overlay_and_the_error_table_are_shown(measured_dp) -> None:
     run = measured_dp.measure_panel.run
-    figure, memory, table = measured_dp.measure_panel.output.children
+    summary, figure, memory, table = measured_dp.measure_panel.output.children
+    # the step error both ways, in one line above the charts
+    assert summary.value == f"<p>{html.escape(run.summary())}</p>"
+    for sim in (run.profiled, run.simulated):
+        assert f"simulated {sim.step_time_s * 1e3:.2f} ms" in summary.value
     assert isinstance(figure, go.FigureWidget)
     assert {t.yaxis for t in figure.data} == {"y", "y2"}  # measured above simulated
     assert figure.layout.title.text.startswith("measured ")
@@ -59,17 +68,17 @@ def test_the_overlay_and_the_error_table_are_shown(measured_dp) -> None:
     for row in memory.layout.meta["devices"]:
         d = row["device"]
         assert row["measured_peak_bytes"] == run.measured.peak_memory_bytes[d] > 0
-        assert row["simulated_peak_bytes"] == run.simulated.peak_memory_bytes[d]
+        assert row["simulated_peak_bytes"] == run.compared.peak_memory_bytes[d]
     text = table.value
     assert f"<td>{format_time(run.measured.step_time_s)}</td>" in text
     assert "device 0 busy" in text and "device 1 busy" in text
     assert "device 1 peak live bytes" in text
-    rows = op_type_errors(run.measured, run.simulated)
+    rows = op_type_errors(run.measured, run.compared)
     assert {r.name for r in rows} >= {"MatMul", "allreduce"}
     for r in rows:
         assert r.count > 0 and r.measured_s > 0
         assert f"{r.name} x{r.count}" in text
-    assert text == error_table_html(run.measured, run.simulated)
+    assert text == error_table_html(run.measured, run.compared)
 
 
 def test_a_step_over_more_than_four_devices_is_not_measured() -> None:
