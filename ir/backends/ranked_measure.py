@@ -50,6 +50,7 @@ def measure_ranked(
     carry: Mapping[int, str] | None = None,
     timeout_s: float = 300.0,
     device: str = "cpu",
+    overlap: bool | None = None,
 ) -> Measurement:
     """Time ``warmup + steps`` steps of ``ranked`` on one process per rank; return the
     :class:`~ir.backends.measurement.Measurement` of the ``steps`` after the warm-up (its
@@ -78,7 +79,7 @@ def measure_ranked(
                 f"measure needs steps >= 1 and warmup >= 0, got {steps!r}, {warmup!r}"
             )
     _check_lowered(ranked)
-    args, pairs, plan = prepare(ranked, inputs, warmup + steps, carry, device)
+    args, pairs, plan = prepare(ranked, inputs, warmup + steps, carry, device, overlap)
     plan["measure"] = True
     results = launch(ranked, args, pairs, plan, timeout_s)
     programs = {r: ranked.program_for(r) for r in ranked.ranks}

@@ -510,6 +510,7 @@ def measure(
     *,
     carry: Mapping[int, str] | None = None,
     device: str = "cpu",
+    overlap: bool | None = None,
 ) -> Measurement:
     """Run ``function`` ``warmup + steps`` times on real processes and time every op on every
     rank; return the :class:`~ir.backends.measurement.Measurement` of the ``steps`` after
@@ -525,7 +526,9 @@ def measure(
     its rank's own program with torch kernels, ``carry`` feeds each step's outputs to the
     next step's inputs, and the measurement has memory curves
     (:func:`ir.backends.ranked_measure.measure_ranked`); ``device="cuda"`` runs each rank
-    on its own GPU (NCCL; ``ir.backends.torch_devices``). A global program runs on the CPU.
+    on its own GPU (NCCL; ``ir.backends.torch_devices``); ``overlap`` whether its
+    all-reduces overlap compute (None: where the machine has the cores for it;
+    ``ir.backends.torch_ranked``). A global program runs on the CPU.
     """
     from ..sharding.lower import RankedProgram
 
@@ -540,7 +543,10 @@ def measure(
             carry=carry,
             timeout_s=timeout_s,
             device=device,
+            overlap=overlap,
         )
+    if overlap is not None:
+        raise BackendError("overlap= needs a ranked program (ir.sharding.lower_to_ranks(program))")
     if device != "cpu":
         raise BackendError(
             f"device={device!r} needs a ranked program (ir.sharding.lower_to_ranks(program)): "

@@ -17,7 +17,12 @@ CPU, or, with ``device="cuda"``, NCCL with each rank on its own GPU
   All-reduces and reduce-scatters are posted asynchronously (``async_op=True``, a
   :class:`Pending` value) and waited for where an op first reads them, as DDP
   overlaps a gradient's all-reduce with the rest of the backward pass; the step's
-  outputs are waited for at its end.
+  outputs are waited for at its end. On a CPU whose cores the ranks' computing fills
+  (``ir.calibration.comm_mode``: ``2 n > cores``) they are waited for at once instead
+  (``overlap=None`` decides so; ``True``/``False`` force it): gloo works on its own
+  threads, and a thread woken while every core computes waits for a scheduler slice
+  (about 4 ms here, ``benchmarks/bench_gloo_wakeup.py``), where a rank that waits
+  frees its core at once.
 
 With ``steps > 1`` the program runs that many times on its ranks; ``carry`` says
 which outputs are the next step's inputs (a training step's new weights and
@@ -68,6 +73,7 @@ class RankContext:
     dist: Any
     kernels: Mapping[str, Any]
     device: Any = None
+    overlap: bool = True  # post all-reduces and reduce-scatters asynchronously
 
     def synchronize(self) -> None:
         """Wait for the kernels this rank has queued (CUDA runs them asynchronously; on
@@ -153,6 +159,7 @@ def run_ranked(
     carry: Mapping[int, str] | None = None,
     timeout_s: float = 120.0,
     device: str = "cpu",
+    overlap: bool | None = None,
 ) -> tuple:
     """Run ``ranked`` (a :class:`ir.sharding.RankedProgram`) on one process per rank; return
     the global outputs of the last step (merged as ``ir.sharding.run_ranked`` merges them).
@@ -161,13 +168,15 @@ def run_ranked(
     :func:`carry_of`) feeds each step's outputs to the next step's inputs on their ranks.
     ``device``: ``"cpu"`` (gloo) or ``"cuda"`` (each rank on its own GPU, NCCL; see
     ``ir.backends.torch_devices``); the outputs come back as numpy arrays either way.
+    ``overlap``: whether all-reduces and reduce-scatters overlap compute (None: where
+    the machine has the cores for it; module doc).
     """
     from ..sharding.ranked import global_outputs
 
     _check_steps(steps)
     if steps > 1 and not carry:
         raise BackendError("steps > 1 needs carry={output index: input name} (see carry_of)")
-    args, pairs, plan = prepare(ranked, inputs, steps, carry, device)
+    args, pairs, plan = prepare(ranked, inputs, steps, carry, device, overlap)
     outs = launch(ranked, args, pairs, plan, timeout_s)
     return global_outputs(ranked, outs)
 
@@ -178,7 +187,12 @@ def _check_steps(steps: Any) -> None:
 
 
 def prepare(
-    ranked, inputs, steps: int, carry: Mapping[int, str] | None, device: str = "cpu"
+    ranked,
+    inputs,
+    steps: int,
+    carry: Mapping[int, str] | None,
+    device: str = "cpu",
+    overlap: bool | None = None,
 ) -> tuple:
     """Check ``ranked``, ``steps`` and ``device`` and split ``inputs``: (each rank's
     arguments, each rank's carry pairs, the plan every worker reads)."""
@@ -199,8 +213,21 @@ def prepare(
         "port": free_port(),
         "parent": os.getpid(),
         "device": device,
+        "overlap": _overlap(overlap, device, len(ranked.ranks)),
     }
     return args, pairs, plan
+
+
+def _overlap(overlap: bool | None, device: str, ranks: int) -> bool:
+    """Whether collectives overlap compute: as asked, else on GPUs and where the CPU has a
+    core to spare for each rank's communication (module doc)."""
+    if overlap is not None:
+        if not isinstance(overlap, bool):
+            raise BackendError(f"overlap must be True, False or None (auto), got {overlap!r}")
+        return overlap
+    from ..calibration import comm_mode
+
+    return device != "cpu" or comm_mode(ranks) == "channels"
 
 
 def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
@@ -281,7 +308,9 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in plan["groups"]}
         from .torch_kernels import TORCH_KERNELS
 
-        context = RankContext(rank, rank_of, groups, dist, TORCH_KERNELS, device)
+        context = RankContext(
+            rank, rank_of, groups, dist, TORCH_KERNELS, device, plan.get("overlap", True)
+        )
         program = instantiate(program, parameters)
         values = [to_torch(a, device) for a in args]
         records = []
@@ -346,7 +375,8 @@ def run_op(op, xs: list, context: RankContext, sends: list) -> list:
         dist.irecv(buf, rank_of[a["peer"]], tag=a["tag"]).wait()
         results = [buf]
     elif op.op_type == "RankCollective":
-        results = [_collective(xs[0], op, context.me, rank_of, context.groups)]
+        result = _collective(xs[0], op, context.me, rank_of, context.groups)
+        results = [result if context.overlap else resolve(result)]
     else:
         results = context.kernels[op.op_type](xs, a)
     out = []

@@ -165,7 +165,9 @@ def test_a_rank_computes_while_its_gradient_all_reduce_is_in_flight():
     f = ir.models.mlp(16, 32, 64, 4, layers=3, training=True, dtype=F64)
     g = transforms.megatron(f, 2, 1, 1, 1)
     inputs = ir.distribute(g, ir.random_inputs(f, seed=1), source=f)
-    m = torch_dist.measure(lower_to_ranks(g), inputs, steps=1, warmup=0, carry=carry_of(f))
+    m = torch_dist.measure(
+        lower_to_ranks(g), inputs, steps=1, warmup=0, carry=carry_of(f), overlap=True
+    )
     for rank in (0, 1):
         events = [e for e in m.events if e.device == rank]
         reduces = [e for e in events if e.op.op_type == "RankCollective"]
@@ -180,3 +182,34 @@ def test_a_rank_computes_while_its_gradient_all_reduce_is_in_flight():
     # and the values are still exact: the reference executor's on the global program
     for got, want in zip(_flat(m.outputs), _flat(ir.execute(g, inputs)), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_without_overlap_a_rank_waits_for_each_all_reduce_at_once():
+    """overlap=False (what 2 ranks get on a 2-core machine): an all-reduce is waited for
+    where it is posted, so no compute op of its rank runs while it is in flight; the
+    values are the same."""
+    f = ir.models.mlp(16, 32, 64, 4, layers=3, training=True, dtype=F64)
+    g = transforms.megatron(f, 2, 1, 1, 1)
+    inputs = ir.distribute(g, ir.random_inputs(f, seed=1), source=f)
+    m = torch_dist.measure(
+        lower_to_ranks(g), inputs, steps=1, warmup=0, carry=carry_of(f), overlap=False
+    )
+    for rank in (0, 1):
+        events = [e for e in m.events if e.device == rank]
+        for r in [e for e in events if e.op.op_type == "RankCollective"]:
+            for c in events:
+                if c.stream == "compute":
+                    assert not r.start_s < c.start_s < r.start_s + r.dur_s - 1e-9
+    for got, want in zip(_flat(m.outputs), _flat(ir.execute(g, inputs)), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-10, atol=1e-12)
+
+
+def test_overlap_by_default_follows_the_cores_and_refuses_non_booleans():
+    from ir.backends.torch_ranked import _overlap
+    from ir.calibration import comm_mode
+
+    assert _overlap(None, "cpu", 2) == (comm_mode(2) == "channels")
+    assert _overlap(None, "cuda", 2) is True
+    assert _overlap(False, "cuda", 2) is False
+    with pytest.raises(torch_dist.BackendError, match="overlap must be True, False or None"):
+        _overlap("yes", "cpu", 2)
