@@ -107,6 +107,19 @@ class FunctionBuilder:
         self._defined.update(outputs)
         return op
 
+    def add_op_like(self, like: Op, inputs: Sequence[Value], names: Sequence[str]) -> Op:
+        """Append an op like ``like`` (same type, attributes, bodies and op name) on
+        ``inputs``, asking the type rule: what :meth:`add_like` does when the operands are
+        not ``like``'s."""
+        return self.add_op(
+            like.op_type,
+            inputs,
+            like.attributes,
+            names=names,
+            subfunctions=like.subfunctions,
+            op_name=like.name,
+        )
+
     def add_like(self, like: Op, inputs: Sequence[Value], names: Sequence[str]) -> Op:
         """Append an op like ``like`` (same type, attributes, bodies and op name) on ``inputs``.
 
@@ -126,14 +139,7 @@ class FunctionBuilder:
             [v.type is u.type or v.type == u.type for v, u in zip(inputs, like.inputs)]
         )
         if not same:  # not a repeat after all: the rule decides
-            return self.add_op(
-                like.op_type,
-                inputs,
-                like.attributes,
-                names=names,
-                subfunctions=like.subfunctions,
-                op_name=like.name,
-            )
+            return self.add_op_like(like, inputs, names)
         if len(names) != len(like.outputs):
             raise VerifyError(
                 f"{like.op_type} has {len(like.outputs)} result(s), got {len(names)} names"

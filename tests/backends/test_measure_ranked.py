@@ -158,16 +158,21 @@ def test_a_global_measurement_has_no_memory_curves():
         measured_memory_spec(m, sim)
 
 
+def _dp2_measured(overlap: bool):
+    """A 3-layer MLP's data-parallel training step on 2 ranks, measured one step."""
+    f = ir.models.mlp(16, 32, 64, 4, layers=3, training=True, dtype=F64)
+    g = transforms.megatron(f, 2, 1, 1, 1)
+    inputs = ir.distribute(g, ir.random_inputs(f, seed=1), source=f)
+    ranked = lower_to_ranks(g)
+    m = torch_dist.measure(ranked, inputs, steps=1, warmup=0, carry=carry_of(f), overlap=overlap)
+    return g, inputs, m
+
+
 def test_a_rank_computes_while_its_gradient_all_reduce_is_in_flight():
     """Data parallelism's all-reduces are posted asynchronously, as DDP overlaps them with
     the rest of the backward: on each rank some compute op starts after an all-reduce was
     posted and before it completed (a blocking all-reduce would end before the next op)."""
-    f = ir.models.mlp(16, 32, 64, 4, layers=3, training=True, dtype=F64)
-    g = transforms.megatron(f, 2, 1, 1, 1)
-    inputs = ir.distribute(g, ir.random_inputs(f, seed=1), source=f)
-    m = torch_dist.measure(
-        lower_to_ranks(g), inputs, steps=1, warmup=0, carry=carry_of(f), overlap=True
-    )
+    g, inputs, m = _dp2_measured(overlap=True)
     for rank in (0, 1):
         events = [e for e in m.events if e.device == rank]
         reduces = [e for e in events if e.op.op_type == "RankCollective"]
@@ -188,12 +193,7 @@ def test_without_overlap_a_rank_waits_for_each_all_reduce_at_once():
     """overlap=False (what 2 ranks get on a 2-core machine): an all-reduce is waited for
     where it is posted, so no compute op of its rank runs while it is in flight; the
     values are the same."""
-    f = ir.models.mlp(16, 32, 64, 4, layers=3, training=True, dtype=F64)
-    g = transforms.megatron(f, 2, 1, 1, 1)
-    inputs = ir.distribute(g, ir.random_inputs(f, seed=1), source=f)
-    m = torch_dist.measure(
-        lower_to_ranks(g), inputs, steps=1, warmup=0, carry=carry_of(f), overlap=False
-    )
+    g, inputs, m = _dp2_measured(overlap=False)
     for rank in (0, 1):
         events = [e for e in m.events if e.device == rank]
         for r in [e for e in events if e.op.op_type == "RankCollective"]:
