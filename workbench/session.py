@@ -23,11 +23,14 @@ import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ir.device import Topology
 from ir.errors import DistIRError
 from ir.function import Function
+
+if TYPE_CHECKING:
+    from ir.sharding import ProgramFacts
 
 Annotation = Any
 """``(ir.sharding.Mesh, placements)`` or an ``ir.sharding.ShardingSpec``."""
@@ -220,8 +223,15 @@ def describe_annotation(value_name: str, spec: Annotation) -> str:
     return f"{value_name}: {spec}"
 
 
-def derive(base: Function, topology: Topology, state: State) -> Derived:
-    """Apply ``state`` to ``base`` (transform or propagate) and simulate the result."""
+def derive(
+    base: Function, topology: Topology, state: State, facts: ProgramFacts | None = None
+) -> Derived:
+    """Apply ``state`` to ``base`` (transform or propagate) and simulate the result.
+
+    ``facts``: the ``ir.sharding.ProgramFacts`` of ``base`` kept by a caller that derives
+    it again (a session: each click propagates ``base`` on a new mesh or annotation);
+    propagation makes a fresh one when None.
+    """
     import ir.sim as sim
 
     start = time.perf_counter()
@@ -230,7 +240,7 @@ def derive(base: Function, topology: Topology, state: State) -> Derived:
     if state.annotations:
         from ir.sharding import propagate
 
-        function, report = propagate(base, dict(state.annotations), topology=topology)
+        function, report = propagate(base, dict(state.annotations), topology=topology, facts=facts)
         collectives = tuple(_collectives_of(report))
     elif state.strategy.is_sequential:
         function = base
@@ -298,8 +308,13 @@ class Session:
         strategy: Strategy | None = None,
         state: State | None = None,
     ) -> None:
+        from ir.sharding import ProgramFacts
+
         self.base = function
         self.topology = topology
+        # the base program's rules and op signatures, read by its first propagation and
+        # reused by every later one (they depend on no mesh or annotation)
+        self._facts = ProgramFacts(function)
         self.error: str | None = None
         self._cache: dict[Any, Derived] = {}
         self._history = _History()
@@ -350,7 +365,7 @@ class Session:
     def adopt(self, other: Session) -> None:
         """Take over ``other``'s program, topology, state, history and cache (one change
         to listeners; this session's own history is replaced, not extended)."""
-        self.base, self.topology = other.base, other.topology
+        self.base, self.topology, self._facts = other.base, other.topology, other._facts
         self._cache, self._history, self._current = other._cache, other._history, other._current
         self._changed()
 
@@ -491,7 +506,7 @@ class Session:
     def _derive(self, state: State) -> Derived:
         key = _cache_key(state)
         if key not in self._cache:
-            self._cache[key] = derive(self.base, self.topology, state)
+            self._cache[key] = derive(self.base, self.topology, state, self._facts)
         return self._cache[key]
 
     def _commit(self, state: State, what: str) -> bool:

@@ -7,7 +7,9 @@
   and returns an explicit distributed Function plus a report of the
   redistributions it inserted: a steady-state step, one ``Pmap`` per op that
   every device runs alike; :func:`fuse_pmaps` writes runs of them as one body
-  (a compact text to read).
+  (a compact text to read). :class:`ProgramFacts` holds a program's
+  mesh-independent facts (each op's rule and signature): keep one per program
+  propagated repeatedly and pass it as ``propagate(..., facts=...)``.
 * :func:`lower_to_ranks` splits a distributed Function into one program per
   rank (deduplicated), :func:`run_ranked` executes them together exchanging
   messages, :func:`check_deadlock` finds a cycle of waits.
@@ -25,6 +27,7 @@ from .errors import (
     PropagationError,
     ShardingError,
 )
+from .facts import ProgramFacts
 from .lower import Binding, RankedProgram, lower_to_ranks
 from .mesh import Layout, Mesh, P, Partial, Placement, R, Replicate, S, Shard, placement
 from .propagate import InsertedCollective, PropagationReport, propagate
@@ -47,6 +50,7 @@ __all__ = [
     "P",
     "Partial",
     "Placement",
+    "ProgramFacts",
     "PropagationError",
     "PropagationReport",
     "R",

@@ -37,17 +37,22 @@ from ..verify import describe_op, infer_types
 from . import halo
 from .annotations import shape_of
 from .errors import PropagationError
+from .facts import ProgramFacts
 from .mesh import Layout, shape_fits
 from .redistribute import DistValue, RedistributionCosts, local_types
-from .rules import placements_for, rule_for, strategies
+from .rules import placements_for, strategies
 
 
 class Chooser:
     """Strategy choice and costing, memoised per propagation (one mesh, one topology)."""
 
-    def init_choice(self, ops: Iterable[Op], carried: Mapping[Value, Value]) -> None:
+    def init_choice(
+        self, ops: Iterable[Op], carried: Mapping[Value, Value], facts: ProgramFacts
+    ) -> None:
         """The memo tables; call once the mesh and topology are set. ``carried``: each
-        updated state (an optimizer's result the step returns) -> the input it updates."""
+        updated state (an optimizer's result the step returns) -> the input it updates;
+        ``facts``: the program's rules (read once per program, not per propagation)."""
+        self._facts = facts
         self._carried = {v: x for v, x in carried.items() if v is not x}
         # each update of carried state (of ``ops``) -> its gradient operands, whose
         # reductions overlap the backward pass
@@ -167,7 +172,7 @@ class Chooser:
         candidate one term at a time and only a candidate whose time is complete is taken.
         Candidates costlier than the winner stop after a term or two.
         """
-        rule = rule_for(op)
+        rule = self._facts.rule(op)
         current = [self.dist[v].layout.placements for v in op.inputs]
         heap: list[tuple] = []  # (bound or time, index, terms summed or _DONE, strategy, pl)
         for n, strategy in enumerate(strategies(rule, self.mesh, current)):

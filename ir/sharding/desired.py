@@ -16,7 +16,7 @@ import functools
 from ..function import Function
 from ..value import Value
 from .annotations import shape_of
-from .facts import op_rules
+from .facts import ProgramFacts
 from .mesh import Layout, Mesh, Partial, Placement, R, Shard, shape_fits
 from .rules import Rule, placements_for
 
@@ -73,10 +73,20 @@ def _is_halo(
     return None
 
 
-def desired_layouts(function: Function, fixed: dict[Value, Layout], mesh: Mesh):
+def desired_layouts(
+    function: Function,
+    fixed: dict[Value, Layout],
+    mesh: Mesh,
+    facts: ProgramFacts | None = None,
+) -> dict[Value, tuple[Placement, ...]]:
+    """A placement per value of ``function``: ``fixed``'s, then what the sweeps imply (see
+    the module doc). ``facts``: the function's rules, kept by a caller that propagates it
+    again (the same for every mesh); a fresh ProgramFacts when None."""
     desired: dict[Value, tuple[Placement, ...]] = {v: lay.placements for v, lay in fixed.items()}
     ops = [op for op in function.ops if op.op_type != "ShardAnnotate"]
-    rules = op_rules(function, ops)  # kept per Function: the same for every mesh
+    if facts is None:
+        facts = ProgramFacts(function)
+    rules = facts.rules(ops)
     # An op's placements follow from its rule, its known values' placements and the sweep's
     # direction: a repeated layer asks the same question per layer.
     answers: dict[tuple, tuple | None] = {}

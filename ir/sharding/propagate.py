@@ -41,7 +41,7 @@ from . import halo
 from .choice import Chooser
 from .desired import desired_layouts
 from .errors import PropagationError
-from .facts import op_signatures
+from .facts import ProgramFacts
 from .mesh import Layout, Mesh
 from .redistribute import DistValue, plan, step_bytes
 from .redistribute_emit import emit
@@ -109,14 +109,19 @@ def propagate(
     *,
     mesh: Mesh | None = None,
     inputs: str = "resident",
+    facts: ProgramFacts | None = None,
 ) -> tuple[Function, PropagationReport]:
     """Distribute ``function`` by ``annotations`` (value name -> layout); see the module doc.
 
     ``inputs``: ``"resident"`` (a steady-state step on laid-out inputs) or
     ``"distribute"`` (whole inputs scattered and outputs gathered every step).
+    ``facts``: a :class:`ProgramFacts` of ``function`` kept by a caller that propagates
+    it again (each op's rule and signature, mesh-independent, read once); a fresh one
+    for this call when None.
     """
     function_arg("propagate", "function", function)
     topology_arg("propagate", "topology", topology)
+    facts = ProgramFacts.of("propagate", function, facts)
     if not isinstance(inputs, str) or inputs not in _INPUT_MODES:
         raise PropagationError(
             f"inputs must be one of {', '.join(map(repr, _INPUT_MODES))} ('resident': "
@@ -127,8 +132,9 @@ def propagate(
     if topology is None:
         topology = Topology.uniform(max(mesh.devices) + 1)
     ann.devices_in(topology.device_ids, mesh)
-    desired = desired_layouts(function, fixed, mesh)
-    return _Materialiser(function, mesh, topology, fixed, desired, inputs == "resident").run()
+    desired = desired_layouts(function, fixed, mesh, facts)
+    resident = inputs == "resident"
+    return _Materialiser(function, mesh, topology, fixed, desired, resident, facts).run()
 
 
 _INPUT_MODES = ("resident", "distribute")
@@ -138,7 +144,9 @@ _INPUT_MODES = ("resident", "distribute")
 
 
 class _Materialiser(Chooser, StepIO):
-    def __init__(self, function, mesh, topology, fixed, desired, resident: bool) -> None:
+    def __init__(
+        self, function, mesh, topology, fixed, desired, resident: bool, facts: ProgramFacts
+    ) -> None:
         self.f = function
         self.resident = resident
         self._in_levels: dict[str, tuple[str, ...]] = {}
@@ -154,7 +162,7 @@ class _Materialiser(Chooser, StepIO):
             from ..transforms._emit import carried_inputs  # (transforms import sharding)
 
             self.carried = carried_inputs(function)
-        self.init_choice(function.ops, self.carried)
+        self.init_choice(function.ops, self.carried, facts)
         # a gradient -> the updates of carried state that read it, whose operands are
         # redistributed as soon as the last of them is made (the transforms' overlap)
         self._readers: dict[Value, list[Op]] = {}
@@ -163,7 +171,7 @@ class _Materialiser(Chooser, StepIO):
                 self._readers.setdefault(v, []).append(op)
         self._early: dict[Op, _Decision] = {}  # updates whose operands are laid out
         self._suffixes = [f"_{d}" for d in mesh.devices]
-        self._signatures = op_signatures(function)
+        self._signatures = facts.signatures()
         self._choices: dict[tuple, _Decision] = {}
         # (input type, layout) -> the op that distributes it: (op type, attributes, types)
         self._distributions: dict[tuple, tuple[str, Mapping, tuple[Type, ...]]] = {}

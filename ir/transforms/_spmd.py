@@ -28,7 +28,7 @@ from ..function import Function
 from ..op import Op
 from ..ops.communication import split_sizes
 from ..sharding.errors import PropagationError
-from ..sharding.facts import op_signatures
+from ..sharding.facts import ProgramFacts
 from ..sharding.rules import rule_for
 from ..types import DeviceVar, TensorType
 from ..value import Value
@@ -111,7 +111,7 @@ class LocalProgram:
         # (op signature, op name, local operand types) -> the first local op so made: a
         # repeated layer's op is added like it (FunctionBuilder.add_like), typed once
         self._first: dict[tuple, Op] = {}
-        self._signatures = op_signatures(plan.f)
+        self._signatures = plan.facts.signatures()  # computed once per plan
 
     def local_type(self, t: TensorType, state: Shard) -> TensorType:
         t = t.with_device(self.device)
@@ -160,6 +160,7 @@ class Plan:
         self, f: Function, n: int, input_states: dict[Value, Shard | None], rule: Rule, var: str
     ) -> None:
         self.f, self.n, self.var, self.rule = f, n, var, rule
+        self.facts = ProgramFacts(f)  # the op signatures every shape group's program reads
         self.state: dict[Value, Shard | None] = {v: input_states.get(v, R) for v in f.inputs}
         self.prov: dict[Value, frozenset[Value]] = {v: frozenset() for v in f.inputs}
         self.current: dict[Value, Value] = {v: v for v in f.inputs}

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 import ir
+import ir.sharding.facts as facts_module
 from ir import models
 from ir.sharding import Mesh, R, S
+from ir.sharding.rules import rule_for
 from widgets import gantt_figure, memory_figure, op_id_at
 from widgets.live import plotted
 from workbench import Session, Strategy
@@ -47,6 +49,28 @@ def test_annotation_propagates_simulates_and_executes_like_the_original(mlp, top
     inputs = ir.random_inputs(mlp, seed=0)
     for got, want in zip(_outputs(s.function, inputs), _outputs(mlp, inputs)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+def test_a_session_reads_its_programs_rules_once_over_every_click(mlp, topology, monkeypatch):
+    reads: list = []
+
+    def counted(op, *args, **kwargs):
+        reads.append(op)
+        return rule_for(op, *args, **kwargs)
+
+    monkeypatch.setattr(facts_module, "rule_for", counted)
+    s = Session(mlp, topology)
+    assert s.annotate("wA", (Mesh((4,)), [S(1)]))
+    assert sorted(map(id, reads)) == sorted(map(id, mlp.ops))
+    assert s.annotate("wA", (Mesh((2,)), [S(1)]))  # a new mesh: a new propagation
+    assert s.annotate("x", (Mesh((2,)), [S(0)]))
+    assert len(reads) == len(mlp.ops)  # each op's rule read by the first click only
+    # another session keeps its own facts; taking it over takes its program's facts
+    other = models.mlp(8, 16, 32, 4)
+    t = Session(other, topology)
+    s.adopt(t)
+    assert s.annotate("wA", (Mesh((4,)), [S(1)])), s.error
+    assert sorted(map(id, reads[len(mlp.ops) :])) == sorted(map(id, other.ops))
 
 
 def test_undo_redo_walks_the_history_and_a_new_change_clears_redo(mlp, topology):
