@@ -189,8 +189,7 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
         taken = [s for s in samples if s]  # the ranks of the first group (a send: its sender)
         # from the last rank's arrival to the last rank's completion (one host: one clock)
         runs = [
-            max(s[k][1] for s in taken) - max(s[k][0] for s in taken)
-            for k in range(len(taken[0]))
+            max(s[k][1] for s in taken) - max(s[k][0] for s in taken) for k in range(len(taken[0]))
         ]
         communication.append(statistics.mean(runs))
     return {"compute": compute, "communication": communication}
@@ -265,7 +264,7 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
     the first group of its size only (empty elsewhere; a send's: its sender's)."""
     import torch
 
-    from .torch_ranked import _collective
+    from .torch_ranked import _collective, resolve
 
     dist, me = context.dist, context.me
     groups = [g for g in context.groups if len(g) == size]
@@ -293,7 +292,11 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
                 dist.isend(buffer, mine[0], tag=8).wait()
             continue
         attrs = {"kind": kind, "group": list(mine), "op": "sum", "dim": 0, "concat_dim": 0}
-        _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
+        # an all-reduce or reduce-scatter is posted asynchronously: its time ends when it is
+        # done here (and divided or sliced, as a step's first read of it waits for that)
+        resolve(
+            _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
+        )
         if timed:
             times.append((t0, time.perf_counter()))
     return times[1:]

@@ -4,6 +4,8 @@ feeding ir.simulate."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 import ir
@@ -79,3 +81,38 @@ def test_bad_arguments_are_refused_before_any_process_starts(options, message):
 def test_a_non_program_is_refused():
     with pytest.raises(BackendError, match=r"profiles an ir\.Function"):
         profile_ops("MatMul", progress=False)
+
+
+class _SlowWork:
+    """A collective's work that takes at least ``delay_s`` more to finish."""
+
+    def __init__(self, work, delay_s: float) -> None:
+        self.work, self.delay_s = work, delay_s
+
+    def wait(self):
+        time.sleep(self.delay_s)
+        return self.work.wait()
+
+    def is_completed(self) -> bool:
+        return False
+
+
+def test_an_all_reduce_is_timed_until_it_completes_not_until_it_is_posted(monkeypatch):
+    """The ranked backend posts all-reduces asynchronously (a Pending): the profile must wait
+    for each, or it times only the posting. Workers are forked, so a collective whose
+    completion takes 50 ms more reaches them through the patched module."""
+    from ir.backends import torch_ranked
+
+    posted = torch_ranked._collective
+
+    def slow(*args, **kwargs):
+        y = posted(*args, **kwargs)
+        if isinstance(y, torch_ranked.Pending):
+            y.work = _SlowWork(y.work, 0.05)
+        return y
+
+    monkeypatch.setattr(torch_ranked, "_collective", slow)
+    g = _step(2)
+    table = profile_ops(g, repeats=2, warmup=0, progress=False)
+    reduces = {k: t for k, t in table.communication.items() if k[0] == "allreduce"}
+    assert reduces and all(t >= 0.05 for t in reduces.values()), reduces
