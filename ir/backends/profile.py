@@ -49,7 +49,15 @@ from ..errors import ExecutionError
 from ..function import Function
 from ..sim.costs import OpCosts, communication_keys, compute_ops
 from .torch_dist import BackendError
-from .workers import die_with_parent, free_port, single_threaded_blas, stop
+from .workers import (
+    WorkerExitError,
+    die_with_parent,
+    exited,
+    free_port,
+    next_message,
+    single_threaded_blas,
+    stop,
+)
 
 __all__ = ["profile_ops"]
 
@@ -164,14 +172,21 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
             p.start()
         try:
             while len(results) < processes:
-                left = deadline - time.monotonic()
-                r, kind, payload = outbox.get(timeout=max(0.1, left))
+                r, kind, payload = next_message(outbox, procs, deadline, skip=results)
                 if kind == "tick":
                     bar.update()
                 elif kind == "error":
-                    raise BackendError(f"profiling failed on process {r}: {payload}")
+                    # a peer that died makes the others fail ("Connection reset by peer"):
+                    # name the cause first
+                    dead = exited(procs, skip={*results, r})
+                    first = "" if dead is None else f"process {dead.index} {dead.how}; then "
+                    raise BackendError(f"profiling failed: {first}process {r} said: {payload}")
                 else:
                     results[r] = payload
+        except WorkerExitError as e:
+            raise BackendError(
+                f"profiling failed: process {e.index} {e.how} (the other processes were stopped)"
+            ) from None
         except queue_module.Empty:
             waiting = [r for r in range(processes) if r not in results]
             raise ExecutionError(

@@ -4,6 +4,8 @@ feeding ir.simulate."""
 
 from __future__ import annotations
 
+import os
+import re
 import time
 
 import pytest
@@ -116,3 +118,32 @@ def test_an_all_reduce_is_timed_until_it_completes_not_until_it_is_posted(monkey
     table = profile_ops(g, repeats=2, warmup=0, progress=False)
     reduces = {k: t for k, t in table.communication.items() if k[0] == "allreduce"}
     assert reduces and all(t >= 0.05 for t in reduces.values()), reduces
+
+
+def _dying_on(rank: int, monkeypatch) -> None:
+    """Make worker ``rank`` die without a word when it starts timing (workers are forked)."""
+    from ir.backends import profile
+
+    timed = profile._time_compute
+
+    def dying(program, args, context, plan, outbox, me):
+        if me == rank:
+            os._exit(3)
+        return timed(program, args, context, plan, outbox, me)
+
+    monkeypatch.setattr(profile, "_time_compute", dying)
+
+
+def test_a_worker_that_dies_is_named_at_once_not_waited_for(monkeypatch):
+    _dying_on(0, monkeypatch)
+    with pytest.raises(BackendError, match=r"process 0 \(pid \d+\) exited with status 3"):
+        profile_ops(_step(1), processes=1, repeats=2, warmup=0, progress=False, timeout_s=60)
+
+
+def test_a_dead_worker_is_named_before_the_peer_it_made_fail(monkeypatch):
+    _dying_on(1, monkeypatch)
+    with pytest.raises(BackendError) as failed:
+        profile_ops(_step(2), repeats=2, warmup=0, progress=False, timeout_s=60)
+    message = str(failed.value)
+    assert re.search(r"process 1 \(pid \d+\) exited with status 3", message), message
+    assert message.index("process 1") < message.index("process 0")
