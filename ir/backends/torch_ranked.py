@@ -30,6 +30,7 @@ import datetime
 import multiprocessing as mp
 import os
 import queue as queue_module
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -41,7 +42,15 @@ from ..errors import ExecutionError
 from ..function import Function
 from ..verify import describe_op
 from .torch_dist import BackendError
-from .workers import die_with_parent, free_port, single_threaded_blas, stop
+from .workers import (
+    WorkerExitError,
+    die_with_parent,
+    exited,
+    free_port,
+    next_message,
+    single_threaded_blas,
+    stop,
+)
 
 __all__ = [
     "Pending",
@@ -222,12 +231,23 @@ def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
     for p in procs:
         p.start()
     results: dict[int, list] = {}
+    deadline = time.monotonic() + timeout_s
+    heard = set()  # positions in procs
     try:
         for _ in procs:
-            r, outs, error = outbox.get(timeout=timeout_s)
+            r, outs, error = next_message(outbox, procs, deadline, skip=heard)
+            heard.add(ranks.index(r))
             if error is not None:
+                # a peer that died makes the others fail ("Connection reset by peer"):
+                # name the cause first
+                dead = exited(procs, skip=heard)
+                if dead is not None:
+                    then = f"; then rank {r} failed: {error[1]}"
+                    raise _died(ranks[dead.index], dead.how, then)
                 raise _failed(r, *error)
             results[r] = outs
+    except WorkerExitError as e:
+        raise _died(ranks[e.index], e.how) from None
     except queue_module.Empty:
         waiting = [r for r in ranks if r not in results]
         raise ExecutionError(
@@ -236,6 +256,12 @@ def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
     finally:
         stop(procs, results)
     return results
+
+
+def _died(rank: int, how: str, then: str = "") -> BackendError:
+    return BackendError(
+        f"rank {rank} {how}{then} (the other ranks were stopped)", device=rank, rank=rank
+    )
 
 
 def _failed(rank: int, where: str | None, error: str, worker_traceback: str) -> BackendError:

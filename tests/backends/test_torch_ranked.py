@@ -4,6 +4,8 @@ a training step's state on their ranks over several steps."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -244,3 +246,25 @@ def test_no_worker_survives_its_parent_killed_by_sigkill():
     for w in survivors:
         os.kill(w, signal.SIGKILL)  # a failing test leaves no orphans behind either
     assert not survivors
+
+
+def test_a_rank_that_dies_without_a_word_is_named_not_its_peer(monkeypatch):
+    """A rank killed outside Python (out of memory, a crash in C) says nothing; its peer
+    then fails in gloo ("Connection reset by peer"): the error names the dead rank, how it
+    ended, and comes at once (workers are forked, so the patched step reaches them)."""
+    from ir.backends import torch_ranked
+
+    step = torch_ranked._step
+
+    def dying(program, args, context, state):
+        if context.me == 1:
+            os._exit(3)
+        return step(program, args, context, state)
+
+    monkeypatch.setattr(torch_ranked, "_step", dying)
+    f = mlp()
+    g = transforms.data_parallel(f, 2)
+    with pytest.raises(torch_dist.BackendError, match=r"^rank 1 \(pid \d+\) exited with status 3"):
+        torch_dist.run_ranked(
+            lower_to_ranks(g), ir.distribute(g, ir.random_inputs(f, 0), source=f), timeout_s=60
+        )
