@@ -412,14 +412,14 @@ def _collective(x, op, me: int, rank_of, groups):
         y = x.clone()
         work = dist.all_reduce(y, op=ops[how], group=pg, async_op=True)
         if kind == "allreduce":
-            return Pending(work, y, (lambda y: y.div_(k)) if how == "mean" else None)
+            return Pending(work, y, (lambda y: _mean(y, k)) if how == "mean" else None)
         dim = a["dim"] % y.dim()
         sizes = split_sizes(y.shape[dim], k)
         start = sum(sizes[:pos])
 
         def mine(y):
             part = y.narrow(dim, start, sizes[pos]).clone()
-            return part.div_(k) if how == "mean" else part
+            return _mean(part, k) if how == "mean" else part
 
         return Pending(work, y, mine)
     dim = a["dim"] % x.dim()
@@ -431,6 +431,14 @@ def _collective(x, op, me: int, rank_of, groups):
     start = sum(sizes[:pos])
     chunks = [p.narrow(dim, start, sizes[pos]) for p in parts]
     return torch.cat(chunks, dim=a["concat_dim"] % x.dim())
+
+
+def _mean(total, k: int):
+    """``total / k`` in place, in ``total``'s dtype (integers: rounded toward zero, as the
+    result's declared integer type holds it)."""
+    if total.is_floating_point() or total.is_complex():
+        return total.div_(k)
+    return total.div_(k, rounding_mode="trunc")
 
 
 def _all_gather(x, dim: int, group: list[int], pg) -> list:

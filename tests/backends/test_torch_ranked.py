@@ -268,3 +268,23 @@ def test_a_rank_that_dies_without_a_word_is_named_not_its_peer(monkeypatch):
         torch_dist.run_ranked(
             lower_to_ranks(g), ir.distribute(g, ir.random_inputs(f, 0), source=f), timeout_s=60
         )
+
+
+@pytest.mark.parametrize("kind", ["AllReduce", "ReduceScatter"])
+@pytest.mark.parametrize("dtype", [F64, ir.DType.int64])
+def test_a_mean_collective_in_flight_ends_in_its_declared_dtype(kind, dtype):
+    """All-reduces and reduce-scatters are posted asynchronously and divided once done; a
+    mean keeps the declared dtype (integers rounded toward zero) over uneven blocks (5 rows
+    on 2 ranks)."""
+    b = ir.FunctionBuilder("mean")
+    xs = b.input("xs", ir.TupleType(tuple(ir.TensorType((5, 3), dtype, d) for d in (0, 1))))
+    options = {"dim": 0} if kind == "ReduceScatter" else {}
+    f = b.finish([b.call(kind, xs, op="mean", name="ys", **options)])
+    x = np.arange(15).reshape(5, 3)
+    args = [(x.astype(dtype.numpy), (3 * x + 2).astype(dtype.numpy))]
+    (got,) = torch_dist.run_ranked(lower_to_ranks(f), args)
+    (want,) = ir.execute(f, args)
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype.numpy
+        np.testing.assert_array_equal(g, np.trunc(w).astype(dtype.numpy))
