@@ -85,7 +85,8 @@ def profile_ops(
     same ``processes``; only the ops it lacks are measured, and the result holds both
     (profiling a second strategy of one model measures only its new shapes).
     """
-    from .torch_kernels import check_kernels
+    from ..verify import describe_op
+    from .torch_kernels import TORCH_KERNELS
 
     if not isinstance(program, Function):
         raise BackendError(f"profile_ops profiles an ir.Function, got {type(program).__name__}")
@@ -103,7 +104,14 @@ def profile_ops(
         )
     known = costs or OpCosts(processes=processes)
     ops = [(k, op) for k, op in compute_ops(program) if k not in known.compute]
-    check_kernels((op.op_type for _, op in ops), f"program {program.name!r}")
+    for _, op in ops:
+        if op.op_type not in TORCH_KERNELS:
+            raise BackendError(
+                f"profile_ops: {op.op_type} has no torch kernel in ir.backends.torch_kernels, "
+                f"so it cannot be timed\n  in: {describe_op(op)}\n  (in program "
+                f"{program.name!r}; add a kernel there, or simulate without a profile: "
+                "ir.simulate costs every op with its models)"
+            )
     transfers = [
         t
         for t in communication_keys(program)

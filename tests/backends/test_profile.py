@@ -147,3 +147,11 @@ def test_a_dead_worker_is_named_before_the_peer_it_made_fail(monkeypatch):
     message = str(failed.value)
     assert re.search(r"process 1 \(pid \d+\) exited with status 3", message), message
     assert message.index("process 1") < message.index("process 0")
+
+
+def test_an_op_without_a_torch_kernel_is_refused_naming_the_op_before_any_process_starts():
+    b = ir.FunctionBuilder("erf")
+    a = b.input("a", ir.TensorType((4, 3), device=0))
+    f = b.finish([b.call("Erf", b.call("Relu", a, name="h"), name="r")])
+    with pytest.raises(BackendError, match=r"Erf has no torch kernel.*\n  in: r: .*= Erf\(h\)"):
+        profile_ops(f, progress=False)
