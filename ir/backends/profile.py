@@ -28,7 +28,10 @@ what one op costs:
 ``processes`` processes run it all at once, one gloo world on loopback: on a machine
 with fewer cores than processes, each op is measured sharing the cores as the program's
 ranks will share them. Broadcast, scatter, gather and reduce are not measured (the
-steady-state programs the transforms build do not use them); the simulator models them.
+steady-state programs the transforms build do not use them), nor is a transfer over
+more devices than ``processes``: the simulator models those (``OpCosts.missing`` lists
+them). An all-reduce or reduce-scatter, which the ranked backend posts asynchronously,
+is timed until it is done here (divided or sliced), as a step's first read waits for it.
 """
 
 from __future__ import annotations
@@ -83,7 +86,10 @@ def profile_ops(
     backend on ``processes`` processes at once (default: as many as the program has
     devices); return the table (module doc). ``costs``: a table measured before with the
     same ``processes``; only the ops it lacks are measured, and the result holds both
-    (profiling a second strategy of one model measures only its new shapes).
+    (profiling a second strategy of one model measures only its new shapes). Transfers
+    over more devices than ``processes`` and the kinds outside ``MEASURED_KINDS`` are left
+    out (``OpCosts.missing``); an op without a torch kernel is refused, naming it. A
+    worker that fails or dies stops them all, and the error names it.
     """
     from ..verify import describe_op
     from .torch_kernels import TORCH_KERNELS
