@@ -16,8 +16,8 @@ CPU, or, with ``device="cuda"``, NCCL with each rank on its own GPU
   results each rank slices (uneven blocks padded for the gather and cut back).
   All-reduces and reduce-scatters are posted asynchronously (``async_op=True``, a
   :class:`Pending` value) and waited for where an op first reads them, as DDP
-  overlaps a gradient's all-reduce with the rest of the backward pass; the step's
-  outputs are waited for at its end.
+  overlaps a gradient's all-reduce with the rest of the backward pass; the step waits
+  at its end for every one still in flight, read or not (as for its sends).
 
 With ``steps > 1`` the program runs that many times on its ranks; ``carry`` says
 which outputs are the next step's inputs (a training step's new weights and
@@ -346,8 +346,11 @@ def _step(program: Function, args: list, context: RankContext, state) -> list:
             if isinstance(x, Pending):  # first read of a collective in flight: wait for it
                 x = env[v] = x.result()
             xs.append(x)
-        env.update(zip(op.outputs, run_op(op, xs, context, sends)))
-    for work in sends:
+        results = run_op(op, xs, context, sends)
+        if results and isinstance(results[0], Pending):
+            sends.append(results[0].work)  # waited for at the step's end, read or not
+        env.update(zip(op.outputs, results))
+    for work in sends:  # a collective nothing reads is still done (or failed) by then
         work.wait()
     return [resolve(env[v]) for v in program.outputs]
 

@@ -288,3 +288,40 @@ def test_a_mean_collective_in_flight_ends_in_its_declared_dtype(kind, dtype):
     for g, w in zip(got, want, strict=True):
         assert g.dtype == dtype.numpy
         np.testing.assert_array_equal(g, np.trunc(w).astype(dtype.numpy))
+
+
+def test_a_step_waits_for_a_collective_that_nothing_reads(monkeypatch, tmp_path):
+    """An all-reduce is posted asynchronously; one whose result no op reads (here on both
+    ranks) is still waited for before the step ends, so it cannot outlive its step or fail
+    unheard. Workers are forked: the patched collective records each wait in a file."""
+    from ir.backends import torch_ranked
+
+    posted = torch_ranked._collective
+
+    class Recorded:
+        def __init__(self, work, me):
+            self.work, self.me = work, me
+
+        def wait(self):
+            (tmp_path / f"waited{self.me}").touch()
+            return self.work.wait()
+
+        def is_completed(self):
+            return self.work.is_completed()
+
+    def recorded(x, op, me, *rest):
+        y = posted(x, op, me, *rest)
+        if isinstance(y, torch_ranked.Pending):
+            y.work = Recorded(y.work, me)
+        return y
+
+    monkeypatch.setattr(torch_ranked, "_collective", recorded)
+    b = ir.FunctionBuilder("unread")
+    xs = b.input("xs", ir.TupleType((ir.TensorType((4, 3), F64, 0), ir.TensorType((4, 3), F64, 1))))
+    b.call("AllReduce", xs, name="unread")
+    f = b.finish([b.call("Relu", b.call("TupleGet", xs, index=0, name="x0"), name="r")])
+    ranked = lower_to_ranks(f)
+    assert all("RankCollective" in [op.op_type for op in p.ops] for p in ranked.unique)
+    (got,) = torch_dist.run_ranked(ranked, [(np.ones((4, 3)), np.ones((4, 3)))])
+    np.testing.assert_array_equal(got, np.ones((4, 3)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["waited0", "waited1"]
