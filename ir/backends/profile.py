@@ -103,6 +103,13 @@ def profile_ops(
             raise BackendError(f"profile_ops: {name} must be an integer >= {least}, got {value!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise BackendError(f"profile_ops: warmup must be an integer >= 0, got {warmup!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise BackendError(f"profile_ops: timeout_s must be a number > 0, got {timeout_s!r}")
+    if costs is not None and not isinstance(costs, OpCosts):
+        raise BackendError(
+            "profile_ops: costs must be an ir.sim.costs.OpCosts (a table profile_ops made), "
+            f"got {type(costs).__name__}"
+        )
     if costs is not None and costs.processes != processes:
         raise BackendError(
             f"profile_ops: the given costs were measured with {costs.processes} processes at "
@@ -123,6 +130,8 @@ def profile_ops(
         for t in communication_keys(program)
         if t[0] in MEASURED_KINDS and t not in known.communication and t[2] <= processes
     ]
+    if not ops and not transfers:  # all known already (or nothing measurable): no processes
+        return known
     measured = _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress)
     fresh = OpCosts(
         dict(zip((k for k, _ in ops), measured["compute"])),

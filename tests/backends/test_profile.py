@@ -56,9 +56,13 @@ def test_a_bigger_matmul_is_measured_slower():
     assert first_matmul(t_big) > first_matmul(t_small)
 
 
-def test_a_given_table_is_reused_and_only_new_ops_are_measured():
+def test_a_given_table_is_reused_and_only_new_ops_are_measured(monkeypatch):
+    from ir.backends import profile
+
     one = profile_ops(_step(2), repeats=3, warmup=1, progress=False)
-    again = profile_ops(_step(2), costs=one, repeats=3, warmup=1, progress=False)
+    with monkeypatch.context() as m:  # nothing new: no process is started
+        m.setattr(profile, "_measure", lambda *a: pytest.fail("measured a known program"))
+        again = profile_ops(_step(2), costs=one, repeats=3, warmup=1, progress=False)
     assert again.compute == one.compute and again.communication == one.communication
     wider = profile_ops(_step(2, features=12), costs=one, repeats=3, warmup=1, progress=False)
     assert set(one.compute) < set(wider.compute)
@@ -73,6 +77,9 @@ def test_a_given_table_is_reused_and_only_new_ops_are_measured():
         ({"repeats": 1}, "repeats must be an integer >= 2"),
         ({"warmup": -1}, "warmup must be an integer >= 0"),
         ({"processes": 2, "costs": OpCosts(processes=4)}, "measured with 4 processes"),
+        ({"costs": {"MatMul": 1e-3}}, r"costs must be an ir\.sim\.costs\.OpCosts"),
+        ({"timeout_s": 0}, "timeout_s must be a number > 0"),
+        ({"timeout_s": "60"}, "timeout_s must be a number > 0"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_process_starts(options, message):
