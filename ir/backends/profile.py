@@ -28,7 +28,10 @@ what one op costs:
 ``processes`` processes run it all at once, one gloo world on loopback: on a machine
 with fewer cores than processes, each op is measured sharing the cores as the program's
 ranks will share them. Broadcast, scatter, gather and reduce are not measured (the
-steady-state programs the transforms build do not use them); the simulator models them.
+steady-state programs the transforms build do not use them), nor is a transfer over
+more devices than ``processes``: the simulator models those (``OpCosts.missing`` lists
+them). An all-reduce or reduce-scatter, which the ranked backend posts asynchronously,
+is timed until it is done here (divided or sliced), as a step's first read waits for it.
 """
 
 from __future__ import annotations
@@ -49,7 +52,15 @@ from ..errors import ExecutionError
 from ..function import Function
 from ..sim.costs import OpCosts, communication_keys, compute_ops
 from .torch_dist import BackendError
-from .workers import die_with_parent, free_port, single_threaded_blas, stop
+from .workers import (
+    WorkerExitError,
+    die_with_parent,
+    exited,
+    free_port,
+    next_message,
+    single_threaded_blas,
+    stop,
+)
 
 __all__ = ["profile_ops"]
 
@@ -75,9 +86,13 @@ def profile_ops(
     backend on ``processes`` processes at once (default: as many as the program has
     devices); return the table (module doc). ``costs``: a table measured before with the
     same ``processes``; only the ops it lacks are measured, and the result holds both
-    (profiling a second strategy of one model measures only its new shapes).
+    (profiling a second strategy of one model measures only its new shapes). Transfers
+    over more devices than ``processes`` and the kinds outside ``MEASURED_KINDS`` are left
+    out (``OpCosts.missing``); an op without a torch kernel is refused, naming it. A
+    worker that fails or dies stops them all, and the error names it.
     """
-    from .torch_kernels import check_kernels
+    from ..verify import describe_op
+    from .torch_kernels import TORCH_KERNELS
 
     if not isinstance(program, Function):
         raise BackendError(f"profile_ops profiles an ir.Function, got {type(program).__name__}")
@@ -88,6 +103,13 @@ def profile_ops(
             raise BackendError(f"profile_ops: {name} must be an integer >= {least}, got {value!r}")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise BackendError(f"profile_ops: warmup must be an integer >= 0, got {warmup!r}")
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or timeout_s <= 0:
+        raise BackendError(f"profile_ops: timeout_s must be a number > 0, got {timeout_s!r}")
+    if costs is not None and not isinstance(costs, OpCosts):
+        raise BackendError(
+            "profile_ops: costs must be an ir.sim.costs.OpCosts (a table profile_ops made), "
+            f"got {type(costs).__name__}"
+        )
     if costs is not None and costs.processes != processes:
         raise BackendError(
             f"profile_ops: the given costs were measured with {costs.processes} processes at "
@@ -95,12 +117,21 @@ def profile_ops(
         )
     known = costs or OpCosts(processes=processes)
     ops = [(k, op) for k, op in compute_ops(program) if k not in known.compute]
-    check_kernels((op.op_type for _, op in ops), f"program {program.name!r}")
+    for _, op in ops:
+        if op.op_type not in TORCH_KERNELS:
+            raise BackendError(
+                f"profile_ops: {op.op_type} has no torch kernel in ir.backends.torch_kernels, "
+                f"so it cannot be timed\n  in: {describe_op(op)}\n  (in program "
+                f"{program.name!r}; add a kernel there, or simulate without a profile: "
+                "ir.simulate costs every op with its models)"
+            )
     transfers = [
         t
         for t in communication_keys(program)
         if t[0] in MEASURED_KINDS and t not in known.communication and t[2] <= processes
     ]
+    if not ops and not transfers:  # all known already (or nothing measurable): no processes
+        return known
     measured = _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress)
     fresh = OpCosts(
         dict(zip((k for k, _ in ops), measured["compute"])),
@@ -164,14 +195,21 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
             p.start()
         try:
             while len(results) < processes:
-                left = deadline - time.monotonic()
-                r, kind, payload = outbox.get(timeout=max(0.1, left))
+                r, kind, payload = next_message(outbox, procs, deadline, skip=results)
                 if kind == "tick":
                     bar.update()
                 elif kind == "error":
-                    raise BackendError(f"profiling failed on process {r}: {payload}")
+                    # a peer that died makes the others fail ("Connection reset by peer"):
+                    # name the cause first
+                    dead = exited(procs, skip={*results, r})
+                    first = "" if dead is None else f"process {dead.index} {dead.how}; then "
+                    raise BackendError(f"profiling failed: {first}process {r} said: {payload}")
                 else:
                     results[r] = payload
+        except WorkerExitError as e:
+            raise BackendError(
+                f"profiling failed: process {e.index} {e.how} (the other processes were stopped)"
+            ) from None
         except queue_module.Empty:
             waiting = [r for r in range(processes) if r not in results]
             raise ExecutionError(
@@ -277,7 +315,7 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
     the first group of its size only (empty elsewhere; a send's: its sender's)."""
     import torch
 
-    from .torch_ranked import _collective
+    from .torch_ranked import _collective, resolve
 
     dist, me = context.dist, context.me
     groups = [g for g in context.groups if len(g) == size]
@@ -305,7 +343,11 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
                 dist.isend(buffer, mine[0], tag=8).wait()
             continue
         attrs = {"kind": kind, "group": list(mine), "op": "sum", "dim": 0, "concat_dim": 0}
-        _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
+        # an all-reduce or reduce-scatter is posted asynchronously: its time ends when it is
+        # done here (and divided or sliced, as a step's first read of it waits for that)
+        resolve(
+            _collective(x, SimpleNamespace(attributes=attrs), me, context.rank_of, context.groups)
+        )
         if timed:
             times.append((t0, time.perf_counter()))
         _compute_for(AFTER_S)  # as in a step: the ranks compute on once it is done

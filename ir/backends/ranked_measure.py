@@ -18,7 +18,10 @@ rank times its ops (:func:`timed_step`):
 * a ``SendTo``, an all-reduce and a reduce-scatter are asynchronous (the rank goes on
   computing, as in ``run_ranked``): the event runs from its posting to the first op
   boundary at which it is seen complete, to the moment an op that reads it has waited
-  for it, or to the end of the step, where the rank waits for it;
+  for it, or to the end of the step, where the rank waits for it. On CUDA the wait for
+  the GPU around each timed op (``torch.cuda.synchronize``) waits for every stream of
+  the device, NCCL's included: there a measured step overlaps no collective with
+  compute (an unmeasured ``run_ranked`` does);
 * tuple ops (``MakeTuple``, ``TupleGet``) are not timed (they move no data).
 
 Each rank also tracks its live bytes (:meth:`Measurement.memory_timeline` says

@@ -42,7 +42,15 @@ from ..types import TensorType, TupleType, devices_of
 from ..value import Value
 from ..verify import describe_op
 from .measurement import Measurement
-from .workers import die_with_parent, free_port, single_threaded_blas, stop
+from .workers import (
+    WorkerExitError,
+    die_with_parent,
+    exited,
+    free_port,
+    next_message,
+    single_threaded_blas,
+    stop,
+)
 
 __all__ = ["BackendError", "Measurement", "measure", "run", "run_ranked"]
 
@@ -593,12 +601,27 @@ def _launch(
     for p in procs:
         p.start()
     results: dict[int, Any] = {}
+    deadline = time.monotonic() + timeout_s
     try:
         for _ in procs:
-            rank_id, outs, error = outbox.get(timeout=timeout_s)
+            rank_id, outs, error = next_message(outbox, procs, deadline, skip=results)
             if error is not None:
+                # a peer that died makes the others fail: name the cause first
+                dead = exited(procs, skip={*results, rank_id})
+                if dead is not None:
+                    raise WorkerExitError(
+                        dead.index,
+                        f"{dead.how}; then the process of device {devices[rank_id]} failed: "
+                        f"{error[1]}",
+                    )
                 raise _worker_failed(function, devices, rank_id, *error)
             results[rank_id] = outs
+    except WorkerExitError as e:
+        raise BackendError(
+            f"the process of device {devices[e.index]} {e.how} (the others were stopped)",
+            device=devices[e.index],
+            rank=e.index,
+        ) from None
     except queue_module.Empty:
         waiting = [devices[r] for r in range(len(procs)) if r not in results]
         raise ExecutionError(

@@ -16,13 +16,13 @@ CPU, or, with ``device="cuda"``, NCCL with each rank on its own GPU
   results each rank slices (uneven blocks padded for the gather and cut back).
   All-reduces and reduce-scatters are posted asynchronously (``async_op=True``, a
   :class:`Pending` value) and waited for where an op first reads them, as DDP
-  overlaps a gradient's all-reduce with the rest of the backward pass; the step's
-  outputs are waited for at its end. On a CPU whose cores the ranks' computing fills
-  (``ir.calibration.comm_mode``: ``2 n > cores``) they are waited for at once instead
-  (``overlap=None`` decides so; ``True``/``False`` force it): gloo works on its own
-  threads, and a thread woken while every core computes waits for a scheduler slice
-  (about 4 ms here, ``benchmarks/bench_gloo_wakeup.py``), where a rank that waits
-  frees its core at once.
+  overlaps a gradient's all-reduce with the rest of the backward pass; the step waits
+  at its end for every one still in flight, read or not (as for its sends). On a CPU
+  whose cores the ranks' computing fills (``ir.calibration.comm_mode``: ``2 n >
+  cores``) they are waited for at once instead (``overlap=None`` decides so;
+  ``True``/``False`` force it): gloo works on its own threads, and a thread woken
+  while every core computes waits for a scheduler slice (about 4 ms here,
+  ``benchmarks/bench_gloo_wakeup.py``), where a rank that waits frees its core at once.
 
 With ``steps > 1`` the program runs that many times on its ranks; ``carry`` says
 which outputs are the next step's inputs (a training step's new weights and
@@ -35,6 +35,7 @@ import datetime
 import multiprocessing as mp
 import os
 import queue as queue_module
+import time
 import traceback
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,15 @@ from ..errors import ExecutionError
 from ..function import Function
 from ..verify import describe_op
 from .torch_dist import BackendError
-from .workers import die_with_parent, free_port, single_threaded_blas, stop
+from .workers import (
+    WorkerExitError,
+    die_with_parent,
+    exited,
+    free_port,
+    next_message,
+    single_threaded_blas,
+    stop,
+)
 
 __all__ = [
     "Pending",
@@ -249,12 +258,23 @@ def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
     for p in procs:
         p.start()
     results: dict[int, list] = {}
+    deadline = time.monotonic() + timeout_s
+    heard = set()  # positions in procs
     try:
         for _ in procs:
-            r, outs, error = outbox.get(timeout=timeout_s)
+            r, outs, error = next_message(outbox, procs, deadline, skip=heard)
+            heard.add(ranks.index(r))
             if error is not None:
+                # a peer that died makes the others fail ("Connection reset by peer"):
+                # name the cause first
+                dead = exited(procs, skip=heard)
+                if dead is not None:
+                    then = f"; then rank {r} failed: {error[1]}"
+                    raise _died(ranks[dead.index], dead.how, then)
                 raise _failed(r, *error)
             results[r] = outs
+    except WorkerExitError as e:
+        raise _died(ranks[e.index], e.how) from None
     except queue_module.Empty:
         waiting = [r for r in ranks if r not in results]
         raise ExecutionError(
@@ -263,6 +283,12 @@ def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
     finally:
         stop(procs, results)
     return results
+
+
+def _died(rank: int, how: str, then: str = "") -> BackendError:
+    return BackendError(
+        f"rank {rank} {how}{then} (the other ranks were stopped)", device=rank, rank=rank
+    )
 
 
 def _failed(rank: int, where: str | None, error: str, worker_traceback: str) -> BackendError:
@@ -349,8 +375,11 @@ def _step(program: Function, args: list, context: RankContext, state) -> list:
             if isinstance(x, Pending):  # first read of a collective in flight: wait for it
                 x = env[v] = x.result()
             xs.append(x)
-        env.update(zip(op.outputs, run_op(op, xs, context, sends)))
-    for work in sends:
+        results = run_op(op, xs, context, sends)
+        if results and isinstance(results[0], Pending):
+            sends.append(results[0].work)  # waited for at the step's end, read or not
+        env.update(zip(op.outputs, results))
+    for work in sends:  # a collective nothing reads is still done (or failed) by then
         work.wait()
     return [resolve(env[v]) for v in program.outputs]
 
@@ -416,14 +445,14 @@ def _collective(x, op, me: int, rank_of, groups):
         y = x.clone()
         work = dist.all_reduce(y, op=ops[how], group=pg, async_op=True)
         if kind == "allreduce":
-            return Pending(work, y, (lambda y: y.div_(k)) if how == "mean" else None)
+            return Pending(work, y, (lambda y: _mean(y, k)) if how == "mean" else None)
         dim = a["dim"] % y.dim()
         sizes = split_sizes(y.shape[dim], k)
         start = sum(sizes[:pos])
 
         def mine(y):
             part = y.narrow(dim, start, sizes[pos]).clone()
-            return part.div_(k) if how == "mean" else part
+            return _mean(part, k) if how == "mean" else part
 
         return Pending(work, y, mine)
     dim = a["dim"] % x.dim()
@@ -435,6 +464,14 @@ def _collective(x, op, me: int, rank_of, groups):
     start = sum(sizes[:pos])
     chunks = [p.narrow(dim, start, sizes[pos]) for p in parts]
     return torch.cat(chunks, dim=a["concat_dim"] % x.dim())
+
+
+def _mean(total, k: int):
+    """``total / k`` in place, in ``total``'s dtype (integers: rounded toward zero, as the
+    result's declared integer type holds it)."""
+    if total.is_floating_point() or total.is_complex():
+        return total.div_(k)
+    return total.div_(k, rounding_mode="trunc")
 
 
 def _all_gather(x, dim: int, group: list[int], pg) -> list:

@@ -41,7 +41,9 @@ def _attributes(op: Op) -> Any:
 
 def compute_key(op_type: str, op: Op) -> tuple:
     """What a compute op's cost depends on: its type, attributes, and the shape and element
-    type of every operand and result (a tuple-typed value by its whole type)."""
+    type of every operand and result (a tuple-typed value by its elements' shapes and
+    element types). Never the devices: a pmap body's op (on its device variable) and
+    each device's copy of it share one key."""
     key: list[Any] = [op_type, _attributes(op)]
     for v in (*op.inputs, *op.outputs):
         t = v.type
@@ -49,8 +51,15 @@ def compute_key(op_type: str, op: Op) -> tuple:
             key.append(t.shape)
             key.append(t.dtype)
         else:
-            key.append(t)
+            key.append(_elements_key(t))
     return tuple(key)
+
+
+def _elements_key(t: Any) -> tuple:
+    """A tuple type's ``(shape, dtype)`` per element, nested as the type nests."""
+    return tuple(
+        (e.shape, e.dtype) if e.__class__ is TensorType else _elements_key(e) for e in t.elements
+    )
 
 
 @dataclass

@@ -3,6 +3,8 @@ and gets what the numpy reference executor gets."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -225,3 +227,25 @@ def test_a_pipeline_step_runs_on_real_processes(schedule):
     _same(got, ir.execute(g, step_inputs))
     for a, b in zip(ir.collect(g, got, rtol=1e-5), ir.execute(t, inputs)):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_a_process_that_dies_without_a_word_is_named_not_its_peer(monkeypatch):
+    """A process killed outside Python says nothing; its peer then fails in gloo: the error
+    names the dead one's device and how it ended (workers are forked: the patch reaches
+    them)."""
+    run_ops = torch_dist._run_ops
+
+    def dying(function, rank, *timed):
+        if rank.device == 1:
+            os._exit(3)
+        return run_ops(function, rank, *timed)
+
+    monkeypatch.setattr(torch_dist, "_run_ops", dying)
+    b = FunctionBuilder("f")
+    xs = b.input("xs", TupleType((T(2, device=0), T(2, device=1))))
+    f = b.finish([b.call("AllReduce", xs)])
+    with pytest.raises(
+        torch_dist.BackendError, match=r"^the process of device 1 \(pid \d+\) exited with status 3"
+    ) as e:
+        torch_dist.run(f, [(np.ones(2), np.ones(2))], timeout_s=60)
+    assert e.value.device == 1

@@ -4,6 +4,8 @@ a training step's state on their ranks over several steps."""
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -244,3 +246,82 @@ def test_no_worker_survives_its_parent_killed_by_sigkill():
     for w in survivors:
         os.kill(w, signal.SIGKILL)  # a failing test leaves no orphans behind either
     assert not survivors
+
+
+def test_a_rank_that_dies_without_a_word_is_named_not_its_peer(monkeypatch):
+    """A rank killed outside Python (out of memory, a crash in C) says nothing; its peer
+    then fails in gloo ("Connection reset by peer"): the error names the dead rank, how it
+    ended, and comes at once (workers are forked, so the patched step reaches them)."""
+    from ir.backends import torch_ranked
+
+    step = torch_ranked._step
+
+    def dying(program, args, context, state):
+        if context.me == 1:
+            os._exit(3)
+        return step(program, args, context, state)
+
+    monkeypatch.setattr(torch_ranked, "_step", dying)
+    f = mlp()
+    g = transforms.data_parallel(f, 2)
+    with pytest.raises(torch_dist.BackendError, match=r"^rank 1 \(pid \d+\) exited with status 3"):
+        torch_dist.run_ranked(
+            lower_to_ranks(g), ir.distribute(g, ir.random_inputs(f, 0), source=f), timeout_s=60
+        )
+
+
+@pytest.mark.parametrize("kind", ["AllReduce", "ReduceScatter"])
+@pytest.mark.parametrize("dtype", [F64, ir.DType.int64])
+def test_a_mean_collective_in_flight_ends_in_its_declared_dtype(kind, dtype):
+    """All-reduces and reduce-scatters are posted asynchronously and divided once done; a
+    mean keeps the declared dtype (integers rounded toward zero) over uneven blocks (5 rows
+    on 2 ranks)."""
+    b = ir.FunctionBuilder("mean")
+    xs = b.input("xs", ir.TupleType(tuple(ir.TensorType((5, 3), dtype, d) for d in (0, 1))))
+    options = {"dim": 0} if kind == "ReduceScatter" else {}
+    f = b.finish([b.call(kind, xs, op="mean", name="ys", **options)])
+    x = np.arange(15).reshape(5, 3)
+    args = [(x.astype(dtype.numpy), (3 * x + 2).astype(dtype.numpy))]
+    (got,) = torch_dist.run_ranked(lower_to_ranks(f), args)
+    (want,) = ir.execute(f, args)
+    assert [g.shape for g in got] == [w.shape for w in want]
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == dtype.numpy
+        np.testing.assert_array_equal(g, np.trunc(w).astype(dtype.numpy))
+
+
+def test_a_step_waits_for_a_collective_that_nothing_reads(monkeypatch, tmp_path):
+    """An all-reduce is posted asynchronously; one whose result no op reads (here on both
+    ranks) is still waited for before the step ends, so it cannot outlive its step or fail
+    unheard. Workers are forked: the patched collective records each wait in a file."""
+    from ir.backends import torch_ranked
+
+    posted = torch_ranked._collective
+
+    class Recorded:
+        def __init__(self, work, me):
+            self.work, self.me = work, me
+
+        def wait(self):
+            (tmp_path / f"waited{self.me}").touch()
+            return self.work.wait()
+
+        def is_completed(self):
+            return self.work.is_completed()
+
+    def recorded(x, op, me, *rest):
+        y = posted(x, op, me, *rest)
+        if isinstance(y, torch_ranked.Pending):
+            y.work = Recorded(y.work, me)
+        return y
+
+    monkeypatch.setattr(torch_ranked, "_collective", recorded)
+    b = ir.FunctionBuilder("unread")
+    xs = b.input("xs", ir.TupleType((ir.TensorType((4, 3), F64, 0), ir.TensorType((4, 3), F64, 1))))
+    b.call("AllReduce", xs, name="unread")
+    f = b.finish([b.call("Relu", b.call("TupleGet", xs, index=0, name="x0"), name="r")])
+    ranked = lower_to_ranks(f)
+    assert all("RankCollective" in [op.op_type for op in p.ops] for p in ranked.unique)
+    (got,) = torch_dist.run_ranked(ranked, [(np.ones((4, 3)), np.ones((4, 3)))])
+    np.testing.assert_array_equal(got, np.ones((4, 3)))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["waited0", "waited1"]

@@ -92,3 +92,50 @@ def test_simulate_refuses_a_costs_argument_of_the_wrong_kind():
     g = _dp2_step()
     with pytest.raises(ArgumentError, match=r"costs must be an ir\.sim\.costs\.OpCosts"):
         ir.simulate(g, ir.Topology.uniform(2), costs={"MatMul": 1.0})
+
+
+@pytest.mark.parametrize("comm", ["channels", "blocking"])
+def test_a_table_on_a_3d_step_times_rank_classes_as_every_device(comm):
+    f = ir.models.mlp(8, 16, 32, 4, layers=4, training=True, dtype=F32)
+    g = transforms.megatron(f, 2, 2, 2, 2)
+    assert g.rank_classes
+    ops, transfers = compute_ops(g), communication_keys(g)
+    table = OpCosts(
+        {k: (i + 1) * 1e-6 for i, (k, _) in enumerate(ops)},
+        {k: (i + 1) * 3e-6 for i, k in enumerate(transfers)},
+        processes=8,
+    )
+    assert table.missing(g) == []
+    topo = ir.Topology.uniform(8, peak_flops=1e12, link_bandwidth_bytes_per_s=1e9)
+    classes = ir.simulate(g, topo, comm=comm, costs=table)
+    every = ir.simulate(g, topo, comm=comm, symmetry=False, costs=table)
+    unrolled = ir.simulate(transforms.unroll_pmap(g), topo, comm=comm, costs=table)
+    assert classes.step_time_s == every.step_time_s
+    assert classes.step_time_s == pytest.approx(unrolled.step_time_s, rel=1e-12)
+    for e in classes.events:  # every op took the table's time
+        if e.stream == "compute":
+            assert e.dur_s == table.compute[compute_key(e.op.op_type, e.op)]
+
+
+def _pmapped_sum_of_a_tuple() -> ir.Function:
+    """A pmap over devices 0 and 1 whose body sums a tuple it makes: a compute op with a
+    tuple operand, typed on the body's device variable."""
+    body = ir.FunctionBuilder("body")
+    x = body.input("x", ir.TensorType((4,), F32, ir.DeviceVar("d")))
+    pair = body.call("MakeTuple", x, x, name="pair")
+    body_f = body.finish([body.call("Sum", pair, name="s")])
+    b = ir.FunctionBuilder("f")
+    xs = b.input("xs", ir.TupleType(tuple(ir.TensorType((4,), F32, d) for d in (0, 1))))
+    (ss,) = b.add_op("Pmap", [xs], {"device_var": "d"}, names=["ss"], subfunctions=[body_f]).outputs
+    return b.finish([ss])
+
+
+def test_a_tuple_operand_is_keyed_without_its_devices_so_a_pmap_body_finds_its_entry():
+    g = _pmapped_sum_of_a_tuple()
+    keys = [k for k, _ in compute_ops(g)]
+    assert len(keys) == 1  # device 0's and device 1's copies cost alike: one entry
+    table = OpCosts({keys[0]: 1e-3}, {}, processes=2)
+    assert table.missing(g) == []
+    result = ir.simulate(g, ir.Topology.uniform(2, peak_flops=1e12), costs=table)
+    sums = [e for e in result.events if e.op.op_type == "Sum"]
+    assert len(sums) == 2 and all(e.dur_s == 1e-3 for e in sums)
