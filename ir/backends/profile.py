@@ -297,19 +297,6 @@ def _time_compute(program, args, context, plan, outbox, rank) -> list[float]:
     return [statistics.median(periods[i::k]) for i in range(k)]
 
 
-AFTER_S = 3e-3
-
-
-def _compute_for(seconds: float) -> None:
-    """Keep this rank's core busy for ``seconds`` (small matrix products)."""
-    import torch
-
-    a = torch.ones(64, 64)
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        a @ a
-
-
 def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: int) -> list:
     """This rank's ``(start, end)`` clock readings of ``repeats`` runs of one transfer, in
     the first group of its size only (empty elsewhere; a send's: its sender's)."""
@@ -350,5 +337,4 @@ def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: in
         )
         if timed:
             times.append((t0, time.perf_counter()))
-        _compute_for(AFTER_S)  # as in a step: the ranks compute on once it is done
     return times[1:]

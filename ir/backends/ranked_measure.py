@@ -8,7 +8,8 @@ timed are a training loop's steady state, not reruns of the first step. Each
 rank times its ops (:func:`timed_step`):
 
 * a step starts with a barrier of all ranks; on one host every process reads one
-  monotonic clock, so a step's times are relative to the first rank's barrier exit;
+  monotonic clock, so a step's times are relative to the first rank's start (its
+  barrier exit and the measurement's own set-up of the step's bookkeeping);
 * a compute op runs from its call to its return (torch on the CPU is synchronous); on
   CUDA (``device="cuda"``) the rank waits for its GPU before the start stamp and again
   before the end stamp, so an op's time is its kernels' GPU time plus their launch;
@@ -162,13 +163,13 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
         import torch
 
         torch.cuda.reset_peak_memory_stats(context.device)
-    origin = time.perf_counter()
     env = dict(zip(program.inputs, args))
     live = _Live()
     for x in env.values():
         live.add(x)
-    memory = [(origin, live.bytes)]
     frees = _last_reads(program)
+    origin = time.perf_counter()  # the bookkeeping above is not the step's work
+    memory = [(origin, live.bytes)]
     timed: list[tuple[int, float, float]] = []
     sends: list = []
     # (op index, start, work) of sends and collectives in flight
