@@ -6,14 +6,14 @@ composes instead of its roofline and alpha-beta models. Each op is measured the 
 what one op costs:
 
 * **compute**: the distinct compute ops (``ir.sim.costs.compute_key``: type, attributes,
-  shapes, element types), in program order, are copied into one profiling program
-  ``repeats`` rounds over, each op reading its own random operands every round
-  (``ir.random_inputs``: labels below the class count, and so on), so that an op runs
-  among the others as in the program, not hot from a copy of itself; the program runs
-  through ``ranked_measure.timed_step`` (the measurement's own loop: torch kernels,
-  live-byte bookkeeping, the timers) after ``warmup`` runs, and an op costs the median
-  over rounds of the time from its start to the next op's (the op and the loop's
-  bookkeeping after it, as in a measured step);
+  shapes, element types), in program order, are copied into one profiling program, each
+  op reading its own random operands (``ir.random_inputs``: labels below the class
+  count, and so on), so that an op runs among the others as in the program, not hot
+  from a copy of itself; the program runs ``warmup + repeats`` times, each after a
+  barrier of the processes, through ``ranked_measure.timed_step`` (the measurement's
+  own loop: torch kernels, live-byte bookkeeping, the timers), as a measured step runs;
+  an op costs the median over the ``repeats`` runs of the time from its start to the
+  next op's (the op and the loop's bookkeeping after it);
 * **communication**: every distinct transfer (``(kind, bytes, group size)``) runs
   ``repeats`` times through the ranked backend's own collective code (gloo; all-gathers
   and all-reduces with slicing where gloo lacks the collective), each after a barrier,
@@ -76,7 +76,7 @@ def profile_ops(
     program: Function,
     processes: int | None = None,
     *,
-    repeats: int = 9,
+    repeats: int = 15,
     warmup: int = 2,
     costs: OpCosts | None = None,
     timeout_s: float = 300.0,
@@ -145,22 +145,17 @@ def profile_ops(
     return known.updated(fresh)
 
 
-def _profiling_program(ops: list[tuple[tuple, Any]], repeats: int) -> Function:
-    """``repeats`` rounds of the ops in program order, each op on its own operands: an op
+def _profiling_program(ops: list[tuple[tuple, Any]]) -> Function:
+    """The distinct ops in program order, each on its own operands, as one program: an op
     runs among the others, its caches as warm as in the program, not hot from itself."""
     from ..builder import FunctionBuilder
 
     b = FunctionBuilder("profile")
-    operands = [
-        [b.input(f"x{i}_{j}", v.type) for j, v in enumerate(op.inputs)]
-        for i, (_, op) in enumerate(ops)
-    ]
     outputs: list = []
-    for r in range(repeats):
-        for i, (_, op) in enumerate(ops):
-            new = b.add_like(op, operands[i], [f"y{r}_{i}_{j}" for j in range(len(op.outputs))])
-            if r == repeats - 1:
-                outputs += list(new.outputs)
+    for i, (_, op) in enumerate(ops):
+        operands = [b.input(f"x{i}_{j}", v.type) for j, v in enumerate(op.inputs)]
+        new = b.add_like(op, operands, [f"y{i}_{j}" for j in range(len(op.outputs))])
+        outputs += list(new.outputs)
     return b.finish(outputs)
 
 
@@ -169,7 +164,7 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
 
     from ..execute import random_inputs
 
-    program = _profiling_program(ops, repeats) if ops else None
+    program = _profiling_program(ops) if ops else None
     args = random_inputs(program, seed=0) if program is not None else []
     plan = {
         "port": free_port(),
@@ -187,7 +182,7 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
         ctx.Process(target=_worker, args=(r, program, args, plan, outbox), daemon=True)
         for r in range(processes)
     ]
-    total = (warmup + 1) * (1 if ops else 0) + len(transfers)
+    total = (warmup + repeats) * (1 if ops else 0) + len(transfers)
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     with tqdm(total=total, desc="profiling ops", disable=not progress) as bar:
@@ -275,26 +270,27 @@ def _worker(rank: int, program, args, plan, outbox) -> None:
 
 
 def _time_compute(program, args, context, plan, outbox, rank) -> list[float]:
+    """Each op's median period over ``repeats`` runs of the one-round ``program``, each run
+    after a barrier of all processes, as the measurement runs a step."""
     import torch
 
     from .ranked_measure import timed_step
 
     values = [torch.from_numpy(np.array(a, copy=True)) for a in args]
     state = {"op": None}
-    record = None
-    for _ in range(plan["warmup"] + 1):
+    runs = []
+    for step in range(plan["warmup"] + plan["repeats"]):
         context.dist.barrier()
-        _, record = timed_step(program, values, context, state)
+        _, (_, timed, _) = timed_step(program, values, context, state)
+        if step >= plan["warmup"]:
+            timed = sorted(timed)
+            # each op from its start to the next op's start (its bookkeeping included);
+            # the last op to its own end
+            periods = [timed[i + 1][1] - timed[i][1] for i in range(len(timed) - 1)]
+            runs.append([*periods, timed[-1][2] - timed[-1][1]])
         if rank == 0:
             outbox.put((rank, "tick", None))
-    _, timed, _ = record
-    timed = sorted(timed)
-    k = len(program.ops) // plan["repeats"]
-    # each op from its start to the next op's start (its bookkeeping included); the last
-    # op of the last round to its own end
-    periods = [timed[i + 1][1] - timed[i][1] for i in range(len(timed) - 1)]
-    periods.append(timed[-1][2] - timed[-1][1])
-    return [statistics.median(periods[i::k]) for i in range(k)]
+    return [statistics.median(column) for column in zip(*runs)]
 
 
 def _time_transfer(kind: str, size_bytes: float, size: int, context, repeats: int) -> list:
