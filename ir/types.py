@@ -36,6 +36,10 @@ class DType(enum.Enum):
     int32 = "int32"
     bool = "bool"
 
+    # Members are singletons compared by identity, so they may hash by identity too: the
+    # C-level hash, where Enum's hashes the name in Python (cost and memo keys hold dtypes)
+    __hash__ = object.__hash__
+
     @property
     def itemsize_bytes(self) -> int:
         return _ITEMSIZE_BYTES[self]
