@@ -287,6 +287,7 @@ class Engine:
         compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
         prepare = self._prepare
         mirrored, rep_of = self.mirrored, self.rep_of
+        blocking = self.blocking_comm
         for op in ops:
             if once:  # a top-level op runs once: keep nothing per op (costs are shared)
                 prep = prepare(op)
@@ -318,7 +319,7 @@ class Engine:
                     ready = max(map(ready_of, ins)) if ins else 0.0
                     where, dur, cost, channels = self._collective(op, scope, prep, once)
                     start = max([ready, *(comm_free[c] for c in channels)])
-                    if self.blocking_comm:
+                    if blocking:
                         start = max([start, *(compute_free[d] for d in where)])
                         for d in where:
                             compute_free[d] = start + dur
