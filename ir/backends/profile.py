@@ -50,7 +50,7 @@ import numpy as np
 
 from ..errors import ExecutionError
 from ..function import Function
-from ..sim.costs import OpCosts, communication_keys, compute_ops
+from ..sim.costs import OpCosts, communication_keys, compute_ops, unrolled
 from .torch_dist import BackendError
 from .workers import (
     WorkerExitError,
@@ -91,8 +91,7 @@ def profile_ops(
     out (``OpCosts.missing``); an op without a torch kernel is refused, naming it. A
     worker that fails or dies stops them all, and the error names it.
     """
-    from ..verify import describe_op
-    from .torch_kernels import TORCH_KERNELS
+    from .torch_kernels import check_kernels
 
     if not isinstance(program, Function):
         raise BackendError(f"profile_ops profiles an ir.Function, got {type(program).__name__}")
@@ -116,18 +115,16 @@ def profile_ops(
             f"once, not {processes}"
         )
     known = costs or OpCosts(processes=processes)
-    ops = [(k, op) for k, op in compute_ops(program) if k not in known.compute]
-    for _, op in ops:
-        if op.op_type not in TORCH_KERNELS:
-            raise BackendError(
-                f"profile_ops: {op.op_type} has no torch kernel in ir.backends.torch_kernels, "
-                f"so it cannot be timed\n  in: {describe_op(op)}\n  (in program "
-                f"{program.name!r}; add a kernel there, or simulate without a profile: "
-                "ir.simulate costs every op with its models)"
-            )
+    flat = unrolled(program)
+    ops = [(k, op) for k, op in compute_ops(flat) if k not in known.compute]
+    check_kernels(
+        (op for _, op in ops),
+        f"profile_ops, program {program.name!r}",
+        "simulate without a profile (ir.simulate costs every op with its models)",
+    )
     transfers = [
         t
-        for t in communication_keys(program)
+        for t in communication_keys(flat)
         if t[0] in MEASURED_KINDS and t not in known.communication and t[2] <= processes
     ]
     if not ops and not transfers:  # all known already (or nothing measurable): no processes

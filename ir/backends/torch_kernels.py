@@ -271,17 +271,24 @@ TORCH_KERNELS: dict[str, Kernel] = {
 }
 
 
-def check_kernels(op_types: Iterable[str], where: str) -> None:
-    """Refuse, naming it, the first op type without a torch kernel (communication ops of
-    ranked programs are the runner's own)."""
+def check_kernels(
+    ops: Iterable[Any],
+    where: str,
+    instead: str = "run the program with ir.sharding.run_ranked (numpy)",
+) -> None:
+    """Refuse, naming it and printing it, the first op without a torch kernel
+    (communication ops of ranked programs are the runner's own); ``instead`` says what to
+    do other than adding a kernel."""
+    from ..verify import describe_op
     from .torch_dist import BackendError
 
-    for t in op_types:
+    for op in ops:
+        t = op.op_type
         if t not in TORCH_KERNELS and t not in ("SendTo", "RecvFrom", "RankCollective"):
             raise BackendError(
                 f"{where}: {t} has no torch kernel in ir.backends.torch_kernels "
-                f"(covered: {', '.join(sorted(TORCH_KERNELS))}); add one there or run the "
-                "program with ir.sharding.run_ranked (numpy)"
+                f"(covered: {', '.join(sorted(TORCH_KERNELS))}); add one there or {instead}"
+                f"\n  in: {describe_op(op)}"
             )
 
 

@@ -212,7 +212,7 @@ def prepare(
     _check_steps(steps)
     check_device(device, len(ranked.ranks))
     for i, program in enumerate(ranked.unique):
-        check_kernels((op.op_type for op in program.ops), f"rank class {i} ({program.name})")
+        check_kernels(program.ops, f"rank class {i} ({program.name})")
     pairs = _carry_pairs(ranked, carry or {})
     args = rank_arguments(ranked, inputs)
     plan = {

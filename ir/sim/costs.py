@@ -18,7 +18,6 @@ same); a communication op by its collective kind, its size in bytes (as its
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,9 +72,6 @@ class OpCosts:
     processes: int = 1
     notes: tuple[str, ...] = ()
 
-    def compute_time_s(self, key: tuple) -> float | None:
-        return self.compute.get(key)
-
     def communication_time_s(self, kind: str, size_bytes: float, group_size: int) -> float | None:
         return self.communication.get((kind, float(size_bytes), int(group_size)))
 
@@ -87,10 +83,11 @@ class OpCosts:
         each, as printed; the simulator costs those with the topology's models."""
         from ..verify import describe_op
 
-        out = [describe_op(op) for key, op in compute_ops(program) if key not in self.compute]
+        flat = unrolled(program)
+        out = [describe_op(op) for key, op in compute_ops(flat) if key not in self.compute]
         out += [
             f"{kind} of {size:.0f} bytes over {n} devices"
-            for kind, size, n in communication_keys(program)
+            for kind, size, n in communication_keys(flat)
             if (kind, size, n) not in self.communication
         ]
         return out
@@ -121,20 +118,15 @@ class OpCosts:
             for name, ts in sorted(by.items())
         )
 
-    def communication_json(self) -> str:
-        """The communication entries as JSON (compute keys hold types and stay in memory)."""
-        return json.dumps(
-            [[k, s, n, t] for (k, s, n), t in sorted(self.communication.items())], indent=1
-        )
 
-
-def _flat_ops(program: Function) -> list[Op]:
-    """The program's ops with every pmap unrolled (each device's copy, its types bound)."""
+def unrolled(program: Function) -> Function:
+    """``program`` with every pmap unrolled (each device's copy, its types bound); itself
+    when it has none. The table's keys are those of the unrolled ops."""
     if any(op.op_type == "Pmap" for op in program.ops):
         from ..transforms import unroll_pmap
 
-        program = unroll_pmap(program)
-    return list(program.ops)
+        return unroll_pmap(program)
+    return program
 
 
 def compute_ops(program: Function) -> list[tuple[tuple, Op]]:
@@ -142,7 +134,7 @@ def compute_ops(program: Function) -> list[tuple[tuple, Op]]:
     from ..registry import OpKind, get_op
 
     seen: dict[tuple, Op] = {}
-    for op in _flat_ops(program):
+    for op in unrolled(program).ops:
         if get_op(op.op_type).kind is OpKind.COMPUTE:
             seen.setdefault(compute_key(op.op_type, op), op)
     return list(seen.items())
@@ -153,7 +145,7 @@ def communication_keys(program: Function) -> list[tuple[str, float, int]]:
     from ..registry import CostContext, OpKind, get_op
 
     seen: dict[tuple[str, float, int], None] = {}
-    for op in _flat_ops(program):
+    for op in unrolled(program).ops:
         opdef = get_op(op.op_type)
         if opdef.kind is not OpKind.COMMUNICATION or opdef.comm_rule is None:
             continue
