@@ -156,7 +156,7 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])); on CUDA
     the record ends with the step's ``torch.cuda.max_memory_allocated``.
     """
-    from .torch_ranked import Pending, run_op
+    from .torch_ranked import Pending, resolve, run_op
 
     context.synchronize()  # on CUDA: the previous step's kernels end before this one starts
     if context.device is not None:
@@ -168,6 +168,7 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     for x in env.values():
         live.add(x)
     frees = _last_reads(program)
+    untimed = [get_op(op.op_type).kind is OpKind.CONTROL for op in program.ops]
     origin = time.perf_counter()  # the bookkeeping above is not the step's work
     memory = [(origin, live.bytes)]
     timed: list[tuple[int, float, float]] = []
@@ -196,7 +197,7 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
             pending.append((index, start, sends[-1]))
         elif results and isinstance(results[0], Pending):  # likewise a posted collective
             pending.append((index, start, results[0].work))
-        elif get_op(op.op_type).kind is not OpKind.CONTROL:
+        elif not untimed[index]:
             timed.append((index, start, end))
         for v, y in zip(op.outputs, results):
             env[v] = y
@@ -210,9 +211,7 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     for index, start, work in pending:
         work.wait()
         timed.append((index, start, time.perf_counter()))
-    outputs = [
-        x.result() if isinstance(x, Pending) else x for x in (env[v] for v in program.outputs)
-    ]
+    outputs = [resolve(env[v]) for v in program.outputs]
     record = (origin, timed, memory)
     if context.device is not None:
         context.synchronize()
