@@ -111,7 +111,8 @@ def main() -> None:
         for label, dp, tp, pp, m, schedule in STRATEGIES:
             g = transforms.megatron(source, dp, tp, pp, m, schedule)
             n = dp * tp * pp
-            tables[n] = profile_ops(g, n, costs=tables.get(n), progress=False)
+            flat = transforms.unroll_pmap(g)
+            tables[n] = profile_ops(flat, n, costs=tables.get(n), progress=False)
             step_inputs = ir.distribute(g, inputs, source=source)
             program, options = g, {}
             if args.ranked:
@@ -123,7 +124,6 @@ def main() -> None:
                 )
                 for _ in range(args.runs)
             ]
-            flat = transforms.unroll_pmap(g)
             topology, comm = calibration.topology(n), calibration.comm_mode(n)
             sim = ir.simulate(flat, topology, comm=comm)
             profiled = ir.simulate(flat, topology, comm=comm, costs=tables[n])
