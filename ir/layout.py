@@ -134,13 +134,19 @@ def distribute_value(x: Any, t: Type, levels: Levels, what: str = "value") -> An
     array = _array(x, what)
     if tuple(array.shape) != whole:
         raise LayoutError(f"{what}: a value of shape {array.shape} where {whole} is expected")
+    return _lay_out(array, t, levels, what)
+
+
+def _lay_out(array: np.ndarray, t: Type, levels: Levels, what: str) -> Any:
+    """:func:`distribute_value` once the whole value's shape is checked: split, and each
+    piece checked against its element type."""
     if isinstance(t, TensorType):
         if tuple(array.shape) != t.shape:
             raise LayoutError(f"{what}: a piece of shape {array.shape} where {t} is expected")
         return array
     axes, rest = _take(levels, len(t.elements), what)
     parts = _pieces(array, axes, what)
-    return tuple(distribute_value(p, e, rest, what) for p, e in zip(parts, t.elements))
+    return tuple(_lay_out(p, e, rest, what) for p, e in zip(parts, t.elements))
 
 
 def whole_shape(t: Type, levels: Levels, what: str = "value") -> tuple[int, ...]:
