@@ -157,12 +157,12 @@ class _Materialiser(Chooser, StepIO):
         self.b = FunctionBuilder(f"{function.name}_sharded")
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
-        self.carried: dict[Value, Value] = {}  # an updated state -> the input it updates
+        carried: dict[Value, Value] = {}  # an updated state -> the input it updates
         if resident:
             from ..transforms._emit import carried_inputs  # (transforms import sharding)
 
-            self.carried = carried_inputs(function)
-        self.init_choice(function.ops, self.carried, facts)
+            carried = carried_inputs(function)
+        self.init_choice(function.ops, carried, facts)  # kept as ``_carried``
         # a gradient -> the updates of carried state that read it, whose operands are
         # redistributed as soon as the last of them is made (the transforms' overlap)
         self._readers: dict[Value, list[Op]] = {}
@@ -197,7 +197,7 @@ class _Materialiser(Chooser, StepIO):
                         self._operands(update, decision)
         if self.resident:
             outs, out_levels = (
-                zip(*[self._keep(v, self.carried.get(v)) for v in self.f.outputs])
+                zip(*[self._keep(v, self._carried.get(v)) for v in self.f.outputs])
                 if self.f.outputs
                 else ((), ())
             )
