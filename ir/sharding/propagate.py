@@ -157,12 +157,12 @@ class _Materialiser(Chooser, StepIO):
         self.b = FunctionBuilder(f"{function.name}_sharded")
         self.dist: dict[Value, DistValue] = {}
         self.views: dict[Value, dict[Layout, DistValue]] = {}
-        self.carried: dict[Value, Value] = {}  # an updated state -> the input it updates
+        carried: dict[Value, Value] = {}  # an updated state -> the input it updates
         if resident:
             from ..transforms._emit import carried_inputs  # (transforms import sharding)
 
-            self.carried = carried_inputs(function)
-        self.init_choice(function.ops, self.carried, facts)
+            carried = carried_inputs(function)
+        self.init_choice(function.ops, carried, facts)  # kept as ``_carried``
         # a gradient -> the updates of carried state that read it, whose operands are
         # redistributed as soon as the last of them is made (the transforms' overlap)
         self._readers: dict[Value, list[Op]] = {}
@@ -197,7 +197,7 @@ class _Materialiser(Chooser, StepIO):
                         self._operands(update, decision)
         if self.resident:
             outs, out_levels = (
-                zip(*[self._keep(v, self.carried.get(v)) for v in self.f.outputs])
+                zip(*[self._keep(v, self._carried.get(v)) for v in self.f.outputs])
                 if self.f.outputs
                 else ((), ())
             )
@@ -297,8 +297,7 @@ class _Materialiser(Chooser, StepIO):
         if decision.halo:
             for x in operands:
                 x.locals_in(self.b, self._suffixes)
-            outs = [lay.placements for lay in decision.out_layouts]
-            expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
+            expected = self._expected_types(op, decision)
             results = halo.emit(self, op, decision.rule, decision.strategy, operands, expected)
             values = [DistValue(locs, None, None) for locs in zip(*results)]
         elif not op.subfunctions:
@@ -365,8 +364,7 @@ class _Materialiser(Chooser, StepIO):
         """Per device, the local op's frozen attributes and result types (its type rule's
         answer for that device's operand types)."""
         opdef = get_op(op.op_type)
-        outs = [lay.placements for lay in decision.out_layouts]
-        expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
+        expected = self._expected_types(op, decision)
         local_ops = []
         for i, d in enumerate(self.mesh.devices):
             want = [e[i] for e in expected]
@@ -376,9 +374,9 @@ class _Materialiser(Chooser, StepIO):
         return local_ops
 
     def _emit_checked(self, op, decision: _Decision, operands: list[DistValue]) -> list[tuple]:
-        """The local ops through the builder's checks; their answers go into ``decision``."""
-        outs = [lay.placements for lay in decision.out_layouts]
-        expected = [self._local_types(v.type, ps) for v, ps in zip(op.outputs, outs)]
+        """The local ops of an op with a body, one per device through the builder's checks
+        (such an op's decision is never shared: its key is None)."""
+        expected = self._expected_types(op, decision)
         local = [x.locals_in(self.b, self._suffixes) for x in operands]
         results = []
         for i, d in enumerate(self.mesh.devices):
@@ -391,10 +389,14 @@ class _Materialiser(Chooser, StepIO):
                     op.op_type, local_in, attrs, names=names, subfunctions=op.subfunctions
                 )
             )
-        decision.local_ops = [
-            (new.attributes, tuple(v.type for v in new.outputs)) for new in results
-        ]
         return [new.outputs for new in results]
+
+    def _expected_types(self, op, decision: _Decision) -> list[list[Type]]:
+        """Per result of ``op``, each device's local type under ``decision``."""
+        return [
+            self._local_types(v.type, lay.placements)
+            for v, lay in zip(op.outputs, decision.out_layouts)
+        ]
 
 
 @dataclass

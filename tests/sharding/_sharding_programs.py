@@ -1,4 +1,4 @@
-"""Small programs the sharding tests share."""
+"""Small programs the sharding tests share, and ``flat`` to compare nested outputs."""
 
 from __future__ import annotations
 
@@ -24,3 +24,11 @@ def mlp(batch=8, features=6, hidden=10, out=4, training=False) -> ir.Function:
     dh = b.call("ReluGrad", h, da, name="dh")
     dw1, _ = b.call("MatMulGrad", x, w1, dh, name=["dw1", "dx"])
     return b.finish([loss, dw1, dw2])
+
+
+def flat(values) -> list:
+    """The leaves of nested tuples (a program's outputs), in order."""
+    out = []
+    for v in values:
+        out += flat(v) if isinstance(v, tuple) else [v]
+    return out

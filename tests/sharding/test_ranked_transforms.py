@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _sharding_programs import flat
 
 import ir
 import ir.models
@@ -71,16 +72,9 @@ PROGRAMS = {
 }
 
 
-def _flat(values) -> list:
-    out = []
-    for v in values:
-        out += _flat(v) if isinstance(v, tuple) else [v]
-    return out
-
-
 def assert_all_close(got, want, rtol: float = 1e-9) -> None:
     """Equal leaf by leaf (float64 programs: to rounding; float32 ones: ``rtol=1e-5``)."""
-    got, want = _flat(got), _flat(want)
+    got, want = flat(got), flat(want)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         np.testing.assert_allclose(g, w, rtol=rtol, atol=rtol * 1e-3, err_msg=f"leaf {i}")

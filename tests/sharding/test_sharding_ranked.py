@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from _sharding_programs import mlp
+from _sharding_programs import flat, mlp
 
 import ir
 from ir import FunctionBuilder, TensorType
@@ -243,13 +243,6 @@ def test_a_pmap_program_lowers_as_its_unrolled_form():
     np.testing.assert_array_equal(got, np.maximum(x, 0))
 
 
-def _flat(values) -> list:
-    out = []
-    for v in values:
-        out += _flat(v) if isinstance(v, tuple) else [v]
-    return out
-
-
 @pytest.mark.parametrize("transform", ["data_parallel", "horizontal_parallel"])
 def test_unrolled_transform_outputs_lower_and_run_like_the_global_program(transform):
     import ir.models
@@ -261,7 +254,7 @@ def test_unrolled_transform_outputs_lower_and_run_like_the_global_program(transf
     assert ranked.num_unique == 1  # both ranks run the same SPMD program
     # a steady-state step: each rank's resident weights and batch slice are its inputs
     inputs = ir.distribute(g, ir.random_inputs(f, 0), source=f)
-    for want, got in zip(_flat(ir.execute(g, inputs)), _flat(run_ranked(ranked, inputs))):
+    for want, got in zip(flat(ir.execute(g, inputs)), flat(run_ranked(ranked, inputs))):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from _sharding_programs import flat
 
 import ir
 from ir.execute import input_value_ranges
@@ -27,13 +28,6 @@ def _random(t, rng, value_range=None):
     if t.dtype.is_float:
         return rng.uniform(0.1, 1.0, t.shape).astype(t.dtype.numpy)
     return rng.integers(0, 2, t.shape).astype(t.dtype.numpy)
-
-
-def _flat(values) -> list:
-    out = []
-    for v in values:
-        out += _flat(v) if isinstance(v, tuple) else [v]
-    return out
 
 
 def _function(name: str, example: TypeContext) -> ir.Function:
@@ -77,9 +71,7 @@ def test_sharded_execution_equals_unsharded(name: str):
         want = ir.execute(f, inputs)
         for given in _annotations(f):
             g, _ = propagate(f, given, mesh=Mesh((2,)))
-            for w, got in zip(
-                _flat(want), _flat(ir.execute_step(g, inputs, rtol=1e-5)), strict=True
-            ):
+            for w, got in zip(flat(want), flat(ir.execute_step(g, inputs, rtol=1e-5)), strict=True):
                 np.testing.assert_allclose(
                     got, w, rtol=1e-5, atol=1e-6, err_msg=f"{name} with {given}"
                 )
