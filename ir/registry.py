@@ -121,10 +121,12 @@ class OpDef:
     not fit. ``kernel`` computes results from numpy arrays (tuples of arrays
     for per-device tuple values). ``cost_rule`` gives flops and bytes.
 
-    ``sharding_rule``, ``gradient_rule`` and ``comm_rule`` are read by
-    ``ir.sharding``, ``ir.transforms`` and ``ir.sim``; their signatures are
-    documented there. A family module may set them after the record is
-    registered with :func:`attach_rule`, keeping each rule next to its op.
+    ``sharding_rule``, ``gradient_rule``, ``comm_rule`` and ``lower_rule`` are read
+    by ``ir.sharding``, ``ir.transforms``, ``ir.sim`` and ``ir.sharding.lower``;
+    their signatures are documented there. A family module may set them after the
+    record is registered with :func:`attach_rule`, keeping each rule next to its op
+    (a communication op's ``lower_rule``, which writes rank ops, is attached by
+    ``ir.sharding.lower_comm``).
     """
 
     name: str
@@ -141,6 +143,7 @@ class OpDef:
     sharding_rule: Callable[..., Any] | None = None
     gradient_rule: Callable[..., Any] | None = None
     comm_rule: Callable[..., Any] | None = None
+    lower_rule: Callable[..., Any] | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -196,7 +199,7 @@ def register_op(opdef: OpDef) -> OpDef:
     return opdef
 
 
-_RULE_FIELDS = ("sharding_rule", "gradient_rule", "comm_rule")
+_RULE_FIELDS = ("sharding_rule", "gradient_rule", "comm_rule", "lower_rule")
 
 
 def attach_rule(name: str, field_name: str, rule: Callable[..., Any]) -> OpDef:

@@ -341,7 +341,10 @@ register_op(
         attributes=(_PEER, _TAG),
         kind=OpKind.COMMUNICATION,
         doc="Send x to rank peer (blocks until peer receives); returns x for ordering.",
-        extra={"examples": lambda s: [ctx(t(2 * s, 3), peer=1), ctx(t(s, device=1), peer=0)]},
+        extra={
+            "examples": lambda s: [ctx(t(2 * s, 3), peer=1), ctx(t(s, device=1), peer=0)],
+            "rank_parameters": ("peer", "tag"),
+        },
     )
 )
 
@@ -366,7 +369,8 @@ register_op(
             "examples": lambda s: [
                 ctx(peer=1, shape=(2 * s, 3), device=0),
                 ctx(peer=0, tag=3, shape=(s,), device=1),
-            ]
+            ],
+            "rank_parameters": ("peer", "tag"),
         },
     )
 )
@@ -413,7 +417,8 @@ register_op(
             "examples": lambda s: [
                 ctx(t(2 * s, 3), kind="allreduce", group=(0, 1), result_shape=(2 * s, 3)),
                 ctx(t(s, 3), kind="allgather", group=(0, 1), result_shape=(2 * s, 3)),
-            ]
+            ],
+            "rank_parameters": ("group", "tag"),
         },
     )
 )

@@ -98,7 +98,10 @@ register_op(
             "examples": lambda s: [
                 ctx(t(4 * s, 3), axis=0, start=s, end=3 * s),
                 ctx(t(2, 5 * s), axis=-1, start=-2 * s, end=None),
-            ]
+            ],
+            # the attributes that may differ between the ranks of one rank class
+            # (ir.sharding.rank_classes): a rank's offsets into a sharded value
+            "rank_parameters": ("start", "end"),
         },
     )
 )

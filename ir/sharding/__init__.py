@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+from . import lower_comm  # noqa: F401  (attaches each communication op's lower_rule)
 from .annotations import annotate
 from .errors import (
     AnnotationError,

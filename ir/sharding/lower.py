@@ -342,15 +342,13 @@ class _Lowering:
         return rep
 
     def _op(self, op) -> None:
-        from .lower_comm import LOWER_COMM
-
         t = op.op_type
         if t == "TupleGet":
             self.rep[op.outputs[0]] = self.local(op.inputs[0])[op.attributes["index"]]
         elif t == "MakeTuple":
             self.rep[op.outputs[0]] = tuple(self.local(v) for v in op.inputs)
-        elif t in LOWER_COMM:
-            LOWER_COMM[t](self, op)
+        elif (rule := get_op(t).lower_rule) is not None:  # ir.sharding.lower_comm's
+            rule(self, op)
         elif t == "Pmap" or get_op(t).kind is OpKind.COMMUNICATION:
             raise LoweringError(
                 f"cannot lower {describe_op(op)}: expected per-device ops, tuple collectives, "

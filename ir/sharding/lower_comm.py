@@ -1,32 +1,27 @@
 """Lowering of the communication ops of a global program to rank programs.
 
-Each entry of :data:`LOWER_COMM` turns one global communication op into ops of
-the ranks it involves: a transfer becomes a ``SendTo`` on the sender and a
-``RecvFrom`` on the receiver (a transfer within one rank is no op at all), a
-scatter slices on its source before sending, a gather or reduction receives on
-its destination and concatenates (``Concat``) or adds (``Sum``) there, and a
-tuple collective becomes one ``RankCollective`` per member, for each group of a
-grouped collective. Every rank meets its transfers and collectives in the global
-program's order, so the ranks never wait on each other in a cycle.
+Each communication op's ``lower_rule`` (attached to its registry record here, on
+import) turns one global op of that type into ops of the ranks it involves: a
+transfer becomes a ``SendTo`` on the sender and a ``RecvFrom`` on the receiver (a
+transfer within one rank is no op at all), a scatter slices on its source before
+sending, a gather or reduction receives on its destination and concatenates
+(``Concat``) or adds (``Sum``) there, and a tuple collective becomes one
+``RankCollective`` per member, for each group of a grouped collective. Every rank
+meets its transfers and collectives in the global program's order, so the ranks
+never wait on each other in a cycle.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from ..ops.communication import element_groups, split_sizes
+from ..registry import attach_rule
 from ..value import Value
 from ..verify import describe_op
 from .errors import LoweringError
 from .lower import _is_single
-
-_KIND = {
-    "AllReduce": "allreduce",
-    "AllGather": "allgather",
-    "ReduceScatter": "reducescatter",
-    "AllToAll": "alltoall",
-}
 
 
 def move(low, src: int, local: Value, dst: int, name: str) -> tuple[int, Value]:
@@ -136,8 +131,7 @@ def _keep_shard(low, op) -> None:
     low.rep[op.outputs[0]] = tuple(out)
 
 
-def _collective(low, op) -> None:
-    kind = _KIND[op.op_type]
+def _collective(low, op, kind: str) -> None:
     a = op.attributes
     reps = _elements(low, op)
     outs = op.outputs[0].type.elements
@@ -172,16 +166,17 @@ def _collective(low, op) -> None:
     low.rep[op.outputs[0]] = tuple(new)
 
 
-LOWER_COMM: dict[str, Callable[[Any, Any], None]] = {
-    "Send": _send,
-    "SendEach": _send_each,
-    "Broadcast": _broadcast,
-    "Scatter": _scatter,
-    "Gather": _gather,
-    "Reduce": _reduce,
-    "KeepShard": _keep_shard,
-    "AllReduce": _collective,
-    "AllGather": _collective,
-    "ReduceScatter": _collective,
-    "AllToAll": _collective,
-}
+for _name, _rule in (
+    ("Send", _send),
+    ("SendEach", _send_each),
+    ("Broadcast", _broadcast),
+    ("Scatter", _scatter),
+    ("Gather", _gather),
+    ("Reduce", _reduce),
+    ("KeepShard", _keep_shard),
+    ("AllReduce", partial(_collective, kind="allreduce")),
+    ("AllGather", partial(_collective, kind="allgather")),
+    ("ReduceScatter", partial(_collective, kind="reducescatter")),
+    ("AllToAll", partial(_collective, kind="alltoall")),
+):
+    attach_rule(_name, "lower_rule", _rule)

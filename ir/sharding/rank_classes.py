@@ -4,7 +4,8 @@ Two ranks of a data-parallel group, or the same stage of two pipeline replicas,
 run the same ops on the same shapes; what differs is where their block starts
 (``Slice`` offsets), whom they talk to (``SendTo`` / ``RecvFrom`` peers, a
 ``RankCollective``'s group) and the tags that match messages. Those attributes
-are the rank's *parameters* (:data:`RANK_PARAMETERS`): a rank class is one
+are the rank's *parameters* (:func:`rank_parameters`: each op record's
+``extra["rank_parameters"]``): a rank class is one
 program plus, per rank, the values of its parameters where they differ from the
 class program's, so N identical ranks give one program, not N (the RFC's
 "eliminate redundant ranked IRs", parametrised by the rank's place in the mesh).
@@ -17,15 +18,16 @@ from typing import Any
 
 from ..function import Function, _plain
 from ..op import Op, freeze_attributes
+from ..registry import get_op
 from ..value import Value
 
-# Per op type, the attributes that may differ between the ranks of one class.
-RANK_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "Slice": ("start", "end"),
-    "SendTo": ("peer", "tag"),
-    "RecvFrom": ("peer", "tag"),
-    "RankCollective": ("group", "tag"),
-}
+
+def rank_parameters(op_type: str) -> tuple[str, ...]:
+    """The attributes of ``op_type`` that may differ between the ranks of one class: its
+    registry record's ``extra["rank_parameters"]`` (a Slice's offsets, a SendTo's peer and
+    tag, ...)."""
+    return get_op(op_type).extra.get("rank_parameters", ())
+
 
 Parameters = dict[tuple[int, str], Any]
 
@@ -51,7 +53,7 @@ def parameters_against(template: Function, program: Function) -> Parameters | No
             return None
         if oa.subfunctions != ob.subfunctions:  # lowering passes bodies through as they are
             return None
-        free = RANK_PARAMETERS.get(oa.op_type, ())
+        free = rank_parameters(oa.op_type)
         pa, pb = _plain(oa.attributes), _plain(ob.attributes)
         if {k: v for k, v in pa.items() if k not in free} != {
             k: v for k, v in pb.items() if k not in free
@@ -100,7 +102,7 @@ def instantiate(template: Function, parameters: Mapping[tuple[int, str], Any]) -
     ops = list(template.ops)
     by_op: dict[int, dict[str, Any]] = {}
     for (index, key), value in parameters.items():
-        if key not in RANK_PARAMETERS.get(ops[index].op_type, ()):
+        if key not in rank_parameters(ops[index].op_type):
             raise KeyError(f"{key!r} is not a rank parameter of {ops[index].op_type}")
         by_op.setdefault(index, {})[key] = value
     for index, changes in by_op.items():
@@ -118,4 +120,4 @@ def instantiate(template: Function, parameters: Mapping[tuple[int, str], Any]) -
     return Function(template.name, template.inputs, tuple(ops), template.outputs)
 
 
-__all__ = ["RANK_PARAMETERS", "classes", "instantiate", "parameters_against"]
+__all__ = ["classes", "instantiate", "parameters_against", "rank_parameters"]
