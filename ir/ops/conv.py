@@ -98,6 +98,21 @@ def _conv_cost(c: CostContext) -> Cost:
     return Cost(flops, x.size_bytes + w.size_bytes, y.size_bytes, matrix_flops=flops)
 
 
+_CONV_ATTRIBUTES = (
+    Attr(
+        "padding",
+        "valid",
+        '"valid", "same" or [top, bottom, left, right]',
+        kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
+    ),
+    Attr(
+        "stride",
+        1,
+        "window step: one for both axes, or [Sh, Sw]",
+        kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
+    ),
+)
+
 register_op(
     OpDef(
         name="Conv2D",
@@ -106,20 +121,7 @@ register_op(
         type_rule=_conv_types,
         kernel=_conv_kernel,
         cost_rule=_conv_cost,
-        attributes=(
-            Attr(
-                "padding",
-                "valid",
-                '"valid", "same" or [top, bottom, left, right]',
-                kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
-            ),
-            Attr(
-                "stride",
-                1,
-                "window step: one for both axes, or [Sh, Sw]",
-                kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
-            ),
-        ),
+        attributes=_CONV_ATTRIBUTES,
         aliases=("conv2d",),
         doc="2-D convolution, NHWC with (Kh, Kw, Cin, Cout) weights.",
         extra={

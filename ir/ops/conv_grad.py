@@ -11,6 +11,8 @@ axes stay whole.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .. import attr_kinds as kinds
@@ -19,7 +21,16 @@ from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, attach_rule,
 from ._common import same_dtype, tensor
 from ._examples import ctx, t
 from ._factors import rule
-from .conv import Geometry, _conv_types, _pool_types, conv_stride, window_geometry, windows
+from .conv import (
+    _CONV_ATTRIBUTES,
+    _POOL_ATTRIBUTES,
+    Geometry,
+    _conv_types,
+    _pool_types,
+    conv_stride,
+    window_geometry,
+    windows,
+)
 
 
 def _check_dy(c: TypeContext, forward, dy_index: int) -> None:
@@ -67,20 +78,11 @@ def _conv_grad_cost(c: CostContext) -> Cost:
     return Cost(flops, read, written, matrix_flops=flops)
 
 
-_CONV_ATTRIBUTES = (
-    Attr(
-        "padding",
-        "valid",
-        "the forward Conv2D's padding",
-        kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
-    ),
-    Attr(
-        "stride",
-        1,
-        "the forward Conv2D's stride",
-        kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
-    ),
-)
+def _forward_attributes(attributes: tuple[Attr, ...], forward: str) -> tuple[Attr, ...]:
+    """The forward op's attributes (names, defaults, kinds: a gradient takes what its
+    forward op takes), each documented as the forward op's."""
+    return tuple(replace(a, doc=f"the forward {forward}'s {a.name}") for a in attributes)
+
 
 register_op(
     OpDef(
@@ -90,7 +92,7 @@ register_op(
         type_rule=_conv_grad_types,
         kernel=_conv_grad_kernel,
         cost_rule=_conv_grad_cost,
-        attributes=_CONV_ATTRIBUTES,
+        attributes=_forward_attributes(_CONV_ATTRIBUTES, "Conv2D"),
         doc="Gradients of y = Conv2D(x, w) given dy: returns (dw, dx), the seeds' order.",
         extra={
             "weight_operands": (1,),
@@ -155,25 +157,7 @@ register_op(
             Attr(
                 "kind", doc='"max" or "avg": the forward pooling', kind=kinds.one_of("max", "avg")
             ),
-            Attr(
-                "kernel",
-                doc="the forward pooling's kernel",
-                kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
-            ),
-            Attr(
-                "stride",
-                None,
-                "the forward pooling's stride",
-                kind=kinds.optional(
-                    kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2))
-                ),
-            ),
-            Attr(
-                "padding",
-                "valid",
-                "the forward pooling's padding",
-                kind=kinds.either(kinds.one_of("valid"), kinds.PADS),
-            ),
+            *_forward_attributes(_POOL_ATTRIBUTES, "pooling"),
         ),
         doc="Gradient of MaxPool2D or AvgPool2D (kind) of x given dy.",
         extra={
