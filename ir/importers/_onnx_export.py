@@ -153,14 +153,10 @@ def _nchw(em, op, ins, outs, onnx_op: str, weights: list[str], **attrs) -> None:
 
 
 def _window_attributes(op, kernel: tuple[int, int]) -> dict:
-    from ..ops.conv import conv_pads, conv_stride
+    from ..ops.conv import window_geometry
 
-    top, bottom, left, right = conv_pads(op.attributes["padding"], *kernel)
-    stride = op.attributes["stride"]
-    return {
-        "pads": [top, left, bottom, right],
-        "strides": list(conv_stride(kernel if stride is None else stride)),
-    }
+    _, stride, (top, bottom, left, right) = window_geometry(op.attributes, kernel)
+    return {"pads": [top, left, bottom, right], "strides": list(stride)}
 
 
 def _emit_conv(em, op, ins, outs):

@@ -47,6 +47,27 @@ def conv_stride(stride) -> tuple[int, int]:
     return int(pair[0]), int(pair[1])
 
 
+Geometry = tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]
+
+
+def window_geometry(attributes, kernel: tuple[int, int] | None = None) -> Geometry:
+    """``((Kh, Kw), (Sh, Sw), (top, bottom, left, right))`` of a window op: ``kernel``
+    given (a convolution's, from its weight's shape) or its ``kernel`` attribute (pooling);
+    a ``stride`` of None steps by the kernel."""
+    kh, kw = conv_stride(attributes["kernel"]) if kernel is None else kernel
+    stride = attributes["stride"]
+    sh, sw = (kh, kw) if stride is None else conv_stride(stride)
+    return (kh, kw), (sh, sw), conv_pads(attributes["padding"], kh, kw)
+
+
+def windows(x: np.ndarray, geometry: Geometry, fill: float = 0.0) -> np.ndarray:
+    """The windows of ``x`` (N, H, W, C) padded with ``fill``, one every stride:
+    ``(N, H', W', C, Kh, Kw)``."""
+    kernel, (sh, sw), (top, bottom, left, right) = geometry
+    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
+    return np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=(1, 2))[:, ::sh, ::sw]
+
+
 def _conv_types(c: TypeContext):
     x, w = tensor(c, 0, "x"), tensor(c, 1, "w")
     same_dtype(x, w)
@@ -66,13 +87,8 @@ def _conv_types(c: TypeContext):
 
 def _conv_kernel(xs, a):
     x, w = xs
-    kh, kw = w.shape[:2]
-    top, bottom, left, right = conv_pads(a["padding"], kh, kw)
-    sh, sw = conv_stride(a["stride"])
-    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
-    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
-    windows = windows[:, ::sh, ::sw]
-    return [np.einsum("nhwcij,ijco->nhwo", windows, w).astype(x.dtype)]
+    patches = windows(x, window_geometry(a, w.shape[:2]))
+    return [np.einsum("nhwcij,ijco->nhwo", patches, w).astype(x.dtype)]
 
 
 def _conv_cost(c: CostContext) -> Cost:
@@ -82,6 +98,21 @@ def _conv_cost(c: CostContext) -> Cost:
     return Cost(flops, x.size_bytes + w.size_bytes, y.size_bytes, matrix_flops=flops)
 
 
+_CONV_ATTRIBUTES = (
+    Attr(
+        "padding",
+        "valid",
+        '"valid", "same" or [top, bottom, left, right]',
+        kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
+    ),
+    Attr(
+        "stride",
+        1,
+        "window step: one for both axes, or [Sh, Sw]",
+        kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
+    ),
+)
+
 register_op(
     OpDef(
         name="Conv2D",
@@ -90,20 +121,7 @@ register_op(
         type_rule=_conv_types,
         kernel=_conv_kernel,
         cost_rule=_conv_cost,
-        attributes=(
-            Attr(
-                "padding",
-                "valid",
-                '"valid", "same" or [top, bottom, left, right]',
-                kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
-            ),
-            Attr(
-                "stride",
-                1,
-                "window step: one for both axes, or [Sh, Sw]",
-                kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
-            ),
-        ),
+        attributes=_CONV_ATTRIBUTES,
         aliases=("conv2d",),
         doc="2-D convolution, NHWC with (Kh, Kw, Cin, Cout) weights.",
         extra={
@@ -122,9 +140,19 @@ register_op(
 
 
 def _conv_sharding(c: TypeContext) -> dict:
-    kh, kw = c.input_types[1].shape[:2]
-    top, bottom, left, right = conv_pads(c.attributes["padding"], kh, kw)
-    sh, sw = conv_stride(c.attributes["stride"])
+    return rule(
+        [("n", None, None, "ci"), (None, None, "ci", "co")],
+        [("n", None, None, "co")],
+        reduce={"ci": "sum"},
+        linear=[(0,), (1,)],
+        halo=window_halos(window_geometry(c.attributes, c.input_types[1].shape[:2])),
+    )
+
+
+def window_halos(geometry: Geometry) -> list[dict]:
+    """The ``halo`` list of a sliding-window op's sharding rule: rows (axis 1) and columns
+    (axis 2); a device's op gets its own zeros before and after in ``padding``."""
+    (kh, kw), (sh, sw), (top, bottom, left, right) = geometry
 
     def rows_pads(attrs, pad_top: int, pad_bottom: int) -> dict:
         return {**dict(attrs), "padding": [pad_top, pad_bottom, left, right]}
@@ -132,16 +160,10 @@ def _conv_sharding(c: TypeContext) -> dict:
     def columns_pads(attrs, pad_left: int, pad_right: int) -> dict:
         return {**dict(attrs), "padding": [top, bottom, pad_left, pad_right]}
 
-    return rule(
-        [("n", None, None, "ci"), (None, None, "ci", "co")],
-        [("n", None, None, "co")],
-        reduce={"ci": "sum"},
-        linear=[(0,), (1,)],
-        halo=[
-            window_axis(1, kh, sh, (top, bottom), rows_pads),
-            window_axis(2, kw, sw, (left, right), columns_pads),
-        ],
-    )
+    return [
+        window_axis(1, kh, sh, (top, bottom), rows_pads),
+        window_axis(2, kw, sw, (left, right), columns_pads),
+    ]
 
 
 def window_axis(axis: int, window: int, stride: int, pads: tuple[int, int], local) -> dict:
@@ -169,18 +191,11 @@ attach_rule("Conv2D", "sharding_rule", _conv_sharding)
 # or width split with a halo exchange, as Conv2D.
 
 
-def _pool_geometry(a) -> tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]:
-    kh, kw = conv_stride(a["kernel"])
-    stride = a["stride"]
-    sh, sw = (kh, kw) if stride is None else conv_stride(stride)
-    return (kh, kw), (sh, sw), conv_pads(a["padding"], kh, kw)
-
-
 def _pool_types(c: TypeContext):
     x = tensor(c, 0, "x")
     if x.rank != 4:
         raise TypeRuleError(f"pooling needs x (N, H, W, C), got {x}")
-    (kh, kw), (sh, sw), (top, bottom, left, right) = _pool_geometry(c.attributes)
+    (kh, kw), (sh, sw), (top, bottom, left, right) = window_geometry(c.attributes)
     n, h, w, ch = x.shape
     if h + top + bottom < kh or w + left + right < kw:
         raise TypeRuleError(f"a {kh}x{kw} window does not fit a padded {h}x{w} image")
@@ -191,10 +206,7 @@ def _pool_types(c: TypeContext):
 def _pool_kernel(reduce, fill: float):
     def kernel(xs, a):
         (x,) = xs
-        (kh, kw), (sh, sw), (top, bottom, left, right) = _pool_geometry(a)
-        xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
-        windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
-        return [reduce(windows[:, ::sh, ::sw], axis=(-2, -1)).astype(x.dtype)]
+        return [reduce(windows(x, window_geometry(a), fill), axis=(-2, -1)).astype(x.dtype)]
 
     return kernel
 
@@ -207,21 +219,10 @@ def _pool_cost(c: CostContext) -> Cost:
 
 
 def _pool_sharding(c: TypeContext) -> dict:
-    (kh, kw), (sh, sw), (top, bottom, left, right) = _pool_geometry(c.attributes)
-
-    def rows_pads(attrs, pad_top: int, pad_bottom: int) -> dict:
-        return {**dict(attrs), "padding": [pad_top, pad_bottom, left, right]}
-
-    def columns_pads(attrs, pad_left: int, pad_right: int) -> dict:
-        return {**dict(attrs), "padding": [top, bottom, pad_left, pad_right]}
-
     return rule(
         [("n", None, None, "c")],
         [("n", None, None, "c")],
-        halo=[
-            window_axis(1, kh, sh, (top, bottom), rows_pads),
-            window_axis(2, kw, sw, (left, right), columns_pads),
-        ],
+        halo=window_halos(window_geometry(c.attributes)),
     )
 
 

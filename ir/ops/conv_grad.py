@@ -11,6 +11,8 @@ axes stay whole.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .. import attr_kinds as kinds
@@ -19,7 +21,16 @@ from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, attach_rule,
 from ._common import same_dtype, tensor
 from ._examples import ctx, t
 from ._factors import rule
-from .conv import _conv_types, _pool_geometry, _pool_types, conv_pads, conv_stride
+from .conv import (
+    _CONV_ATTRIBUTES,
+    _POOL_ATTRIBUTES,
+    Geometry,
+    _conv_types,
+    _pool_types,
+    conv_stride,
+    window_geometry,
+    windows,
+)
 
 
 def _check_dy(c: TypeContext, forward, dy_index: int) -> None:
@@ -36,10 +47,10 @@ def _conv_grad_types(c: TypeContext):
     return [w, x]
 
 
-def _scatter_windows(shape, kernel, stride, pads, add_window):
+def _scatter_windows(shape, geometry: Geometry, add_window):
     """The padded-input gradient: ``add_window(i, j)`` for every kernel offset, added at
     the rows and columns that offset reads; then the padding cut off."""
-    (kh, kw), (sh, sw), (top, bottom, left, right) = kernel, stride, pads
+    (kh, kw), (sh, sw), (top, bottom, left, right) = geometry
     n, h, w, c = shape
     dxp = None
     for i in range(kh):
@@ -54,17 +65,9 @@ def _scatter_windows(shape, kernel, stride, pads, add_window):
 
 def _conv_grad_kernel(xs, a):
     x, w, dy = xs
-    kh, kw = w.shape[:2]
-    pads = conv_pads(a["padding"], kh, kw)
-    stride = conv_stride(a["stride"])
-    top, bottom, left, right = pads
-    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)))
-    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
-    windows = windows[:, :: stride[0], :: stride[1]]
-    dw = np.einsum("nhwcij,nhwo->ijco", windows, dy)
-    dx = _scatter_windows(
-        x.shape, (kh, kw), stride, pads, lambda i, j: np.einsum("nhwo,co->nhwc", dy, w[i, j])
-    )
+    geometry = window_geometry(a, w.shape[:2])
+    dw = np.einsum("nhwcij,nhwo->ijco", windows(x, geometry), dy)
+    dx = _scatter_windows(x.shape, geometry, lambda i, j: np.einsum("nhwo,co->nhwc", dy, w[i, j]))
     return [dw.astype(w.dtype), dx.astype(x.dtype)]
 
 
@@ -75,20 +78,11 @@ def _conv_grad_cost(c: CostContext) -> Cost:
     return Cost(flops, read, written, matrix_flops=flops)
 
 
-_CONV_ATTRIBUTES = (
-    Attr(
-        "padding",
-        "valid",
-        "the forward Conv2D's padding",
-        kind=kinds.either(kinds.one_of("valid", "same"), kinds.PADS),
-    ),
-    Attr(
-        "stride",
-        1,
-        "the forward Conv2D's stride",
-        kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
-    ),
-)
+def _forward_attributes(attributes: tuple[Attr, ...], forward: str) -> tuple[Attr, ...]:
+    """The forward op's attributes (names, defaults, kinds: a gradient takes what its
+    forward op takes), each documented as the forward op's."""
+    return tuple(replace(a, doc=f"the forward {forward}'s {a.name}") for a in attributes)
+
 
 register_op(
     OpDef(
@@ -98,7 +92,7 @@ register_op(
         type_rule=_conv_grad_types,
         kernel=_conv_grad_kernel,
         cost_rule=_conv_grad_cost,
-        attributes=_CONV_ATTRIBUTES,
+        attributes=_forward_attributes(_CONV_ATTRIBUTES, "Conv2D"),
         doc="Gradients of y = Conv2D(x, w) given dy: returns (dw, dx), the seeds' order.",
         extra={
             "weight_operands": (1,),
@@ -128,24 +122,21 @@ def _pool_grad_types(c: TypeContext):
 
 def _pool_grad_kernel(xs, a):
     x, dy = xs
-    kernel, stride, pads = _pool_geometry(a)
-    (kh, kw), (sh, sw) = kernel, stride
+    geometry = window_geometry(a)
+    kh, kw = geometry[0]
     if a["kind"] == "avg":
         share = dy / (kh * kw)
-        return [_scatter_windows(x.shape, kernel, stride, pads, lambda i, j: share)]
-    top, bottom, left, right = pads
-    xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=-np.inf)
-    windows = np.lib.stride_tricks.sliding_window_view(xp, (kh, kw), axis=(1, 2))
-    windows = windows[:, ::sh, ::sw]
-    biggest = windows.max(axis=(-2, -1))
+        return [_scatter_windows(x.shape, geometry, lambda i, j: share)]
+    candidates = windows(x, geometry, -np.inf)
+    biggest = candidates.max(axis=(-2, -1))
     taken = np.zeros(biggest.shape, bool)
     routed = {}
     for i in range(kh):
         for j in range(kw):
-            hit = (windows[..., i, j] == biggest) & ~taken
+            hit = (candidates[..., i, j] == biggest) & ~taken
             taken |= hit
             routed[i, j] = np.where(hit, dy, 0).astype(dy.dtype)
-    return [_scatter_windows(x.shape, kernel, stride, pads, lambda i, j: routed[i, j])]
+    return [_scatter_windows(x.shape, geometry, lambda i, j: routed[i, j])]
 
 
 def _pool_grad_cost(c: CostContext) -> Cost:
@@ -166,25 +157,7 @@ register_op(
             Attr(
                 "kind", doc='"max" or "avg": the forward pooling', kind=kinds.one_of("max", "avg")
             ),
-            Attr(
-                "kernel",
-                doc="the forward pooling's kernel",
-                kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
-            ),
-            Attr(
-                "stride",
-                None,
-                "the forward pooling's stride",
-                kind=kinds.optional(
-                    kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2))
-                ),
-            ),
-            Attr(
-                "padding",
-                "valid",
-                "the forward pooling's padding",
-                kind=kinds.either(kinds.one_of("valid"), kinds.PADS),
-            ),
+            *_forward_attributes(_POOL_ATTRIBUTES, "pooling"),
         ),
         doc="Gradient of MaxPool2D or AvgPool2D (kind) of x given dy.",
         extra={

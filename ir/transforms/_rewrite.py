@@ -54,14 +54,21 @@ def parameter_inputs(f: Function) -> list[Value]:
     by a ``broadcasting`` op (a bias, a position embedding). Views of an input count as
     the input (imported programs transpose torch's ``(out, in)`` Linear weights first).
     """
+    optimized = _optimized_inputs(f)
+    return _weight_like(f) if optimized is None else optimized
+
+
+def _optimized_inputs(f: Function) -> list[Value] | None:
+    """The inputs that optimizer ops update or keep state in (every operand but the
+    gradient, operand 1), in input order; None when ``f`` has no optimizer op."""
+    optimizers = [op for op in f.ops if is_optimizer(op)]
+    if not optimizers:
+        return None
     inputs = set(f.inputs)
     found: set[Value] = set()
-    optimizers = [op for op in f.ops if is_optimizer(op)]
-    if optimizers:
-        for op in optimizers:
-            found.update(v for i, v in enumerate(op.inputs) if i != 1 and v in inputs)
-        return [v for v in f.inputs if v in found]
-    return _weight_like(f)
+    for op in optimizers:
+        found.update(v for i, v in enumerate(op.inputs) if i != 1 and v in inputs)
+    return [v for v in f.inputs if v in found]
 
 
 def _weight_like(f: Function) -> list[Value]:
@@ -122,7 +129,7 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
             )
         return [by_name[n] for n in names]
     # a training program's untrained buffers (rotary frequencies) are not batches either
-    params = set(parameter_inputs(f)) | set(_weight_like(f))
+    params = set(_optimized_inputs(f) or ()) | set(_weight_like(f))
     read = {v for op in f.ops for v in op.inputs} | set(f.outputs)
     data = [
         v

@@ -129,8 +129,8 @@ def data_rule(op: Op, states: list[Shard | None], n: int = 1) -> RuleResult:
     partial = {i for i, s in enumerate(states) if s == P}
     if not partial:
         return RuleResult(None, convert=_slices(op, states) if n > 1 else {})
-    n = len(states)
-    if len(partial) == n and any(linear_in_all(c, n) for c in candidates(op, 2)):
+    operands = len(states)
+    if len(partial) == operands and any(linear_in_all(c, operands) for c in candidates(op, 2)):
         return RuleResult(None)
     return RuleResult(None, convert=dict.fromkeys(partial, R))
 

@@ -16,12 +16,7 @@ def weights(f: Function) -> list[Value]:
     of first use."""
     optimizers = [op for op in f.ops if is_optimizer(op)]
     chosen = {op.inputs[0] for op in optimizers} if optimizers else set(parameter_inputs(f))
-    order: list[Value] = []
-    for op in f.ops:
-        for v in op.inputs:
-            if v in chosen and v not in order:
-                order.append(v)
-    return order
+    return list(dict.fromkeys(v for op in f.ops for v in op.inputs if v in chosen))
 
 
 def gradient_ops(f: Function) -> set[Op]:

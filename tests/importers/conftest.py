@@ -3,6 +3,9 @@ never a download."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 
 torch = pytest.importorskip("torch", reason="the importers extra (torch) is not installed")
@@ -79,21 +82,20 @@ def llama() -> torch.nn.Module:
     return Logits(transformers.LlamaForCausalLM(config).eval())
 
 
-def llama_7b(layers: int) -> torch.nn.Module:
-    """Llama-7B's widths (hidden 4096, 32 heads, MLP 11008, vocabulary 32000) with
-    ``layers`` layers, bf16, on the meta device: shapes only, never executed."""
-    config = transformers.LlamaConfig(
-        num_hidden_layers=layers,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        vocab_size=32000,
-        max_position_embeddings=4096,
-        attn_implementation="eager",
+def _llama7b_benchmark():
+    spec = importlib.util.spec_from_file_location(
+        "llama7b_simulation",
+        Path(__file__).resolve().parents[2] / "benchmarks" / "llama7b_simulation.py",
     )
-    with torch.device("meta"):
-        return Logits(transformers.LlamaForCausalLM(config).to(torch.bfloat16).eval())
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# Llama-7B's widths (hidden 4096, 32 heads, MLP 11008, vocabulary 32000) with ``layers``
+# layers, bf16, on the meta device: shapes only, never executed. The benchmark's own
+# model, so that the tests check the program whose figures it prints.
+llama_7b = _llama7b_benchmark().llama_7b
 
 
 def bert() -> torch.nn.Module:
