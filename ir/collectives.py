@@ -89,6 +89,8 @@ def send_time_s(size_bytes: float, src: int, dst: int, topology: Topology) -> fl
     """Time to move ``size_bytes`` from ``src`` to ``dst`` (0 on the same device)."""
     if src == dst:
         return 0.0
+    if topology.collectives is not None:
+        return topology.collectives.send_time_s(size_bytes, src, dst, topology)
     return topology.latency(src, dst) + size_bytes / topology.bandwidth(src, dst)
 
 
@@ -185,6 +187,8 @@ def collective_time_s(
         raise TopologyError(f"unknown collective {kind!r} (one of {', '.join(COLLECTIVES)})")
     for d in devices:
         topology.index(d)  # raises a TopologyError naming the missing device
+    if topology.collectives is not None:  # achieved bandwidths (ir.hardware.comm)
+        return topology.collectives.time_s(kind, size_bytes, devices, topology, root)
     if kind == "send":
         return send_time_s(
             size_bytes, devices[0], root if root is not None else devices[-1], topology

@@ -91,6 +91,9 @@ class Device:
     launch_overhead_s: float = 0.0
     matrix_peak_flops: PeakTable = ()
     vector_peak_flops: PeakTable = ()
+    # how close kernels come to the peaks (ir.hardware.kernels.KernelModel); None: the
+    # roofline at the peaks plus launch_overhead_s
+    kernels: Any = None
 
     def __post_init__(self) -> None:
         for field in ("peak_flops", "mem_bandwidth_bytes_per_s", "memory_bytes"):
@@ -156,6 +159,49 @@ class Device:
         t_flops = matrix_flops / matrix + (flops - matrix_flops) / vector
         t_bytes = nbytes / self.mem_bandwidth_bytes_per_s
         return t_flops + t_bytes if additive else max(t_flops, t_bytes)
+
+    def op_time_s(
+        self, cost: Any, dtype: object = None, *, allow_tf32: bool = False, additive: bool = False
+    ) -> float:
+        """Time of one op of ``cost`` (an ``ir.registry.Cost``) on this device.
+
+        With a kernel model (``kernels``, what ``Topology.preset`` gives GPUs unless
+        ``ideal=True``): the model's time (``ir.hardware.kernels``: tile and wave
+        quantised GEMMs, achieved memory bandwidth, fused attention, kernel gaps).
+        Without: ``launch_overhead_s`` plus :meth:`compute_time_s` (the roofline).
+
+        >>> from ir.registry import Cost
+        >>> Device(0, peak_flops=1e12, launch_overhead_s=1e-6).op_time_s(Cost(2e9, 0, 0))
+        0.002001
+        """
+        if self.kernels is None:
+            return self.launch_overhead_s + self.compute_time_s(
+                cost.flops,
+                cost.bytes_read + cost.bytes_written,
+                cost.matrix_flops,
+                dtype,
+                allow_tf32=allow_tf32,
+                additive=additive,
+            )
+        return self.kernels.time_s(
+            cost,
+            matrix_peak_flops=self.peak_flops_for(dtype, True, allow_tf32=allow_tf32),
+            vector_peak_flops=self.peak_flops_for(dtype, False),
+            mem_bandwidth_bytes_per_s=self.mem_bandwidth_bytes_per_s,
+        )
+
+    def host_time_s(self, cost: Any) -> float:
+        """Host (CPU) time to issue one op of ``cost``: 0 without a kernel model."""
+        return 0.0 if self.kernels is None else self.kernels.host_time_s(cost)
+
+    def host_comm_s(self) -> float:
+        """Host time to issue one collective or send: 0 without a kernel model."""
+        return 0.0 if self.kernels is None else self.kernels.host.comm_s
+
+    @property
+    def syncs_after_p2p(self) -> bool:
+        """Whether the host waits for this device after a point-to-point transfer."""
+        return self.kernels is not None and self.kernels.host.sync_p2p
 
 
 class LinkTable(Sequence):
@@ -269,6 +315,9 @@ class Topology:
     name: str = "custom"
     nodes: tuple[tuple[int, ...], ...] = ()
     allow_tf32: bool = False
+    # achieved collective times (ir.hardware.comm.CollectiveModel); None: alpha-beta rings
+    # at the links' nominal bandwidth and latency
+    collectives: Any = None
 
     def __post_init__(self) -> None:
         n = len(self.devices)
@@ -351,6 +400,20 @@ class Topology:
     def _indices(self) -> dict[int, int]:
         return {d.device_id: i for i, d in enumerate(self.devices)}
 
+    @functools.cached_property
+    def _node_index(self) -> dict[int, int]:
+        return {d: k for k, node in enumerate(self.nodes) for d in node}
+
+    def node_of(self, device_id: int) -> int:
+        """The index in ``nodes`` of the node holding ``device_id`` (0 without nodes)."""
+        return self._node_index.get(device_id, 0)
+
+    @property
+    def ideal(self) -> bool:
+        """True when no device has a kernel model and there is no collective model: every
+        op on the roofline at the peaks, every transfer on alpha-beta rings."""
+        return self.collectives is None and all(d.kernels is None for d in self.devices)
+
     def bandwidth(self, src: int, dst: int) -> float:
         return self.bandwidth_bytes_per_s[self.index(src)][self.index(dst)]
 
@@ -362,12 +425,17 @@ class Topology:
         return self.device(device_id).peak_flops_for(dtype, matrix, allow_tf32=self.allow_tf32)
 
     @staticmethod
-    def preset(name: str, num_devices: int, *, allow_tf32: bool = False) -> Topology:
+    def preset(
+        name: str, num_devices: int, *, allow_tf32: bool = False, ideal: bool = False
+    ) -> Topology:
         """A hardware preset (see ``Topology.presets()``) with ``num_devices`` devices.
 
         GPU presets add InfiniBand-linked nodes when ``num_devices`` exceeds one node;
-        sources for every figure are cited in ``ir/hardware.py``. ``allow_tf32`` runs
+        sources for every figure are cited in ``ir/hardware/``. ``allow_tf32`` runs
         float32 matmuls in TF32 where the GPU has it (PyTorch's default is not to).
+        GPU presets model how close real kernels, hosts and collectives come to the
+        datasheet (``ir.hardware.efficiency``); ``ideal=True`` keeps the pure roofline
+        and alpha-beta rings at the datasheet figures (the course's closed forms).
         """
         from .hardware import preset
 
@@ -375,7 +443,9 @@ class Topology:
         if isinstance(num_devices, numbers.Integral) and num_devices < 1:
             raise TopologyError(f"a topology needs at least one device, got {num_devices}")
         int_arg("Topology.preset", "num_devices", num_devices, 1, MAX_DEVICES)
-        return preset(name, num_devices, allow_tf32=allow_tf32)
+        if not isinstance(ideal, bool):
+            raise ArgumentError(f"Topology.preset: ideal must be True or False, got {ideal!r}")
+        return preset(name, num_devices, allow_tf32=allow_tf32, ideal=ideal)
 
     @staticmethod
     def presets() -> tuple[str, ...]:

@@ -56,12 +56,24 @@ class Cost:
     convolutions): the simulator times it at the device's matrix (tensor-core)
     peak for the operands' element type and the rest at its vector peak (see
     ``ir.device``). An op's cost rule is the one place that says so.
+
+    What a kernel efficiency model (``ir.hardware.kernels``) needs besides:
+    ``gemms`` lists the matrix products as ``(batch, m, n, k)`` (for a fused attention,
+    one entry ``(batch * heads, query length, key length, head dimension)``);
+    ``kernel`` names the kind of kernel (one of ``ir.hardware.kernels.KERNEL_KINDS``:
+    ``"view"`` launches nothing, ``"optimizer"`` is one weight's share of a fused
+    multi-tensor step, ``"attention"`` / ``"attention_grad"`` a fused attention; ``""``
+    infers a GEMM from ``gemms``, else a memory-bound kernel); ``launches`` counts the
+    kernels the op runs (a MatMulGrad runs two products).
     """
 
     flops: float = 0.0
     bytes_read: float = 0.0
     bytes_written: float = 0.0
     matrix_flops: float = 0.0
+    gemms: tuple[tuple[int, int, int, int], ...] = ()
+    kernel: str = ""
+    launches: int = 1
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(
@@ -69,22 +81,30 @@ class Cost:
             self.bytes_read + other.bytes_read,
             self.bytes_written + other.bytes_written,
             self.matrix_flops + other.matrix_flops,
+            self.gemms + other.gemms,
+            self.kernel if self.kernel == other.kernel else "",
+            self.launches + other.launches,
         )
 
 
 def ops_cost(ops: Iterable[Any]) -> Cost:
     """The summed cost of ``ops`` as their records' cost rules give it (ops without a
     rule, and pmap bodies, count nothing: a step's top level, not its devices)."""
-    total = Cost()
+    flops = read = written = matrix = 0.0
+    launches = 0
     for op in ops:
         rule = get_op(op.op_type).cost_rule
         if rule is None or op.subfunctions:
             continue
         types_in = tuple(v.type for v in op.inputs)
-        total = total + rule(
-            CostContext(types_in, tuple(v.type for v in op.outputs), op.attributes)
-        )
-    return total
+        c = rule(CostContext(types_in, tuple(v.type for v in op.outputs), op.attributes))
+        flops += c.flops
+        read += c.bytes_read
+        written += c.bytes_written
+        matrix += c.matrix_flops
+        launches += c.launches
+    # totals only: the per-op GEMM shapes are not kept (a long program would list thousands)
+    return Cost(flops, read, written, matrix, launches=launches)
 
 
 @dataclass(frozen=True)

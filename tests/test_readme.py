@@ -8,7 +8,10 @@ from pathlib import Path
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 
-def test_readme_examples_run(capsys):
+def test_readme_examples_run(capsys, tmp_path, monkeypatch):
+    # the examples write files (a search's CSV, a report): into a scratch folder, never
+    # into the checkout
+    monkeypatch.chdir(tmp_path)
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
     assert len(blocks) >= 4
     namespace: dict = {}
@@ -18,3 +21,4 @@ def test_readme_examples_run(capsys):
         except Exception as e:  # say which block failed
             raise AssertionError(f"README python block {i + 1} failed: {e!r}\n{block}") from e
     capsys.readouterr()
+    assert not (README.parent / "search.csv").exists()

@@ -96,7 +96,7 @@ def breakdown_html(result: SimResult, width_px: int = 360) -> str:
     >>> import ir
     >>> b = ir.FunctionBuilder("f")
     >>> x = b.input("x", ir.TensorType((64, 64), device=0))
-    >>> r = ir.simulate(b.finish([b.call("MatMul", x, x)]), ir.Topology.preset("a100-hgx", 1))
+    >>> r = ir.simulate(b.finish([b.call("MatMul", x, x)]), ir.Topology.preset("a100-hgx", 1, ideal=True))
     >>> "compute 100%" in breakdown_html(r)
     True
     """

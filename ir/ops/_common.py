@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
@@ -67,6 +68,17 @@ def per_output_element(flops_per_element: float):
         return memory_cost(ctx, flops_per_element * n)
 
     return rule
+
+
+def with_kernel(kernel: str, rule):
+    """``rule`` with its costs marked as ``kernel`` (``ir.registry.Cost.kernel``): a
+    ``"view"`` launches nothing on a GPU, an ``"optimizer"`` step is one weight's share
+    of a fused multi-tensor kernel."""
+
+    def marked(ctx: CostContext) -> Cost:
+        return replace(rule(ctx), kernel=kernel)
+
+    return marked
 
 
 def no_cost(ctx: CostContext) -> Cost:

@@ -95,7 +95,9 @@ def _conv_cost(c: CostContext) -> Cost:
     x, w = c.input_types
     (y,) = c.output_types
     flops = 2.0 * y.num_elements * w.shape[0] * w.shape[1] * w.shape[2]
-    return Cost(flops, x.size_bytes + w.size_bytes, y.size_bytes, matrix_flops=flops)
+    n, ho, wo, cout = y.shape
+    gemm = (1, n * ho * wo, cout, w.shape[0] * w.shape[1] * w.shape[2])  # implicit GEMM
+    return Cost(flops, x.size_bytes + w.size_bytes, y.size_bytes, matrix_flops=flops, gemms=(gemm,))
 
 
 _CONV_ATTRIBUTES = (

@@ -75,7 +75,11 @@ def _conv_grad_cost(c: CostContext) -> Cost:
     x, w, dy = c.input_types
     flops = 2.0 * 2.0 * dy.num_elements * w.shape[0] * w.shape[1] * w.shape[2]
     read, written = x.size_bytes + w.size_bytes + dy.size_bytes, x.size_bytes + w.size_bytes
-    return Cost(flops, read, written, matrix_flops=flops)
+    kh, kw, cin, cout = w.shape
+    rows = dy.num_elements // cout  # n * ho * wo
+    # implicit GEMMs: dx from dy and w, dw from the input's windows and dy
+    gemms = ((1, rows, kh * kw * cin, cout), (1, kh * kw * cin, cout, rows))
+    return Cost(flops, read, written, matrix_flops=flops, gemms=gemms, launches=2)
 
 
 def _forward_attributes(attributes: tuple[Attr, ...], forward: str) -> tuple[Attr, ...]:

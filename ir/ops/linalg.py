@@ -35,11 +35,27 @@ def _matmul_types(ctx: TypeContext):
     return [a.with_shape(_matmul_shape(a.shape, b.shape))]
 
 
+def _product(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def matmul_gemm(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, int, int, int]:
+    """``a @ b`` as one (batched) GEMM ``(batch, m, n, k)``: a shared ``(K, N)`` operand
+    folds every leading axis of ``a`` into ``m`` (one big product, as cuBLAS runs it)."""
+    if len(b) == 2:
+        return (1, _product(a[:-1]), b[-1], a[-1])
+    return (_product(a[:-2]), a[-2], b[-1], a[-1])
+
+
 def _matmul_cost(ctx: CostContext) -> Cost:
     a, b = ctx.input_types
     (c,) = ctx.output_types
     flops = 2.0 * c.num_elements * a.shape[-1]
-    return Cost(flops, a.size_bytes + b.size_bytes, c.size_bytes, matrix_flops=flops)
+    gemm = matmul_gemm(a.shape, b.shape)
+    return Cost(flops, a.size_bytes + b.size_bytes, c.size_bytes, matrix_flops=flops, gemms=(gemm,))
 
 
 register_op(
@@ -86,7 +102,11 @@ def _matmul_grad_cost(ctx: CostContext) -> Cost:
     a, b, dy = ctx.input_types
     flops = 2.0 * 2.0 * dy.num_elements * a.shape[-1]
     read, written = a.size_bytes + b.size_bytes + dy.size_bytes, a.size_bytes + b.size_bytes
-    return Cost(flops, read, written, matrix_flops=flops)
+    batch, m, n, k = matmul_gemm(a.shape, b.shape)
+    # da = dy @ b^T: (m, k) from (m, n) x (n, k); db = a^T @ dy: (k, n) from (k, m) x (m, n),
+    # every leading axis of a summed into the product when b is a shared matrix
+    gemms = ((batch, m, k, n), (batch, k, n, m))
+    return Cost(flops, read, written, matrix_flops=flops, gemms=gemms, launches=2)
 
 
 register_op(

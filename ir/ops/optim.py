@@ -14,7 +14,7 @@ from .. import attr_kinds as kinds
 from ..errors import ExecutionError, TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from . import _factors as fx
-from ._common import per_output_element, same_dtype, tensor
+from ._common import per_output_element, same_dtype, tensor, with_kernel
 from ._examples import ctx, t
 
 
@@ -40,7 +40,7 @@ register_op(
         results=("w1",),
         type_rule=lambda c: [_same_as_parameter(c, ("w", "dw"))],
         kernel=lambda xs, a: [(xs[0] - a["lr"] * xs[1]).astype(xs[0].dtype)],
-        cost_rule=per_output_element(2),
+        cost_rule=with_kernel("optimizer", per_output_element(2)),
         attributes=(Attr("lr", 0.01, "learning rate", kind=kinds.FINITE),),
         aliases=("opt", "SGD"),
         doc="Plain SGD step: w - lr * dw.",
@@ -85,7 +85,7 @@ register_op(
         results=("w1", "m1", "v1"),
         type_rule=_adam_types,
         kernel=_adam,
-        cost_rule=per_output_element(4),
+        cost_rule=with_kernel("optimizer", per_output_element(4)),
         attributes=(
             Attr("lr", 1e-3, "learning rate", kind=kinds.FINITE),
             Attr("beta1", 0.9, "decay of the first-moment estimate m", kind=kinds.PROBABILITY),

@@ -16,7 +16,7 @@ from ..errors import TypeRuleError
 from ..registry import Attr, OpDef, TypeContext, register_op
 from ..types import DType, TensorType
 from . import _factors as fx
-from ._common import memory_cost, tensor
+from ._common import memory_cost, tensor, with_kernel
 from ._examples import ctx, t
 
 # -- Transpose ---------------------------------------------------------------------
@@ -101,7 +101,7 @@ register_op(
         results=("y",),
         type_rule=_reshape_types,
         kernel=lambda xs, a: [np.reshape(xs[0], a["shape"])],
-        cost_rule=memory_cost,
+        cost_rule=with_kernel("view", memory_cost),
         attributes=(
             Attr("shape", doc="new shape; one entry may be -1 (inferred)", kind=kinds.NEW_SHAPE),
         ),

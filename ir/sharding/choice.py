@@ -103,12 +103,10 @@ class Chooser:
             )
         )
         types = [v.type for v in (*op.inputs, *op.outputs)]
-        return self.device.compute_time_s(
-            cost.flops,
-            cost.bytes_read + cost.bytes_written,
-            cost.matrix_flops,
-            compute_dtype(types),
-            allow_tf32=self.topology.allow_tf32,
+        # the simulator's own time of the op (Device.op_time_s: its kernel model, or the
+        # roofline plus launch), so propagation ranks strategies as the simulation will
+        return self.device.op_time_s(
+            cost, compute_dtype(types), allow_tf32=self.topology.allow_tf32
         )
 
     def _cost(self, op, rule, strategy, ins, outs) -> float:

@@ -137,6 +137,14 @@ class Engine:
         self._set_classes(classes)
         n = len(topology.devices)
         self.compute_free = [0.0] * n
+        # The host clock: when each device's host has issued its latest op. A kernel cannot
+        # start before the host has launched it; the host runs ahead of the device but for
+        # sync points (a point-to-point transfer under Megatron-LM's schedules). Devices
+        # without a kernel model cost no host time and never wait for it.
+        self.host_free = [0.0] * n
+        self.host_comm = [d.host_comm_s() for d in topology.devices]
+        self.host_sync = [d.syncs_after_p2p for d in topology.devices]
+        self.hosted = any(self.host_comm) or any(d.kernels is not None for d in topology.devices)
         # when each communication channel is next free (see _channel): with comm="serial",
         # channel d is device d's one stream; with "channels", one per peer link / group
         self.comm_free = [0.0] * n if self.serial_comm else []
@@ -288,6 +296,7 @@ class Engine:
         prepare = self._prepare
         mirrored, rep_of = self.mirrored, self.rep_of
         blocking = self.blocking_comm
+        host_free, hosted = self.host_free, self.hosted
         for op in ops:
             if once:  # a top-level op runs once: keep nothing per op (costs are shared)
                 prep = prepare(op)
@@ -312,18 +321,28 @@ class Engine:
                     start = compute_free[where]
                     if ready > start:
                         start = ready
+                    hosts = cost[4]
+                    if hosts is not None:  # the host issues the op, then the device runs it
+                        issued = host_free[where] + hosts[where]
+                        host_free[where] = issued
+                        if issued > start:
+                            start = issued
                     end = start + dur
                     compute_free[where] = end
                 elif kind is comm_kind:
                     ins = _leaves(list(map(value_of, op.inputs)))
                     ready = max(map(ready_of, ins)) if ins else 0.0
-                    where, dur, cost, channels = self._collective(op, scope, prep, once)
+                    where, dur, cost, channels, syncs = self._collective(op, scope, prep, once)
                     start = max([ready, *(comm_free[c] for c in channels)])
                     if blocking:
                         start = max([start, *(compute_free[d] for d in where)])
                         for d in where:
                             compute_free[d] = start + dur
+                    if hosted:
+                        start = self._issue(where, start)
                     end = start + dur
+                    if syncs:  # the hosts wait for their devices (torch.cuda.synchronize)
+                        self._sync(where, end)
                     for c in channels:
                         comm_free[c] = end
                     self.comm_instances.append(len(inst_op))
@@ -358,6 +377,25 @@ class Engine:
                         env[v] = self._new_slots(template, scope, end, producer)
             except _UnknownDeviceError as e:
                 raise self._device_error(op, e.ref) from None
+
+    def _issue(self, where: tuple[int, ...], start: float) -> float:
+        """Each participant's host issues its part of a transfer; the transfer starts once
+        every part is issued (and ``start`` has come). Mirrored devices answer for their
+        class representative."""
+        rep_of, host_free, host_comm = self.rep_of, self.host_free, self.host_comm
+        for d in dict.fromkeys(rep_of[d] for d in where):
+            issued = host_free[d] + host_comm[d]
+            host_free[d] = issued
+            if issued > start:
+                start = issued
+        return start
+
+    def _sync(self, where: tuple[int, ...], end: float) -> None:
+        """The hosts of ``where`` wait until the transfer and their devices' work are done."""
+        rep_of, host_free, compute_free = self.rep_of, self.host_free, self.compute_free
+        for d in dict.fromkeys(rep_of[d] for d in where):
+            if self.host_sync[d]:
+                host_free[d] = max(host_free[d], end, compute_free[d])
 
     def _false_class(self, op: Op, where: int) -> SimulationError:
         ids = self.topology.device_ids
@@ -440,10 +478,10 @@ class Engine:
             dtype = compute_dtype((*in_types, *out_types))
             measured = self.costs.compute.get(key) if self.costs is not None else None
             if measured is None:
-                durations = self._durations(c.flops, nbytes, c.matrix_flops, dtype)
+                durations = self._durations(c, dtype)
             else:
                 durations = [measured] * len(self._model_of)
-            cost = (c.flops, nbytes, durations, sizes)
+            cost = (c.flops, nbytes, durations, sizes, self._host_times(c))
             self._cost_by_types[key] = cost
         sizes = cost[3]
         if len(sizes) == 1 and sizes[0].__class__ is tuple:
@@ -461,28 +499,28 @@ class Engine:
         size, out_ref = single if single is not None else (None, None)
         return (_COMPUTE_KIND, cost, dev_ref, templates, size, out_ref)
 
-    def _durations(
-        self, flops: float, nbytes: float, matrix_flops: float = 0.0, dtype: Any = None
-    ) -> list[float]:
-        """The time of a compute op on each device: launch + roofline (or additive).
-
-        ``matrix_flops`` of the ``flops`` run at the device's matrix peak for ``dtype``,
-        the rest at its vector peak (``Device.peak_flops_for``)."""
+    def _durations(self, cost: Any, dtype: Any = None) -> list[float]:
+        """The time of a compute op of ``cost`` on each device (``Device.op_time_s``: the
+        device's kernel model, or launch + roofline, additive with ``combine="additive"``)."""
         tf32 = self.topology.allow_tf32
         per_model = [
-            d.launch_overhead_s
-            + d.compute_time_s(
-                flops, nbytes, matrix_flops, dtype, allow_tf32=tf32, additive=self.additive
-            )
-            for d in self._models
+            d.op_time_s(cost, dtype, allow_tf32=tf32, additive=self.additive) for d in self._models
         ]
+        return [per_model[k] for k in self._model_of]
+
+    def _host_times(self, cost: Any) -> list[float] | None:
+        """The host time to issue an op of ``cost`` on each device; None if nothing costs."""
+        if not self.hosted:
+            return None
+        per_model = [d.host_time_s(cost) for d in self._models]
         return [per_model[k] for k in self._model_of]
 
     def _collective(
         self, op: Op, scope: _Scope, prep: tuple, once: bool = False
-    ) -> tuple[tuple[int, ...], float, tuple[float, float], tuple[int, ...]]:
-        """(participants, duration, cost entry, channels) of a communication op; kept per
-        (op, pmap bindings) unless the op runs ``once`` (top level)."""
+    ) -> tuple[tuple[int, ...], float, tuple[float, float], tuple[int, ...], bool]:
+        """(participants, duration, cost entry, channels, whether the hosts then wait for
+        their devices) of a communication op; kept per (op, pmap bindings) unless the op
+        runs ``once`` (top level)."""
         opdef = prep[2]
         key = None if once else (op, scope.key)
         hit = self._comm_by_op.get(key) if key is not None else None
@@ -507,7 +545,8 @@ class Engine:
             if dur is None:
                 dur = c.time_s(self.topology)
             channels = self._channels(c.kind, participants, c.groups)
-            timing = (participants, dur, (0.0, float(c.size_bytes)), channels)
+            syncs = c.kind == "send" and any(self.host_sync[d] for d in participants)
+            timing = (participants, dur, (0.0, float(c.size_bytes)), channels, syncs)
             self._comm_cache[ckey] = timing
         if key is not None:
             self._comm_by_op[key] = timing
@@ -621,6 +660,7 @@ def _hardware_of(device: Any) -> tuple:
         device.vector_peak_flops,
         device.mem_bandwidth_bytes_per_s,
         device.launch_overhead_s,
+        device.kernels,
     )
 
 

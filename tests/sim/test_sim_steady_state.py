@@ -14,7 +14,7 @@ def _communication(g: ir.Function) -> list[ir.Op]:
 
 def test_data_parallel_mlp_on_8_gpus_moves_no_weights_and_only_all_reduces_gradients() -> None:
     f = ir.models.mlp(256, 1024, 1024, 256, layers=4, training=True)
-    topology = ir.Topology.preset("a100-hgx", 8)
+    topology = ir.Topology.preset("a100-hgx", 8, ideal=True)
     step = data_parallel(f, 8)
     old = data_parallel(f, 8, inputs="distribute")
     comm = _communication(step)

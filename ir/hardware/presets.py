@@ -80,7 +80,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .device import Device, LinkTable, Topology, TopologyError, peak_table
+from ..device import Device, LinkTable, Topology, TopologyError, peak_table
+from . import efficiency
+from .comm import CollectiveModel
+from .kernels import KernelModel
 
 GB = 1e9
 
@@ -104,6 +107,9 @@ class NodeSpec:
     inter_latency_s: float
     matrix_peak_flops: Mapping[str, float] = field(default_factory=dict)
     vector_peak_flops: Mapping[str, float] = field(default_factory=dict)
+    # how close real kernels and collectives come to the figures above (ir.hardware.efficiency)
+    kernels: KernelModel | None = None
+    collectives: CollectiveModel | None = None
 
 
 def _all_to_all(bandwidth: float) -> Callable[[int, int], float]:
@@ -198,6 +204,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=4 * 12.5 * GB / 8,  # 4 x 100 Gb/s EDR per 8 GPUs
         inter_latency_s=5e-6,
         **_V100,
+        kernels=efficiency.V100,
+        collectives=efficiency.NVLINK,
     ),
     "v100-dgx2": NodeSpec(
         "V100-SXM3-32GB",
@@ -208,6 +216,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=8 * 12.5 * GB / 16,  # 8 x 100 Gb/s EDR per 16 GPUs
         inter_latency_s=5e-6,
         **_V100,
+        kernels=efficiency.V100,
+        collectives=efficiency.NVLINK,
     ),
     "v100-pcie": NodeSpec(
         "V100-PCIE-32GB",
@@ -218,6 +228,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=12.5 * GB / 8,  # one 100 Gb/s EDR NIC per node
         inter_latency_s=8e-6,  # the NIC sits behind the same PCIe switches
         **_V100_PCIE,
+        kernels=efficiency.V100,
+        collectives=efficiency.PCIE,
     ),
     "a100-hgx": NodeSpec(
         "A100-SXM4-80GB",
@@ -229,6 +241,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=25 * GB,  # 200 Gb/s HDR per GPU
         inter_latency_s=5e-6,
         **_A100,
+        kernels=efficiency.A100_SXM,
+        collectives=efficiency.NVSWITCH_A100,
     ),
     "a100-pcie": NodeSpec(
         "A100-PCIE-80GB",
@@ -240,6 +254,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=25 * GB / 8,  # one 200 Gb/s HDR NIC per node
         inter_latency_s=8e-6,
         **_A100,
+        kernels=efficiency.A100_PCIE,
+        collectives=efficiency.PCIE,
     ),
     "h100-hgx": NodeSpec(
         "H100-SXM5-80GB",
@@ -251,6 +267,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=50 * GB,  # 400 Gb/s NDR per GPU
         inter_latency_s=5e-6,
         **_H100,
+        kernels=efficiency.H100_SXM,
+        collectives=efficiency.NVLINK,
     ),
     "h200-hgx": NodeSpec(
         "H200-SXM-141GB",
@@ -262,6 +280,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=50 * GB,  # 400 Gb/s NDR per GPU
         inter_latency_s=5e-6,
         **_H100,  # same compute as the H100 SXM5: only memory size and bandwidth differ
+        kernels=efficiency.H200_SXM,
+        collectives=efficiency.NVLINK,
     ),
     "rtx4090": NodeSpec(
         "RTX-4090-24GB",
@@ -274,6 +294,8 @@ NODES: dict[str, NodeSpec] = {
         inter_bandwidth_bytes_per_s=12.5 * GB / 8,  # one 100 Gb/s NIC per node
         inter_latency_s=15e-6,  # staged through host memory on both sides
         **_RTX4090,
+        kernels=efficiency.RTX4090,
+        collectives=efficiency.PCIE,
     ),
 }
 
@@ -292,11 +314,19 @@ def preset_names() -> tuple[str, ...]:
     return (*NODES, "cpu")
 
 
-def preset(name: str, num_devices: int, *, allow_tf32: bool = False) -> Topology:
+def preset(
+    name: str, num_devices: int, *, allow_tf32: bool = False, ideal: bool = False
+) -> Topology:
     """The topology ``name`` with ``num_devices`` devices (ids 0..num_devices-1).
 
     ``allow_tf32`` runs float32 matmuls in TF32 on GPUs that have it (A100, H100,
     RTX 4090); off, as in PyTorch, they run at the FP32 figure.
+
+    GPU presets carry the efficiency model (``ir.hardware.efficiency``): kernels at
+    their achieved rates, a host that issues them, collectives at achieved bus
+    bandwidths. ``ideal=True`` leaves it out: every op on the roofline at the
+    datasheet peaks plus ``launch_overhead_s``, every transfer on an alpha-beta ring at
+    the links' nominal figures (the closed forms the course teaches).
 
     >>> t = preset("a100-hgx", 16)
     >>> t.bandwidth(0, 1) > t.bandwidth(0, 8)  # NVSwitch inside a node, InfiniBand across
@@ -310,14 +340,17 @@ def preset(name: str, num_devices: int, *, allow_tf32: bool = False) -> Topology
     if key == "cpu":
         topology = cpu_topology(num_devices, **CPU_MEASURED, name="cpu")
     elif key in NODES:
-        topology = node_topology(NODES[key], num_devices, name=f"{key}-{num_devices}")
+        topology = node_topology(NODES[key], num_devices, name=f"{key}-{num_devices}", ideal=ideal)
     else:
         raise TopologyError(f"unknown preset {name!r}; presets: {', '.join(preset_names())}")
     return replace(topology, allow_tf32=allow_tf32) if allow_tf32 else topology
 
 
-def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Topology:
-    """``num_devices`` GPUs of ``spec``, filling nodes of ``spec.devices_per_node`` in id order."""
+def node_topology(
+    spec: NodeSpec, num_devices: int, name: str = "custom", *, ideal: bool = False
+) -> Topology:
+    """``num_devices`` GPUs of ``spec``, filling nodes of ``spec.devices_per_node`` in id order
+    (with ``spec``'s efficiency models unless ``ideal``)."""
     per = spec.devices_per_node
     peaks = (peak_table(spec.matrix_peak_flops), peak_table(spec.vector_peak_flops))
     devices = tuple(
@@ -330,6 +363,7 @@ def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Top
             spec.launch_overhead_s,
             matrix_peak_flops=peaks[0],
             vector_peak_flops=peaks[1],
+            kernels=None if ideal else spec.kernels,
         )
         for i in range(num_devices)
     )
@@ -348,7 +382,8 @@ def node_topology(spec: NodeSpec, num_devices: int, name: str = "custom") -> Top
         tuple(range(k * per, min((k + 1) * per, num_devices)))
         for k in range((num_devices + per - 1) // per)
     )
-    return Topology(devices, bandwidth, latency, name=name, nodes=nodes)
+    collectives = None if ideal else spec.collectives
+    return Topology(devices, bandwidth, latency, name=name, nodes=nodes, collectives=collectives)
 
 
 def hierarchical(
