@@ -11,15 +11,18 @@ files with seed 001's annotations.
 from __future__ import annotations
 
 from . import (  # `import ir` is enough for ir.models.mlp(...)
+    hardware,
     models,
     search,
     sharding,
     transforms,
 )
 from .builder import FunctionBuilder
-from .calibration import Calibration, calibrate
+from .calibration import Calibration
+from .calibration import calibrate as _calibrate_machine
 from .device import Device, Topology, TopologyError
 from .errors import (
+    ArgumentError,
     DistIRError,
     ExecutionError,
     ParseError,
@@ -35,11 +38,45 @@ from .layout import LayoutError, collect, distribute
 from .op import Op
 from .registry import Attr, Cost, OpDef, OpKind, all_ops, get_op, register_op
 from .sim import SimResult, simulate
+from .sim.fit import EfficiencyFit, Measurement, fit_efficiency
 from .text import format_function as format
 from .text import parse
 from .types import DeviceVar, DType, TensorType, TupleType, Type
 from .value import Value
 from .verify import verify
+
+
+def calibrate(measurements=None, /, *args, preset=None, **kwargs):
+    """Fit the simulator to reality, two ways.
+
+    * ``ir.calibrate()`` (or with :class:`ir.calibration.CalibrationOptions`) measures
+      *this machine* (matmuls, memory copies, gloo transfers) and returns a
+      :class:`Calibration` whose ``topology(n)`` is this machine in the simulator's terms
+      (``ir.calibration.calibrate``).
+    * ``ir.calibrate(measurements, preset="a100-hgx")`` fits the efficiency model of a GPU
+      preset to step times you measured (a list of :class:`Measurement`: the program
+      that ran and its time) and returns an :class:`EfficiencyFit`: the fitted factors,
+      ``topology(n)`` to use everywhere else, and each measurement's error unscaled,
+      fitted (in sample) and held out (leave-one-out). Keyword arguments go to
+      :func:`ir.sim.fit.fit_efficiency` (``factors=``, ``prior=``).
+    """
+    if measurements is not None and not isinstance(measurements, _calibration_options()):
+        if preset is None:
+            raise ArgumentError(
+                "calibrate(measurements, preset=...): name the preset whose efficiency model "
+                f"to fit (one of {', '.join(Topology.presets())})"
+            )
+        return fit_efficiency(measurements, preset, *args, **kwargs)
+    if preset is not None:
+        raise ArgumentError("calibrate: preset= goes with a list of measurements")
+    return _calibrate_machine(measurements, *args, **kwargs)
+
+
+def _calibration_options():
+    from .calibration import CalibrationOptions
+
+    return CalibrationOptions
+
 
 __all__ = [
     "Attr",
@@ -49,10 +86,12 @@ __all__ = [
     "Device",
     "DeviceVar",
     "DistIRError",
+    "EfficiencyFit",
     "ExecutionError",
     "Function",
     "FunctionBuilder",
     "LayoutError",
+    "Measurement",
     "Op",
     "OpDef",
     "OpKind",
@@ -78,6 +117,7 @@ __all__ = [
     "from_onnx",
     "from_torch",
     "get_op",
+    "hardware",
     "models",
     "parse",
     "random_inputs",

@@ -7,7 +7,7 @@ collectives come to them (``kernels``, ``comm``, ``efficiency``).
 from __future__ import annotations
 
 from .comm import CollectiveModel, Protocol
-from .efficiency import COLLECTIVE_MODELS, KERNEL_MODELS, mamf_gemm
+from .efficiency import COLLECTIVE_MODELS, KERNEL_MODELS, EfficiencyFactors, mamf_gemm
 from .kernels import KERNEL_KINDS, AttentionModel, GemmModel, HostModel, KernelModel
 from .presets import (
     CPU_MEASURED,
@@ -37,6 +37,7 @@ __all__ = [
     "TFLOPS",
     "AttentionModel",
     "CollectiveModel",
+    "EfficiencyFactors",
     "GemmModel",
     "HostModel",
     "KernelModel",

@@ -14,6 +14,9 @@ V100 80, A100 108, H100 SXM5 132, AD102 (RTX 4090) 128.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
+from ..device import Topology, TopologyError
 from .comm import CollectiveModel
 from .kernels import AttentionModel, GemmModel, KernelModel
 
@@ -83,3 +86,73 @@ NVLINK = CollectiveModel("nvlink", "nvlink", 0.8, 0.92)
 PCIE = CollectiveModel("pcie", "pci", 0.9, 0.92)
 
 COLLECTIVE_MODELS: dict[str, CollectiveModel] = {m.name: m for m in (NVSWITCH_A100, NVLINK, PCIE)}
+
+
+@dataclass(frozen=True)
+class EfficiencyFactors:
+    """Multipliers on a topology's efficiency model, as :func:`ir.calibrate` fits them.
+
+    ``gemm`` scales every matrix kernel's achieved efficiency (GEMMs and fused attention),
+    ``memory`` the achieved memory bandwidth, ``host`` every host time (per op, per
+    launch, per collective), ``network`` the collectives' achieved share of their links.
+    Efficiencies are capped at 1 (nothing beats the datasheet).
+    """
+
+    gemm: float = 1.0
+    memory: float = 1.0
+    host: float = 1.0
+    network: float = 1.0
+
+    def __post_init__(self) -> None:
+        for name in ("gemm", "memory", "host", "network"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise TopologyError(
+                    f"efficiency factor {name} must be a positive number, got {value!r}"
+                )
+
+    def kernels(self, model: KernelModel) -> KernelModel:
+        """``model`` with these factors applied."""
+        gemm = replace(model.gemm, max_efficiency=min(1.0, model.gemm.max_efficiency * self.gemm))
+        attention = replace(
+            model.attention,
+            forward=tuple((d, min(1.0, e * self.gemm)) for d, e in model.attention.forward),
+            backward=tuple((d, min(1.0, e * self.gemm)) for d, e in model.attention.backward),
+        )
+        h = model.host
+        host = replace(
+            h,
+            op_s=h.op_s * self.host,
+            launch_s=h.launch_s * self.host,
+            view_s=h.view_s * self.host,
+            comm_s=h.comm_s * self.host,
+            optimizer_s=h.optimizer_s * self.host,
+        )
+        memory = min(1.0, model.memory_efficiency * self.memory)
+        return replace(model, gemm=gemm, attention=attention, host=host, memory_efficiency=memory)
+
+    def collectives(self, model: CollectiveModel) -> CollectiveModel:
+        return replace(
+            model,
+            intra_efficiency=min(1.0, model.intra_efficiency * self.network),
+            inter_efficiency=min(1.0, model.inter_efficiency * self.network),
+        )
+
+    def apply(self, topology: Topology) -> Topology:
+        """``topology`` with every device's kernel model and its collective model scaled."""
+        if topology.ideal:
+            raise TopologyError(
+                f"topology {topology.name!r} has no efficiency model to scale (an ideal "
+                "preset, or a custom topology); use Topology.preset(name, n)"
+            )
+        scaled: dict[KernelModel, KernelModel] = {}
+        devices = tuple(
+            d
+            if d.kernels is None
+            else replace(d, kernels=scaled.setdefault(d.kernels, self.kernels(d.kernels)))
+            for d in topology.devices
+        )
+        comm = topology.collectives
+        return replace(
+            topology, devices=devices, collectives=None if comm is None else self.collectives(comm)
+        )
