@@ -2,7 +2,7 @@
 
 Each figure below names its source (see ``ir.hardware.kernels`` and ``ir.hardware.comm``
 for the models themselves). "Assumed" marks a value for which no public measurement
-was found; ``ir.calibrate_to_measurements`` fits the free factors to a user's own runs.
+was found; ``ir.calibrate(measurements, preset=...)`` fits the free factors to a user's own runs.
 
 GEMMs: ``max_efficiency`` is solved so that the GEMM model reaches, at the shape where
 it was measured, the chip's published maximum achievable matmul FLOPS (MAMF, BF16,

@@ -179,16 +179,26 @@ class HostModel:
     Megatron-LM's pipeline schedules do (``torch.cuda.synchronize()`` after
     ``batch_isend_irecv``, ``batch_p2p_sync``).
 
-    The defaults are this model's estimates for eager PyTorch (2.x, Python 3.10+):
-    PyTorch's documentation of CUDA graphs cites several microseconds of CPU work per
-    kernel launch, and an eager op adds Python and dispatcher time on top. Fit them to
-    a trace of your own runs with :func:`ir.calibrate_to_measurements`.
+    The defaults are this model's estimates for eager PyTorch under Megatron-LM-style
+    Python (2.x, a recent x86 host): an eager aten op costs roughly 5-10 us of Python,
+    dispatcher, autograd bookkeeping and ``cudaLaunchKernel`` (PyTorch's CUDA-graphs
+    documentation: launch overheads of several microseconds per kernel), and one op of
+    this IR stands for one to three of them (a linear layer's product and bias add; the
+    tensor-parallel region functions around it; a fused kernel's Python wrapper; Python
+    autograd Functions cost more than plain ops), so an op costs about 24 us, a further
+    kernel 4 us, a view 4 us, a collective through the process group 24 us. That puts a
+    GPT layer's forward (27 ops of ``ir.models.gpt``) at about 0.6 ms of host time, the
+    order of eager Megatron-LM layers, and makes small-microbatch, wide-tensor-parallel
+    steps of 1-2B models host-bound at roughly twice their roofline time, as measured
+    Megatron runs in that regime are reported to be (issue 23). These are estimates,
+    not measurements: fit them to your own runs with ``ir.calibrate(measurements,
+    preset=...)`` (factor ``host``).
     """
 
-    op_s: float = 8e-6
-    launch_s: float = 3e-6
-    view_s: float = 3e-6
-    comm_s: float = 12e-6
+    op_s: float = 24e-6
+    launch_s: float = 4e-6
+    view_s: float = 4e-6
+    comm_s: float = 24e-6
     optimizer_s: float = 0.5e-6
     sync_p2p: bool = True
 
