@@ -228,6 +228,37 @@ def _sum(xs, a):
     return [out]
 
 
+_M32 = 0xFFFFFFFF
+_INT_VIEW = {8: torch.int64, 4: torch.int32, 2: torch.int16}
+
+
+def _mix32(h):
+    from ..ops.dropout import _MIX
+
+    h = ((h ^ (h >> 16)) * _MIX) & _M32
+    h = ((h ^ (h >> 16)) * _MIX) & _M32
+    return h ^ (h >> 16)
+
+
+def _keep_mask(x, p: float, seed: int):
+    """ir.ops.dropout.keep_mask in torch int64 arithmetic: the same mask, bit for bit."""
+    from ..ops.dropout import _GOLDEN
+
+    bits = x.contiguous().view(_INT_VIEW[x.element_size()]).to(torch.int64)
+    size = x.element_size()
+    lo = bits & (_M32 if size >= 4 else (1 << (8 * size)) - 1)  # the word, unsigned
+    hi = (bits >> 32) & _M32 if size == 8 else torch.zeros_like(bits)
+    h = _mix32(lo ^ ((seed * _GOLDEN) & _M32))
+    h = _mix32(h ^ hi)
+    return h >= int(p * 2**32)
+
+
+def _dropout(xs, a):
+    x = xs[0]
+    keep = _keep_mask(x, a["p"], a["seed"])
+    return [torch.where(keep, x / (1 - a["p"]), torch.zeros_like(x)), keep]
+
+
 TORCH_KERNELS: dict[str, Kernel] = {
     "Add": lambda xs, a: [xs[0] + xs[1]],
     "Sub": lambda xs, a: [xs[0] - xs[1]],
@@ -252,6 +283,10 @@ TORCH_KERNELS: dict[str, Kernel] = {
     "LayerNorm": _layer_norm,
     "LayerNormGrad": _layer_norm_grad,
     "CausalMask": _causal_mask,
+    "Dropout": _dropout,
+    "DropoutGrad": lambda xs, a: [
+        torch.where(xs[1], xs[0] / (1 - a["p"]), torch.zeros_like(xs[0]))
+    ],
     "Loss": _loss,
     "LossGrad": _loss_grad,
     "SGDOptimizer": lambda xs, a: [xs[0] - a["lr"] * xs[1]],

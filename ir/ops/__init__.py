@@ -8,6 +8,7 @@ from . import (  # noqa: F401
     control,
     conv,
     conv_grad,
+    dropout,
     elementwise,
     embedding,
     linalg,
