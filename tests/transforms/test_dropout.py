@@ -7,8 +7,7 @@ import numpy as np
 import pytest
 
 import ir
-from ir import DType, FunctionBuilder, TensorType
-from ir import transforms
+from ir import DType, FunctionBuilder, TensorType, transforms
 from ir.ops.dropout import keep_mask
 
 
