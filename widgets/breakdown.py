@@ -96,7 +96,8 @@ def breakdown_html(result: SimResult, width_px: int = 360) -> str:
     >>> import ir
     >>> b = ir.FunctionBuilder("f")
     >>> x = b.input("x", ir.TensorType((64, 64), device=0))
-    >>> r = ir.simulate(b.finish([b.call("MatMul", x, x)]), ir.Topology.preset("a100-hgx", 1, ideal=True))
+    >>> ideal = ir.Topology.preset("a100-hgx", 1, ideal=True)  # no host before the first op
+    >>> r = ir.simulate(b.finish([b.call("MatMul", x, x)]), ideal)
     >>> "compute 100%" in breakdown_html(r)
     True
     """
