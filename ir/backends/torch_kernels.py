@@ -104,6 +104,73 @@ def _causal_mask(xs, a):
     return [torch.where(above, torch.tensor(a["fill"], dtype=x.dtype, device=x.device), x)]
 
 
+def _attention_mask(q, k, mask, causal: bool):
+    """SDPA's ``attn_mask`` (bool keep, or additive), ``is_causal`` and the rows that attend
+    no key (their results are zero, as ``ir/ops/attention.py`` defines; SDPA would give NaN,
+    so those rows attend everything and are zeroed after)."""
+    sq, sk = q.shape[-2], k.shape[-2]
+    if causal and mask is None and sq == sk:
+        return None, True, None
+    if causal:
+        keep = torch.ones((sq, sk), dtype=torch.bool, device=q.device).tril(sk - sq)
+        if mask is None:
+            mask = keep
+        elif mask.dtype == torch.bool:
+            mask = mask & keep
+        else:
+            mask = mask.masked_fill(~keep, float("-inf"))
+    if mask is None:
+        return None, False, None
+    if mask.dtype == torch.bool:
+        dead = ~mask.any(dim=-1, keepdim=True)
+        return mask | dead, False, dead
+    dead = torch.isneginf(mask).all(dim=-1, keepdim=True)
+    return mask.masked_fill(dead, 0.0), False, dead
+
+
+def _sdpa(q, k, v, mask, a):
+    attn_mask, is_causal, dead = _attention_mask(q, k, mask, a["causal"])
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        is_causal=is_causal,
+        scale=a["scale"],
+        enable_gqa=q.shape[1] != k.shape[1],
+    )
+    return out if dead is None else out.masked_fill(dead, 0.0)
+
+
+def _attention_grad(xs, a):
+    # the op's formula (ir/ops/attention.py): the probabilities recomputed from q and k,
+    # the row sums from out (as FlashAttention's backward reads O), per kv-head group
+    q, k, v, out, dout = xs[:5]
+    b, hq, sq, d = q.shape
+    hkv, sk = k.shape[1], k.shape[2]
+    g = hq // hkv if hkv else 0
+    attn_mask, is_causal, dead = _attention_mask(q, k, xs[5] if len(xs) > 5 else None, a["causal"])
+    scale = 1.0 / math.sqrt(d) if a["scale"] is None else a["scale"]
+    qg = q.reshape(b, hkv, g, sq, d)
+    s = torch.matmul(qg, k.unsqueeze(2).transpose(-1, -2)) * scale
+    if is_causal:
+        attn_mask = torch.ones((sq, sk), dtype=torch.bool, device=q.device).tril(sk - sq)
+    if attn_mask is not None:
+        full = attn_mask.expand(b, hq, sq, sk).reshape(b, hkv, g, sq, sk)
+        s = s.masked_fill(~full, float("-inf")) if full.dtype == torch.bool else s + full
+    p = torch.softmax(s, dim=-1)
+    if dead is not None:
+        p = p.masked_fill(dead.expand(b, hq, sq, 1).reshape(b, hkv, g, sq, 1), 0.0)
+    do = dout.reshape(b, hkv, g, sq, -1)
+    dv = torch.matmul(p.transpose(-1, -2), do).sum(dim=2)
+    dp = torch.matmul(do, v.unsqueeze(2).transpose(-1, -2))
+    rows = torch.sum(do * out.reshape(b, hkv, g, sq, -1), dim=-1, keepdim=True)
+    ds = p * (dp - rows) * scale
+    dq = torch.matmul(ds, k.unsqueeze(2)).reshape(b, hq, sq, d)
+    dk = torch.matmul(ds.transpose(-1, -2), qg).sum(dim=2)
+    return [dq, dk, dv]
+
+
 def _denominator(y, a) -> float:
     if a["denominator"] > 0:
         return float(a["denominator"])
@@ -287,6 +354,8 @@ TORCH_KERNELS: dict[str, Kernel] = {
     "DropoutGrad": lambda xs, a: [
         torch.where(xs[1], xs[0] / (1 - a["p"]), torch.zeros_like(xs[0]))
     ],
+    "Attention": lambda xs, a: [_sdpa(*xs[:3], xs[3] if len(xs) > 3 else None, a)],
+    "AttentionGrad": _attention_grad,
     "Loss": _loss,
     "LossGrad": _loss_grad,
     "SGDOptimizer": lambda xs, a: [xs[0] - a["lr"] * xs[1]],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from . import (  # noqa: F401
     annotate,
+    attention,
     communication,
     control,
     conv,

@@ -179,3 +179,38 @@ def test_scale_and_reduce_sum_gradients(rng):
     us = rng.standard_normal(s.shape)
     (dx,) = run("BroadcastTo", us, shape=x.shape)
     assert_grad(dx, lambda v: np.sum(us * run("ReduceSum", v, axes=(1,), keepdims=True)[0]), x)
+
+
+@pytest.mark.parametrize(
+    ("hq", "hkv", "sq", "sk", "causal", "mask"),
+    [
+        (2, 2, 3, 3, True, None),
+        (4, 2, 3, 3, True, None),  # GQA: dk, dv sum over each kv head's query heads
+        (2, 1, 1, 4, True, None),  # MQA decode on a cache
+        (2, 2, 4, 2, True, None),  # more queries than keys: two rows attend nothing
+        (2, 2, 3, 4, False, "keep"),
+        (2, 2, 3, 4, False, "bias"),
+    ],
+)
+def test_attention_grad(rng, hq, hkv, sq, sk, causal, mask):
+    q = rng.standard_normal((2, hq, sq, 3))
+    k = rng.standard_normal((2, hkv, sk, 3))
+    v = rng.standard_normal((2, hkv, sk, 2))
+    extra = []
+    if mask == "keep":
+        keep = rng.random((2, 1, sq, sk)) < 0.6
+        keep[..., 0, :] = False  # one query attends nothing
+        extra = [keep]
+    elif mask == "bias":
+        extra = [rng.standard_normal((sq, sk))]
+    attrs = {"causal": causal, "scale": 0.7}
+    (out,) = run("Attention", q, k, v, *extra, **attrs)
+    u = rng.standard_normal(out.shape)
+    dq, dk, dv = run("AttentionGrad", q, k, v, out, u, *extra, **attrs)
+
+    def forward(q=q, k=k, v=v) -> float:
+        return float(np.sum(u * run("Attention", q, k, v, *extra, **attrs)[0]))
+
+    assert_grad(dq, lambda x: forward(q=x), q)
+    assert_grad(dk, lambda x: forward(k=x), k)
+    assert_grad(dv, lambda x: forward(v=x), v)
