@@ -120,9 +120,15 @@ def model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, *, r
 
 
 def training_step(model: GptConfig, batch: int, *, recompute: bool = True) -> Function:
-    """The sequential float16 training step (Adam) of ``model``, layers checkpointed."""
+    """The sequential float16 training step (Adam) of ``model``, layers checkpointed.
+
+    Attention is unfused (``attention="unfused"``): the published runs are Megatron-LM's
+    of 2020-2022, which computed it as two batched matmuls around a fused
+    scale-mask-softmax kernel; FlashAttention came to Megatron-LM later."""
     m = model
-    f = models.gpt(batch, m.seq, m.hidden, m.heads, m.vocab, m.layers, dtype="float16")
+    f = models.gpt(
+        batch, m.seq, m.hidden, m.heads, m.vocab, m.layers, dtype="float16", attention="unfused"
+    )
     t = transforms.training(f, "adam")
     return transforms.recompute(t, models.gpt_layer_activations(t)) if recompute else t
 

@@ -155,57 +155,90 @@ def with_loss(
 # -- GPT -----------------------------------------------------------------------------
 
 
-def gpt_weight_shapes(seq: int, hidden: int, vocab: int, layers: int) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every GPT weight, in input order."""
+def gpt_weight_shapes(
+    seq: int,
+    hidden: int,
+    vocab: int,
+    layers: int,
+    heads: int | None = None,
+    kv_heads: int | None = None,
+) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every GPT weight, in input order. With ``kv_heads`` (and ``heads``)
+    ``wk`` and ``wv`` are ``(H, kv_heads * H / heads)`` (grouped-query attention)."""
     H = hidden
+    kv = H if kv_heads is None or heads is None else kv_heads * (H // heads)
     shapes: dict[str, tuple[int, ...]] = {"wte": (vocab, H), "wpe": (seq, H)}
     for i in range(layers):
         p = f"h{i}"
         shapes.update({f"{p}_ln1_g": (H,), f"{p}_ln1_b": (H,)})
-        shapes.update({f"{p}_attn_w{c}": (H, H) for c in "qkvo"})
+        shapes.update({f"{p}_attn_w{c}": (H, H if c in "qo" else kv) for c in "qkvo"})
         shapes.update({f"{p}_ln2_g": (H,), f"{p}_ln2_b": (H,)})
         shapes.update({f"{p}_mlp_w1": (H, 4 * H), f"{p}_mlp_w2": (4 * H, H)})
     shapes.update({"lnf_g": (H,), "lnf_b": (H,), "w_head": (H, vocab)})
     return shapes
 
 
+ATTENTION_FORMS = ("fused", "unfused")
+
+
 class _Gpt:
     """Builds the GPT's ops; ``w`` holds the weight inputs by name."""
 
     def __init__(
-        self, b: FunctionBuilder, w: dict[str, Value], batch: int, seq: int, heads: int
+        self,
+        b: FunctionBuilder,
+        w: dict[str, Value],
+        sizes: tuple[int, int, int, int],
+        fused: bool,
     ) -> None:
-        self.b, self.w, self.B, self.S, self.nh = b, w, batch, seq, heads
+        self.b, self.w, self.fused = b, w, fused
+        self.B, self.S, self.nh, self.nkv = sizes
         self.H = w["wte"].type.shape[1]
-        self.dh = self.H // heads
+        self.dh = self.H // self.nh
 
     def layer_norm(self, x: Value, prefix: str) -> Value:
         g, beta = self.w[f"{prefix}_g"], self.w[f"{prefix}_b"]
         return self.b.call("LayerNorm", x, g, beta, name=f"{prefix}_y")
 
-    def heads(self, x: Value, name: str, perm: tuple[int, ...]) -> Value:
-        """(B, S, H) -> (B, nh, S, dh) with perm (0, 2, 1, 3), or K^T with (0, 2, 3, 1)."""
-        r = self.b.call("Reshape", x, shape=(self.B, self.S, self.nh, self.dh), name=f"{name}_r")
+    def heads(self, x: Value, name: str, heads: int, perm: tuple[int, ...]) -> Value:
+        """(B, S, heads * dh) -> (B, heads, S, dh) with perm (0, 2, 1, 3), K^T with (0, 2, 3, 1)."""
+        shape = (self.B, self.S, heads, self.dh)
+        r = self.b.call("Reshape", x, shape=shape, name=f"{name}_r")
         return self.b.call("Transpose", r, perm=perm, name=f"{name}_h")
+
+    def repeat_kv(self, x: Value, name: str) -> Value:
+        """(B, kv_heads, a, b) -> (B, heads, a, b), each kv head repeated for its group of
+        query heads (query head h reads kv head h // group), for the unfused form."""
+        if self.nkv == self.nh:
+            return x
+        group, (_, _, a, c) = self.nh // self.nkv, x.type.shape  # type: ignore[union-attr]
+        one = self.b.call("Reshape", x, shape=(self.B, self.nkv, 1, a, c), name=f"{name}_g")
+        wide = (self.B, self.nkv, group, a, c)
+        rep = self.b.call("BroadcastTo", one, shape=wide, name=f"{name}_rep")
+        return self.b.call("Reshape", rep, shape=(self.B, self.nh, a, c), name=f"{name}_all")
 
     def attention(self, x: Value, p: str) -> Value:
         b, w = self.b, self.w
         xn = self.layer_norm(x, f"{p}_ln1")
+        straight = (0, 2, 1, 3)
         q = self.heads(
-            b.call("MatMul", xn, w[f"{p}_attn_wq"], name=f"{p}_q"), f"{p}_q", (0, 2, 1, 3)
+            b.call("MatMul", xn, w[f"{p}_attn_wq"], name=f"{p}_q"), f"{p}_q", self.nh, straight
         )
-        kt = self.heads(
-            b.call("MatMul", xn, w[f"{p}_attn_wk"], name=f"{p}_k"), f"{p}_k", (0, 2, 3, 1)
-        )
-        v = self.heads(
-            b.call("MatMul", xn, w[f"{p}_attn_wv"], name=f"{p}_v"), f"{p}_v", (0, 2, 1, 3)
-        )
-        s = b.call("MatMul", q, kt, name=f"{p}_scores")
-        s = b.call("Scale", s, factor=1.0 / math.sqrt(self.dh), name=f"{p}_scaled")
-        s = b.call("CausalMask", s, name=f"{p}_masked")
-        probs = b.call("Softmax", s, axis=-1, name=f"{p}_probs")
-        o = b.call("MatMul", probs, v, name=f"{p}_ctx")
-        o = b.call("Transpose", o, perm=(0, 2, 1, 3), name=f"{p}_ctx_t")
+        k_in = b.call("MatMul", xn, w[f"{p}_attn_wk"], name=f"{p}_k")
+        v_in = b.call("MatMul", xn, w[f"{p}_attn_wv"], name=f"{p}_v")
+        if self.fused:
+            k = self.heads(k_in, f"{p}_k", self.nkv, straight)
+            v = self.heads(v_in, f"{p}_v", self.nkv, straight)
+            o = b.call("Attention", q, k, v, causal=True, name=f"{p}_ctx")
+        else:
+            kt = self.repeat_kv(self.heads(k_in, f"{p}_k", self.nkv, (0, 2, 3, 1)), f"{p}_k")
+            v = self.repeat_kv(self.heads(v_in, f"{p}_v", self.nkv, straight), f"{p}_v")
+            s = b.call("MatMul", q, kt, name=f"{p}_scores")
+            s = b.call("Scale", s, factor=1.0 / math.sqrt(self.dh), name=f"{p}_scaled")
+            s = b.call("CausalMask", s, name=f"{p}_masked")
+            probs = b.call("Softmax", s, axis=-1, name=f"{p}_probs")
+            o = b.call("MatMul", probs, v, name=f"{p}_ctx")
+        o = b.call("Transpose", o, perm=straight, name=f"{p}_ctx_t")
         o = b.call("Reshape", o, shape=(self.B, self.S, self.H), name=f"{p}_merged")
         o = b.call("MatMul", o, w[f"{p}_attn_wo"], name=f"{p}_attn_out")
         return b.call("Add", x, o, name=f"{p}_res1")
@@ -227,6 +260,9 @@ def gpt(
     layers: int,
     training: bool = False,
     dtype: DType | str = DType.float32,
+    *,
+    attention: str = "fused",
+    kv_heads: int | None = None,
 ) -> Function:
     """A GPT-style decoder: token + learned position embedding, ``layers`` pre-LN blocks, head.
 
@@ -236,19 +272,42 @@ def gpt(
     ``lnf_g/_b``, ``w_head (H, V)``, ``tokens (B, S)`` and ``labels (B, S)`` (the
     next tokens; both int64). Head ``j`` is the column block ``j*dh:(j+1)*dh`` of
     ``wq``, ``wk`` and ``wv`` (dh = H / heads). Returns ``logits (B, S, V), l``.
+
+    ``attention="fused"`` (the default) computes each layer's attention as one
+    ``Attention`` op (causal), as the fused kernels that users run (FlashAttention,
+    torch's ``scaled_dot_product_attention``) do: the predicted time and memory are
+    theirs, and no ``(B, heads, S, S)`` tensor is kept for the backward.
+    ``attention="unfused"`` writes it out for teaching: ``h<i>_scores = MatMul(q, k^T)``,
+    ``Scale``, ``CausalMask``, ``h<i>_probs = Softmax``, ``MatMul`` by v. Both name the
+    attention's result ``h<i>_ctx`` ``(B, heads, S, dh)`` and compute the same function.
+
+    ``kv_heads`` (grouped-query attention, as Llama 2/3 use; 1 is multi-query): ``wk`` and
+    ``wv`` are ``(H, kv_heads * dh)`` and query head ``j`` reads key/value head
+    ``j // (heads / kv_heads)``; ``heads`` must be a multiple of ``kv_heads``. The unfused
+    form repeats each key/value head for its group (``BroadcastTo``).
     """
     _positive(batch=batch, seq=seq, hidden=hidden, heads=heads, vocab=vocab, layers=layers)
     if hidden % heads:
         raise ModelError(f"hidden {hidden} is not divisible by heads {heads}")
+    if attention not in ATTENTION_FORMS:
+        raise ModelError(f"attention must be one of {ATTENTION_FORMS}, got {attention!r}")
+    if kv_heads is not None:
+        _positive(kv_heads=kv_heads)
+        if heads % kv_heads:
+            raise ModelError(
+                f"heads {heads} is not a multiple of kv_heads {kv_heads} (each key/value head "
+                "serves a group of heads / kv_heads query heads)"
+            )
     dt = _dtype(dtype)
     b = FunctionBuilder("gpt")
     w = {
         name: b.input(name, TensorType(shape, dt, 0))
-        for name, shape in gpt_weight_shapes(seq, hidden, vocab, layers).items()
+        for name, shape in gpt_weight_shapes(seq, hidden, vocab, layers, heads, kv_heads).items()
     }
     tokens = b.input("tokens", TensorType((batch, seq), DType.int64, 0))
     labels = b.input("labels", TensorType((batch, seq), DType.int64, 0))
-    m = _Gpt(b, w, batch, seq, heads)
+    sizes = (batch, seq, heads, heads if kv_heads is None else kv_heads)
+    m = _Gpt(b, w, sizes, fused=attention == "fused")
     h = b.call("Embedding", w["wte"], tokens, name="tok_emb")
     h = b.call("Add", h, w["wpe"], name="emb")
     for i in range(layers):

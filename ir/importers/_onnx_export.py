@@ -5,6 +5,8 @@
 exponents) become ``Constant`` nodes; ops without a standard counterpart are
 written as the few standard ops that compute them (``Rsqrt`` as ``Sqrt`` then
 ``Reciprocal``, ``Scale`` as ``Mul`` by a constant, ``CausalMask`` as ``Where``).
+``Attention`` is ONNX's own fused ``Attention`` (opset 23: a program with one is written
+at opset 23, the others at the exporter's opset 20).
 The importer's table is ``_onnx_import``.
 """
 
@@ -197,6 +199,37 @@ def _emit_causal_mask(em, op, ins, outs):
     em.node("Where", [above, fill, ins[0]], outs)
 
 
+def _emit_attention(em, op, ins, outs):
+    """ONNX's Attention (opset 23). Its ``is_causal`` aligns the diagonal top-left, so a
+    causal op with ``Sq != Sk`` (bottom-right) writes its mask as a constant instead."""
+    from ..ops.attention import causal_keep
+
+    q, k = op.inputs[0].type, op.inputs[1].type
+    sq, sk = q.shape[2], k.shape[2]
+    attrs = {} if op.attributes["scale"] is None else {"scale": float(op.attributes["scale"])}
+    mask = ins[3] if len(ins) > 3 else None
+    if op.attributes["causal"] and sq == sk and mask is None:
+        attrs["is_causal"] = 1
+    elif op.attributes["causal"]:
+        keep = em.const(causal_keep(sq, sk), "causal_keep")
+        if mask is None:
+            mask = keep
+        else:  # onnxruntime's Where selects numbers only: a bool mask becomes additive
+            off = em.const(np.asarray(-np.inf, _np(q)), "off")
+            if op.inputs[3].type.dtype is DType.bool:
+                bias = em.fresh("mask_bias")
+                em.node("Where", [mask, em.const(np.asarray(0.0, _np(q)), "on"), off], [bias])
+                mask = bias
+            both = em.fresh("causal_mask")
+            em.node("Where", [keep, mask, off], [both])
+            mask = both
+    em.node("Attention", [*ins[:3], *([mask] if mask else [])], outs, **attrs)
+
+
+# The opset a program needs when it has these ops (the exporter writes OPSET otherwise).
+NEEDS_OPSET = {"Attention": 23}
+
+
 # Ops that ONNX and the registry name alike, with the same operands and no attributes:
 # exported and imported one to one.
 SAME_NAMES = (
@@ -253,6 +286,7 @@ EXPORTS: dict[str, Callable[..., None]] = {
     ),
     "Constant": _emit_constant,
     "CausalMask": _emit_causal_mask,
+    "Attention": _emit_attention,
 }
 
 

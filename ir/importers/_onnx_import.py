@@ -308,6 +308,51 @@ def _read_gemm(rd, node):
     return [rd.call("Add", product, bias[0], node=node)]
 
 
+def _read_attention(rd, node):
+    """ONNX's Attention (opset 23) as one ``Attention`` op: 4-D ``(B, H, S, D)`` operands,
+    or 3-D ``(B, S, H * D)`` ones with ``q_num_heads`` and ``kv_num_heads``."""
+    a = _attrs(rd, node)
+    if any(node.input[4:]) or any(node.output[1:]):
+        raise _error(
+            "Attention with past_key/past_value or present/qk outputs (a KV cache): the "
+            "importer reads the attention of whole sequences (concatenate the cache first)"
+        )
+    if a.get("softcap", 0.0):
+        raise _error(f"Attention softcap={a['softcap']}: only softcap 0 is read")
+    q, k, v, *mask = _ins(rd, node)
+    flat = q.type.rank == 3
+    if flat:
+        if "q_num_heads" not in a or "kv_num_heads" not in a:
+            raise _error("3-D Attention needs the q_num_heads and kv_num_heads attributes")
+        q, k, v = (
+            _split_heads(rd, x, a[h], f"{x.name}_heads")
+            for x, h in ((q, "q_num_heads"), (k, "kv_num_heads"), (v, "kv_num_heads"))
+        )
+    sq, sk = q.type.shape[2], k.type.shape[2]
+    causal = bool(a.get("is_causal", 0))
+    if causal and sq != sk:
+        raise _error(
+            f"Attention is_causal with {sq} queries and {sk} keys: ONNX aligns that diagonal "
+            "top-left, the registry's bottom-right; the importer reads is_causal for equal "
+            "lengths only (pass the mask instead)"
+        )
+    scale = _float32(a["scale"]) if "scale" in a else None
+    if not flat:
+        return [rd.call("Attention", q, k, v, *mask, node=node, causal=causal, scale=scale)]
+    y = rd.b.call("Attention", q, k, v, *mask, causal=causal, scale=scale, name="attention")
+    b, h, s, dv = y.type.shape
+    t = rd.b.call("Transpose", y, perm=(0, 2, 1, 3), name="attention_t")
+    return [rd.call("Reshape", t, node=node, shape=(b, s, h * dv))]
+
+
+def _split_heads(rd, x: Value, heads: int, name: str) -> Value:
+    b, s, width = x.type.shape
+    if heads < 1 or width % heads:
+        raise _error(f"{x.name} has width {width}, not a multiple of its {heads} heads")
+    r = rd.b.call("Reshape", x, shape=(b, s, heads, width // heads), name=name)
+    return rd.b.call("Transpose", r, perm=(0, 2, 1, 3), name=f"{name}_t")
+
+
 IMPORTS: dict[str, Callable[[Reader, Any], list[Value]]] = {
     **{name: _same_in(name) for name in SAME_NAMES},
     "Pow": _read_pow,
@@ -336,4 +381,5 @@ IMPORTS: dict[str, Callable[[Reader, Any], list[Value]]] = {
         rd.call("TakeAlongAxis", *_ins(rd, node), node=node, axis=_attrs(rd, node).get("axis", 0))
     ],
     "Gemm": _read_gemm,
+    "Attention": _read_attention,
 }

@@ -93,7 +93,8 @@ def to_onnx(
     *,
     configuration: str = CONFIGURATION,
 ):
-    """Write ``function`` as an ONNX model (opset 20) and return the ``ModelProto``.
+    """Write ``function`` as an ONNX model (opset 20; 23 with an ``Attention`` op, ONNX's
+    fused attention) and return the ``ModelProto``.
 
     Inputs become graph inputs; those named in ``weights`` (a mapping from input
     name to array, or a sequence of arrays for the first inputs, as
@@ -132,7 +133,7 @@ def to_onnx(
     )
     model = onnx.helper.make_model(
         graph,
-        opset_imports=[onnx.helper.make_opsetid("", OPSET)],
+        opset_imports=[onnx.helper.make_opsetid("", _opset(function))],
         ir_version=IR_VERSION,
         producer_name="distir-workbench",
     )
@@ -146,6 +147,11 @@ def to_onnx(
     if path is not None:
         onnx.save(model, str(path))
     return model
+
+
+def _opset(function: Function) -> int:
+    """OPSET, or the newer opset that one of ``function``'s ops needs (Attention: 23)."""
+    return max([OPSET, *(out.NEEDS_OPSET.get(op.op_type, OPSET) for op in function.ops)])
 
 
 class _Names:

@@ -14,7 +14,8 @@ Default choice: every forward activation read by the backward, not a program
 output, produced by a compute op whose operands are program inputs or values the
 backward keeps alive anyway (read by the backward and not recomputed) — for the
 MLP the first MatMul of each layer, for the GPT the LayerNorm outputs and the
-Gelu results.
+Gelu results (and the fused ``Attention``'s result, replayed from the q, k and v its
+gradient reads anyway).
 """
 
 from __future__ import annotations

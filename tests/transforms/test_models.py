@@ -40,7 +40,13 @@ def test_gpt_structure():
     assert f.outputs[0].type.shape == (2, 4, 11)
     assert f.devices == (0,)
     kinds = {op.op_type for op in f.ops}
-    assert {"Embedding", "LayerNorm", "Softmax", "CausalMask", "Scale", "Gelu"} <= kinds
+    assert {"Embedding", "LayerNorm", "Attention", "Gelu"} <= kinds  # fused by default
+    assert not {"Softmax", "CausalMask", "Scale"} & kinds
+    u = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=11, layers=2, attention="unfused")
+    kinds = {op.op_type for op in u.ops}
+    assert {"Softmax", "CausalMask", "Scale"} <= kinds and "Attention" not in kinds
+    assert u.value("h0_probs").type.shape == (2, 2, 4, 4)  # the (B, heads, S, S) tensor
+    assert [v.name for v in u.inputs] == names
     assert [p.name for p in ir.transforms.default_params(f)] == names[:-2]
     t = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=11, layers=2, training=True)
     assert [v.name for v in t.outputs] == [f"{n}1" for n in names[:-2]] + ["logits", "l"]

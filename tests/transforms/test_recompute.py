@@ -71,6 +71,16 @@ def test_simulator_memory_agrees_that_the_peak_drops():
 
 def test_default_choice_and_chosen_values():
     t = xf.training(ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=7, layers=1))
+    # the fused attention's result is replayed from q, k, v, which its gradient reads anyway
+    assert [v.name for v in xf.recomputable(t)] == [
+        "h0_ln1_y",
+        "h0_ctx",
+        "h0_ln2_y",
+        "h0_gelu",
+        "lnf_y",
+    ]
+    gpt = ir.models.gpt(batch=2, seq=4, hidden=8, heads=2, vocab=7, layers=1, attention="unfused")
+    t = xf.training(gpt)
     assert [v.name for v in xf.recomputable(t)] == ["h0_ln1_y", "h0_ln2_y", "h0_gelu", "lnf_y"]
     # a chain: the probabilities need the scores, which need q and k: all replayed
     r = xf.recompute(t, ["h0_probs", "h0_scaled", "h0_masked"])
