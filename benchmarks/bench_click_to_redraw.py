@@ -60,6 +60,7 @@ def main() -> None:
         vocab=1024,
         layers=args.layers,
         training=args.training,
+        attention="unfused",  # the program docs/click_to_redraw.md measured (its op counts)
     )
     topology = ir.Topology.preset("a100-hgx", 8)
     start = time.perf_counter()

@@ -31,7 +31,8 @@ def programs() -> dict[str, Callable[[], Function]]:
     """The programs to time, built lazily (name -> builder)."""
 
     def gpt(layers: int) -> Function:
-        return ir.models.gpt(16, 128, 512, 8, 4096, layers)
+        # unfused attention: the programs docs/graph-view.md measured (op counts included)
+        return ir.models.gpt(16, 128, 512, 8, 4096, layers, attention="unfused")
 
     def train(layers: int) -> Function:
         return ir.transforms.training(gpt(layers))
@@ -47,7 +48,11 @@ def programs() -> dict[str, Callable[[], Function]]:
         "gpt24-train-pp4x8": lambda: ir.transforms.pipeline_parallel(train(24), 4, 8),
         # the logical view (options below): dp x tp x pp = 64 devices
         "gpt24-megatron-64": lambda: ir.transforms.megatron(
-            ir.transforms.training(ir.models.gpt(32, 128, 512, 8, 4096, 24)), 4, 4, 4, 8
+            ir.transforms.training(ir.models.gpt(32, 128, 512, 8, 4096, 24, attention="unfused")),
+            4,
+            4,
+            4,
+            8,
         ),
     }
 

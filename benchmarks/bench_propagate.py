@@ -36,19 +36,24 @@ def megatron_annotations(f: ir.Function, mesh: Mesh, axis: int) -> dict:
 
 
 def cases():
-    fwd = models.gpt(batch=8, seq=16, hidden=64, heads=4, vocab=128, layers=2)
+    # unfused attention: the programs docs/click_to_redraw.md and docs/sharding.md measured
+    fwd = models.gpt(batch=8, seq=16, hidden=64, heads=4, vocab=128, layers=2, attention="unfused")
     yield (
         "GPT fwd, 2 layers, heads + MLP split, mesh (2,)",
         fwd,
         megatron_annotations(fwd, Mesh((2,)), 0),
     )
-    train = models.gpt(batch=8, seq=16, hidden=64, heads=4, vocab=128, layers=2, training=True)
+    train = models.gpt(
+        batch=8, seq=16, hidden=64, heads=4, vocab=128, layers=2, training=True, attention="unfused"
+    )
     mesh = Mesh((2, 4))
     both = megatron_annotations(train, mesh, 1)
     both["tokens"] = (mesh, [S(0), R])
     yield "GPT training, 2 layers, mesh 2x4 data x tensor", train, both
     yield "GPT training, 2 layers, data parallel over 8", train, {"tokens": (Mesh((8,)), [S(0)])}
-    odd = models.gpt(batch=6, seq=10, hidden=16, heads=2, vocab=11, layers=1, training=True)
+    odd = models.gpt(
+        batch=6, seq=10, hidden=16, heads=2, vocab=11, layers=1, training=True, attention="unfused"
+    )
     yield (
         "GPT training, 1 layer, uneven tokens (6x10) on 2x2 (4, 4)",
         odd,

@@ -40,7 +40,15 @@ def _program(rng: random.Random) -> ir.Function:
             activation=rng.choice(["relu", "gelu", None]),
         )
     elif kind == 3:
-        f = models.gpt(rng.choice([2, 4]), rng.choice([2, 4]), 8, rng.choice([1, 2]), 16, 1)
+        f = models.gpt(
+            rng.choice([2, 4]),
+            rng.choice([2, 4]),
+            8,
+            rng.choice([1, 2]),
+            16,
+            1,
+            attention=rng.choice(["fused", "unfused"]),
+        )
     else:
         f = ir.parse(rng.choice(sorted(GOLDEN.glob("*.txt"))).read_text())
     if rng.random() < 0.3:

@@ -289,6 +289,7 @@ class Programs:
             "mlp": mlp,
             "adam": tfm.training(mlp, "adam"),
             "gpt": models.gpt(2, 4, 8, 2, 16, 1),
+            "gpt (unfused)": models.gpt(2, 4, 8, 2, 16, 1, attention="unfused"),
             "dp (distribute)": tfm.data_parallel(mlp, 2, inputs="distribute"),
             "nested dp x hp": tfm.nested(t, ("dp", 2), ("hp", 2)),
         }

@@ -273,6 +273,26 @@ def _attention_grad_cost(c: CostContext) -> Cost:
     return Cost(flops, _bytes(c.input_types), _bytes(c.output_types), matrix_flops=flops)
 
 
+def heads_limit(input_types, degree: int) -> str | None:
+    """Why tensor parallelism of ``degree`` cannot split this attention by whole heads (its
+    query heads and, unless there is one, its kv heads), or None if it can. The SPMD
+    engine reads it (the record's ``extra["heads_limit"]``) to refuse, rather than silently
+    replicate, an attention it cannot split."""
+    hq, hkv = input_types[0].shape[1], input_types[1].shape[1]
+    if hq % degree:
+        return (
+            f"tensor-parallel degree {degree} does not divide the {hq} attention heads: "
+            f"attention splits by whole heads; use a degree that divides {hq}"
+        )
+    if hkv > 1 and hkv % degree:
+        return (
+            f"tensor-parallel degree {degree} does not divide the {hkv} key/value heads "
+            f"(grouped-query attention, {hq} query heads): each device keeps whole kv heads; "
+            f"use a degree that divides {hkv}, or a model with more kv_heads (or one: MQA)"
+        )
+    return None
+
+
 # -- records ---------------------------------------------------------------------------------
 
 
@@ -310,6 +330,7 @@ register_op(
         extra={
             "examples": _examples,
             "nondiff_operands": (3,),  # the mask
+            "heads_limit": heads_limit,
             "kernel_class": "attention",
             "attention_shape": attention_shape,
         },
@@ -332,6 +353,7 @@ register_op(
         extra={
             "examples": lambda s: _examples(s, grad=True),
             "nondiff_operands": (5,),
+            "heads_limit": heads_limit,
             "kernel_class": "attention",
             "attention_shape": attention_shape,
         },

@@ -31,13 +31,15 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..function import Function
+from ..registry import get_op
 from ..types import DeviceRef
 from ..value import Value
-from ..verify import verify
+from ..verify import describe_op, verify
 from ._emit import emit
 from ._rewrite import TransformError, check_devices, check_spmd_options, parameter_inputs
 from ._rules import MegatronRule, SequenceParallelRule
 from ._spmd import Plan as _Plan
+from ._spmd import R
 
 
 def horizontal_plan(
@@ -69,9 +71,26 @@ def horizontal_plan(
         ]
         culprits = frozenset().union(*(plan.prov[k] for k in bad)) - forced
         if not culprits:
-            return plan
+            break
         forced |= culprits
+    if degree > 1:
+        _check_heads(plan, degree)
     return plan
+
+
+def _check_heads(plan: _Plan, degree: int) -> None:
+    """Refuse an op that splits by heads (its record's ``extra["heads_limit"]``: the fused
+    ``Attention``) left whole because ``degree`` does not divide its heads: replicating it
+    on every device would be a silent, slower program."""
+    for step in plan.steps:
+        if step.op is None:
+            continue
+        limit = get_op(step.op.op_type).extra.get("heads_limit")
+        if limit is None or any(plan.state[k] not in (R, None) for k in step.keys):
+            continue
+        problem = limit(tuple(v.type for v in step.op.inputs), degree)
+        if problem:
+            raise TransformError(f"{problem}\n  in: {describe_op(step.op)}")
 
 
 def _check_split(f: Function, plan: _Plan, degree: int) -> None:

@@ -191,3 +191,24 @@ def test_attention_shape_for_the_cost_model():
     assert attention_shape(ctx) == AttentionShape(16, 1, 512, 64, 32, True)
     assert ir.get_op("Attention").extra["attention_shape"] is attention_shape
     assert ir.get_op("AttentionGrad").extra["kernel_class"] == "attention"
+
+
+def test_propagation_splits_heads_in_proportion_only():
+    """Six query heads over three kv heads: on three devices each keeps 2 + 1 heads and no
+    collective is needed; on two the kv heads would split 2 + 1 against 3 + 3 query heads,
+    which the local op's type rule refuses, so propagation runs it another way."""
+    from ir.sharding import Mesh, S, propagate
+
+    b = ir.FunctionBuilder("gqa")
+    q = b.input("q", T(2, 6, 5, 4, dtype=F64))
+    k, v = (b.input(n, T(2, 3, 5, 4, dtype=F64)) for n in "kv")
+    f = b.finish([b.call("Attention", q, k, v, causal=True, name="o")])
+    xs = ir.random_inputs(f)
+    (want,) = ir.execute(f, xs)
+    for n, collectives in ((3, 0), (2, 3)):
+        mesh = Mesh((n,))
+        g, report = propagate(f, {"q": (mesh, [S(1)]), "k": (mesh, [S(1)])})
+        assert len(report.collectives) == collectives
+        split = [how for _, how in report.strategies] == ["axis 0: split h"]
+        assert split == (n == 3)
+        np.testing.assert_allclose(ir.execute_step(g, xs)[0], want, rtol=1e-12)

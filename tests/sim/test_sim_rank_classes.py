@@ -12,7 +12,8 @@ import ir
 from ir import models, transforms
 from ir.sim import SimulationError
 
-GPT = models.gpt(batch=32, seq=32, hidden=32, heads=4, vocab=64, layers=4)
+# 16 heads: tensor parallelism up to 16 splits attention by whole heads
+GPT = models.gpt(batch=32, seq=32, hidden=32, heads=16, vocab=64, layers=4)
 ADAM = transforms.training(GPT, optimizer="adam")
 TOPOLOGIES = {16: ir.Topology.preset("a100-hgx", 16), 32: ir.Topology.preset("h100-hgx", 32)}
 
