@@ -13,7 +13,9 @@ is split, and when its split reaches an op that needs the whole value (a
 ``LayerNorm`` or ``Loss`` over the split axis, a program output) the weights it
 came from are kept whole and the plan is made again. Everything else runs
 replicated. Attention splits by heads when the local hidden size is a multiple
-of the head size (the heads divide evenly); otherwise it stays replicated.
+of the head size (the heads divide evenly). Otherwise the unfused form (``MatMul``,
+``Softmax``, ...) stays replicated, while a fused ``Attention`` op (whose record gives
+its ``heads_limit``) is refused with a ``TransformError`` naming the degree and heads.
 
 The result is a steady-state step (DESIGN.md): a split weight is the tuple of
 its shards (layout ``S(1)`` by columns, ``S(0)`` by rows), every other input a
