@@ -31,7 +31,8 @@ the masked triangle's area), and the exact count of attended pairs otherwise (a 
 step attends all ``Sk`` keys). Bytes: the fused kernel's IO, each operand read once and
 the result written once; no ``(Sq, Sk)`` scores or probabilities reach memory. The
 softmax's exponentials are not counted, as FlashAttention's FLOP count leaves them out.
-:func:`attention_shape` gives the efficiency model the kernel's problem shape.
+The cost names its kernel (``"attention"``, ``"attention_grad"``: the efficiency model of
+``ir.hardware`` times it as a fused attention) and its problem ``(B * Hq, Sq, Sk, D)``.
 
 ``AttentionGrad(q, k, v, out, dout[, mask])`` returns ``(dq, dk, dv)``. It recomputes the
 probabilities from ``q`` and ``k`` as FlashAttention's backward does (the forward keeps
@@ -177,8 +178,8 @@ def _shape(types, attributes) -> AttentionShape:
 
 
 def attention_shape(c: CostContext) -> AttentionShape:
-    """The problem shape of an ``Attention`` or ``AttentionGrad`` op (for the cost model's
-    fused-attention kernel class): ``(B * Hq, Sq, Sk, D, Dv, causal)``."""
+    """The problem shape of an ``Attention`` or ``AttentionGrad`` op:
+    ``(B * Hq, Sq, Sk, D, Dv, causal)``."""
     return _shape(c.input_types, c.attributes)
 
 
@@ -261,16 +262,30 @@ def _bytes(types) -> int:
     return sum(x.size_bytes for x in types)
 
 
+def _fused_cost(c: CostContext, width: int, kernel: str, launches: int) -> Cost:
+    """Products of ``width`` summed feature columns (D or Dv each) over the attended (query,
+    key) pairs, as one fused kernel: its operands read once, its results written once.
+    ``gemms`` is the kernel's problem ``(B * Hq, Sq, Sk, D)`` for the efficiency model (its
+    achieved fraction of the matrix peak by head dimension and key length, ``ir.hardware``)."""
+    n, sq, sk, d, _, causal = attention_shape(c)
+    flops = 2.0 * n * attended_pairs(sq, sk, causal) * width
+    read, written = _bytes(c.input_types), _bytes(c.output_types)
+    gemms = ((n, sq, sk, d),)
+    return Cost(flops, read, written, flops, gemms=gemms, kernel=kernel, launches=launches)
+
+
 def _attention_cost(c: CostContext) -> Cost:
-    n, sq, sk, d, dv, causal = attention_shape(c)
-    flops = 2.0 * n * attended_pairs(sq, sk, causal) * (d + dv)
-    return Cost(flops, _bytes(c.input_types), _bytes(c.output_types), matrix_flops=flops)
+    s = attention_shape(c)
+    return _fused_cost(c, s.d + s.dv, "attention", 1)  # q k^T, then p v
 
 
 def _attention_grad_cost(c: CostContext) -> Cost:
-    n, sq, sk, d, dv, causal = attention_shape(c)
-    flops = 2.0 * n * attended_pairs(sq, sk, causal) * (3 * d + 2 * dv)
-    return Cost(flops, _bytes(c.input_types), _bytes(c.output_types), matrix_flops=flops)
+    s = attention_shape(c)
+    # q k^T again (D), dv = p^T do (Dv), dp = do v^T (Dv), dq = ds k (D), dk = ds^T q (D).
+    # FlashAttention-2's backward runs three kernels: the row sums of do * o, the main
+    # loop, and dq's conversion from its float32 accumulator (flash-attn,
+    # csrc/flash_attn/src/flash_bwd_launch_template.h)
+    return _fused_cost(c, 3 * s.d + 2 * s.dv, "attention_grad", 3)
 
 
 def heads_limit(input_types, degree: int) -> str | None:
@@ -331,8 +346,6 @@ register_op(
             "examples": _examples,
             "nondiff_operands": (3,),  # the mask
             "heads_limit": heads_limit,
-            "kernel_class": "attention",
-            "attention_shape": attention_shape,
         },
     )
 )
@@ -354,8 +367,6 @@ register_op(
             "examples": lambda s: _examples(s, grad=True),
             "nondiff_operands": (5,),
             "heads_limit": heads_limit,
-            "kernel_class": "attention",
-            "attention_shape": attention_shape,
         },
     )
 )

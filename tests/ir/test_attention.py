@@ -184,13 +184,34 @@ def test_cost_is_the_fused_kernels_flops_and_io():
     assert grad.bytes_read == 5 * q.size_bytes and grad.bytes_written == 3 * q.size_bytes
 
 
-def test_attention_shape_for_the_cost_model():
-    q, k = T(2, 8, 1, 64), T(2, 2, 512, 64)
-    v = T(2, 2, 512, 32)
+def test_the_cost_names_the_fused_kernel_for_the_efficiency_model():
+    q, k = T(2, 8, 1, 64, dtype=DType.float16), T(2, 2, 512, 64, dtype=DType.float16)
+    v = T(2, 2, 512, 32, dtype=DType.float16)
     ctx = CostContext((q, k, v), (T(2, 8, 1, 32),), {"causal": True, "scale": None})
     assert attention_shape(ctx) == AttentionShape(16, 1, 512, 64, 32, True)
-    assert ir.get_op("Attention").extra["attention_shape"] is attention_shape
-    assert ir.get_op("AttentionGrad").extra["kernel_class"] == "attention"
+    forward = _cost("Attention", (q, k, v), causal=True)
+    assert (forward.kernel, forward.gemms, forward.launches) == (
+        "attention",
+        ((16, 1, 512, 64),),
+        1,
+    )
+    out = T(2, 8, 1, 32, dtype=DType.float16)
+    backward = _cost("AttentionGrad", (q, k, v, out, out), causal=True)
+    assert (backward.kernel, backward.gemms) == ("attention_grad", ((16, 1, 512, 64),))
+    # on a preset with the kernel efficiency model, the fused kernels run below the matrix
+    # peak (FlashAttention's achieved fraction), the backward further below than the forward
+    gpu = ir.Topology.preset("a100-hgx", 1).devices[0]
+    ideal = ir.Topology.preset("a100-hgx", 1, ideal=True).devices[0]
+    big = T(4, 16, 1024, 64, dtype=DType.float16)
+    for op_type, types in (("Attention", (big,) * 3), ("AttentionGrad", (big,) * 5)):
+        cost = _cost(op_type, types, causal=True)
+        modelled, roofline = gpu.op_time_s(cost, "float16"), ideal.op_time_s(cost, "float16")
+        assert 1.3 * roofline < modelled < 4 * roofline, (op_type, modelled, roofline)
+    fwd, bwd = (
+        gpu.op_time_s(_cost(o, t, causal=True), "float16") / _cost(o, t, causal=True).flops
+        for o, t in (("Attention", (big,) * 3), ("AttentionGrad", (big,) * 5))
+    )
+    assert bwd > fwd  # seconds per FLOP
 
 
 def test_propagation_splits_heads_in_proportion_only():
