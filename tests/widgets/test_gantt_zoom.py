@@ -21,6 +21,7 @@ from widgets.gantt import (
 from widgets.gantt_zoom import GanttZoom
 from widgets.live import live_figure, plotted
 from widgets.timeline import GanttError
+from widgets.units import time_unit
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_a_summarised_step_shows_a_windows_events_when_zoomed_in(pipeline):
     zoomed = gantt_figure(result, g, window=(t0, t1), summary_above=5)
     assert not any(t.meta.get("summary") for t in zoomed.data)
     assert sum(len(t.x) for t in zoomed.data[:2]) == per_device.sum()
-    unit = 1e-6  # the step's unit (µs), kept in the window
+    _, unit = time_unit(result.step_time_s)  # the step's unit, kept in the window
     assert list(zoomed.layout.xaxis.range) == pytest.approx([t0 / unit, t1 / unit])
 
 
@@ -91,7 +92,7 @@ def test_zooming_the_live_chart_redraws_it_in_place(pipeline):
     widget = live_figure(*gantt_spec(result, g, summary_above=5))
     zoom = GanttZoom(widget, result, g, summary_above=5)
     t0, t1 = 0.40 * result.step_time_s, 0.45 * result.step_time_s
-    unit = 1e-6
+    _, unit = time_unit(result.step_time_s)
     # what plotly.js sends when the user drags a window on the time axis
     widget.plotly_relayout({"xaxis.range[0]": t0 / unit, "xaxis.range[1]": t1 / unit})
     assert zoom.window == pytest.approx((t0, t1))
