@@ -190,8 +190,10 @@ class _Gpt:
         w: dict[str, Value],
         sizes: tuple[int, int, int, int],
         fused: bool,
+        dropout: tuple[float, float] = (0.0, 0.0),
     ) -> None:
         self.b, self.w, self.fused = b, w, fused
+        self.hidden_p, self.attention_p = dropout
         self.B, self.S, self.nh, self.nkv = sizes
         self.H = w["wte"].type.shape[1]
         self.dh = self.H // self.nh
@@ -237,17 +239,28 @@ class _Gpt:
             s = b.call("Scale", s, factor=1.0 / math.sqrt(self.dh), name=f"{p}_scaled")
             s = b.call("CausalMask", s, name=f"{p}_masked")
             probs = b.call("Softmax", s, axis=-1, name=f"{p}_probs")
+            probs = self.dropout(probs, self.attention_p, f"{p}_probs_drop", p, 0)
             o = b.call("MatMul", probs, v, name=f"{p}_ctx")
         o = b.call("Transpose", o, perm=straight, name=f"{p}_ctx_t")
         o = b.call("Reshape", o, shape=(self.B, self.S, self.H), name=f"{p}_merged")
         o = b.call("MatMul", o, w[f"{p}_attn_wo"], name=f"{p}_attn_out")
+        o = self.dropout(o, self.hidden_p, f"{p}_attn_drop", p, 1)
         return b.call("Add", x, o, name=f"{p}_res1")
+
+    def dropout(self, x: Value, prob: float, name: str, layer: str, site: int) -> Value:
+        """``x`` through Dropout (a distinct seed per layer and site), or ``x`` if ``prob`` is 0."""
+        if prob == 0:
+            return x
+        seed = 3 * int(layer[1:]) + site
+        y, _ = self.b.call("Dropout", x, p=prob, seed=seed, name=[name, f"{name}_mask"])
+        return y
 
     def mlp(self, x: Value, p: str) -> Value:
         b, w = self.b, self.w
         xn = self.layer_norm(x, f"{p}_ln2")
         h = b.call("Gelu", b.call("MatMul", xn, w[f"{p}_mlp_w1"], name=f"{p}_fc"), name=f"{p}_gelu")
         h = b.call("MatMul", h, w[f"{p}_mlp_w2"], name=f"{p}_proj")
+        h = self.dropout(h, self.hidden_p, f"{p}_mlp_drop", p, 2)
         return b.call("Add", x, h, name=f"{p}_res2")
 
 
@@ -263,6 +276,8 @@ def gpt(
     *,
     attention: str = "fused",
     kv_heads: int | None = None,
+    dropout: float = 0.0,
+    attention_dropout: float = 0.0,
 ) -> Function:
     """A GPT-style decoder: token + learned position embedding, ``layers`` pre-LN blocks, head.
 
@@ -285,6 +300,12 @@ def gpt(
     ``wv`` are ``(H, kv_heads * dh)`` and query head ``j`` reads key/value head
     ``j // (heads / kv_heads)``; ``heads`` must be a multiple of ``kv_heads``. The unfused
     form repeats each key/value head for its group (``BroadcastTo``).
+
+    ``dropout``: Megatron-LM's hidden dropout, on each layer's attention projection and
+    MLP output before their residual adds; ``attention_dropout``: on the attention
+    probabilities (the unfused form only: a fused kernel's dropout is not modelled).
+    Megatron-LM's defaults are 0.1 and 0.1; 0 (the default here) adds no op. Each is a
+    ``Dropout`` op whose mask every sharding draws alike (``ir/ops/dropout.py``).
     """
     _positive(batch=batch, seq=seq, hidden=hidden, heads=heads, vocab=vocab, layers=layers)
     if hidden % heads:
@@ -298,6 +319,14 @@ def gpt(
                 f"heads {heads} is not a multiple of kv_heads {kv_heads} (each key/value head "
                 "serves a group of heads / kv_heads query heads)"
             )
+    for name, prob in (("dropout", dropout), ("attention_dropout", attention_dropout)):
+        if isinstance(prob, bool) or not isinstance(prob, (int, float)) or not 0 <= prob < 1:
+            raise ModelError(f"{name} must be a probability in [0, 1), got {prob!r}")
+    if attention_dropout and attention == "fused":
+        raise ModelError(
+            "attention_dropout needs attention='unfused': the fused Attention op has no "
+            "dropout (FlashAttention's in-kernel dropout is not modelled)"
+        )
     dt = _dtype(dtype)
     b = FunctionBuilder("gpt")
     w = {
@@ -307,7 +336,7 @@ def gpt(
     tokens = b.input("tokens", TensorType((batch, seq), DType.int64, 0))
     labels = b.input("labels", TensorType((batch, seq), DType.int64, 0))
     sizes = (batch, seq, heads, heads if kv_heads is None else kv_heads)
-    m = _Gpt(b, w, sizes, fused=attention == "fused")
+    m = _Gpt(b, w, sizes, fused=attention == "fused", dropout=(dropout, attention_dropout))
     h = b.call("Embedding", w["wte"], tokens, name="tok_emb")
     h = b.call("Add", h, w["wpe"], name="emb")
     for i in range(layers):

@@ -309,12 +309,17 @@ def _mix32(h):
 
 def _keep_mask(x, p: float, seed: int):
     """ir.ops.dropout.keep_mask in torch int64 arithmetic: the same mask, bit for bit."""
-    from ..ops.dropout import _GOLDEN
+    from ..ops.dropout import _GOLDEN, DROPPED_BITS
 
-    bits = x.contiguous().view(_INT_VIEW[x.element_size()]).to(torch.int64)
     size = x.element_size()
-    lo = bits & (_M32 if size >= 4 else (1 << (8 * size)) - 1)  # the word, unsigned
-    hi = (bits >> 32) & _M32 if size == 8 else torch.zeros_like(bits)
+    bits = x.contiguous().view(_INT_VIEW[size]).to(torch.int64)
+    if size < 8:  # the word, unsigned
+        bits = bits & ((1 << (8 * size)) - 1)
+    dropped = DROPPED_BITS[size]
+    # a logical shift: mask away the sign bits an arithmetic shift copies in
+    bits = (bits >> dropped) & ((1 << (8 * size - dropped)) - 1)
+    lo = bits & _M32
+    hi = (bits >> 32) & _M32
     h = _mix32(lo ^ ((seed * _GOLDEN) & _M32))
     h = _mix32(h ^ hi)
     return h >= int(p * 2**32)

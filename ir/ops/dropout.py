@@ -5,13 +5,18 @@ and scales the kept ones by ``1 / (1 - p)``; ``mask`` (bool, one byte per elemen
 Megatron-LM's fused dropout keeps it for the backward pass) says which were kept.
 ``DropoutGrad(dy, mask, p)`` is ``dy * mask / (1 - p)``.
 
-The mask is a deterministic hash of ``seed`` and each element's *value* (its bits),
-not of a random-number stream: a counter-based generator keyed by the value rather than
-by a position. A tensor split over devices, recomputed under activation checkpointing,
-or run on the torch backend draws exactly the mask the sequential program draws, so
-distributed programs with dropout still execute equal to the sequential one. For
-continuous activations the draws are a fair Bernoulli(1 - p) mask; equal values (exact
-zeros after a ReLU, say) share their draw, which training tolerates and the proofs need.
+The mask is a deterministic hash of ``seed`` and each element's *value*, not of a
+random-number stream: a generator keyed by value rather than by position. A tensor split
+over devices, recomputed under activation checkpointing, or run on the torch backend
+draws the mask the sequential program draws, so distributed programs with dropout still
+execute equal to the sequential one. Sharded arithmetic can round differently from the
+sequential program in the last bits (a row-parallel product sums its partial results in
+another order), so the hash reads the value rounded down to a coarser grid: float64
+values to 31 mantissa bits (a relative step of 5e-10, against float64 rounding
+differences of 1e-16: a draw flips with a probability of about 1e-7 per element), float32
+to 12 bits (about 1e-4 per element: proofs run in float64, as the project's do),
+half-precision values as they are. For continuous activations the draws are a fair
+Bernoulli(1 - p) mask; equal values (exact zeros after a ReLU, say) share their draw.
 """
 
 from __future__ import annotations
@@ -37,10 +42,17 @@ def _mix32(h: np.ndarray) -> np.ndarray:
     return h ^ (h >> 16)
 
 
+#: Mantissa bits dropped before hashing, by element size in bytes (see the module docstring).
+DROPPED_BITS = {8: 21, 4: 11, 2: 0}
+
+
 def keep_mask(x: np.ndarray, p: float, seed: int) -> np.ndarray:
-    """Which elements of ``x`` Dropout keeps: a hash of ``seed`` and each element's bits
-    (32-bit words mixed in int64 arithmetic, which the torch kernel repeats exactly)."""
-    bits = np.ascontiguousarray(x).view(np.dtype(f"u{x.dtype.itemsize}")).astype(np.uint64)
+    """Which elements of ``x`` Dropout keeps: a hash of ``seed`` and each element's bits,
+    rounded down by :data:`DROPPED_BITS` (32-bit words mixed in int64 arithmetic, which
+    the torch kernel repeats exactly)."""
+    size = x.dtype.itemsize
+    bits = np.ascontiguousarray(x).view(np.dtype(f"u{size}")).astype(np.uint64)
+    bits >>= np.uint64(DROPPED_BITS[size])
     lo = (bits & np.uint64(_M32)).astype(np.int64)
     hi = (bits >> np.uint64(32)).astype(np.int64)
     h = _mix32(lo ^ ((seed * _GOLDEN) & _M32))

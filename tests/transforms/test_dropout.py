@@ -102,3 +102,36 @@ def test_bad_dropout_probabilities_are_refused_where_they_are_written():
     ints = b.input("i", TensorType((4,), DType.int64, 0))
     with pytest.raises(ir.DistIRError, match="floating-point"):
         b.call("Dropout", ints, p=0.1)
+
+
+@pytest.mark.parametrize("degrees", [(1, 2, 1, 1), (2, 2, 2, 2), (1, 4, 1, 1)])
+def test_a_gpt_with_megatrons_dropouts_executes_equal_under_tensor_and_pipeline_parallelism(
+    degrees,
+):
+    f = ir.models.gpt(
+        4,
+        16,
+        32,
+        4,
+        64,
+        2,
+        dtype="float64",
+        attention="unfused",
+        dropout=0.1,
+        attention_dropout=0.1,
+    )
+    t = transforms.training(f, "adam")
+    assert sum(op.op_type == "Dropout" for op in t.ops) == 3 * 2  # probs, attention, MLP
+    g = transforms.megatron(t, *degrees)
+    _equal_to_sequential(g, t)
+    r = transforms.recompute(t, ir.models.gpt_layer_activations(t))
+    _equal_to_sequential(transforms.megatron(r, *degrees), r)
+
+
+def test_the_fused_gpt_refuses_attention_dropout_and_bad_probabilities():
+    with pytest.raises(ir.models.ModelError, match="unfused"):
+        ir.models.gpt(2, 8, 16, 2, 32, 1, attention_dropout=0.1)
+    with pytest.raises(ir.models.ModelError, match="probability"):
+        ir.models.gpt(2, 8, 16, 2, 32, 1, dropout=1.0)
+    fused = ir.models.gpt(2, 8, 16, 2, 32, 1, dropout=0.1)
+    assert sum(op.op_type == "Dropout" for op in fused.ops) == 2
