@@ -122,12 +122,22 @@ def model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, *, r
 def training_step(model: GptConfig, batch: int, *, recompute: bool = True) -> Function:
     """The sequential float16 training step (Adam) of ``model``, layers checkpointed.
 
-    Attention is unfused (``attention="unfused"``): the published runs are Megatron-LM's
-    of 2020-2022, which computed it as two batched matmuls around a fused
-    scale-mask-softmax kernel; FlashAttention came to Megatron-LM later."""
+    As Megatron-LM of 2020-2022 ran it: attention as two batched matmuls around its fused
+    scale-mask-softmax kernel (``attention="fused_softmax"``; FlashAttention came to
+    Megatron-LM later), and its default dropouts (0.1 on the attention probabilities and
+    on each residual branch)."""
     m = model
     f = models.gpt(
-        batch, m.seq, m.hidden, m.heads, m.vocab, m.layers, dtype="float16", attention="unfused"
+        batch,
+        m.seq,
+        m.hidden,
+        m.heads,
+        m.vocab,
+        m.layers,
+        dtype="float16",
+        attention="fused_softmax",
+        dropout=0.1,
+        attention_dropout=0.1,
     )
     t = transforms.training(f, "adam")
     return transforms.recompute(t, models.gpt_layer_activations(t)) if recompute else t

@@ -178,7 +178,7 @@ def gpt_weight_shapes(
     return shapes
 
 
-ATTENTION_FORMS = ("fused", "unfused")
+ATTENTION_FORMS = ("fused", "fused_softmax", "unfused")
 
 
 class _Gpt:
@@ -189,10 +189,10 @@ class _Gpt:
         b: FunctionBuilder,
         w: dict[str, Value],
         sizes: tuple[int, int, int, int],
-        fused: bool,
+        form: str,
         dropout: tuple[float, float] = (0.0, 0.0),
     ) -> None:
-        self.b, self.w, self.fused = b, w, fused
+        self.b, self.w, self.form = b, w, form
         self.hidden_p, self.attention_p = dropout
         self.B, self.S, self.nh, self.nkv = sizes
         self.H = w["wte"].type.shape[1]
@@ -228,7 +228,7 @@ class _Gpt:
         )
         k_in = b.call("MatMul", xn, w[f"{p}_attn_wk"], name=f"{p}_k")
         v_in = b.call("MatMul", xn, w[f"{p}_attn_wv"], name=f"{p}_v")
-        if self.fused:
+        if self.form == "fused":
             k = self.heads(k_in, f"{p}_k", self.nkv, straight)
             v = self.heads(v_in, f"{p}_v", self.nkv, straight)
             o = b.call("Attention", q, k, v, causal=True, name=f"{p}_ctx")
@@ -236,9 +236,13 @@ class _Gpt:
             kt = self.repeat_kv(self.heads(k_in, f"{p}_k", self.nkv, (0, 2, 3, 1)), f"{p}_k")
             v = self.repeat_kv(self.heads(v_in, f"{p}_v", self.nkv, straight), f"{p}_v")
             s = b.call("MatMul", q, kt, name=f"{p}_scores")
-            s = b.call("Scale", s, factor=1.0 / math.sqrt(self.dh), name=f"{p}_scaled")
-            s = b.call("CausalMask", s, name=f"{p}_masked")
-            probs = b.call("Softmax", s, axis=-1, name=f"{p}_probs")
+            scale = 1.0 / math.sqrt(self.dh)
+            if self.form == "fused_softmax":  # Megatron-LM's scale-mask-softmax kernel
+                probs = b.call("Softmax", s, axis=-1, scale=scale, causal=True, name=f"{p}_probs")
+            else:
+                s = b.call("Scale", s, factor=scale, name=f"{p}_scaled")
+                s = b.call("CausalMask", s, name=f"{p}_masked")
+                probs = b.call("Softmax", s, axis=-1, name=f"{p}_probs")
             probs = self.dropout(probs, self.attention_p, f"{p}_probs_drop", p, 0)
             o = b.call("MatMul", probs, v, name=f"{p}_ctx")
         o = b.call("Transpose", o, perm=straight, name=f"{p}_ctx_t")
@@ -293,8 +297,11 @@ def gpt(
     torch's ``scaled_dot_product_attention``) do: the predicted time and memory are
     theirs, and no ``(B, heads, S, S)`` tensor is kept for the backward.
     ``attention="unfused"`` writes it out for teaching: ``h<i>_scores = MatMul(q, k^T)``,
-    ``Scale``, ``CausalMask``, ``h<i>_probs = Softmax``, ``MatMul`` by v. Both name the
-    attention's result ``h<i>_ctx`` ``(B, heads, S, dh)`` and compute the same function.
+    ``Scale``, ``CausalMask``, ``h<i>_probs = Softmax``, ``MatMul`` by v.
+    ``attention="fused_softmax"`` is attention as Megatron-LM ran it before FlashAttention:
+    the two batched products around one fused scale-mask-softmax kernel
+    (``Softmax(scale=, causal=True)``). All name the attention's result ``h<i>_ctx``
+    ``(B, heads, S, dh)`` and compute the same function.
 
     ``kv_heads`` (grouped-query attention, as Llama 2/3 use; 1 is multi-query): ``wk`` and
     ``wv`` are ``(H, kv_heads * dh)`` and query head ``j`` reads key/value head
@@ -324,8 +331,8 @@ def gpt(
             raise ModelError(f"{name} must be a probability in [0, 1), got {prob!r}")
     if attention_dropout and attention == "fused":
         raise ModelError(
-            "attention_dropout needs attention='unfused': the fused Attention op has no "
-            "dropout (FlashAttention's in-kernel dropout is not modelled)"
+            "attention_dropout needs attention='unfused' or 'fused_softmax': the fused "
+            "Attention op has no dropout (FlashAttention's in-kernel dropout is not modelled)"
         )
     dt = _dtype(dtype)
     b = FunctionBuilder("gpt")
@@ -336,7 +343,7 @@ def gpt(
     tokens = b.input("tokens", TensorType((batch, seq), DType.int64, 0))
     labels = b.input("labels", TensorType((batch, seq), DType.int64, 0))
     sizes = (batch, seq, heads, heads if kv_heads is None else kv_heads)
-    m = _Gpt(b, w, sizes, fused=attention == "fused", dropout=(dropout, attention_dropout))
+    m = _Gpt(b, w, sizes, attention, dropout=(dropout, attention_dropout))
     h = b.call("Embedding", w["wte"], tokens, name="tok_emb")
     h = b.call("Add", h, w["wpe"], name="emb")
     for i in range(layers):

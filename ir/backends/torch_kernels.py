@@ -62,13 +62,22 @@ def _gelu_grad(xs, a):
 
 def _softmax(xs, a):
     x = xs[0]
+    scale, causal = a.get("scale", 1.0), a.get("causal", False)
+    if scale != 1:
+        x = x * scale
+    if causal:
+        rows, cols = x.shape[-2:]
+        above = torch.triu(torch.ones(rows, cols, dtype=torch.bool, device=x.device), 1)
+        x = x.masked_fill(above, float("-inf"))
     e = torch.exp(x - torch.amax(x, dim=a["axis"], keepdim=True))
     return [e / torch.sum(e, dim=a["axis"], keepdim=True)]
 
 
 def _softmax_grad(xs, a):
     y, dy = xs
-    return [y * (dy - torch.sum(dy * y, dim=a["axis"], keepdim=True))]
+    dx = y * (dy - torch.sum(dy * y, dim=a["axis"], keepdim=True))
+    scale = a.get("scale", 1.0)
+    return [dx * scale if scale != 1 else dx]
 
 
 def _normalise(x, epsilon: float):

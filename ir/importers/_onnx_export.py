@@ -191,6 +191,25 @@ def _emit_constant(em, op, ins, outs):
     em.node("Constant", [], outs, value=em.onnx.numpy_helper.from_array(array, outs[0]))
 
 
+def _emit_softmax(em, op, ins, outs):
+    """Softmax; a fused scale or causal mask (Megatron-LM's kernel) as Mul and Where first."""
+    t = op.inputs[0].type
+    x = ins[0]
+    if op.attributes["scale"] != 1:
+        f = em.const(np.asarray(op.attributes["scale"], _np(t)), "scale")
+        scaled = em.fresh("scaled")
+        em.node("Mul", [x, f], [scaled])
+        x = scaled
+    if op.attributes["causal"]:
+        rows, cols = t.shape[-2:]
+        above = em.const(np.triu(np.ones((rows, cols), dtype=bool), k=1), "above_diagonal")
+        fill = em.const(np.asarray(-np.inf, _np(t)), "minus_infinity")
+        masked = em.fresh("masked")
+        em.node("Where", [above, fill, x], [masked])
+        x = masked
+    em.node("Softmax", [x], outs, axis=op.attributes["axis"])
+
+
 def _emit_causal_mask(em, op, ins, outs):
     t = op.inputs[0].type
     rows, cols = t.shape[-2:]
@@ -257,7 +276,7 @@ EXPORTS: dict[str, Callable[..., None]] = {
     "Rsqrt": _emit_rsqrt,
     "Pow": _emit_pow,
     "Scale": _emit_scale,
-    "Softmax": lambda em, op, ins, outs: em.node("Softmax", ins, outs, axis=op.attributes["axis"]),
+    "Softmax": _emit_softmax,
     "LayerNorm": lambda em, op, ins, outs: em.node(
         "LayerNormalization", ins, outs, axis=-1, epsilon=float(op.attributes["epsilon"])
     ),

@@ -38,11 +38,34 @@ def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def _above_diagonal(shape: tuple[int, ...]) -> np.ndarray:
+    rows, cols = shape[-2:]
+    return np.triu(np.ones((rows, cols), dtype=bool), k=1)
+
+
+def _fused_softmax(x: np.ndarray, a) -> np.ndarray:
+    z = x * a["scale"] if a["scale"] != 1 else x
+    if a["causal"]:
+        z = np.where(_above_diagonal(x.shape), np.asarray(-np.inf, dtype=x.dtype), z)
+    return _softmax(z, a["axis"]).astype(x.dtype)
+
+
 def _softmax_types(c: TypeContext):
     x = _float(tensor(c, 0, "x"), "x")
-    normalize_axis(c.attributes["axis"], x.rank)
+    axis = normalize_axis(c.attributes["axis"], x.rank)
+    if c.attributes["causal"] and (x.rank < 2 or axis != x.rank - 1):
+        raise TypeRuleError(
+            f"a causal Softmax normalises the last axis of a rank >= 2 tensor (keys), got "
+            f"axis {c.attributes['axis']} of shape {x.shape}"
+        )
     return [x]
 
+
+_SOFTMAX_ATTRS = (
+    Attr("axis", -1, "axis the probabilities sum to one over", kind=kinds.INT),
+    Attr("scale", 1.0, "x is multiplied by it first (attention's 1/sqrt(dh))", kind=kinds.FINITE),
+    Attr("causal", False, "mask entries above the diagonal of the last two axes", kind=kinds.BOOL),
+)
 
 register_op(
     OpDef(
@@ -50,11 +73,19 @@ register_op(
         operands=("x",),
         results=("y",),
         type_rule=_softmax_types,
-        kernel=lambda xs, a: [_softmax(xs[0], a["axis"])],
+        kernel=lambda xs, a: [_fused_softmax(xs[0], a)],
         cost_rule=per_output_element(5),
-        attributes=(Attr("axis", -1, "axis the probabilities sum to one over", kind=kinds.INT),),
-        doc="exp(x) / sum(exp(x)) along axis (computed stably).",
-        extra={"examples": lambda s: [ctx(t(2 * s, 5)), ctx(t(2, s, 3 * s), axis=1)]},
+        attributes=_SOFTMAX_ATTRS,
+        doc="exp(z) / sum(exp(z)) along axis, z = scale * x with the entries above the "
+        "diagonal masked out if causal (computed stably): Megatron-LM's fused "
+        "scale-mask-softmax as one kernel.",
+        extra={
+            "examples": lambda s: [
+                ctx(t(2 * s, 5)),
+                ctx(t(2, s, 3 * s), axis=1),
+                ctx(t(2, 3 * s, 3 * s), scale=0.5, causal=True),
+            ]
+        },
     )
 )
 
@@ -69,7 +100,8 @@ def _softmax_grad_types(c: TypeContext):
 
 def _softmax_grad(xs, a):
     y, dy = xs
-    return [y * (dy - np.sum(dy * y, axis=a["axis"], keepdims=True))]
+    dx = y * (dy - np.sum(dy * y, axis=a["axis"], keepdims=True))
+    return [dx * a["scale"] if a["scale"] != 1 else dx]
 
 
 register_op(
@@ -80,10 +112,18 @@ register_op(
         type_rule=_softmax_grad_types,
         kernel=_softmax_grad,
         cost_rule=per_output_element(4),
-        attributes=(Attr("axis", -1, "the softmax's axis", kind=kinds.INT),),
-        doc="Gradient of Softmax given its output y: y * (dy - sum(dy * y, axis)).",
+        attributes=(
+            Attr("axis", -1, "the softmax's axis", kind=kinds.INT),
+            Attr("scale", 1.0, "the softmax's scale", kind=kinds.FINITE),
+        ),
+        doc="Gradient of Softmax given its output y: scale * y * (dy - sum(dy * y, axis)) "
+        "(masked entries have y = 0, so no gradient).",
         extra={
-            "examples": lambda s: [ctx(t(2 * s, 5), t(2 * s, 5)), ctx(t(s, 3), t(s, 3), axis=0)]
+            "examples": lambda s: [
+                ctx(t(2 * s, 5), t(2 * s, 5)),
+                ctx(t(s, 3), t(s, 3), axis=0),
+                ctx(t(s, 3), t(s, 3), scale=0.25),
+            ]
         },
     )
 )
@@ -277,7 +317,12 @@ def _causal_mask_sharding(c: TypeContext) -> dict:
     return fx.same_axes(c, whole=(-2, -1), linear=linear, partial_ops=fx.LINEAR)
 
 
-fx.attach("Softmax", lambda c: fx.same_axes(c, whole=(c.attributes["axis"],), linear=()))
+fx.attach(
+    "Softmax",
+    lambda c: fx.same_axes(
+        c, whole=(-2, -1) if c.attributes["causal"] else (c.attributes["axis"],), linear=()
+    ),
+)
 fx.attach(
     "SoftmaxGrad",
     lambda c: fx.same_axes(c, whole=(c.attributes["axis"],), linear=[(1,)], partial_ops=fx.LINEAR),
@@ -300,8 +345,8 @@ def _attach_gradient_rules() -> None:
         (dy,) = dys
         if dy is None:
             return [None]
-        axis = op.attributes["axis"]
-        return [b.call("SoftmaxGrad", outs[0], dy, axis=axis, name=gname(ins[0]))]
+        axis, scale = op.attributes["axis"], op.attributes["scale"]
+        return [b.call("SoftmaxGrad", outs[0], dy, axis=axis, scale=scale, name=gname(ins[0]))]
 
     def layer_norm(b, op, ins, outs, dys):
         (dy,) = dys

@@ -135,3 +135,21 @@ def test_the_fused_gpt_refuses_attention_dropout_and_bad_probabilities():
         ir.models.gpt(2, 8, 16, 2, 32, 1, dropout=1.0)
     fused = ir.models.gpt(2, 8, 16, 2, 32, 1, dropout=0.1)
     assert sum(op.op_type == "Dropout" for op in fused.ops) == 2
+
+
+def test_megatrons_fused_scale_mask_softmax_computes_the_unfused_attention():
+    kw = dict(dtype="float64", dropout=0.1, attention_dropout=0.1)
+    unfused = ir.models.gpt(4, 16, 32, 4, 64, 2, attention="unfused", **kw)
+    fused = ir.models.gpt(4, 16, 32, 4, 64, 2, attention="fused_softmax", **kw)
+    assert not any(op.op_type in ("Scale", "CausalMask") for op in fused.ops)
+    t_u, t_f = transforms.training(unfused, "adam"), transforms.training(fused, "adam")
+    xs = ir.random_inputs(t_u)
+    for a, b in zip(ir.execute(t_u, xs), ir.execute(t_f, xs)):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+    _equal_to_sequential(transforms.megatron(t_f, 2, 2, 2, 2), t_f)
+    # one kernel instead of three passes over the (batch, heads, seq, seq) scores
+    passes = {
+        name: sum(op.op_type in ("Scale", "CausalMask", "Softmax") for op in f.ops)
+        for name, f in (("unfused", unfused), ("fused", fused))
+    }
+    assert passes == {"unfused": 3 * 2, "fused": 1 * 2}
