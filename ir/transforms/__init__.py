@@ -18,11 +18,14 @@ from .pipeline import live_microbatches, pipeline_parallel, stage_assignment
 from .placement import place
 from .recompute import RecomputeError, peak_live_bytes, recomputable, recompute
 from .setup import setup_program
+from .stage_cut import PipelineCut, StageCut, pipeline_cut
 from .unroll import device_programs, unroll_pmap
 
 __all__ = [
     "AutodiffError",
+    "PipelineCut",
     "RecomputeError",
+    "StageCut",
     # parallelism
     "TransformError",
     "data_parallel",
@@ -38,6 +41,7 @@ __all__ = [
     "nested",
     "parallelize",
     "peak_live_bytes",
+    "pipeline_cut",
     "pipeline_parallel",
     "place",
     "recomputable",

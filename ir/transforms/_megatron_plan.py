@@ -28,7 +28,8 @@ from ._spmd import P, R, Shard
 from ._spmd import Plan as _Plan
 from .data_parallel import data_plan
 from .horizontal import horizontal_plan
-from .pipeline import _device_sequence, backward_ops, stage_assignment
+from .pipeline import _device_sequence, backward_ops
+from .stage_cut import annotated_stages, pipeline_degree, staged
 
 VAR = "e"  # the device variable of every pmap body of the step
 
@@ -109,6 +110,12 @@ class MegatronPlan:
                 f"data level: the batch of {rows} rows does not split into {dp} replicas x "
                 f"{m} microbatches of equal size; choose dp * microbatches dividing {rows}"
             )
+        # The pipeline stages of t's ops, each stage's replays started from what it holds
+        # (stage_cut.staged: t may change where a cut falls inside a recomputed layer).
+        marks = annotated_stages(t, self.stage_of)
+        what = pipeline_degree(self.pp, self.v)
+        t, stage_of_op = staged(t, self.stages, marks, what)
+        self.t = t
         # Data plan over dp * m pieces: the per-piece program (global loss denominators),
         # the gradients it leaves partial, and the optimizer steps after their all-reduce.
         dplan = data_plan(t, dp * m, what="dp x microbatches")
@@ -173,7 +180,6 @@ class MegatronPlan:
             if dplan.state[dplan.current[v]] == P and dplan.current[v] not in late
         }
         # Stages (of the source program's ops) and the tensor-parallel plan of the piece.
-        stage_of_op = stage_assignment(t, self.stages, self.stage_of)
         backward = backward_ops(t)
         piece_stage = {
             loc.step_ops[i]: (stage_of_op[op], "B" if op in backward else "F")

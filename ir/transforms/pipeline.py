@@ -57,7 +57,7 @@ from ._rewrite import (
 )
 from ._spmd import P, R
 from .data_parallel import data_plan
-from .stage_cut import assign_stages, backward_ops, stage_assignment, unmarked
+from .stage_cut import backward_ops, pipeline_degree, stage_assignment, staged, unmarked
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
@@ -109,8 +109,11 @@ class _Pipeline:
         resident: bool = True,
         stage_of: Mapping[str, int] | None = None,
     ) -> None:
-        # Annotations choose the stages; their markers are not ops of the step.
+        # Annotations choose the stages; their markers are not ops of the step. Each
+        # stage's replays start from what it holds (stage_cut.staged).
         f, marks = unmarked(f, stage_of)
+        what = pipeline_degree(len(devices), chunks, "stages")
+        f, self.stage = staged(f, stages, marks, what)
         self.f, self.p, self.k, self.v = f, len(devices), k, chunks
         self.resident = resident
         # model stage s runs on device s % p (several stages per device when interleaved)
@@ -119,7 +122,6 @@ class _Pipeline:
         check_degree("number of microbatches", k, rows, "batch size")
         # States come from a split in two at least: with one part, whole and partial look alike.
         self.plan = data_plan(f, max(k, min(2, rows)), batch, what="number of microbatches")
-        self.stage = assign_stages(f, stages, marks)
         self.position = {op: i for i, op in enumerate(f.ops)}
         self.backward = backward_ops(f)
         self.b = FunctionBuilder(f.name)

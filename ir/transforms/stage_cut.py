@@ -20,23 +20,33 @@ on that weight's stage, else on the stage of the weight it reads, else on the
 latest stage among the forward values it reads, never later than the stage its
 incoming gradient comes from; a recomputed activation on its forward op's stage.
 
-Without annotations the cut falls at layer boundaries (:func:`layer_boundaries`:
-where one activation alone crosses the forward pass) balanced by weight bytes,
-so no layer is split between stages; with too few boundaries, by weight count.
+Without annotations the cut falls at layer boundaries balanced by weight bytes, so no
+layer is split between stages; with too few, between sublayers, and for a model without
+repeated layers between weights (``ir/transforms/layer_cut.py``); more stages than that
+allows is an error naming the limit. :func:`pipeline_cut` reports where the cut falls.
+
+With activation recomputation, a replay runs on its forward op's stage and each stage
+replays from the values it holds (``ir/transforms/stage_replays.py``: :func:`staged`),
+so a cut inside a recomputed layer has a schedule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..arguments import function_arg
 from ..function import Function
 from ..op import Op
+from ..sharding.stages import is_stage_marker
 from ..value import Value
 from ._rewrite import TransformError, is_optimizer
-from .layer_cut import balanced_weights, constant_ops, layer_boundaries
+from .layer_cut import AT_LAYERS, AT_POINTS, AT_WEIGHTS, balanced_weights, constant_ops
 from .stage_annotations import annotated_forward, annotated_stages, unmarked, weight_stages
+from .stage_replays import local_replays, replay_twins
 from .step_parts import backward_ops, gradient_ops, weights
+
+AT_ANNOTATIONS = "annotations"
 
 
 def stage_assignment(
@@ -60,18 +70,53 @@ def stage_assignment(
     return assign_stages(f, n, annotated_stages(f, stage_of))
 
 
-def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]:
-    """The stage of every op of ``f``: ``marks`` (annotated ops) or, if empty, the cost cut."""
+def assign_stages(
+    f: Function, n: int, marks: Mapping[Op, int], what: str | None = None
+) -> dict[Op, int]:
+    """The stage of every op of ``f``: ``marks`` (annotated ops) or, if empty, the cost cut.
+    ``what`` names the degree in errors (``"pp=4"``)."""
+    return _assign(f, n, marks, what)[0]
+
+
+def staged(
+    f: Function, n: int, marks: Mapping[Op, int], what: str | None = None
+) -> tuple[Function, dict[Op, int]]:
+    """``f`` ready to pipeline over ``n`` stages, and the stage of each of its ops: as
+    :func:`assign_stages`, with each stage's replays (recomputed activations) started
+    from the values the stage holds (:mod:`ir.transforms.stage_replays`), so that any
+    cut of a recomputed program has a schedule. Every stage has work."""
+    stage, _, twins = _assign(f, n, marks, what)
+    g, stage = local_replays(f, stage, twins, backward_ops(f))
+    _check_every_stage_works(g, n, stage, what)
+    return g, stage
+
+
+def _check_every_stage_works(f: Function, n: int, stage: Mapping[Op, int], what: str | None):
+    busy = {stage[op] for op in f.ops if not is_stage_marker(op)}
+    idle = [s for s in range(n) if s not in busy]
+    if idle:  # the cuts above never leave one: a guard against a silent wrong program
+        raise TransformError(
+            f"pipeline level: {what or f'{n} stages'} leaves stage(s) {idle} of {f.name} "
+            "without an op (stages more than layers); use fewer stages"
+        )
+
+
+def _assign(
+    f: Function, n: int, marks: Mapping[Op, int], what: str | None
+) -> tuple[dict[Op, int], str, dict[Op, Op]]:
+    """The stages, how the cut was chosen (``PipelineCut.at``) and the replays' twins."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TransformError(f"stages must be a positive integer, got {n!r}")
     backward = backward_ops(f)
     gradients = gradient_ops(f)
+    twins = replay_twins(f, backward, gradients)
     if marks:
         forward = annotated_forward(f, n, marks, backward)
         weight_stage = weight_stages(f, forward)
+        at = AT_ANNOTATIONS
     else:
         forward = None
-        weight_stage = balanced_weights(f, n, backward)
+        weight_stage, at = balanced_weights(f, n, backward, what)
     producer = f.producers
     # the weight whose gradient each op makes (an EmbeddingGrad reads only the weight's
     # shape, not the weight): it runs on that weight's stage
@@ -104,7 +149,8 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
                 if v in weight_stage:
                     home.setdefault(v, stage[op])
         elif op not in gradients:  # a recomputed activation: where its forward op ran
-            stage[op] = max(wstages + made, default=0)
+            twin = twins.get(op)
+            stage[op] = stage[twin] if twin in stage else max(wstages + made, default=0)
         else:
             # the stage of the forward op it differentiates: of the weight it reads, else
             # the latest of the activations it reads (the forward op's inputs or outputs)
@@ -123,7 +169,7 @@ def assign_stages(f: Function, n: int, marks: Mapping[Op, int]) -> dict[Op, int]
         if op in free:
             readers = [stage[u] for v in op.outputs for u in consumers.get(v, [])]
             stage[op] = min(readers, default=0)
-    return {op: stage[op] for op in f.ops}
+    return {op: stage[op] for op in f.ops}, at, twins
 
 
 def _weight_gradient_chains(
@@ -160,13 +206,92 @@ def _weight_gradient_chains(
     return chains
 
 
+@dataclass(frozen=True)
+class StageCut:
+    """One stage of a pipeline cut: the weights it holds (in order of first use) and the
+    forward values it receives from earlier stages (what the cut before it sends)."""
+
+    stage: int
+    weights: tuple[str, ...]
+    receives: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class PipelineCut:
+    """Where a pipeline cuts a program: how the cut was chosen (``at``: ``"layer
+    boundaries"``, ``"sublayer boundaries"``, ``"between weights"`` or
+    ``"annotations"``) and each model stage (:class:`StageCut`)."""
+
+    at: str
+    stages: tuple[StageCut, ...]
+
+
+def pipeline_cut(
+    f: Function, pp: int, *, chunks: int = 1, stage_of: Mapping[str, int] | None = None
+) -> PipelineCut:
+    """The cut that ``pipeline_parallel(f, pp, ..., chunks=chunks, stage_of=stage_of)`` and
+    ``megatron(f, pp=pp, ...)`` build: ``pp * chunks`` model stages (stage ``c * pp + d``
+    on pipeline rank ``d``), each with its weights and the values it receives.
+
+    >>> import ir
+    >>> t = ir.transforms.training(ir.models.gpt(2, 8, 16, 2, 32, layers=4))
+    >>> cut = pipeline_cut(t, 2)
+    >>> cut.at, cut.stages[1].receives, cut.stages[1].weights[0]
+    ('layer boundaries', ('h1_res2',), 'h2_ln1_g')
+    """
+    function_arg("pipeline_cut", "f", f)
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 1:
+        raise TransformError(f"chunks must be a positive integer, got {chunks!r}")
+    if isinstance(pp, bool) or not isinstance(pp, int) or pp < 1:
+        raise TransformError(f"the pipeline degree must be a positive integer, got {pp!r}")
+    g, marks = unmarked(f, stage_of)
+    n = pp * chunks
+    stage, at, _ = _assign(g, n, marks, pipeline_degree(pp, chunks))
+    backward = backward_ops(g)
+    producer = g.producers
+    order = weights(g)
+    held: list[list[str]] = [[] for _ in range(n)]
+    received: list[dict[str, None]] = [{} for _ in range(n)]
+    home: dict[Value, int] = {}
+    for op in g.ops:
+        if op in backward or is_optimizer(op) or is_stage_marker(op):
+            continue
+        s = stage[op]
+        for v in op.inputs:
+            if v in producer and stage[producer[v]] < s and not is_stage_marker(producer[v]):
+                received[s][v.name] = None
+            if v in order:
+                home.setdefault(v, s)
+    for op in g.ops:  # a weight no forward op reads lives with its optimizer step
+        if is_optimizer(op):
+            home.setdefault(op.inputs[0], stage[op])
+    for w in order:
+        held[home.get(w, 0)].append(w.name)
+    return PipelineCut(at, tuple(StageCut(s, tuple(held[s]), tuple(received[s])) for s in range(n)))
+
+
+def pipeline_degree(pp: int, chunks: int = 1, name: str = "pp") -> str:
+    """``"pp=4"``, or ``"pp=4 x chunks=2 = 8 model stages"``: the degree errors name."""
+    if chunks == 1:
+        return f"{name}={pp}"
+    return f"{name}={pp} x chunks={chunks} = {pp * chunks} model stages"
+
+
 __all__ = [
+    "AT_ANNOTATIONS",
+    "AT_LAYERS",
+    "AT_POINTS",
+    "AT_WEIGHTS",
+    "PipelineCut",
+    "StageCut",
     "annotated_stages",
     "assign_stages",
     "backward_ops",
     "gradient_ops",
-    "layer_boundaries",
+    "pipeline_cut",
+    "pipeline_degree",
     "stage_assignment",
+    "staged",
     "unmarked",
     "weights",
 ]
