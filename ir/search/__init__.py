@@ -106,7 +106,7 @@ def search(
     )
     _check_request(len(topology.devices), rows_of_batch, t, space, dp=dp, tp=tp, pp=pp)
     capacity = min(d.memory_bytes for d in topology.devices)
-    pruned = prune(space, ModelFacts.of(t, rows_of_batch), capacity)
+    pruned = prune(space, ModelFacts.of(t, rows_of_batch), capacity, _tensor_problems(t, space))
     model_flops, dtype = _flops(t)
     peak = topology.devices[0].peak_flops_for(dtype, True, allow_tf32=topology.allow_tf32)
     tokens = _tokens_per_sample(t)
@@ -194,6 +194,15 @@ def _check_request(
             )
 
 
+def _tensor_problems(t: Function, space: list[Strategy]) -> dict[int, str | None]:
+    """For each tensor-parallel degree of the space, why it would repeat work on every
+    tensor rank (beyond the attention heads, say), or None: analysed once per degree,
+    so the builds need not check again."""
+    from ..transforms.megatron import tensor_replication_problem
+
+    return {k: tensor_replication_problem(t, k) for k in sorted({s.tp for s in space}) if k > 1}
+
+
 def _listed(given: Iterable[int] | int | None) -> list[int] | None:
     if given is None:
         return None
@@ -212,13 +221,18 @@ def _simulate(
     from .. import simulate
 
     try:
-        g = s.build(t, topology)
+        # tensor degrees that would repeat work were pruned (_tensor_problems): no recheck
+        g = s.build(t, topology, allow_replication=True)
         r = simulate(g, topology)
     except DistIRError as e:
         return Row(s, "error", error=str(e).splitlines()[0])
     except Exception as e:  # a bug, not the strategy's fault: reported, not fatal
         why = (str(e).splitlines() or [""])[0]
         return Row(s, "error", error=f"internal error ({type(e).__name__}): {why}")
+    idle = sorted(set(range(s.devices)) - {d for d in r.devices if r.busy_s[d] > 0})
+    if idle:  # the transforms refuse such cuts; a row must never call one "ok"
+        why = f"device(s) {idle} of the {s.devices} compute nothing in the step"
+        return Row(s, "error", error=why)
     step = r.step_time_s
     devices = r.devices
     peak = max(r.peak_memory_bytes.values())

@@ -10,7 +10,7 @@ or cannot win (another point of the space runs the same bubble in less memory).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 
 from ..device import Topology
@@ -61,8 +61,11 @@ class Strategy:
             parts.append("recompute")
         return " ".join(parts)
 
-    def build(self, t: Function, topology: Topology | None = None) -> Function:
-        """The steady-state step of training step ``t`` under this strategy."""
+    def build(
+        self, t: Function, topology: Topology | None = None, *, allow_replication: bool = False
+    ) -> Function:
+        """The steady-state step of training step ``t`` under this strategy
+        (``allow_replication``: as ``T.megatron``'s)."""
         from .. import transforms
 
         step = transforms.recompute(t) if self.recompute else t
@@ -77,6 +80,7 @@ class Strategy:
             zero=self.zero,
             sequence_parallel=self.sequence_parallel,
             topology=topology,
+            allow_replication=allow_replication,
         )
 
     def as_record(self) -> dict:
@@ -196,14 +200,24 @@ class ModelFacts:
         return self.weight_bytes * shard + grads + state
 
 
-def prune(space: Sequence[Strategy], facts: ModelFacts, capacity_bytes: float) -> dict:
-    """Strategy -> why it is not built (the rest are): it cannot run, or another point
-    of ``space`` is at least as fast in no more memory by construction."""
+def prune(
+    space: Sequence[Strategy],
+    facts: ModelFacts,
+    capacity_bytes: float,
+    tensor_problems: Mapping[int, str | None] | None = None,
+) -> dict:
+    """Strategy -> why it is not built (the rest are): it cannot run, it would repeat work
+    on every tensor rank (``tensor_problems``: tp -> why, from
+    ``T.megatron.tensor_replication_problem``), or another point of ``space`` is at
+    least as fast in no more memory by construction."""
     reasons: dict[Strategy, str] = {}
     present = set(space)
+    tensor_problems = tensor_problems or {}
     for s in space:
         rows = s.dp * s.microbatches
-        if facts.batch % rows:
+        if tensor_problems.get(s.tp):
+            reasons[s] = str(tensor_problems[s.tp])
+        elif facts.batch % rows:
             reasons[s] = (
                 f"the batch of {facts.batch} does not split into dp x microbatches = {rows}"
             )

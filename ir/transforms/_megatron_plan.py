@@ -30,6 +30,7 @@ from .data_parallel import data_plan
 from .horizontal import horizontal_plan
 from .pipeline import _device_sequence, backward_ops
 from .stage_cut import annotated_stages, pipeline_degree, staged
+from .tensor_limits import TensorReplicationError, replicated_split
 
 VAR = "e"  # the device variable of every pmap body of the step
 
@@ -86,8 +87,10 @@ class MegatronPlan:
         zero: int = 0,
         sequence_parallel: bool = False,
         stage_of: Mapping[str, int] | None = None,
+        allow_replication: bool = False,
     ) -> None:
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
+        self.allow_replication = allow_replication
         self.sequence_parallel = sequence_parallel and tp > 1
         self.stage_of = stage_of
         self.v, self.n = chunks, dp * tp
@@ -202,6 +205,11 @@ class MegatronPlan:
                     f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
                     "parallelism splits MatMul pairs and attention heads)"
                 )
+            if not self.allow_replication:  # past the heads (or any split's axis)?
+                structure = horizontal_plan(self.piece, 1, VAR)
+                problem = replicated_split(self.piece, hplan, structure, self.tp)
+                if problem is not None:
+                    raise TensorReplicationError(problem)
         else:
             hplan = _Plan(self.piece, 1, {}, data_rule, VAR)
         self.hplan = hplan

@@ -58,10 +58,13 @@ another (forward then backward each), summing weight gradients before one
 optimizer step, so one microbatch's activations live at a time.
 
 Limits (each raises a TransformError naming the level): the batch must divide
-into ``dp * microbatches`` equal pieces, tensor-parallel splits must be even,
-a weight may be read by one stage only (no tied embeddings across stages), and
-ops that need the whole batch before the backward pass (batch norm) cannot be
-pipelined.
+into ``dp * microbatches`` equal pieces, tensor-parallel splits must be even and
+``tp`` must divide the axis of every split (the attention heads: past them every
+tensor rank would repeat the attention; ``allow_replication=True`` builds it
+anyway), ``pp`` (times ``chunks``) at most the stages the model's layer and sublayer
+boundaries allow (no stage without work), a weight may be read by one stage only (no
+tied embeddings across stages), and ops that need the whole batch before the backward
+pass (batch norm) cannot be pipelined.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ from ._megatron_plan import MegatronPlan, TensorSplitError
 from ._megatron_update import Megatron3D
 from ._rewrite import TransformError, check_common, check_devices
 from .pipeline import SCHEDULES
+from .tensor_limits import TensorReplicationError
 
 
 def _positive(name: str, n: Any) -> int:
@@ -97,6 +101,7 @@ def megatron(
     devices: Sequence[int] | None = None,
     topology: Any = None,
     stage_of: Mapping[str, int] | None = None,
+    allow_replication: bool = False,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * tp * pp`` devices (see the module docstring).
@@ -106,10 +111,16 @@ def megatron(
     stage of the data level; ``sequence_parallel``: Megatron sequence parallelism at
     the tensor level. ``devices``: the first device id is the base of the numbering
     (default 0). ``stage_of={value_name: stage}`` or ``PipelineStage`` annotations in
-    ``t``: the stages (``ir.transforms.stage_cut``).
+    ``t``: the stages (``ir.transforms.stage_cut``); more stages than the model's layers
+    and sublayers allow raise a TransformError naming the limit (``pipeline_cut`` says
+    where the cut falls). A ``tp`` that leaves whole on every tensor rank a weight that
+    tensor parallelism splits (``tp`` beyond the attention heads, or not dividing them,
+    the MLP width or the vocabulary) raises a ``TensorSplitError`` naming the limit,
+    unless ``allow_replication=True``.
     """
     check_common("megatron", t, topology, "t")
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
+    allow_replication = bool_arg("megatron", "allow_replication", allow_replication)
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
     pp = _positive("the pipeline degree (pp)", pp)
@@ -132,7 +143,18 @@ def megatron(
     if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2):
         raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
     return Megatron3D(
-        t, dp, tp, pp, m, schedule, chunks, base, zero, sequence_parallel, stage_of
+        t,
+        dp,
+        tp,
+        pp,
+        m,
+        schedule,
+        chunks,
+        base,
+        zero,
+        sequence_parallel,
+        stage_of,
+        allow_replication,
     ).run()
 
 
@@ -146,6 +168,7 @@ def gradient_accumulation(
     sequence_parallel: bool = False,
     devices: Sequence[int] | None = None,
     topology: Any = None,
+    allow_replication: bool = False,
 ) -> Function:
     """``t``'s step with its batch run as ``steps`` microbatches one after another, each
     one's forward then its backward, the weight gradients summed before one optimizer
@@ -172,6 +195,7 @@ def gradient_accumulation(
         sequence_parallel=sequence_parallel,
         devices=devices,
         topology=topology,
+        allow_replication=allow_replication,
     )
 
 
@@ -192,7 +216,7 @@ def tensor_split_problem(t: Function, tp: int) -> str | None:
     """
     tp = _positive("the tensor-parallel degree (tp)", tp)
     try:
-        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0)
+        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0, allow_replication=True)
     except TensorSplitError as e:
         return str(e)
     except TransformError:
@@ -200,4 +224,35 @@ def tensor_split_problem(t: Function, tp: int) -> str | None:
     return None
 
 
-__all__ = ["TensorSplitError", "gradient_accumulation", "megatron", "tensor_split_problem"]
+def tensor_replication_problem(t: Function, tp: int) -> str | None:
+    """Why :func:`megatron` refuses ``tp`` for ``t`` because it would repeat work on every
+    tensor rank (``tp`` beyond or not dividing the attention heads, the MLP width, the
+    vocabulary: ``ir.transforms.tensor_limits``), or None. The analysis only, as
+    :func:`tensor_split_problem`; the same for every dp, pp and microbatch count.
+
+    >>> import ir
+    >>> from ir.transforms import training
+    >>> gpt = training(ir.models.gpt(4, 8, 32, heads=4, vocab=64, layers=1))
+    >>> tensor_replication_problem(gpt, 4) is None
+    True
+    >>> print(tensor_replication_problem(gpt, 8).split(" (")[0])
+    tensor level: tp=8 leaves 4 weight(s) that tensor parallelism splits whole on every tensor rank
+    """
+    tp = _positive("the tensor-parallel degree (tp)", tp)
+    try:
+        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0)
+    except TensorReplicationError as e:
+        return str(e)
+    except TransformError:
+        return None
+    return None
+
+
+__all__ = [
+    "TensorReplicationError",
+    "TensorSplitError",
+    "gradient_accumulation",
+    "megatron",
+    "tensor_replication_problem",
+    "tensor_split_problem",
+]

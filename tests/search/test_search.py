@@ -71,7 +71,8 @@ def test_the_pareto_front_is_the_non_dominated_rows(gpt_result) -> None:
 def test_pruning_says_why_before_building(gpt_result) -> None:
     pruned = {str(r.strategy): r.error for r in gpt_result.rows if r.status == "pruned"}
     assert pruned["dp8 tp1 pp1 m1 1f1b sp"].startswith("sequence parallelism with one")
-    assert pruned["dp1 tp8 pp1 m1 1f1b zero1"].startswith("ZeRO with one replica")
+    assert pruned["dp1 tp4 pp2 m2 1f1b zero1"].startswith("ZeRO with one replica")
+    assert pruned["dp1 tp8 pp1 m1 1f1b"].startswith("tensor level: tp=8")  # 4 heads
     space = strategies(8, 8, dp=8, tp=1, pp=1, microbatches=[1, 2])
     result = search(GPT, A100_8, progress=False, dp=8, tp=1, pp=1, microbatches=[1, 2])
     assert [r.status for r in result.rows] == ["ok", "pruned"]
@@ -89,11 +90,6 @@ def test_state_that_cannot_fit_is_pruned_by_the_lower_bound() -> None:
 
 
 def test_a_strategy_the_transform_refuses_is_a_row_with_its_error() -> None:
-    # 4 heads do not split over 8 tensor ranks: attention stays whole, and the
-    # remaining split is checked by the transform, which may refuse it
-    result = search(GPT, A100_8, progress=False, dp=1, tp=[8], pp=1)
-    (row,) = result.rows
-    assert row.status in ("ok", "over capacity", "error")
     bad = models.mlp(12, 6, 6, 3, layers=2)  # hidden 6 does not split over 4 devices
     result = search(bad, ir.Topology.preset("a100-hgx", 4), progress=False, dp=1, tp=4, pp=1)
     assert result.rows[0].status == "error" and "tensor level" in result.rows[0].error
@@ -204,10 +200,10 @@ def test_impossible_requests_say_which_constraint_failed() -> None:
 
 
 def test_a_strategy_that_fails_with_a_bug_is_a_row_saying_so(monkeypatch) -> None:
-    def broken(self, t, topology=None):
+    def broken(self, t, topology=None, **options):
         if self.pp == 2:
             raise ZeroDivisionError("division by zero\nmore detail")
-        return real(self, t, topology)
+        return real(self, t, topology, **options)
 
     real = Strategy.build
     monkeypatch.setattr(Strategy, "build", broken)
@@ -300,3 +296,40 @@ def test_an_interrupted_search_on_an_executor_keeps_what_finished_and_cancels_th
     assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
     assert not any(f.cancelled for f in executor.futures[:3])
     assert all(f.cancelled for f in executor.futures[3:])
+
+
+def test_tensor_parallelism_past_the_heads_is_pruned_with_the_reason() -> None:
+    """4 heads over 8 tensor ranks would run the whole attention on each of the 8: pruned
+    (not built), the row naming tp and the limit; tp 4 is built."""
+    result = search(GPT, A100_8, progress=False, dp=[1, 2], tp=[8, 4], pp=1)
+    by = {(r.strategy.dp, r.strategy.tp): r for r in result.rows}
+    assert by[(1, 8)].status == "pruned"
+    assert "tp=8" in by[(1, 8)].error and "divide 4" in by[(1, 8)].error
+    assert by[(2, 4)].status in ("ok", "over capacity")
+
+
+def test_no_row_is_ok_with_a_device_that_computes_nothing() -> None:
+    """The 2-layer GPT cut in 8 at most (its layers and sublayers): a deeper pipeline is
+    refused by the transform (it left 2 of 16 devices idle and was "ok"), and every
+    simulated row has every device computing."""
+    topology = ir.Topology.preset("a100-hgx", 16)
+    result = search(GPT, topology, progress=False, dp=1, tp=1, pp=16, microbatches=[8])
+    (row,) = result.rows
+    assert row.status == "error" and "pp=16" in row.error and "at most 8" in row.error
+    t = transforms.training(GPT, "adam")
+    for row in search(GPT, A100_8, progress=False, tp=1, microbatches=[8]).simulated():
+        r = ir.simulate(row.strategy.build(t, A100_8), A100_8)
+        assert all(r.busy_s[d] > 0 for d in range(8)), row.strategy
+
+
+def test_a_program_leaving_a_device_idle_is_never_an_ok_row(monkeypatch) -> None:
+    """The guard behind the transforms' refusals: a built step in which a device of the
+    strategy computes nothing is an error row, never "ok"."""
+
+    def half(self, t, topology=None, **options):  # dp2 built on one replica only
+        return transforms.megatron(t, self.dp // 2, self.tp, self.pp, self.microbatches)
+
+    monkeypatch.setattr(Strategy, "build", half)
+    result = search(MLP, ir.Topology.preset("a100-hgx", 2), progress=False, dp=2, tp=1, pp=1)
+    (row,) = result.rows
+    assert row.status == "error" and "device(s) [1] of the 2 compute nothing" in row.error
