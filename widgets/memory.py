@@ -194,7 +194,7 @@ def memory_spec(
     traces = memory_traces(result, time_unit_=t_unit, bytes_unit=b_unit, devices=devices)
     capacity = min(result.topology.device(d).memory_bytes for d in result.devices)
     top = y_top_bytes(peak, capacity)
-    ooms = [d for d, op in result.oom.items() if op is not None]
+    ooms = list(result.oom)
     default = f"peak {format_bytes(peak)}" + (f"; out of memory on devices {ooms}" if ooms else "")
     if capacity > CAPACITY_OFF_SCALE * peak:
         default += f" (capacity {format_bytes(capacity)} is above the plot)"

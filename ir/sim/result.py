@@ -356,17 +356,19 @@ class SimResult:
 
     @cached_property
     def oom(self) -> dict[int, Op | None]:
-        """Device -> the op whose allocation first exceeds its capacity, or None if none does.
+        """The devices that run out of memory, each with the op whose allocation first
+        exceeds its capacity; empty (so ``if result.oom:`` is false) when every device fits.
 
-        If the function inputs alone exceed the capacity, the device's first op is named.
+        If the function inputs alone exceed a device's capacity, its first op is named
+        (None if it runs no op). ``over_capacity`` lists the same devices.
         """
         ids, ops = self.topology.device_ids, self._c["op"]
         out: dict[int, Op | None] = {}
         for d in self._used:
             inst = self._memory.oom_instance[d]
             if inst is None:
-                out[ids[d]] = None
-            elif inst >= 0:
+                continue
+            if inst >= 0:
                 out[ids[d]] = ops[inst]
             else:
                 r = self._e.rep_of[d]

@@ -32,7 +32,7 @@ def test_liveness_of_a_chain_by_hand():
     np.testing.assert_allclose(times, [0, t, 2 * t, 3 * t], rtol=1e-12)
     np.testing.assert_array_equal(live, [2 * KB, 3 * KB, 3 * KB, 2 * KB])
     assert result.peak_memory_bytes == {0: 3 * KB}
-    assert result.oom == {0: None}
+    assert result.oom == {} and not result.oom  # fits: nothing to report
 
 
 @pytest.mark.parametrize("text", [SEQUENTIAL, DATA_PARALLEL, HORIZONTAL, PIPELINE])
@@ -95,10 +95,28 @@ def test_the_op_that_exceeds_capacity_is_flagged():
     f = chain()
     result = ir.simulate(f, topology)
     # x and a fit (2 KB); b's allocation makes 3 KB
-    assert result.oom[0] is f.ops[1]
+    assert result.oom == {0: f.ops[1]}
     assert result.over_capacity == (0,)
+    if not result.oom:  # the documented test: true when a device runs out
+        raise AssertionError("result.oom is falsy although device 0 runs out")
     roomy = ir.simulate(f, ir.Topology.uniform(1, memory_bytes=3 * KB))
-    assert roomy.oom[0] is None and roomy.over_capacity == ()
+    assert roomy.oom == {} and roomy.over_capacity == ()
+    assert roomy.oom.get(0) is None
+
+
+def test_oom_names_only_the_devices_that_run_out():
+    # two devices, only device 1's chain is long enough to exceed 2.5 KB
+    b = ir.FunctionBuilder("two")
+    x0 = b.input("x0", ir.TensorType((KB // 4,), ir.DType.float32, 0))
+    x1 = b.input("x1", ir.TensorType((KB // 4,), ir.DType.float32, 1))
+    y0 = b.call("Relu", x0, name="y0")
+    a1 = b.call("Relu", x1, name="a1")
+    b1 = b.call("Relu", a1, name="b1")
+    c1 = b.call("Relu", b1, name="c1")
+    f = b.finish([y0, c1])
+    result = ir.simulate(f, ir.Topology.uniform(2, memory_bytes=2.5 * KB))
+    assert result.over_capacity == (1,)
+    assert list(result.oom) == [1] and result.oom[1].outputs[0].name == "b1"
 
 
 def test_a_device_the_program_does_not_use_has_no_timeline():

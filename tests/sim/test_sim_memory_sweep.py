@@ -90,7 +90,8 @@ def assert_curves_match(result: SimResult) -> None:
         assert got_times.tolist() == times
         assert got_levels.tolist() == levels
         assert result.peak_memory_bytes[device] == peak
-        assert result.oom[device] is oom
+        assert result.oom.get(device) is oom
+        assert (device in result.oom) == (device in result.over_capacity)
 
 
 @pytest.mark.parametrize(

@@ -49,7 +49,7 @@ def _same_figures(walked_once: ir.SimResult, every: ir.SimResult) -> None:
         (2, 2, 4, 8, "gpipe", {}),
         (2, 4, 2, 4, "1f1b", {"zero": 2, "sequence_parallel": True}),
         (4, 1, 4, 8, "interleaved", {"chunks": 2, "zero": 1}),
-        (1, 16, 1, 1, "1f1b", {}),
+        (1, 16, 1, 1, "1f1b", {"allow_replication": True}),  # 4 heads: attention whole
     ],
 )
 def test_the_3d_step_walked_once_per_class_gives_every_figure(
