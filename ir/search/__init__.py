@@ -14,9 +14,11 @@ The space (``dp``, ``tp``, ``pp``, ``microbatches``, ``schedules``, ``chunks``,
 ``zero``, ``sequence_parallel``, ``recompute``) is enumerated by
 :func:`ir.search.space.strategies`, pruned without building anything
 (:func:`ir.search.space.prune`: the batch does not divide, the state alone does not
-fit, another point is at least as good by construction), and every survivor is built
-by ``T.megatron`` and simulated (rank classes walked once: ``ir.simulate``). A
-strategy the transform refuses is a row with its error, not a failed search; a request
+fit, the tensor degree would repeat work on every rank, another point is at least as
+good by construction), and every survivor is built by ``T.megatron`` and simulated
+(rank classes walked once: ``ir.simulate``). A strategy the transform refuses is a row
+with its error, not a failed search, and a step leaving a device idle is never "ok"; a
+request
 nothing can satisfy (degrees beyond the devices, a batch smaller than dp, tensor
 parallelism on a model it cannot split) is a :class:`SearchError` naming the constraint;
 a search interrupted (Ctrl-C, the kernel's interrupt) returns the rows made so far, the

@@ -208,7 +208,7 @@ def prune(
 ) -> dict:
     """Strategy -> why it is not built (the rest are): it cannot run, it would repeat work
     on every tensor rank (``tensor_problems``: tp -> why, from
-    ``T.megatron.tensor_replication_problem``), or another point of ``space`` is at
+    ``ir.transforms.megatron.tensor_replication_problem``), or another point of ``space`` is at
     least as fast in no more memory by construction."""
     reasons: dict[Strategy, str] = {}
     present = set(space)

@@ -28,6 +28,7 @@ from ..types import DeviceRef, TensorType, TupleType, Type
 from ..value import Value
 from ._rewrite import TransformError, device_of, is_optimizer, sub_tuple
 from ._spmd import LocalProgram, P, Plan, R, Shard
+from .step_parts import gradient_ops
 
 
 def _collective(
@@ -158,6 +159,8 @@ def emit(
         pos = end
     outs, out_layouts = [], []
     carried = carried_inputs(f) if resident else {}
+    made_by_backward = gradient_ops(f) if resident else set()
+    gradients = {v for op in made_by_backward for v in op.outputs}
     for v in f.outputs:
         key, s = plan.current[v], plan.state[plan.current[v]]
         if s.kind != "R" and (key, R) in plan.converted:  # already whole on every device
@@ -178,6 +181,9 @@ def emit(
             layout = (str(s),)
         elif s.kind == "S":
             value = b.call("Gather", value, dim=s.dim, to_device=where, name=v.name)
+        elif s == P and resident and v in gradients:  # DDP: every replica holds the sum
+            value = _collective(b, value, P, R, devices, f"{v.name}s")
+            layout = ("R",)
         elif s == P:
             value = b.call("Reduce", value, op="sum", to_device=where, name=v.name)
         elif replicated == "send":

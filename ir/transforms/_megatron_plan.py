@@ -29,7 +29,7 @@ from ._spmd import Plan as _Plan
 from .data_parallel import data_plan
 from .horizontal import horizontal_plan
 from .pipeline import _device_sequence, backward_ops
-from .stage_cut import annotated_stages, pipeline_degree, staged
+from .stage_cut import annotated_stages, gradient_ops, pipeline_degree, staged
 from .tensor_limits import TensorReplicationError, replicated_split
 
 VAR = "e"  # the device variable of every pmap body of the step
@@ -156,6 +156,14 @@ class MegatronPlan:
             )
         self.conv_dst = {st.keys[1]: st for st in dplan.steps if st.op is None}
         self._summed_sources = {st.keys[0] for st in self.conv_dst.values() if st.src == P}
+        # A gradients-only program (T.gradients) returns its weight gradients: summed over
+        # the replicas (all-reduced, as DDP does) like those an optimizer step reads.
+        made_by_backward = gradient_ops(t)
+        self._summed_sources |= {
+            dplan.current[v]
+            for v in t.outputs
+            if t.producers.get(v) in made_by_backward and dplan.state[dplan.current[v]] == P
+        }
         # The per-piece program: the local ops of the data plan (batch / (dp m) rows).
         loc = dplan.local
         b = FunctionBuilder(f"{t.name}_piece")
