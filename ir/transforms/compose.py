@@ -286,6 +286,7 @@ def parallelize(
     zero: int = 0,
     sequence_parallel: bool = False,
     topology: Any = None,
+    allow_replication: bool = False,
 ) -> Function:
     """The D x H x P step as Megatron-LM runs it: :func:`ir.transforms.megatron` with
     ``tp=hp`` (a steady-state step on ``dp * hp * pp`` devices; the seed-003 nested
@@ -304,6 +305,7 @@ def parallelize(
         zero=zero,
         sequence_parallel=sequence_parallel,
         topology=topology,
+        allow_replication=allow_replication,
     )
 
 

@@ -108,8 +108,11 @@ def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
             points.append(weights_before)
             at.append(i)
     bounds = [-1, *at, len(forward) - 1]
+    kinds: dict[tuple[str, ...], int] = {}  # each segment's op types, as a small int
     segments = [
-        tuple(op.op_type for op in forward[a + 1 : b + 1] if op not in free)
+        kinds.setdefault(
+            tuple(op.op_type for op in forward[a + 1 : b + 1] if op not in free), len(kinds)
+        )
         for a, b in itertools.pairwise(bounds)
     ]
     layers, repeats = _repeated(segments)
@@ -119,7 +122,7 @@ def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
     )
 
 
-def _repeated(segments: list[tuple[str, ...]]) -> tuple[list[int], int]:
+def _repeated(segments: list[int]) -> tuple[list[int], int]:
     """The segments that start each layer of the longest run repeating with a period
     (and the one after the run), and the number of layers; ``([], 0)`` if none repeats."""
     best: tuple[int, int, int] | None = None  # (covered segments, -period, -start)
