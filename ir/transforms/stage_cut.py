@@ -91,7 +91,9 @@ def staged(
     return g, stage
 
 
-def _check_every_stage_works(f: Function, n: int, stage: Mapping[Op, int], what: str | None):
+def _check_every_stage_works(
+    f: Function, n: int, stage: Mapping[Op, int], what: str | None
+) -> None:
     busy = {stage[op] for op in f.ops if not is_stage_marker(op)}
     idle = [s for s in range(n) if s not in busy]
     if idle:  # the cuts above never leave one: a guard against a silent wrong program
@@ -250,6 +252,7 @@ def pipeline_cut(
     backward = backward_ops(g)
     producer = g.producers
     order = weights(g)
+    held_weights = set(order)
     held: list[list[str]] = [[] for _ in range(n)]
     received: list[dict[str, None]] = [{} for _ in range(n)]
     home: dict[Value, int] = {}
@@ -260,7 +263,7 @@ def pipeline_cut(
         for v in op.inputs:
             if v in producer and stage[producer[v]] < s and not is_stage_marker(producer[v]):
                 received[s][v.name] = None
-            if v in order:
+            if v in held_weights:
                 home.setdefault(v, s)
     for op in g.ops:  # a weight no forward op reads lives with its optimizer step
         if is_optimizer(op):
