@@ -202,7 +202,8 @@ def _tensor_problems(t: Function, space: list[Strategy]) -> dict[int, str | None
     so the builds need not check again."""
     from ..transforms.megatron import tensor_replication_problem
 
-    return {k: tensor_replication_problem(t, k) for k in sorted({s.tp for s in space}) if k > 1}
+    problems = {k: tensor_replication_problem(t, k) for k in sorted({s.tp for s in space}) if k > 1}
+    return {k: why.splitlines()[0] if why else None for k, why in problems.items()}
 
 
 def _listed(given: Iterable[int] | int | None) -> list[int] | None:

@@ -207,7 +207,9 @@ class MegatronPlan:
                     f"{len(lead) - 1} of {t.name}'s activations {self.tp} ways; give a length "
                     f"divisible by tp={self.tp} (or sequence_parallel=False)"
                 )
-            hplan = horizontal_plan(self.piece, self.tp, VAR, sequence=lead)
+            hplan = horizontal_plan(
+                self.piece, self.tp, VAR, sequence=lead, allow_replication=self.allow_replication
+            )
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
                 raise TensorSplitError(
                     f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "

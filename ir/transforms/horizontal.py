@@ -42,15 +42,22 @@ from ._rewrite import TransformError, check_devices, check_spmd_options, paramet
 from ._rules import MegatronRule, SequenceParallelRule
 from ._spmd import Plan as _Plan
 from ._spmd import R
+from .tensor_limits import TensorReplicationError
 
 
 def horizontal_plan(
-    f: Function, degree: int, var: str = "d", sequence: tuple[int, ...] | None = None
+    f: Function,
+    degree: int,
+    var: str = "d",
+    sequence: tuple[int, ...] | None = None,
+    allow_replication: bool = False,
 ) -> _Plan:
     """The plan of ``horizontal_parallel``; raises if no weight can be split.
 
     ``sequence``: with Megatron sequence parallelism, the leading shape of activations
-    (see :class:`~ir.transforms._rules.SequenceParallelRule`).
+    (see :class:`~ir.transforms._rules.SequenceParallelRule`). ``allow_replication``:
+    keep a fused attention whose heads ``degree`` does not divide whole on every device
+    instead of refusing it (``T.megatron(..., allow_replication=True)``).
     """
     params = parameter_inputs(f)
     forced: frozenset[Value] = frozenset()
@@ -75,7 +82,7 @@ def horizontal_plan(
         if not culprits:
             break
         forced |= culprits
-    if degree > 1:
+    if degree > 1 and not allow_replication:
         _check_heads(plan, degree)
     return plan
 
@@ -92,7 +99,7 @@ def _check_heads(plan: _Plan, degree: int) -> None:
             continue
         problem = limit(tuple(v.type for v in step.op.inputs), degree)
         if problem:
-            raise TransformError(f"{problem}\n  in: {describe_op(step.op)}")
+            raise TensorReplicationError(f"{problem}\n  in: {describe_op(step.op)}")
 
 
 def _check_split(f: Function, plan: _Plan, degree: int) -> None:

@@ -235,7 +235,10 @@ def tensor_replication_problem(t: Function, tp: int) -> str | None:
     >>> gpt = training(ir.models.gpt(4, 8, 32, heads=4, vocab=64, layers=1))
     >>> tensor_replication_problem(gpt, 4) is None
     True
-    >>> print(tensor_replication_problem(gpt, 8).split(" (")[0])
+    >>> print(tensor_replication_problem(gpt, 8).split(":")[0])
+    tensor-parallel degree 8 does not divide the 4 attention heads
+    >>> unfused = training(ir.models.gpt(4, 8, 32, 4, 64, 1, attention="unfused"))
+    >>> print(tensor_replication_problem(unfused, 8).split(" (")[0])
     tensor level: tp=8 leaves 4 weight(s) that tensor parallelism splits whole on every tensor rank
     """
     tp = _positive("the tensor-parallel degree (tp)", tp)

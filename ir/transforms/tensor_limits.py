@@ -17,6 +17,7 @@ from ..function import Function
 from ..value import Value
 from ._rewrite import TransformError
 from ._spmd import Plan
+from .step_parts import weights
 
 
 class TensorReplicationError(TransformError):
@@ -38,6 +39,8 @@ def replicated_split(piece: Function, plan: Plan, structure: Plan, tp: int) -> s
     if not whole:
         return None
     kept = set(whole)
+    named = set(weights(piece))  # not their optimizer state, which follows them
+    whole = [w for w in whole if w in named] or whole
     axes: list[tuple[int, Value, int]] = []  # (size, value, dim) of every split they make
     for v, s in structure.state.items():
         if s is None or s.kind != "S":

@@ -72,7 +72,7 @@ def test_pruning_says_why_before_building(gpt_result) -> None:
     pruned = {str(r.strategy): r.error for r in gpt_result.rows if r.status == "pruned"}
     assert pruned["dp8 tp1 pp1 m1 1f1b sp"].startswith("sequence parallelism with one")
     assert pruned["dp1 tp4 pp2 m2 1f1b zero1"].startswith("ZeRO with one replica")
-    assert pruned["dp1 tp8 pp1 m1 1f1b"].startswith("tensor level: tp=8")  # 4 heads
+    assert "degree 8 does not divide the 4 attention heads" in pruned["dp1 tp8 pp1 m1 1f1b"]
     space = strategies(8, 8, dp=8, tp=1, pp=1, microbatches=[1, 2])
     result = search(GPT, A100_8, progress=False, dp=8, tp=1, pp=1, microbatches=[1, 2])
     assert [r.status for r in result.rows] == ["ok", "pruned"]
@@ -304,7 +304,14 @@ def test_tensor_parallelism_past_the_heads_is_pruned_with_the_reason() -> None:
     result = search(GPT, A100_8, progress=False, dp=[1, 2], tp=[8, 4], pp=1)
     by = {(r.strategy.dp, r.strategy.tp): r for r in result.rows}
     assert by[(1, 8)].status == "pruned"
-    assert "tp=8" in by[(1, 8)].error and "divide 4" in by[(1, 8)].error
+    assert "degree 8 does not divide the 4 attention heads" in by[(1, 8)].error
+    assert "\n" not in by[(1, 8)].error  # the reason's first line, as error rows keep
+    # the unfused form says it through the comparison with the plan over one rank
+    unfused = models.gpt(
+        batch=8, seq=16, hidden=32, heads=4, vocab=64, layers=2, attention="unfused"
+    )
+    (row,) = search(unfused, A100_8, progress=False, dp=1, tp=8, pp=1).rows
+    assert row.status == "pruned" and "tp=8" in row.error and "must divide 4" in row.error
     assert by[(2, 4)].status in ("ok", "over capacity")
 
 
