@@ -19,7 +19,6 @@ the error comes from").
 from __future__ import annotations
 
 import argparse
-import datetime
 import multiprocessing as mp
 import statistics
 import time
@@ -27,18 +26,14 @@ import time
 SIZES_BYTES = (1 << 10, 1 << 14, 1 << 18, 1 << 22)
 
 
-def _rank(rank: int, port: int, repeats: int, out) -> None:
+def _rank(rank: int, world: tuple[int, int], repeats: int, out) -> None:
     import torch
     import torch.distributed as dist
 
+    from ir.loopback import join_world
+
     torch.set_num_threads(1)
-    dist.init_process_group(
-        "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
-        rank=rank,
-        world_size=2,
-        timeout=datetime.timedelta(seconds=120),
-    )
+    join_world(world, rank, 2)  # on loopback only, as the backends join theirs
     a = torch.ones(64, 64)
     rows = []
     for size in SIZES_BYTES:
@@ -61,20 +56,23 @@ def _rank(rank: int, port: int, repeats: int, out) -> None:
 
 
 def main() -> None:
-    from ir.backends.workers import free_port
+    from ir.loopback import Rendezvous
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=60)
     args = parser.parse_args()
     ctx = mp.get_context("fork")
     out = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, args.repeats, out)) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    rows = out.get(timeout=600)
-    for p in procs:
-        p.join()
+    with Rendezvous(2, 600) as world:
+        procs = [
+            ctx.Process(target=_rank, args=(r, world.address, args.repeats, out)) for r in (0, 1)
+        ]
+        for p in procs:
+            p.start()
+        world.serve()
+        rows = out.get(timeout=600)
+        for p in procs:
+            p.join()
     print(f"{'bytes':>9} {'mode':5} {'median us':>10} {'mean us':>9} {'p90 us':>8}")
     for size, mode, times in rows:
         p90 = sorted(times)[int(0.9 * len(times))]

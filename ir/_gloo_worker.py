@@ -3,7 +3,9 @@
     python ir/_gloo_worker.py PORT RANK SIZES_BYTES REPEATS TIMEOUT_S
 
 It joins a two-process gloo group through the parent's TCPStore on
-127.0.0.1:PORT (the parent's port, chosen by the OS), then times, for each size,
+127.0.0.1:PORT (the parent's port, chosen by the OS; gloo's own connections stay on
+loopback through the ``GLOO_SOCKET_IFNAME`` the parent puts in its environment,
+``ir.loopback``), then times, for each size,
 a ping-pong of ``send``/``recv`` (one-way time: half the round trip) and an
 ``all_reduce``. Rank 0 prints one JSON object to stdout:
 ``{"send": [[bytes, seconds], ...], "allreduce": [[bytes, seconds], ...]}``,

@@ -30,13 +30,13 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import timedelta
 from pathlib import Path
 
 import numpy as np
 
 from .device import Device, Topology
 from .errors import DistIRError
+from .loopback import Rendezvous, loopback_environment
 
 GB = 1e9
 
@@ -367,20 +367,14 @@ def _copies(opts: CalibrationOptions) -> list[Sample]:
 
 def _gloo(opts: CalibrationOptions) -> list[Sample]:
     """Two gloo ranks in child processes, joined through a TCPStore this process serves
-    on an OS-chosen port; both are killed if they fail or outlast ``opts.timeout_s``."""
-    import torch.distributed as dist
-
-    store = dist.TCPStore(
-        "127.0.0.1",
-        0,
-        None,
-        True,
-        timeout=timedelta(seconds=opts.timeout_s),
-        wait_for_workers=False,
-    )
+    on 127.0.0.1 and an OS-chosen port, their connections on loopback too
+    (``ir.loopback``); both are killed if they fail or outlast ``opts.timeout_s``."""
+    world = Rendezvous(2, opts.timeout_s)
+    world.serve()
     worker = Path(__file__).with_name("_gloo_worker.py")
     sizes = ",".join(str(s) for s in opts.message_bytes)
-    args = [str(store.port), "", sizes, str(opts.repeats), str(opts.timeout_s)]
+    args = [str(world.port), "", sizes, str(opts.repeats), str(opts.timeout_s)]
+    env = {**os.environ, **loopback_environment()}
     procs: list[subprocess.Popen] = []
     deadline = time.monotonic() + opts.timeout_s
     try:
@@ -392,6 +386,7 @@ def _gloo(opts: CalibrationOptions) -> list[Sample]:
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     text=True,
+                    env=env,
                 )
             )
         outputs = []
@@ -413,6 +408,7 @@ def _gloo(opts: CalibrationOptions) -> list[Sample]:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+        world.close()
     result = json.loads(outputs[0][0].strip().splitlines()[-1])
     return [
         Sample(kind, "gloo", "float32", float(size), "bytes", float(t))

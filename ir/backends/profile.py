@@ -36,7 +36,6 @@ is timed until it is done here (divided or sliced), as a step's first read waits
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing as mp
 import os
 import queue as queue_module
@@ -48,17 +47,19 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExecutionError
 from ..function import Function
+from ..loopback import Rendezvous, join_world
 from ..sim.costs import OpCosts, communication_keys, compute_ops, unrolled
-from .torch_dist import BackendError
+from .torch_dist import BackendError, RankTimeoutError
 from .workers import (
+    Cursor,
+    Progress,
     WorkerExitError,
     die_with_parent,
-    exited,
-    free_port,
+    exited_before,
     next_message,
     single_threaded_blas,
+    start_all,
     stop,
 )
 
@@ -164,7 +165,6 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
     program = _profiling_program(ops) if ops else None
     args = random_inputs(program, seed=0) if program is not None else []
     plan = {
-        "port": free_port(),
         "parent": os.getpid(),
         "processes": processes,
         "repeats": repeats,
@@ -175,16 +175,20 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
     }
     ctx = mp.get_context("fork")
     outbox = ctx.Queue()
-    procs = [
-        ctx.Process(target=_worker, args=(r, program, args, plan, outbox), daemon=True)
-        for r in range(processes)
-    ]
+    plan["progress"] = where = Progress(ctx, processes)
     total = (warmup + repeats) * (1 if ops else 0) + len(transfers)
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
-    with tqdm(total=total, desc="profiling ops", disable=not progress) as bar:
-        for p in procs:
-            p.start()
+    with (
+        Rendezvous(processes, timeout_s) as world,
+        tqdm(total=total, desc="profiling ops", disable=not progress) as bar,
+    ):
+        plan["world"] = world.address
+        procs = [
+            ctx.Process(target=_worker, args=(r, program, args, plan, outbox), daemon=True)
+            for r in range(processes)
+        ]
+        start_all(procs, world)
         try:
             while len(results) < processes:
                 r, kind, payload = next_message(outbox, procs, deadline, skip=results)
@@ -193,7 +197,7 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
                 elif kind == "error":
                     # a peer that died makes the others fail ("Connection reset by peer"):
                     # name the cause first
-                    dead = exited(procs, skip={*results, r})
+                    dead = exited_before(procs, skip={*results, r})
                     first = "" if dead is None else f"process {dead.index} {dead.how}; then "
                     raise BackendError(f"profiling failed: {first}process {r} said: {payload}")
                 else:
@@ -204,8 +208,10 @@ def _measure(ops, transfers, processes, repeats, warmup, timeout_s, progress) ->
             ) from None
         except queue_module.Empty:
             waiting = [r for r in range(processes) if r not in results]
-            raise ExecutionError(
-                f"profile_ops got no result within {timeout_s} s from processes {waiting}"
+            names = [f"process {r}" for r in range(processes)]
+            stuck, said = where.stalled(waiting, names)
+            raise RankTimeoutError(
+                f"profile_ops got no result within {timeout_s} s: {said}", rank=stuck
             ) from None
         finally:
             stop(procs, results)
@@ -237,13 +243,7 @@ def _worker(rank: int, program, args, plan, outbox) -> None:
         torch.set_num_threads(1)
         single_threaded_blas()
         n = plan["processes"]
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{plan['port']}",
-            rank=rank,
-            world_size=n,
-            timeout=datetime.timedelta(seconds=120),
-        )
+        join_world(plan["world"], rank, n)
         groups = {}
         for size in plan["groups"]:  # every group made on every process, in one order
             for start in range(0, n - size + 1, size):
@@ -274,7 +274,7 @@ def _time_compute(program, args, context, plan, outbox, rank) -> list[float]:
     from .ranked_measure import timed_step
 
     values = [torch.from_numpy(np.array(a, copy=True)) for a in args]
-    state = {"op": None}
+    state = Cursor(plan.get("progress"), rank)
     runs = []
     for step in range(plan["warmup"] + plan["repeats"]):
         context.dist.barrier()

@@ -156,7 +156,7 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     Returns (outputs, (origin, [(op index, start, end)], [(clock, live bytes)])); on CUDA
     the record ends with the step's ``torch.cuda.max_memory_allocated``.
     """
-    from .torch_ranked import Pending, resolve, run_op
+    from .torch_ranked import COMMUNICATING, Pending, resolve, run_op
 
     context.synchronize()  # on CUDA: the previous step's kernels end before this one starts
     if context.device is not None:
@@ -176,12 +176,15 @@ def timed_step(program: Function, args: list, context, state) -> tuple:
     # (op index, start, work) of sends and collectives in flight
     pending: list[tuple[int, float, Any]] = []
     for index, op in enumerate(program.ops):
-        state["op"] = op
+        communicating = op.op_type in COMMUNICATING
+        state.at(index, op, communicating)
         xs = []
         for v in op.inputs:
             x = env[v]
             if isinstance(x, Pending):  # the first read of a collective in flight: wait
+                state.at(index, op, True)
                 x.work.wait()
+                state.at(index, op, communicating)
                 pending = _finished(pending, timed)
                 live.drop(x)
                 x = env[v] = x.result()

@@ -20,7 +20,6 @@ that a global program can contain.
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing as mp
 import os
 import queue as queue_module
@@ -35,6 +34,7 @@ import numpy as np
 from ..errors import DistIRError, ExecutionError
 from ..execute import _bind_inputs
 from ..function import Function
+from ..loopback import Rendezvous, join_world
 from ..op import Op
 from ..ops.communication import split_array
 from ..registry import OpKind, get_op
@@ -43,16 +43,17 @@ from ..value import Value
 from ..verify import describe_op
 from .measurement import Measurement
 from .workers import (
+    Progress,
     WorkerExitError,
     die_with_parent,
-    exited,
-    free_port,
+    exited_before,
     next_message,
     single_threaded_blas,
+    start_all,
     stop,
 )
 
-__all__ = ["BackendError", "Measurement", "measure", "run", "run_ranked"]
+__all__ = ["BackendError", "Measurement", "RankTimeoutError", "measure", "run", "run_ranked"]
 
 
 class BackendError(DistIRError):
@@ -75,6 +76,13 @@ class BackendError(DistIRError):
         super().__init__(message)
         self.device, self.rank, self.op = device, rank, op
         self.worker_traceback = worker_traceback
+
+
+class RankTimeoutError(BackendError, ExecutionError):
+    """A run that outlasted its ``timeout_s``: ``rank`` and ``device`` name the rank that
+    stopped making progress (one that computes, or else the one that has waited
+    longest), ``op`` the op it was at; the message says what every unfinished rank was
+    doing. An ExecutionError too, as a timeout always was."""
 
 
 # -- what one process holds -------------------------------------------------------
@@ -383,18 +391,27 @@ def _involves(op: Op, device: int) -> bool:
     return any(device in devices_of(v.type) for v in (*op.inputs, *op.outputs))
 
 
-def _run_ops(function: Function, rank: _Rank, timed: list | None = None) -> None:
+def _run_ops(
+    function: Function,
+    rank: _Rank,
+    timed: list | None = None,
+    progress: Progress | None = None,
+    position: int = 0,
+) -> None:
     """Walk ``function`` on one rank, its values in ``rank.env``.
 
     With ``timed``, append ``(op index, start, end)`` (``time.perf_counter``) for each
     op this rank computes or takes part in: a communication op's time runs from this
-    rank's call to its completion here, waits for its peers included.
+    rank's call to its completion here, waits for its peers included. With
+    ``progress``, mark each op as it starts (``position``: this rank's slot).
     """
     env, me = rank.env, rank.device
     for index, op in enumerate(function.ops):
         rank.tag = index
         xs = [env[v] for v in op.inputs]
         opdef = get_op(op.op_type)
+        if progress is not None:
+            progress.at(position, index, opdef.kind is OpKind.COMMUNICATION)
         start = time.perf_counter()
         if opdef.kind is OpKind.COMMUNICATION:
             results = _LOWERINGS[op.op_type](rank, op, xs)
@@ -424,34 +441,32 @@ def _worker(
     args: list,
     devices: list[int],
     rank_id: int,
-    port: int,
+    world: tuple[int, int],
     outbox,
     steps: int = 0,
     parent: int = 0,
+    progress: Progress | None = None,
 ) -> None:
     """One process: run ``function`` once (``steps=0``) and send back its outputs, or run it
-    ``steps`` times, each after a barrier, and send back the barrier exits and op times."""
+    ``steps`` times, each after a barrier, and send back the barrier exits and op times.
+    ``world``: the parent's rendezvous (``ir.loopback``)."""
     rank: _Rank | None = None
     try:
         die_with_parent(parent)
         torch, dist = _torch()
         torch.set_num_threads(1)
         single_threaded_blas()
-        dist.init_process_group(
-            "gloo",
-            init_method=f"tcp://127.0.0.1:{port}",
-            rank=rank_id,
-            world_size=len(devices),
-            timeout=datetime.timedelta(seconds=120),
-        )
+        join_world(world, rank_id, len(devices))
         rank_of = {d: r for r, d in enumerate(devices)}
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in _collective_groups(function)}
         me = devices[rank_id]
         local = {v: _local_parts(v.type, x, me) for v, x in zip(function.inputs, args)}
         rank = _Rank(me, rank_of, groups, dict(local), tag=-1)
         if not steps:
-            _run_ops(function, rank)
+            _run_ops(function, rank, None, progress, rank_id)
             rank.tag = -1
+            if progress is not None:
+                progress.done(rank_id)
             # no rank leaves while another still connects its groups (a rank with nothing
             # to send, as under KeepShard, would close the connection it waits for)
             dist.barrier()
@@ -463,9 +478,11 @@ def _worker(
                 timed: list = []
                 dist.barrier()  # every rank starts the step together (one host: one clock)
                 origin = time.perf_counter()
-                _run_ops(function, rank, timed)
+                _run_ops(function, rank, timed, progress, rank_id)
                 rank.tag = -1
                 record.append((origin, timed))
+            if progress is not None:
+                progress.done(rank_id)
             dist.barrier()
             outbox.put((rank_id, record, None))
         dist.destroy_process_group()
@@ -586,20 +603,35 @@ def _runnable(function: Function) -> Function:
 def _launch(
     function: Function, args: list, devices: list[int], timeout_s: float, steps: int
 ) -> dict[int, Any]:
-    """One worker process per device; {rank: what it sent back}. A failure kills them all."""
+    """One worker process per device; {rank: what it sent back}. A failure kills them all;
+    a run past ``timeout_s`` raises :class:`RankTimeoutError` naming the rank that stopped
+    making progress."""
     ctx = mp.get_context("fork")
     outbox = ctx.Queue()
-    port = free_port()
-    procs = [
-        ctx.Process(
-            target=_worker,
-            args=(function, args, devices, r, port, outbox, steps, os.getpid()),
-            daemon=True,
-        )
-        for r in range(len(devices))
-    ]
-    for p in procs:
-        p.start()
+    progress = Progress(ctx, len(devices))
+    with Rendezvous(len(devices), timeout_s) as world:
+        procs = [
+            ctx.Process(
+                target=_worker,
+                args=(function, args, devices, r, world.address, outbox, steps, os.getpid()),
+                kwargs={"progress": progress},
+                daemon=True,
+            )
+            for r in range(len(devices))
+        ]
+        start_all(procs, world)
+        return _gather(function, devices, procs, outbox, progress, timeout_s)
+
+
+def _gather(
+    function: Function,
+    devices: list[int],
+    procs: list,
+    outbox,
+    progress: Progress,
+    timeout_s: float,
+) -> dict[int, Any]:
+    """What each worker of :func:`_launch` sends back, or the error naming who failed."""
     results: dict[int, Any] = {}
     deadline = time.monotonic() + timeout_s
     try:
@@ -607,7 +639,7 @@ def _launch(
             rank_id, outs, error = next_message(outbox, procs, deadline, skip=results)
             if error is not None:
                 # a peer that died makes the others fail: name the cause first
-                dead = exited(procs, skip={*results, rank_id})
+                dead = exited_before(procs, skip={*results, rank_id})
                 if dead is not None:
                     raise WorkerExitError(
                         dead.index,
@@ -623,14 +655,30 @@ def _launch(
             rank=e.index,
         ) from None
     except queue_module.Empty:
-        waiting = [devices[r] for r in range(len(procs)) if r not in results]
-        raise ExecutionError(
-            f"torch.distributed run of {function.name!r} got no result within {timeout_s} s "
-            f"from the processes of devices {waiting}"
-        ) from None
+        raise _timed_out(function, devices, results, progress, timeout_s) from None
     finally:
         stop(procs, results)
     return results
+
+
+def _timed_out(
+    function: Function,
+    devices: list[int],
+    results: Mapping[int, Any],
+    progress: Progress,
+    timeout_s: float,
+) -> RankTimeoutError:
+    """The timeout's error: who stopped making progress (:meth:`Progress.stalled`)."""
+    waiting = [r for r in range(len(devices)) if r not in results]
+    names = [f"rank {r} (device {d})" for r, d in enumerate(devices)]
+    stuck, said = progress.stalled(waiting, names, lambda _w, i: describe_op(function.ops[i]))
+    index = progress.index(stuck)
+    return RankTimeoutError(
+        f"torch.distributed run of {function.name!r} got no result within {timeout_s} s: {said}",
+        device=devices[stuck],
+        rank=stuck,
+        op=describe_op(function.ops[index]) if index >= 0 else None,
+    )
 
 
 def _worker_failed(

@@ -4,8 +4,8 @@
 rank receives only its rank class's program and its own rank parameters
 (``RankedProgram.unique`` and ``parameters``; ranks of a class share one program),
 executes its ops with torch kernels (``ir.backends.torch_kernels``) and talks to the
-others through ``torch.distributed`` over loopback (a port the OS picks): gloo on the
-CPU, or, with ``device="cuda"``, NCCL with each rank on its own GPU
+others through ``torch.distributed`` on loopback only (``ir.loopback``): gloo
+on the CPU, or, with ``device="cuda"``, NCCL with each rank on its own GPU
 (``ir.backends.torch_devices``):
 
 * ``SendTo`` / ``RecvFrom`` pairs, as the lowering matched them (peer and tag), are
@@ -31,7 +31,6 @@ optimizer state): they stay on their ranks between steps, as in a training loop.
 
 from __future__ import annotations
 
-import datetime
 import multiprocessing as mp
 import os
 import queue as queue_module
@@ -43,19 +42,24 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ExecutionError
 from ..function import Function
+from ..loopback import Rendezvous, join_world
 from ..verify import describe_op
-from .torch_dist import BackendError
+from .torch_dist import BackendError, RankTimeoutError
 from .workers import (
+    Cursor,
+    Progress,
     WorkerExitError,
     die_with_parent,
-    exited,
-    free_port,
+    exited_before,
     next_message,
     single_threaded_blas,
+    start_all,
     stop,
 )
+
+COMMUNICATING = frozenset({"SendTo", "RecvFrom", "RankCollective"})
+"""The ranked ops that wait for peers (a rank in one is blocked, not stalled)."""
 
 __all__ = [
     "Pending",
@@ -219,7 +223,6 @@ def prepare(
         "ranks": list(ranked.ranks),
         "groups": _groups(ranked),
         "steps": steps,
-        "port": free_port(),
         "parent": os.getpid(),
         "device": device,
         "overlap": _overlap(overlap, device, len(ranked.ranks)),
@@ -241,22 +244,31 @@ def _overlap(overlap: bool | None, device: str, ranks: int) -> bool:
 
 def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
     """One worker process per rank (module doc); {rank: what it sent back}. A failure or
-    a timeout kills them all and raises, naming the rank (or the ranks waited on)."""
+    a timeout kills them all and raises, naming the rank (a timeout: the rank that
+    stopped making progress, :class:`~ir.backends.torch_dist.RankTimeoutError`)."""
     ctx = mp.get_context("fork")
     outbox = ctx.Queue()
     ranks = plan["ranks"]
-    procs = []
-    for r in ranks:
-        # each process gets its class's program, its parameters and its own arguments only
-        work = (
-            ranked.unique[ranked.dedup[r]],
-            dict(ranked.parameters.get(r, {})),
-            args[r],
-            pairs[r],
-        )
-        procs.append(ctx.Process(target=_worker, args=(r, work, plan, outbox), daemon=True))
-    for p in procs:
-        p.start()
+    progress = Progress(ctx, len(ranks))
+    with Rendezvous(len(ranks), timeout_s) as world:
+        plan = {**plan, "world": world.address, "progress": progress}
+        procs = []
+        for r in ranks:
+            # each process gets its class's program, its parameters and its arguments only
+            work = (
+                ranked.unique[ranked.dedup[r]],
+                dict(ranked.parameters.get(r, {})),
+                args[r],
+                pairs[r],
+            )
+            procs.append(ctx.Process(target=_worker, args=(r, work, plan, outbox), daemon=True))
+        start_all(procs, world)
+        return _gather(ranked, procs, outbox, progress, timeout_s)
+
+
+def _gather(ranked, procs: list, outbox, progress: Progress, timeout_s: float) -> dict:
+    """What each worker of :func:`launch` sends back, or the error naming who failed."""
+    ranks = list(ranked.ranks)
     results: dict[int, list] = {}
     deadline = time.monotonic() + timeout_s
     heard = set()  # positions in procs
@@ -267,7 +279,7 @@ def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
             if error is not None:
                 # a peer that died makes the others fail ("Connection reset by peer"):
                 # name the cause first
-                dead = exited(procs, skip=heard)
+                dead = exited_before(procs, skip=heard)
                 if dead is not None:
                     then = f"; then rank {r} failed: {error[1]}"
                     raise _died(ranks[dead.index], dead.how, then)
@@ -276,9 +288,19 @@ def launch(ranked, args, pairs, plan, timeout_s: float) -> dict[int, list]:
     except WorkerExitError as e:
         raise _died(ranks[e.index], e.how) from None
     except queue_module.Empty:
-        waiting = [r for r in ranks if r not in results]
-        raise ExecutionError(
-            f"ranked torch.distributed run got no result within {timeout_s} s from ranks {waiting}"
+        waiting = [i for i, r in enumerate(ranks) if r not in results]
+        names = [f"rank {r}" for r in ranks]
+
+        def describe(i: int, index: int) -> str:
+            return describe_op(ranked.programs[ranks[i]].ops[index])
+
+        stuck, said = progress.stalled(waiting, names, describe)
+        index = progress.index(stuck)
+        raise RankTimeoutError(
+            f"ranked torch.distributed run got no result within {timeout_s} s: {said}",
+            device=ranks[stuck],
+            rank=ranks[stuck],
+            op=describe(stuck, index) if index >= 0 else None,
         ) from None
     finally:
         stop(procs, results)
@@ -307,7 +329,8 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
     """One rank: join the world (gloo, or NCCL on its GPU), run its program ``steps`` times,
     send back its outputs as numpy arrays."""
     program, parameters, args, pairs = work
-    state = {"op": None}
+    ranks = plan["ranks"]
+    state = Cursor(plan.get("progress"), ranks.index(rank))
     try:
         die_with_parent(plan["parent"])
         import torch
@@ -318,18 +341,11 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
 
         torch.set_num_threads(1)
         single_threaded_blas()
-        ranks = plan["ranks"]
         rank_of = {r: i for i, r in enumerate(ranks)}
         device = worker_device(plan.get("device", "cpu"), rank_of[rank])
         on_gpu = {} if device is None else {"device_id": device}
-        dist.init_process_group(
-            "gloo" if device is None else "nccl",
-            init_method=f"tcp://127.0.0.1:{plan['port']}",
-            rank=rank_of[rank],
-            world_size=len(ranks),
-            timeout=datetime.timedelta(seconds=120),
-            **on_gpu,
-        )
+        backend = "gloo" if device is None else "nccl"
+        join_world(plan["world"], rank_of[rank], len(ranks), backend=backend, **on_gpu)
         barrier = {} if device is None else {"device_ids": [device.index]}
         groups = {g: dist.new_group([rank_of[d] for d in g]) for g in plan["groups"]}
         from .torch_kernels import TORCH_KERNELS
@@ -351,7 +367,7 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
                 outs = _step(program, values, context, state)
             for o, i in pairs:
                 values[i] = outs[o]
-        state["op"] = None
+        state.done()
         result = [to_numpy(o) for o in outs]
         if plan.get("measure"):
             result = (records, result)
@@ -359,21 +375,24 @@ def _worker(rank: int, work: tuple, plan: dict, outbox) -> None:
         outbox.put((rank, result, None))
         dist.destroy_process_group()
     except Exception as e:  # said to the parent as text: an exception may not pickle
-        op = state["op"]
+        op = state.op
         where = describe_op(op) if op is not None else None
         outbox.put((rank, None, (where, f"{type(e).__name__}: {e}", traceback.format_exc())))
 
 
-def _step(program: Function, args: list, context: RankContext, state) -> list:
+def _step(program: Function, args: list, context: RankContext, state: Cursor) -> list:
     env = dict(zip(program.inputs, args))
     sends: list = []
-    for op in program.ops:
-        state["op"] = op
+    for index, op in enumerate(program.ops):
+        communicating = op.op_type in COMMUNICATING
+        state.at(index, op, communicating)
         xs = []
         for v in op.inputs:
             x = env[v]
             if isinstance(x, Pending):  # first read of a collective in flight: wait for it
+                state.at(index, op, True)
                 x = env[v] = x.result()
+                state.at(index, op, communicating)
             xs.append(x)
         results = run_op(op, xs, context, sends)
         if results and isinstance(results[0], Pending):

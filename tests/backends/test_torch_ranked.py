@@ -5,6 +5,7 @@ a training step's state on their ranks over several steps."""
 from __future__ import annotations
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -193,10 +194,17 @@ inputs = [np.ones((2, 3), np.float32)]
 
 
 def test_a_rank_that_waits_forever_ends_the_run_within_the_timeout_naming_the_ranks():
+    """Rank 1 waits for a message with a tag nobody sends, rank 0 for its send to be
+    taken: the timeout says both wait for a peer, and where each one waits."""
     namespace: dict = {}
-    exec(HANGING, namespace)  # rank 1 waits for a message with a tag nobody sends
-    with pytest.raises(ir.ExecutionError, match=r"within 3 s from ranks \[0, 1\]"):
+    exec(HANGING, namespace)
+    with pytest.raises(ir.ExecutionError, match=r"within 3 s: every rank left waits") as e:
         torch_dist.run_ranked(namespace["hanging"], namespace["inputs"], timeout_s=3)
+    assert isinstance(e.value, torch_dist.RankTimeoutError) and e.value.rank in (0, 1)
+    message = str(e.value)
+    waits = r"rank {},? (is )?communicating at op 0 `{}"
+    assert re.search(waits.format(1, r"moved: .*RecvFrom\(peer=0, tag=99"), message)
+    assert re.search(waits.format(0, r"x_sent: .*SendTo\(x, peer=1"), message)
 
 
 def _children(pid: int) -> list[int]:
