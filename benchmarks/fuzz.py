@@ -47,6 +47,7 @@ from ir.sharding import Mesh, ShardingSpec, placement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, run from anywhere
 import fuzz_programs
+import fuzz_sessions
 import fuzz_transforms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,7 +202,7 @@ def _short(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-TARGETS = ("text", "api", "transforms", "inputs", "programs")
+TARGETS = ("text", "api", "transforms", "inputs", "programs", "sessions")
 OUTCOMES = (
     "ok", "project error", "unlocated error", "wrong output", "other exception", "timeout",
 )  # fmt: skip
@@ -252,6 +253,14 @@ def _drawer(what: str) -> Callable[[random.Random], tuple[Callable[[], Any], str
             return run, shown, None
 
         return programs_
+    if what == "sessions":
+        case = fuzz_sessions.SessionCase()
+
+        def sessions(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
+            shown, run = fuzz_sessions.session_case(rng, case)
+            return run, shown, None
+
+        return sessions
     raise SystemExit(f"unknown target {what!r}: use some of {', '.join(TARGETS)}")
 
 
@@ -276,6 +285,8 @@ def fuzz(what: str, count: int, seed: int, timeout_s: float) -> tuple[Counter, d
             if located is not None and not fuzz_transforms.located(str(e), *located):
                 outcome = "unlocated error"
                 kind = f"unlocated: {_short(str(e), 80)}"
+        except fuzz_sessions.UnlocatedError as e:
+            outcome, kind = "unlocated error", f"unlocated: {_short(str(e), 80)}"
         except fuzz_transforms.WrongOutputError as e:
             outcome, kind = "wrong output", f"wrong output: {_short(str(e), 80)}"
         except Exception as e:

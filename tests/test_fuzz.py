@@ -35,7 +35,14 @@ TIME_LIMIT_S = 10.0
 
 @pytest.mark.parametrize(
     ("what", "count"),
-    [("text", 400), ("api", 2000), ("transforms", 400), ("inputs", 300), ("programs", 30)],
+    [
+        ("text", 400),
+        ("api", 2000),
+        ("transforms", 400),
+        ("inputs", 300),
+        ("programs", 30),
+        ("sessions", 300),
+    ],
 )
 def test_fuzzed_inputs_give_only_project_errors_and_never_hang(what, count):
     outcomes, examples = fuzz.fuzz(what, count, seed=17, timeout_s=TIME_LIMIT_S)

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 from ir.device import Topology
 from ir.errors import DistIRError
 from ir.function import Function
+from ir.limits import MAX_DEVICES, MAX_INT
 
 if TYPE_CHECKING:
     from ir.sharding import ProgramFacts
@@ -36,6 +37,15 @@ Annotation = Any
 """``(ir.sharding.Mesh, placements)`` or an ``ir.sharding.ShardingSpec``."""
 
 SCHEDULES = ("gpipe", "1f1b")
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, short (and an int too long to print said as such)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's 4,300 digits
+        return f"an integer of {value.bit_length()} bits"
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 class SessionError(DistIRError):
@@ -72,9 +82,18 @@ class Strategy:
     def __post_init__(self) -> None:
         for name in ("dp", "hp", "pp", "microbatches"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SessionError(f"strategy: {name} must be a positive integer, got {value!r}")
-        if self.schedule not in SCHEDULES:
+            most = MAX_DEVICES if name != "microbatches" else MAX_INT
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise SessionError(
+                    f"strategy: {name} must be a positive integer (at most {most}), got "
+                    f"{_shown(value)}"
+                )
+        if self.num_devices > MAX_DEVICES:
+            raise SessionError(
+                f"strategy: dp x hp x pp = {self.num_devices} devices, more than "
+                f"{MAX_DEVICES} (ir.limits.MAX_DEVICES)"
+            )
+        if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise SessionError(
                 f"strategy: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
             )
@@ -105,7 +124,11 @@ class Strategy:
 
         >>> Strategy.parse("dp=2, pp=2, schedule=1f1b")
         Strategy(dp=2, hp=1, pp=2, microbatches=1, schedule='1f1b')
+
+        A key given twice is refused (which one was meant?).
         """
+        if not isinstance(text, str):
+            raise SessionError(f"strategy must be text such as 'dp=2,pp=2', got {_shown(text)}")
         fields: dict[str, Any] = {}
         for part in text.replace(";", ",").split(","):
             part = part.strip()
@@ -115,19 +138,23 @@ class Strategy:
             key = key.strip().lower()
             if not sep or key not in ("dp", "hp", "pp", "microbatches", "schedule"):
                 raise SessionError(
-                    f"strategy {text!r}: cannot read {part!r}; write key=value with keys "
+                    f"strategy {_shown(text)}: cannot read {part!r}; write key=value with keys "
                     "dp, hp, pp, microbatches, schedule (e.g. 'dp=2,pp=2,microbatches=4')"
                 )
             value = value.strip()
+            if key in fields:
+                raise SessionError(
+                    f"strategy {_shown(text)}: {key} is given twice ({key}={fields[key]} and "
+                    f"{key}={value}); give each key once"
+                )
             if key == "schedule":
                 fields[key] = value.lower()
             else:
-                try:
-                    fields[key] = int(value)
-                except ValueError:
+                if not (value.isascii() and value.isdigit() and len(value) <= 19):
                     raise SessionError(
-                        f"strategy {text!r}: {key} must be an integer, got {value!r}"
-                    ) from None
+                        f"strategy {_shown(text)}: {key} must be a positive integer, got {value!r}"
+                    )
+                fields[key] = int(value)
         return Strategy(**fields)
 
 
