@@ -25,6 +25,7 @@ fixed set of candidates, so a faster link never makes a collective slower.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -128,8 +129,10 @@ def ring_order(
     if n <= 2 or n > EXACT_RING_MAX_DEVICES:  # before the n x n look-ups below
         return given
     idx = [topology.index(d) for d in given]
-    bw = [[topology.bandwidth_bytes_per_s[i][j] for j in idx] for i in idx]
-    lat = [[topology.latency_s[i][j] for j in idx] for i in idx]
+    # two places of a ring on one device (two parts of a tuple there) move nothing
+    # between them: no link, as ring_links skips them (a topology's own diagonal is 0)
+    bw = [[topology.bandwidth_bytes_per_s[i][j] if i != j else math.inf for j in idx] for i in idx]
+    lat = [[topology.latency_s[i][j] if i != j else 0.0 for j in idx] for i in idx]
     off = [(bw[i][j], lat[i][j]) for i in range(n) for j in range(n) if i != j]
     if len(set(off)) == 1 or n > EXACT_RING_MAX_DEVICES:
         return given

@@ -92,6 +92,16 @@ def _take(levels: Levels, n: int, what: str) -> tuple[list[tuple[str, int | None
     return taken, levels[i:]
 
 
+def mesh_axes(
+    levels: Levels, n: int, what: str = "value"
+) -> tuple[list[tuple[str, int | None, int]], Levels]:
+    """The mesh axes the first levels of ``levels`` lay a tuple of ``n`` elements over:
+    ``[(kind "R" | "P" | "S", split axis or None, size)]``, row-major (one plain level,
+    or a run of ``@`` levels whose sizes multiply to ``n``); and the levels left for
+    the elements."""
+    return _take(tuple(levels), n, what)
+
+
 def check_levels(levels: Sequence[str], t: Type, what: str = "value") -> Levels:
     """``levels`` checked against the nested tuple type ``t`` (one or more per tuple depth)."""
     levels = tuple(levels)

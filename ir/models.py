@@ -53,9 +53,14 @@ def _positive(**sizes: int) -> None:
 
 
 def _dtype(dtype: DType | str) -> DType:
-    d = dtype if isinstance(dtype, DType) else DType(dtype)
+    floats = ", ".join(d.value for d in DType if d.is_float)
+    try:
+        d = dtype if isinstance(dtype, DType) else DType(dtype)
+    except (ValueError, TypeError):  # a name DistIR has no dtype for ("int8"), or no name
+        shown = repr(dtype) if len(repr(dtype)) <= 40 else repr(dtype)[:37] + "..."
+        raise ModelError(f"dtype must be one of {floats}, got {shown}") from None
     if not d.is_float:
-        raise ModelError(f"dtype must be floating-point, got {d.value}")
+        raise ModelError(f"dtype must be floating-point ({floats}), got {d.value}")
     return d
 
 

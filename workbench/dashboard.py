@@ -52,6 +52,7 @@ from .search_panel import SearchPanel
 from .session import (
     Annotation,
     Derived,
+    NothingToCompareError,
     Session,
     SessionError,
     Strategy,
@@ -224,7 +225,10 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         """The previous state and this one side by side (Gantt charts on one time axis)."""
         before, now = self.session.previous, self.session.current
         if before is None:
-            raise KeyError("nothing to compare with: make a change first")
+            raise NothingToCompareError(
+                "compare: nothing to compare with yet: make a change first (Apply, a "
+                "strategy, or wb.set_strategy / wb.annotate); it is shown beside the one before"
+            )
         labels = (f"before: {before.state.describe()}", f"now: {now.state.describe()}")
         return compare_figure(
             before.result,

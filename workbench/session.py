@@ -63,6 +63,14 @@ class UnknownValueError(SessionError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class NothingToCompareError(SessionError, KeyError):
+    """A comparison with the previous state when there is none yet (a KeyError too, as
+    it was)."""
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0]) if self.args else ""
+
+
 @dataclass(frozen=True)
 class Strategy:
     """The ready transforms' knobs: ``dp x hp x pp`` devices, microbatches, schedule.
@@ -85,8 +93,8 @@ class Strategy:
             most = MAX_DEVICES if name != "microbatches" else MAX_INT
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
                 raise SessionError(
-                    f"strategy: {name} must be a positive integer (at most {most}), got "
-                    f"{_shown(value)}"
+                    f"strategy: {name} must be a positive integer, got {_shown(value)} "
+                    f"(at most {most})"
                 )
         if self.num_devices > MAX_DEVICES:
             raise SessionError(

@@ -231,7 +231,16 @@ def random_inputs(function: Function, seed: int = 0, *, max_bytes: int = 2**33) 
         high = max(low + 1, 4 if hi is None else int(hi))
         return rng.integers(low, high, t.shape).astype(t.dtype.numpy)
 
-    return [make(v.type, *ranges.get(i, (None, None))) for i, v in enumerate(function.inputs)]
+    out = []
+    for i, v in enumerate(function.inputs):
+        try:
+            out.append(make(v.type, *ranges.get(i, (None, None))))
+        except (ValueError, MemoryError) as e:  # numpy cannot hold it, or not here
+            raise ArgumentError(
+                f"random_inputs: input {v.name!r} of {function.name!r} ({v.type}) cannot be "
+                f"made as numpy arrays here: {type(e).__name__}: {e}"
+            ) from None
+    return out
 
 
 def input_value_ranges(function: Function) -> dict[int, tuple[float | None, float | None]]:

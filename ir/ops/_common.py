@@ -45,9 +45,12 @@ def broadcast_shapes(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def normalize_axis(axis: int, rank: int, what: str = "axis") -> int:
-    if not -rank <= axis < max(rank, 1):
-        raise TypeRuleError(f"{what} {axis} is out of range for a rank-{rank} tensor")
-    return axis % rank if rank else 0
+    """``axis`` of a rank-``rank`` tensor as 0 .. rank - 1 (negative counts from the end);
+    a TypeRuleError when there is no such axis (a scalar has none)."""
+    if not -rank <= axis < rank:
+        scalar = " (a scalar has no axes)" if rank == 0 else ""
+        raise TypeRuleError(f"{what} {axis} is out of range for a rank-{rank} tensor{scalar}")
+    return axis % rank
 
 
 def element_sum(types: Sequence[Type]) -> int:

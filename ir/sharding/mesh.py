@@ -75,6 +75,12 @@ class Mesh:
                 f"a mesh of shape {list(shape)} holds {math.prod(shape)} devices, "
                 f"but {len(devices)} are listed: {list(devices)}"
             )
+        beyond = [d for d in devices if not 0 <= d < MAX_DEVICES]
+        if beyond:
+            raise MeshError(
+                f"mesh devices must be device ids, integers from 0 to {MAX_DEVICES - 1}; got "
+                f"{beyond[0]} in {list(devices)[:8]}{' ...' if len(devices) > 8 else ''}"
+            )
         if len(set(devices)) != len(devices):
             raise MeshError(f"mesh devices list a device twice: {list(devices)}")
         object.__setattr__(self, "shape", shape)

@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..limits import MAX_DEVICES
 from ..ops.communication import split_array
 from .errors import AnnotationError
 from .mesh import Layout, Mesh, Partial, Placement, Replicate, Shard
@@ -92,6 +93,13 @@ class ShardingSpec:
         if len(set(axes)) != len(axes):
             raise AnnotationError(f"sharded_dims {list(dims)} name an axis twice")
         physical = [d for e in devices for d in dmap.get(e, (e,))]
+        beyond = [d for d in physical if not 0 <= d < MAX_DEVICES]
+        if beyond:
+            raise AnnotationError(
+                f"devices {list(devices)[:8]} reach device {beyond[0]}, but a device id is an "
+                f"integer from 0 to {MAX_DEVICES - 1} (a negative entry of devices names a "
+                "broadcast group: give it in device_map)"
+            )
         if len(set(physical)) != len(physical):
             raise AnnotationError(f"devices {list(devices)} reach a device twice: {physical}")
         object.__setattr__(self, "devices", devices)

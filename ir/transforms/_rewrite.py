@@ -22,7 +22,7 @@ from ..limits import MAX_DEVICES
 from ..op import Op
 from ..registry import get_op
 from ..sharding.rules import Rule, rule_for
-from ..types import DeviceRef, TensorType, TupleType, Type
+from ..types import DeviceRef, TensorType, TupleType, Type, devices_of
 from ..value import Value
 from ..verify import describe_op
 
@@ -163,11 +163,51 @@ def check_degree(what: str, degree: Any, size: int, dim_name: str) -> None:
         )
 
 
-def check_common(where: str, f: Any, topology: Any, name: str = "f") -> None:
+def check_common(
+    where: str, f: Any, topology: Any, name: str = "f", *, sequential: bool = True
+) -> None:
     """The arguments every transform takes: ``f`` a Function, ``topology`` one or None
-    (an :class:`ir.errors.ArgumentError` naming the transform and the parameter)."""
+    (an :class:`ir.errors.ArgumentError` naming the transform and the parameter), and,
+    unless ``sequential=False``, ``f`` a sequential program (:func:`check_sequential`)."""
     function_arg(where, name, f)
     topology_arg(where, "topology", topology)
+    if sequential:
+        check_sequential(where, f, name)
+
+
+def check_sequential(where: str, f: Function, name: str = "f") -> None:
+    """A TransformError unless ``f`` is sequential: no communication op, no pmap, every
+    value on one device. The parallel transforms rewrite a sequential program; given
+    one that is already distributed they would read per-device tuples as tensors."""
+    devices = f.devices
+    found = next(
+        (
+            op
+            for op in f.ops
+            if op.op_type == "Pmap" or get_op(op.op_type).kind.name == "COMMUNICATION"
+        ),
+        None,
+    )
+    if found is None and len(devices) <= 1:
+        return
+    if found is not None:
+        made = ", ".join(repr(v.name) for v in found.outputs[:3])
+        evidence = f"it has {found.op_type} ops (the first makes {made})"
+    else:
+        spread = next(
+            v
+            for v in (*f.inputs, *(v for op in f.ops for v in op.outputs))
+            if any(d != devices[0] for d in devices_of(v.type) if isinstance(d, int))
+        )
+        evidence = (
+            f"its values live on devices {list(devices)[:8]} ({spread.name!r}: {spread.type})"
+        )
+    raise TransformError(
+        f"{where} rewrites a sequential program (every value on one device, no "
+        f"communication), but {name} {f.name!r} is already distributed: {evidence}. Apply "
+        f"{where} to the sequential program (composed strategies: ir.transforms.parallelize "
+        "or nested)"
+    )
 
 
 def check_spmd_options(

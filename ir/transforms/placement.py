@@ -77,7 +77,7 @@ def place(f: Function, assignment: Mapping[str, DeviceRef], *, topology: Any = N
     >>> [(op.op_type, op.device) for op in g.ops]
     [('MatMul', 0), ('Send', 1), ('Send', 1), ('MatMul', 1)]
     """
-    check_common("place", f, topology)
+    check_common("place", f, topology, sequential=False)
     if not isinstance(assignment, Mapping):
         raise TransformError(f"assignment must map value names to devices, got {assignment!r}")
     for name, device in assignment.items():

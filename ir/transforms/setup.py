@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from ..arguments import function_arg
 from ..builder import FunctionBuilder
 from ..function import Function
-from ..layout import check_levels
+from ..layout import check_levels, mesh_axes
 from ..ops.communication import split_sizes
 from ..types import TensorType, TupleType, Type
 from ..value import Value
@@ -75,26 +75,44 @@ def _lay_out(b: FunctionBuilder, x: Value, t: Type, levels: Sequence[str], name:
         if x.type.device != t.device:
             return b.call("Send", x, to_device=t.device, name=name)
         return x
-    level, rest = levels[0], levels[1:]
-    axis = int(level[2:-1]) if level != "R" else None
-    if not rest:  # the elements are tensors: one collective
+    axes, rest = mesh_axes(tuple(levels), len(t.elements), f"input {name!r}")
+    if any(kind == "P" for kind, _, _ in axes):
+        raise TransformError(f"{name}: a partial ('P') layout describes outputs, not inputs")
+    if len(axes) == 1 and not rest:  # the elements are tensors: one collective
         devices = list(t.devices)
-        if axis is None:
+        kind, axis, _ = axes[0]
+        if kind == "R":
             return b.call("Broadcast", x, devices=devices, name=name)
         return b.call("Scatter", x, dim=axis, devices=devices, name=name)
-    pieces: list[Value] = []
-    starts = [0]
-    if axis is not None:
-        for size in split_sizes(x.type.shape[axis], len(t.elements)):
+    pieces = _pieces(b, x, axes, name)
+    laid = [
+        _lay_out(b, p, e, rest, f"{name}_{i}") for i, (p, e) in enumerate(zip(pieces, t.elements))
+    ]
+    return b.call("MakeTuple", *laid, name=name)
+
+
+def _pieces(
+    b: FunctionBuilder, x: Value, axes: Sequence[tuple[str, int | None, int]], name: str
+) -> list[Value]:
+    """``x`` cut over the mesh ``axes`` (row-major, the last axis fastest): a Slice per
+    block of an ``S(k)`` axis, ``x`` itself for each element of an ``R`` axis."""
+    if not axes:
+        return [x]
+    (kind, axis, n), rest = axes[0], axes[1:]
+    if kind == "R":
+        parts = [x] * n
+    else:
+        assert axis is not None
+        if axis >= x.type.rank or x.type.shape[axis] < n:
+            raise TransformError(f"{name}: cannot split axis {axis} of {x.type} {n} ways")
+        starts = [0]
+        for size in split_sizes(x.type.shape[axis], n):
             starts.append(starts[-1] + size)
-    for i, e in enumerate(t.elements):
-        piece = x
-        if axis is not None:
-            piece = b.call(
-                "Slice", x, axis=axis, start=starts[i], end=starts[i + 1], name=f"{name}_{i}"
-            )
-        pieces.append(_lay_out(b, piece, e, rest, f"{name}_{i}"))
-    return b.call("MakeTuple", *pieces, name=name)
+        parts = [
+            b.call("Slice", x, axis=axis, start=starts[i], end=starts[i + 1], name=f"{name}_{i}")
+            for i in range(n)
+        ]
+    return [q for part in parts for q in _pieces(b, part, rest, name)]
 
 
 __all__ = ["setup_program"]

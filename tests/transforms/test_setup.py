@@ -15,6 +15,7 @@ from ir.transforms import (
     data_then_horizontal,
     horizontal_parallel,
     horizontal_then_data,
+    megatron,
     setup_program,
 )
 
@@ -45,6 +46,46 @@ def test_setup_then_step_equals_the_source(how: str, name: str) -> None:
     for got, want in zip(laid_out, ir.distribute(g, args, source=f)):
         for a, b in zip(got, want):
             np.testing.assert_array_equal(a, b)
+    for got, want in zip(_setup_then_step(f, g, args), ir.execute(f, args)):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+MEGATRON = {
+    "dp 2": {"dp": 2},
+    "tp 2": {"tp": 2},
+    "dp 2 x tp 2": {"dp": 2, "tp": 2},
+    "dp x tp x pp": {"dp": 2, "tp": 2, "pp": 2, "microbatches": 2},
+    "ZeRO-2": {"dp": 2, "zero": 2},
+}
+
+
+def _assert_nested_equal(got, want) -> None:
+    if isinstance(want, tuple):
+        assert isinstance(got, tuple) and len(got) == len(want)
+        for a, b in zip(got, want):
+            _assert_nested_equal(a, b)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def _adam() -> ir.Function:
+    return ir.transforms.training(
+        ir.models.mlp(8, 3, 4, 4, layers=2, dtype=ir.DType.float64), optimizer="adam"
+    )
+
+
+@pytest.mark.parametrize("config", list(MEGATRON))
+@pytest.mark.parametrize("name", ["mlp_sgd", "adam", "gpt_sgd"])
+def test_setup_of_a_megatron_step_lays_out_mesh_levels(config: str, name: str) -> None:
+    """Issue 25 (found by fuzzing transforms of transformed programs): a Megatron step's
+    layouts are mesh levels (``("R@2", "S(1)@2")``), which setup_program read as
+    ``int("")`` (a ValueError); each element is now sliced from the whole along every
+    split mesh axis and sent to its device."""
+    f = _adam() if name == "adam" else model(name)
+    g = megatron(f, **MEGATRON[config])
+    args = inputs_for(f)
+    laid_out = ir.execute(setup_program(f, g), args)
+    _assert_nested_equal(tuple(laid_out), tuple(ir.distribute(g, args, source=f)))
     for got, want in zip(_setup_then_step(f, g, args), ir.execute(f, args)):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
 

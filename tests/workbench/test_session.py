@@ -275,8 +275,9 @@ def test_an_onnx_spec_from_the_editor_equals_the_mesh_annotation(mlp, topology):
 
 def test_compare_shows_the_previous_state_next_to_this_one(mlp, topology):
     wb = Workbench(mlp, topology)
-    with pytest.raises(KeyError, match="make a change first"):
+    with pytest.raises(KeyError, match="make a change first") as e:  # issue 25: not bare
         wb.compare()
+    assert isinstance(e.value, ir.DistIRError) and str(e.value).startswith("compare: nothing")
     wb.set_strategy(dp=2)
     fig = wb.compare()
     titles = [a.text for a in fig.layout.annotations]
