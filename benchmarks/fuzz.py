@@ -1,27 +1,35 @@
 """Fuzz the public surface: mutated program texts, wrong API arguments, mutated executor
-inputs and transformed programs, counted by outcome.
+inputs, transformed programs, session files and one-op programs, counted by outcome.
 
     python benchmarks/fuzz.py [--count 10000] [--seed 0] [--timeout-s 5]
-                              [--what text,api,transforms,inputs,programs]
+                              [--what text,api,transforms,inputs,programs,sessions,ops]
 
 *text*: valid programs (the golden files of ``tests/ir/golden`` and ``ir.format`` of a
 few models) mutated by characters (ASCII and non-ASCII), tokens, lines, numbers
 (huge, negative, non-integer) and bracket depth, then parsed; a program that parses is
 also simulated on a uniform topology over its devices. *api*: public entry points
 (``ir.parse``, ``ir.execute``, ``ir.simulate``, ``ir.random_inputs``, ``Topology``,
-``transforms.parallelize``, ``Mesh``, ``ShardingSpec``, ``Strategy``, the workbench
-session) called with one argument replaced by a value of a wrong type or range.
-*transforms*, *inputs*, *programs*: the transforms, propagation, the executor and the
-simulator (``benchmarks/fuzz_transforms.py`` and ``fuzz_programs.py`` say how).
+``transforms.parallelize``, ``Mesh``, ``ShardingSpec``, ``Strategy`` and its text,
+``Session.load``, the models' dtypes, the workbench session) called with one argument
+replaced by a value of a wrong type or range. *transforms*, *inputs*, *programs*: the
+transforms (of sequential and of already-transformed programs), propagation, the
+executor and the simulator (``benchmarks/fuzz_transforms.py`` and ``fuzz_programs.py``
+say how). *sessions*: session files with a hostile field, and special files and odd
+paths to load and save (``benchmarks/fuzz_sessions.py``). *ops*: one-op programs of
+every registered op on operands and attributes its examples never have
+(``benchmarks/fuzz_ops.py``).
 
 Each input ends in one outcome: ``ok`` (accepted), ``project error`` (a ``DistIRError``:
 the promised answer to bad input), ``unlocated error`` (*transforms*: a project error
-whose message names neither the parameter nor the value), ``wrong output`` (*programs*:
-a transform's result computes something else than its source), ``other exception`` (a
-bug: any other exception type), or ``timeout`` (more than ``--timeout-s``, via
-SIGALRM). The counts are printed per target with the first few inputs of each bad
-outcome; the exit status is 1 when any input ended in one. Issue 17's target: none in
-100,000 inputs. Seeded and deterministic: the same ``--seed`` draws the same inputs.
+whose message names neither the parameter nor the value; *sessions*: one naming another
+field than the one replaced), ``wrong output`` (*programs*: a transform's result
+computes something else than its source, or does not run; *sessions*: a save replaced a
+link or changed what it refused; *ops*: a program that does not print and parse back),
+``other exception`` (a bug: any other exception type), or ``timeout`` (more than
+``--timeout-s``, via SIGALRM). The counts are printed per target with the first few
+inputs of each bad outcome; the exit status is 1 when any input ended in one. Issue 17's
+and 25's target: none. Seeded and deterministic: the same ``--seed`` draws the same
+inputs.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from ir.errors import DistIRError
 from ir.sharding import Mesh, ShardingSpec, placement
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, run from anywhere
+import fuzz_ops
 import fuzz_programs
 import fuzz_sessions
 import fuzz_transforms
@@ -58,6 +67,7 @@ NUMBERS = ["0", "-1", "-3", "1.5", "inf", "nan", "1e9", "9" * 30, "9" * 5000, "2
 WRONG = [
     None, True, False, -1, 0, 2**70, -(2**70), 1.5, math.nan, math.inf, "", "x", "dp=2", b"x",
     [], {}, (), (1, 2), [-1], {"a": 1}, object(), np.float32(2), np.array([1, 2]), 10**4000,
+    "int8", "a\x00b", [-1, -2], {0: [-1]}, [70000, 0], "dp=2,dp=4", "/dev/zero", b"\x00",
 ]  # fmt: skip
 
 
@@ -183,6 +193,13 @@ def api_calls() -> list[tuple[str, Callable[[Any], Any]]]:
         ("placement(v)", lambda v: placement(v)),
         ("ShardingSpec(v)", lambda v: ShardingSpec(v)),
         ("Strategy(dp=v)", lambda v: Strategy(dp=v)),
+        ("Strategy.parse(v)", lambda v: Strategy.parse(v)),
+        ("Session.load(v)", lambda v: Session.load(v)),
+        ("models.mlp(8, 4, 6, 4, dtype=v)", lambda v: models.mlp(8, 4, 6, 4, dtype=v)),
+        ("models.gpt(..., dtype=v)", lambda v: models.gpt(2, 4, 8, 1, 16, 1, dtype=v)),
+        ("ir.random_inputs(f, max_bytes=v)", lambda v: ir.random_inputs(mlp, max_bytes=v)),
+        ("Mesh((2,), v)", lambda v: Mesh((2,), v)),
+        ("ShardingSpec([0, 1], [(0, 2)], v)", lambda v: ShardingSpec([0, 1], [(0, 2)], v)),
         ("Session.set_strategy(v)", lambda v: session.set_strategy(v) and session.undo()),
         ("Session.annotate('wA', v)", annotate),
         ("Session.annotate(v, spec)", lambda v: session.annotate(v, (Mesh((4,)), ["S(1)"]))),
@@ -202,7 +219,7 @@ def _short(text: str, limit: int = 100) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-TARGETS = ("text", "api", "transforms", "inputs", "programs", "sessions")
+TARGETS = ("text", "api", "transforms", "inputs", "programs", "sessions", "ops")
 OUTCOMES = (
     "ok", "project error", "unlocated error", "wrong output", "other exception", "timeout",
 )  # fmt: skip
@@ -253,6 +270,13 @@ def _drawer(what: str) -> Callable[[random.Random], tuple[Callable[[], Any], str
             return run, shown, None
 
         return programs_
+    if what == "ops":
+
+        def ops(rng: random.Random) -> tuple[Callable[[], Any], str, Any]:
+            shown, run = fuzz_ops.op_case(rng)
+            return run, shown, None
+
+        return ops
     if what == "sessions":
         case = fuzz_sessions.SessionCase()
 
@@ -276,7 +300,10 @@ def fuzz(what: str, count: int, seed: int, timeout_s: float) -> tuple[Counter, d
         kind = ""
         signal.setitimer(signal.ITIMER_REAL, timeout_s)
         try:
-            run()
+            try:
+                run()
+            finally:  # off before any handler runs: the alarm must not hit one
+                signal.setitimer(signal.ITIMER_REAL, 0)
             outcome = "ok"
         except InputTimeoutError:
             outcome = kind = "timeout"
@@ -292,8 +319,6 @@ def fuzz(what: str, count: int, seed: int, timeout_s: float) -> tuple[Counter, d
         except Exception as e:
             outcome = "other exception"
             kind = f"{type(e).__name__}: {_short(str(e), 80)}"
-        finally:
-            signal.setitimer(signal.ITIMER_REAL, 0)
         outcomes[outcome] += 1
         if kind and len(examples[kind]) < 3:
             examples[kind].append(_short(shown, 300))

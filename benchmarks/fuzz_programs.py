@@ -7,7 +7,10 @@ their outputs shuffled, dropped, repeated or joined by an intermediate value) is
 through a transform with drawn parameters, mostly in range. When the transform
 accepts, its result is executed on random inputs and compared with the sequential
 program (``ir.execute_step``), then simulated wherever the source simulates: a
-difference, a failure to run or to simulate is a *wrong output*.
+difference, a failure to run or to simulate is a *wrong output*. In two cases of
+five the result goes through a second drawn transform instead (a transform of an
+already-parallel program): a project error, or a program that runs and, where it
+keeps its input's signature, computes what its input computes.
 """
 
 from __future__ import annotations
@@ -151,12 +154,17 @@ def _transform(rng: random.Random, f: ir.Function) -> tuple[str, Callable[[], ir
 
 
 def program_case(rng: random.Random) -> tuple[str, Callable[[], None]]:
-    """A drawn program and transform: (what it is, a call that raises on a bad outcome)."""
+    """A drawn program and transform, and in two cases of five a second transform of
+    the first's result: (what it is, a call that raises on a bad outcome)."""
     f = _program(rng)
     name, apply = _transform(rng, f)
+    again = random.Random(rng.random()) if rng.random() < 0.4 else None
 
     def run() -> None:
         g = apply()
+        if again is not None:
+            _transformed_again(g, again, f"{name} on {f.name}")
+            return
         inputs = ir.random_inputs(f)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # overflow in a random GPT is not the question
@@ -181,6 +189,37 @@ def program_case(rng: random.Random) -> tuple[str, Callable[[], None]]:
         "symmetry": rng.random() < 0.5,
     }
     return f"{name} on {f.name}", run
+
+
+def _transformed_again(g: ir.Function, rng: random.Random, first: str) -> None:
+    """A drawn transform of ``g`` (already transformed): refused with a project error,
+    or a program that runs, and computes what ``g`` computes where it takes ``g``'s
+    inputs and gives its outputs (recompute, place, unroll_pmap of a distributed
+    program)."""
+    name, apply = _transform(rng, g)
+    what = f"{name} of ({first})"
+    h = apply()
+    xs = ir.random_inputs(g)
+    same_inputs = [v.type for v in h.inputs] == [v.type for v in g.inputs]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            got = ir.execute(h, xs if same_inputs else ir.random_inputs(h))
+        except ir.DistIRError as e:
+            raise WrongOutputError(f"{what}: the result does not run: {e}") from e
+        if not same_inputs or [v.type for v in h.outputs] != [v.type for v in g.outputs]:
+            return
+        want = ir.execute(g, xs)
+    for i, (a, b) in enumerate(zip(_flat(got), _flat(want))):
+        if not np.allclose(a, b, rtol=1e-4, atol=1e-5, equal_nan=True):
+            raise WrongOutputError(f"{what}: output {i} differs from its input program's")
+
+
+def _flat(values: Any) -> list:
+    out: list = []
+    for v in values:
+        out += _flat(v) if isinstance(v, tuple) else [np.asarray(v)]
+    return out
 
 
 def _simulates_like(f: ir.Function, g: ir.Function, what: str, options: dict) -> None:

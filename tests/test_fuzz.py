@@ -1,7 +1,9 @@
 """benchmarks/fuzz.py in small: mutated programs, wrong API arguments, mutated executor
-inputs and transformed programs give only project errors (located, for the transforms'
-arguments), within a time bound, and transforms that accept compute what their source
-does; and the API bugs its first run found stay fixed."""
+inputs, transformed (and transformed again) programs, session files with hostile fields
+and paths, and one-op programs on unusual operands give only project errors (located,
+for the transforms' arguments and the session fields), within a time bound, and
+transforms that accept compute what their source does; and the API bugs its first run
+found stay fixed."""
 
 from __future__ import annotations
 
@@ -42,6 +44,7 @@ TIME_LIMIT_S = 10.0
         ("inputs", 300),
         ("programs", 30),
         ("sessions", 300),
+        ("ops", 1000),
     ],
 )
 def test_fuzzed_inputs_give_only_project_errors_and_never_hang(what, count):

@@ -198,7 +198,8 @@ def random_inputs(function: Function, seed: int = 0, *, max_bytes: int = 2**33) 
 
     Floats are standard normal, integers in [0, 4), except where an input reaches an
     operand whose op record declares ``extra["value_ranges"]`` through data movement
-    only (communication, tuples, pmaps): class labels are drawn below the class count,
+    only (communication, tuples, pmaps, views and the ops whose record says
+    ``extra["keeps_values"]``: Split, Concat, Slice): class labels are drawn below the class count,
     token ids below the table's rows, Adam's second moment is non-negative.
     Inputs of more than ``max_bytes`` in all (8 GiB by default) are refused, before
     anything is allocated.
@@ -271,7 +272,10 @@ def _propagate(
                 inner = {p: labels.get(v, frozenset()) for p, v in zip(body.inputs, op.inputs)}
                 _propagate(body, inner, found)
                 came_from = frozenset().union(*(inner.get(v, frozenset()) for v in body.outputs))
-        if came_from and opdef.kind is not OpKind.COMPUTE:  # moved, not computed
+        # moved, not computed: communication, tuples, and the ops whose results hold their
+        # operands' elements (a view, a Split of the labels into microbatches)
+        moved = opdef.kind is not OpKind.COMPUTE or opdef.extra.get("view")
+        if came_from and (moved or opdef.extra.get("keeps_values")):
             for v in op.outputs:
                 labels[v] = came_from
 

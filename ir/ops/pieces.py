@@ -95,6 +95,7 @@ register_op(
         ),
         doc="The elements start..end-1 of x along axis.",
         extra={
+            "keeps_values": True,  # its result holds its operands' elements
             "examples": lambda s: [
                 ctx(t(4 * s, 3), axis=0, start=s, end=3 * s),
                 ctx(t(2, 5 * s), axis=-1, start=-2 * s, end=None),
@@ -179,10 +180,11 @@ register_op(
         variadic=True,
         doc="Concatenate tensors on one device along dim; takes tensors or one tuple of them.",
         extra={
+            "keeps_values": True,  # its result holds its operands' elements
             "examples": lambda s: [
                 ctx(t(s, 3), t(2 * s, 3), dim=0),
                 ctx(TupleType((t(2, s), t(2, s + 1))), dim=1),
-            ]
+            ],
         },
     )
 )
@@ -216,10 +218,11 @@ register_op(
         ),
         doc="Split x along dim into a tuple of parts on x's device (the first n % k get one more).",
         extra={
+            "keeps_values": True,  # its result holds its operands' elements
             "examples": lambda s: [
                 ctx(t(4 * s, 3), partitions=2),
                 ctx(t(3, 2 * s + 1), partitions=2, dim=1),
-            ]
+            ],
         },
     )
 )

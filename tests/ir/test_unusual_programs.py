@@ -121,3 +121,17 @@ def test_a_spec_reaching_a_negative_device_is_an_annotation_error():
         ShardingSpec([-1, -2], [(0, 2)])
     groups = ShardingSpec([-1, -2], [(0, 2)], {-1: [0, 1], -2: [2, 3]})  # seed 001's groups
     assert groups.physical_devices == (0, 1, 2, 3)
+
+
+def test_random_labels_split_into_microbatches_stay_below_the_class_count():
+    """Found by fuzzing transforms of transformed programs: labels reaching the loss
+    through a Split (microbatches) were drawn in [0, 4) whatever the class count, and the
+    program then failed to run on its own random inputs."""
+    t = ir.transforms.training(models.mlp(8, 4, 6, 3))
+    g = ir.transforms.pipeline_parallel(t, 1, 2)  # one stage, two microbatches
+    assert "Split" in {op.op_type for op in g.ops}
+    for seed in range(5):
+        args = ir.random_inputs(g, seed)
+        z = args[[v.name for v in g.inputs].index("z")]
+        assert z.min() >= 0 and z.max() < 3
+        ir.execute(g, args)
