@@ -177,8 +177,9 @@ def check_common(
 
 def check_sequential(where: str, f: Function, name: str = "f") -> None:
     """A TransformError unless ``f`` is sequential: no communication op, no pmap, every
-    value on one device. The parallel transforms rewrite a sequential program; given
-    one that is already distributed they would read per-device tuples as tensors."""
+    value on one device, every input a tensor (a tuple input is a per-device value). The
+    parallel transforms rewrite a sequential program; given one that is already
+    distributed they would read per-device tuples as tensors."""
     devices = f.devices
     found = next(
         (
@@ -188,11 +189,14 @@ def check_sequential(where: str, f: Function, name: str = "f") -> None:
         ),
         None,
     )
-    if found is None and len(devices) <= 1:
+    tupled = next((v for v in f.inputs if isinstance(v.type, TupleType)), None)
+    if found is None and tupled is None and len(devices) <= 1:
         return
     if found is not None:
         made = ", ".join(repr(v.name) for v in found.outputs[:3])
         evidence = f"it has {found.op_type} ops (the first makes {made})"
+    elif tupled is not None:
+        evidence = f"its input {tupled.name!r} is a tuple of per-device parts ({tupled.type})"
     else:
         spread = next(
             v

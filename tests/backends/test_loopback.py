@@ -133,3 +133,28 @@ def test_the_workers_are_told_the_loopback_interface():
     flags = (Path("/sys/class/net") / name / "flags").read_text()
     assert int(flags, 16) & 0x8  # Linux's IFF_LOOPBACK
     assert loopback_environment() == {"GLOO_SOCKET_IFNAME": name, "NCCL_SOCKET_IFNAME": name}
+
+
+def test_progress_names_the_worker_that_is_not_waiting_for_a_peer():
+    import multiprocessing as mp
+
+    from ir.backends.workers import Progress
+
+    progress = Progress(mp.get_context("fork"), 4)
+    names = [f"rank {w}" for w in range(4)]
+    progress.at(0, 5, communicating=True)
+    progress.at(1, 2)  # computing
+    progress.done(2)
+    # rank 3 never got past setting up: it and rank 1 are not waiting; 3 has been longer
+    stuck, said = progress.stalled([0, 1, 2, 3], names, lambda w, i: f"op{i}")
+    assert stuck == 3 and said.startswith("rank 3 stopped making progress, setting up")
+    assert "rank 1 is computing at op 2 `op2`" in said
+    assert "rank 0 is communicating at op 5 `op5`" in said
+    assert "rank 2 is done with its ops" in said
+    progress.at(3, 0, communicating=True)
+    stuck, said = progress.stalled([0, 1, 3], names)
+    assert stuck == 1 and said.startswith("rank 1 stopped making progress, computing at op 2")
+    progress.at(1, 3, communicating=True)
+    stuck, said = progress.stalled([0, 1, 3], names)
+    assert stuck == 0 and said.startswith("every rank left waits for a peer")
+    assert progress.index(0) == 5 and progress.index(3) == 0

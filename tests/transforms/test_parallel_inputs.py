@@ -30,6 +30,9 @@ DISTRIBUTED = {
     "propagate": lambda t: propagate(t, {"x": (Mesh((2,)), ["S(0)"])})[0],
     "place": lambda t: tfm.place(t, {"x": 1}),
     "unroll_pmap": lambda t: tfm.unroll_pmap(tfm.data_parallel(t, 2, inputs="distribute")),
+    # one device, but its inputs are tuples of per-device parts (found by fuzzing: an
+    # AttributeError in horizontal_then_data)
+    "unroll_pmap, one device": lambda t: tfm.unroll_pmap(tfm.data_parallel(t, 1)),
 }
 
 SEQUENTIAL_ONLY = {
