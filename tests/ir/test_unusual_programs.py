@@ -47,18 +47,22 @@ def test_a_collective_with_two_parts_on_one_device_simulates_and_runs(devices, c
 
 
 def test_the_issues_all_reduce_repro_costs_a_ring_whose_shared_device_moves_nothing():
-    """A ring over positions (0, 0, 1): the step between the two parts on device 0 is
+    """A ring over positions (0, 0, 2): the step between the two parts on device 0 is
     free, the others cross the one link: 2 (n - 1) / n of the bytes and 2 (n - 1)
-    latencies for n = 3, on a topology whose links differ (so the ring is searched)."""
+    latencies for n = 3, on links that differ (so the ring order is searched, where the
+    topology's own diagonal, 0, was divided by)."""
     from ir.collectives import collective_time_s
+    from ir.device import Device, Topology
 
-    topology = ir.Topology.preset("a100-hgx", 16)  # NVLink in a node, InfiniBand across
-    f = ir.parse(f"def f(x: {_tuple((0, 0, 9))}):\n    y = AllReduce(x)\n    return y")
+    n = 3
+    bandwidth = [[0.0 if i == j else 1e10 * (1 + i + j) for j in range(n)] for i in range(n)]
+    latency = [[0.0 if i == j else 1e-6 * (1 + i * j) for j in range(n)] for i in range(n)]
+    topology = Topology(tuple(Device(i) for i in range(n)), bandwidth, latency, name="links")
+    f = ir.parse(f"def f(x: {_tuple((0, 0, 2))}):\n    y = AllReduce(x)\n    return y")
     assert ir.simulate(f, topology, symmetry=True).step_time_s > 0
     size_bytes = 48.0
-    bandwidth, latency = topology.bandwidth(0, 9), topology.latency(0, 9)
-    want = 2 * 2 / 3 * size_bytes / bandwidth + 2 * 2 * latency
-    assert collective_time_s("allreduce", size_bytes, [0, 0, 9], topology) == pytest.approx(want)
+    want = 2 * 2 / 3 * size_bytes / bandwidth[0][2] + 2 * 2 * latency[0][2]
+    assert collective_time_s("allreduce", size_bytes, [0, 0, 2], topology) == pytest.approx(want)
 
 
 @pytest.mark.parametrize(
