@@ -7,9 +7,10 @@ float16 or bfloat16 loss in float32 (numpy's float16 total overflows past 65,504
 6,000 tokens at a loss of 11; its bfloat16 total stops growing). Kernels allocate on
 their operands' device (CPU or CUDA). The ops covered are those of the MLP and GPT
 programs (forward, backward, SGD and Adam) and the ops that lowering adds (``Slice``,
-``Concat``, ``Sum``, ``Split``, tuples), and ``Conv2D`` (any stride) for the halo
-exchange of a spatially sharded convolution. An op without an entry is refused
-before any process starts (:func:`check_kernels`).
+``Concat``, ``Sum``, ``Split``, tuples), ``Conv2D`` (any stride, dilation and groups) for
+the halo exchange of a spatially sharded convolution, and some ops of imported models
+(``ConvTranspose2D``, comparisons, logic, maxima and minima, logarithms, rounding). An op
+without an entry is refused before any process starts (:func:`check_kernels`).
 
 Imported only where torch is used (the backend's workers): it imports torch.
 """
@@ -281,13 +282,50 @@ def _split(xs, a):
 
 
 def _conv2d(xs, a):
-    from ..ops.conv import conv_pads, conv_stride
+    from ..ops.conv import conv_dilation, conv_stride, window_geometry
 
-    x, w = xs  # NHWC and (Kh, Kw, Cin, Cout), as ir/ops/conv.py
-    top, bottom, left, right = conv_pads(a["padding"], w.shape[0], w.shape[1])
+    x, w = xs  # NHWC and (Kh, Kw, Cin / groups, Cout), as ir/ops/conv.py
+    top, bottom, left, right = window_geometry(a, tuple(w.shape[:2]))[2]
     xp = torch.nn.functional.pad(x.permute(0, 3, 1, 2), (left, right, top, bottom))
-    y = torch.nn.functional.conv2d(xp, w.permute(3, 2, 0, 1), stride=conv_stride(a["stride"]))
+    y = torch.nn.functional.conv2d(
+        xp,
+        w.permute(3, 2, 0, 1),
+        stride=conv_stride(a["stride"]),
+        dilation=conv_dilation(a),
+        groups=a["groups"],
+    )
     return [y.permute(0, 2, 3, 1).contiguous()]
+
+
+def _conv_transpose2d(xs, a):
+    from ..ops.conv import conv_dilation, conv_stride, window_geometry
+    from ..ops.conv_transpose import output_shape
+
+    x, w = xs  # NHWC and (Kh, Kw, Cout / groups, Cin), as ir/ops/conv_transpose.py
+    top, _, left, _ = window_geometry(a, tuple(w.shape[:2]))[2]
+    full = torch.nn.functional.conv_transpose2d(
+        x.permute(0, 3, 1, 2),
+        w.permute(3, 2, 0, 1),
+        stride=conv_stride(a["stride"]),
+        dilation=conv_dilation(a),
+        groups=a["groups"],
+    )
+    _, h, wd, _ = output_shape(tuple(x.shape), tuple(w.shape), a)
+    # cut the padding off the full result (negative pads), add output_padding's zeros
+    y = torch.nn.functional.pad(
+        full, (-left, wd - full.shape[3] + left, -top, h - full.shape[2] + top)
+    )
+    return [y.permute(0, 2, 3, 1).contiguous()]
+
+
+def _compare(xs, a):
+    ops = {"eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt}
+    return [ops.get(a["kind"], torch.ge)(xs[0], xs[1])]
+
+
+def _logical(xs, a):
+    ops = {"and": torch.logical_and, "or": torch.logical_or}
+    return [ops.get(a["kind"], torch.logical_xor)(xs[0], xs[1])]
 
 
 def _transpose(xs, a):
@@ -359,6 +397,21 @@ TORCH_KERNELS: dict[str, Kernel] = {
     "MatMul": lambda xs, a: [torch.matmul(xs[0], xs[1])],
     "MatMulGrad": _matmul_grad,
     "Conv2D": _conv2d,
+    "ConvTranspose2D": _conv_transpose2d,
+    "Log": _unary(torch.log),
+    "Abs": _unary(torch.abs),
+    "Sign": _unary(torch.sign),
+    "Floor": _unary(torch.floor),
+    "Ceil": _unary(torch.ceil),
+    "Round": _unary(torch.round),
+    "Power": lambda xs, a: [torch.pow(xs[0], xs[1])],
+    "Maximum": lambda xs, a: [torch.maximum(xs[0], xs[1])],
+    "Minimum": lambda xs, a: [torch.minimum(xs[0], xs[1])],
+    "Compare": _compare,
+    "Logical": _logical,
+    "Not": _unary(torch.logical_not),
+    "ReduceMax": _reduce(torch.amax),
+    "ReduceMin": _reduce(torch.amin),
     "Softmax": _softmax,
     "SoftmaxGrad": _softmax_grad,
     "LayerNorm": _layer_norm,

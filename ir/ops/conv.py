@@ -1,14 +1,18 @@
 """2-D convolution and pooling, NHWC (seed 004's spatial-sharding example).
 
-``Conv2D(x, w)``: ``x`` is ``(N, H, W, Cin)``, ``w`` is ``(Kh, Kw, Cin, Cout)``,
-``stride`` ``[Sh, Sw]`` (default 1). ``padding`` is ``"valid"`` (no padding),
-``"same"`` (the zeros a stride-1 window needs to keep H, W; the extra row or
-column of an even kernel goes at the bottom / right), or explicit zero rows and
-columns ``[top, bottom, left, right]`` (what a spatially sharded device uses at
-the edges of the whole image). Output ``H' = (H + top + bottom - Kh) // Sh + 1``.
+``Conv2D(x, w)``: ``x`` is ``(N, H, W, Cin)``, ``w`` is ``(Kh, Kw, Cin / groups, Cout)``,
+``stride`` ``[Sh, Sw]`` (default 1), ``dilation`` ``[Dh, Dw]`` (default 1: a dilated kernel
+reads every Dh-th row, spanning ``(Kh - 1) * Dh + 1`` rows), ``groups`` (default 1: the
+channels split into ``groups`` groups convolved apart; ``groups = Cin`` is a depthwise
+convolution). ``padding`` is ``"valid"`` (no padding), ``"same"`` (the zeros a stride-1
+window needs to keep H, W; the extra row or column of an even kernel goes at the bottom /
+right), or explicit zero rows and columns ``[top, bottom, left, right]`` (what a
+spatially sharded device uses at the edges of the whole image). Output
+``H' = (H + top + bottom - (Kh - 1) * Dh - 1) // Sh + 1``.
 
 Sharding: batch and output channels split; input channels give a partial sum;
-height or width split with a halo exchange (``ir.sharding.halo``), at any stride.
+height or width split with a halo exchange (``ir.sharding.halo``), at any stride. A
+grouped convolution splits over the batch and the image only.
 """
 
 from __future__ import annotations
@@ -50,45 +54,78 @@ def conv_stride(stride) -> tuple[int, int]:
 Geometry = tuple[tuple[int, int], tuple[int, int], tuple[int, int, int, int]]
 
 
+def conv_dilation(attributes) -> tuple[int, int]:
+    """(Dh, Dw) of a window op (pooling has no dilation: 1)."""
+    return conv_stride(attributes.get("dilation", 1))
+
+
+def spanned(kernel: tuple[int, int], dilation: tuple[int, int]) -> tuple[int, int]:
+    """The rows and columns a dilated kernel spans."""
+    return ((kernel[0] - 1) * dilation[0] + 1, (kernel[1] - 1) * dilation[1] + 1)
+
+
 def window_geometry(attributes, kernel: tuple[int, int] | None = None) -> Geometry:
     """``((Kh, Kw), (Sh, Sw), (top, bottom, left, right))`` of a window op: ``kernel``
     given (a convolution's, from its weight's shape) or its ``kernel`` attribute (pooling);
-    a ``stride`` of None steps by the kernel."""
+    a ``stride`` of None steps by the kernel; "same" pads for the dilated kernel's span."""
     kh, kw = conv_stride(attributes["kernel"]) if kernel is None else kernel
     stride = attributes["stride"]
     sh, sw = (kh, kw) if stride is None else conv_stride(stride)
-    return (kh, kw), (sh, sw), conv_pads(attributes["padding"], kh, kw)
+    eh, ew = spanned((kh, kw), conv_dilation(attributes))
+    return (kh, kw), (sh, sw), conv_pads(attributes["padding"], eh, ew)
 
 
-def windows(x: np.ndarray, geometry: Geometry, fill: float = 0.0) -> np.ndarray:
-    """The windows of ``x`` (N, H, W, C) padded with ``fill``, one every stride:
-    ``(N, H', W', C, Kh, Kw)``."""
+def windows(
+    x: np.ndarray, geometry: Geometry, fill: float = 0.0, dilation: tuple[int, int] = (1, 1)
+) -> np.ndarray:
+    """The windows of ``x`` (N, H, W, C) padded with ``fill``, one every stride, each
+    reading every ``dilation``-th row and column: ``(N, H', W', C, Kh, Kw)``."""
     kernel, (sh, sw), (top, bottom, left, right) = geometry
     xp = np.pad(x, ((0, 0), (top, bottom), (left, right), (0, 0)), constant_values=fill)
-    return np.lib.stride_tricks.sliding_window_view(xp, kernel, axis=(1, 2))[:, ::sh, ::sw]
+    view = np.lib.stride_tricks.sliding_window_view(xp, spanned(kernel, dilation), axis=(1, 2))
+    return view[:, ::sh, ::sw, :, :: dilation[0], :: dilation[1]]
 
 
 def _conv_types(c: TypeContext):
     x, w = tensor(c, 0, "x"), tensor(c, 1, "w")
     same_dtype(x, w)
     if x.rank != 4 or w.rank != 4:
-        raise TypeRuleError(f"Conv2D needs x (N, H, W, Cin) and w (Kh, Kw, Cin, Cout), got {x} {w}")
+        raise TypeRuleError(
+            f"Conv2D needs x (N, H, W, Cin) and w (Kh, Kw, Cin / groups, Cout), got {x} {w}"
+        )
     n, h, wd, cin = x.shape
     kh, kw, wcin, cout = w.shape
-    if wcin != cin:
-        raise TypeRuleError(f"x has {cin} input channels, w expects {wcin}")
-    top, bottom, left, right = conv_pads(c.attributes["padding"], kh, kw)
-    sh, sw = conv_stride(c.attributes["stride"])
-    ho, wo = (h + top + bottom - kh) // sh + 1, (wd + left + right - kw) // sw + 1
-    if h + top + bottom < kh or wd + left + right < kw:
-        raise TypeRuleError(f"a {kh}x{kw} kernel does not fit a padded {h}x{wd} image")
+    g = c.attributes["groups"]
+    if wcin * g != cin or cout % g:
+        raise TypeRuleError(
+            f"x has {cin} input channels and w {wcin} per group of {g} with {cout} outputs: "
+            "groups must divide both channel counts and w hold Cin / groups"
+        )
+    (sh, sw), (top, bottom, left, right) = window_geometry(c.attributes, (kh, kw))[1:]
+    eh, ew = spanned((kh, kw), conv_dilation(c.attributes))
+    if h + top + bottom < eh or wd + left + right < ew:
+        raise TypeRuleError(f"a {eh}x{ew} (dilated) kernel does not fit a padded {h}x{wd} image")
+    ho, wo = (h + top + bottom - eh) // sh + 1, (wd + left + right - ew) // sw + 1
     return [x.with_shape((n, ho, wo, cout))]
+
+
+def grouped(patches: np.ndarray, groups: int) -> np.ndarray:
+    """``(N, H', W', C, Kh, Kw)`` windows as ``(N, H', W', groups, C / groups, Kh, Kw)``."""
+    n, h, w, c, kh, kw = patches.shape
+    return patches.reshape(n, h, w, groups, c // groups, kh, kw)
 
 
 def _conv_kernel(xs, a):
     x, w = xs
-    patches = windows(x, window_geometry(a, w.shape[:2]))
-    return [np.einsum("nhwcij,ijco->nhwo", patches, w).astype(x.dtype)]
+    patches = windows(x, window_geometry(a, w.shape[:2]), dilation=conv_dilation(a))
+    g = a["groups"]
+    if g == 1:  # one product of im2col rows with the kernel (BLAS)
+        y = np.tensordot(patches, w, axes=([3, 4, 5], [2, 0, 1]))
+        return [y.astype(x.dtype)]
+    kh, kw, cg, cout = w.shape
+    wg = w.reshape(kh, kw, cg, g, cout // g)
+    y = np.einsum("nhwgcij,ijcgo->nhwgo", grouped(patches, g), wg, optimize=True)
+    return [y.reshape(*y.shape[:3], cout).astype(x.dtype)]
 
 
 def _conv_cost(c: CostContext) -> Cost:
@@ -96,7 +133,8 @@ def _conv_cost(c: CostContext) -> Cost:
     (y,) = c.output_types
     flops = 2.0 * y.num_elements * w.shape[0] * w.shape[1] * w.shape[2]
     n, ho, wo, cout = y.shape
-    gemm = (1, n * ho * wo, cout, w.shape[0] * w.shape[1] * w.shape[2])  # implicit GEMM
+    g = c.attributes.get("groups", 1)  # one implicit GEMM per group
+    gemm = (g, n * ho * wo, cout // g, w.shape[0] * w.shape[1] * w.shape[2])
     return Cost(flops, x.size_bytes + w.size_bytes, y.size_bytes, matrix_flops=flops, gemms=(gemm,))
 
 
@@ -113,6 +151,13 @@ _CONV_ATTRIBUTES = (
         "window step: one for both axes, or [Sh, Sw]",
         kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
     ),
+    Attr(
+        "dilation",
+        1,
+        "kernel step: one for both axes, or [Dh, Dw]",
+        kind=kinds.either(kinds.POS_INT, kinds.sequence_of(kinds.POS_INT, 2)),
+    ),
+    Attr("groups", 1, "channel groups convolved apart (Cin: depthwise)", kind=kinds.POS_INT),
 )
 
 register_op(
@@ -125,7 +170,7 @@ register_op(
         cost_rule=_conv_cost,
         attributes=_CONV_ATTRIBUTES,
         aliases=("conv2d",),
-        doc="2-D convolution, NHWC with (Kh, Kw, Cin, Cout) weights.",
+        doc="2-D convolution, NHWC with (Kh, Kw, Cin / groups, Cout) weights.",
         extra={
             "weight_operands": (1,),  # the kernel is a weight
             "examples": lambda s: [
@@ -133,6 +178,8 @@ register_op(
                 ctx(t(s, 4, 4 * s, 2), t(3, 2, 2, 3), padding="same"),
                 ctx(t(1, 2 * s, 3, 1), t(2, 2, 1, 1), padding=(1, 0, 0, 1)),
                 ctx(t(1, 4 * s, 5, 2), t(3, 3, 2, 2), padding=(1, 1, 1, 1), stride=(2, 2)),
+                ctx(t(2, 3 + s, 6, 4), t(3, 2, 2, 6), groups=2, dilation=(1, 2)),
+                ctx(t(1, 5, 2 + 2 * s, 3), t(3, 3, 1, 3), groups=3, padding="same"),
             ],
         },
     )
@@ -142,19 +189,26 @@ register_op(
 
 
 def _conv_sharding(c: TypeContext) -> dict:
+    halo = window_halos(
+        window_geometry(c.attributes, c.input_types[1].shape[:2]), conv_dilation(c.attributes)
+    )
+    if c.attributes["groups"] != 1:  # a channel shard would hold pieces of groups
+        return rule([("n", None, None, None), (None,) * 4], [("n", None, None, None)], halo=halo)
     return rule(
         [("n", None, None, "ci"), (None, None, "ci", "co")],
         [("n", None, None, "co")],
         reduce={"ci": "sum"},
         linear=[(0,), (1,)],
-        halo=window_halos(window_geometry(c.attributes, c.input_types[1].shape[:2])),
+        halo=halo,
     )
 
 
-def window_halos(geometry: Geometry) -> list[dict]:
+def window_halos(geometry: Geometry, dilation: tuple[int, int] = (1, 1)) -> list[dict]:
     """The ``halo`` list of a sliding-window op's sharding rule: rows (axis 1) and columns
-    (axis 2); a device's op gets its own zeros before and after in ``padding``."""
-    (kh, kw), (sh, sw), (top, bottom, left, right) = geometry
+    (axis 2), each window the rows a (dilated) kernel spans; a device's op gets its own
+    zeros before and after in ``padding``."""
+    kernel, (sh, sw), (top, bottom, left, right) = geometry
+    kh, kw = spanned(kernel, dilation)
 
     def rows_pads(attrs, pad_top: int, pad_bottom: int) -> dict:
         return {**dict(attrs), "padding": [pad_top, pad_bottom, left, right]}

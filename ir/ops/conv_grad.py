@@ -27,7 +27,9 @@ from .conv import (
     Geometry,
     _conv_types,
     _pool_types,
+    conv_dilation,
     conv_stride,
+    grouped,
     window_geometry,
     windows,
 )
@@ -47,10 +49,11 @@ def _conv_grad_types(c: TypeContext):
     return [w, x]
 
 
-def _scatter_windows(shape, geometry: Geometry, add_window):
+def scatter_windows(shape, geometry: Geometry, add_window, dilation=(1, 1)):
     """The padded-input gradient: ``add_window(i, j)`` for every kernel offset, added at
-    the rows and columns that offset reads; then the padding cut off."""
+    the rows and columns that offset reads (``i * Dh`` on); then the padding cut off."""
     (kh, kw), (sh, sw), (top, bottom, left, right) = geometry
+    dh, dw = dilation
     n, h, w, c = shape
     dxp = None
     for i in range(kh):
@@ -59,15 +62,35 @@ def _scatter_windows(shape, geometry: Geometry, add_window):
             if dxp is None:
                 dxp = np.zeros((n, h + top + bottom, w + left + right, c), part.dtype)
             ho, wo = part.shape[1:3]
-            dxp[:, i : i + sh * (ho - 1) + 1 : sh, j : j + sw * (wo - 1) + 1 : sw] += part
+            r, q = i * dh, j * dw
+            dxp[:, r : r + sh * (ho - 1) + 1 : sh, q : q + sw * (wo - 1) + 1 : sw] += part
     return dxp[:, top : top + h, left : left + w]
+
+
+def conv_input_gradient(shape, w: np.ndarray, dy: np.ndarray, attributes) -> np.ndarray:
+    """dx of ``dy = Conv2D(x, w)`` for an ``x`` of ``shape`` (a transposed convolution)."""
+    geometry = window_geometry(attributes, w.shape[:2])
+    g = attributes["groups"]
+    kh, kw, cg, cout = w.shape
+    wg = w.reshape(kh, kw, cg, g, cout // g)
+    dyg = dy.reshape(*dy.shape[:3], g, cout // g)
+
+    def part(i: int, j: int) -> np.ndarray:
+        p = np.einsum("nhwgo,cgo->nhwgc", dyg, wg[i, j], optimize=True)
+        return p.reshape(*p.shape[:3], g * cg)
+
+    return scatter_windows(shape, geometry, part, conv_dilation(attributes))
 
 
 def _conv_grad_kernel(xs, a):
     x, w, dy = xs
     geometry = window_geometry(a, w.shape[:2])
-    dw = np.einsum("nhwcij,nhwo->ijco", windows(x, geometry), dy)
-    dx = _scatter_windows(x.shape, geometry, lambda i, j: np.einsum("nhwo,co->nhwc", dy, w[i, j]))
+    g = a["groups"]
+    cout = w.shape[3]
+    patches = grouped(windows(x, geometry, dilation=conv_dilation(a)), g)
+    dyg = dy.reshape(*dy.shape[:3], g, cout // g)
+    dw = np.einsum("nhwgcij,nhwgo->ijcgo", patches, dyg, optimize=True).reshape(w.shape)
+    dx = conv_input_gradient(x.shape, w, dy, a)
     return [dw.astype(w.dtype), dx.astype(x.dtype)]
 
 
@@ -75,10 +98,11 @@ def _conv_grad_cost(c: CostContext) -> Cost:
     x, w, dy = c.input_types
     flops = 2.0 * 2.0 * dy.num_elements * w.shape[0] * w.shape[1] * w.shape[2]
     read, written = x.size_bytes + w.size_bytes + dy.size_bytes, x.size_bytes + w.size_bytes
-    kh, kw, cin, cout = w.shape
+    kh, kw, cin, cout = w.shape  # cin: per group
+    g = c.attributes.get("groups", 1)
     rows = dy.num_elements // cout  # n * ho * wo
-    # implicit GEMMs: dx from dy and w, dw from the input's windows and dy
-    gemms = ((1, rows, kh * kw * cin, cout), (1, kh * kw * cin, cout, rows))
+    # implicit GEMMs per group: dx from dy and w, dw from the input's windows and dy
+    gemms = ((g, rows, kh * kw * cin, cout // g), (g, kh * kw * cin, cout // g, rows))
     return Cost(flops, read, written, matrix_flops=flops, gemms=gemms, launches=2)
 
 
@@ -109,6 +133,7 @@ register_op(
                     padding=(1, 1, 0, 1),
                     stride=(2, 2),
                 ),
+                ctx(t(2, 3 + s, 6, 4), t(3, 2, 2, 6), t(2, 1 + s, 4, 6), groups=2, dilation=(1, 2)),
             ],
         },
     )
@@ -130,7 +155,7 @@ def _pool_grad_kernel(xs, a):
     kh, kw = geometry[0]
     if a["kind"] == "avg":
         share = dy / (kh * kw)
-        return [_scatter_windows(x.shape, geometry, lambda i, j: share)]
+        return [scatter_windows(x.shape, geometry, lambda i, j: share)]
     candidates = windows(x, geometry, -np.inf)
     biggest = candidates.max(axis=(-2, -1))
     taken = np.zeros(biggest.shape, bool)
@@ -140,7 +165,7 @@ def _pool_grad_kernel(xs, a):
             hit = (candidates[..., i, j] == biggest) & ~taken
             taken |= hit
             routed[i, j] = np.where(hit, dy, 0).astype(dy.dtype)
-    return [_scatter_windows(x.shape, geometry, lambda i, j: routed[i, j])]
+    return [scatter_windows(x.shape, geometry, lambda i, j: routed[i, j])]
 
 
 def _pool_grad_cost(c: CostContext) -> Cost:
@@ -185,16 +210,24 @@ register_op(
 # Over the batch dw is a partial sum; over output channels dx is; input channels split
 # both. Pooling's gradient splits over batch and channels.
 
-attach_rule(
-    "Conv2DGrad",
-    "sharding_rule",
-    lambda c: rule(
+
+def _conv_grad_sharding(c: TypeContext) -> dict:
+    if c.attributes["groups"] != 1:  # a channel shard would hold pieces of groups
+        return rule(
+            [("n", None, None, None), (None,) * 4, ("n", None, None, None)],
+            [(None,) * 4, ("n", None, None, None)],
+            reduce={"n": "sum"},
+            linear=[(2,)],
+        )
+    return rule(
         [("n", None, None, "ci"), (None, None, "ci", "co"), ("n", None, None, "co")],
         [(None, None, "ci", "co"), ("n", None, None, "ci")],
         reduce={"n": "sum", "co": "sum"},
         linear=[(2,)],
-    ),
-)
+    )
+
+
+attach_rule("Conv2DGrad", "sharding_rule", _conv_grad_sharding)
 attach_rule(
     "Pool2DGrad",
     "sharding_rule",

@@ -56,7 +56,18 @@ def _binary(name: str, fn, doc: str, aliases: tuple[str, ...] = ()) -> OpDef:
 _binary("Add", np.add, "a + b, with numpy broadcasting.")
 _binary("Sub", np.subtract, "a - b, with numpy broadcasting.")
 _binary("Mul", np.multiply, "a * b, with numpy broadcasting.")
-_binary("Div", np.divide, "a / b, with numpy broadcasting.")
+
+
+def _divide(a, b):
+    """a / b; whole numbers divide truncating toward zero (C's, ONNX's, torch's 'trunc')."""
+    if np.asarray(a).dtype.kind not in "iu":
+        return np.divide(a, b)
+    q = np.floor_divide(a, b)
+    inexact = (np.remainder(a, b) != 0) & ((np.asarray(a) < 0) != (np.asarray(b) < 0))
+    return (q + inexact).astype(q.dtype)
+
+
+_binary("Div", _divide, "a / b, with numpy broadcasting; integers truncate toward zero.")
 
 
 # -- unary activations ---------------------------------------------------------

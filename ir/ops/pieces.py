@@ -110,7 +110,8 @@ register_op(
 # -- Pad ---------------------------------------------------------------------------
 # ``Pad`` is ``Slice``'s gradient: zeros before and after x along one axis. Written as
 # one op (not a Concat with zero Constants of fixed shape) it keeps the other axes'
-# factors, so a split by heads passes a sliced rotary embedding's backward.
+# factors, so a split by heads passes a sliced rotary embedding's backward. Imported
+# models pad with other values too (``value``: torch's ``constant_pad_nd``, ONNX's Pad).
 
 
 def _pad_types(c: TypeContext):
@@ -127,7 +128,7 @@ def _pad_kernel(xs, a):
     x = xs[0]
     widths = [(0, 0)] * x.ndim
     widths[a["axis"] % x.ndim] = (a["before"], a["after"])
-    return [np.pad(x, widths)]
+    return [np.pad(x, widths, constant_values=np.asarray(a["value"]).astype(x.dtype))]
 
 
 register_op(
@@ -142,12 +143,14 @@ register_op(
             Attr("axis", doc="axis to pad", kind=kinds.INT),
             Attr("before", 0, "zeros put before x", kind=kinds.INT),
             Attr("after", 0, "zeros put after x", kind=kinds.INT),
+            Attr("value", 0.0, "what is put (zeros by default)", kind=kinds.REAL),
         ),
-        doc="x with before zeros in front and after zeros behind along axis.",
+        doc="x with before values (zeros unless told) in front and after behind along axis.",
         extra={
             "examples": lambda s: [
                 ctx(t(2 * s, 3), axis=0, before=s, after=1),
                 ctx(t(2, s), axis=-1, before=0, after=2 * s),
+                ctx(t(s, 2, 3), axis=1, before=1, after=2, value=-1.5),
             ]
         },
     )
@@ -245,7 +248,15 @@ def _split_sharding(c: TypeContext) -> dict:
 
 
 fx.attach("Slice", lambda c: fx.same_axes(c, whole=(c.attributes["axis"],)))
-fx.attach("Pad", lambda c: fx.same_axes(c, whole=(c.attributes["axis"],), partial_ops=("sum",)))
+fx.attach(
+    "Pad",
+    lambda c: fx.same_axes(
+        c,
+        whole=(c.attributes["axis"],),
+        linear=((0,),) if c.attributes["value"] == 0 else (),  # a partial sum pads zeros only
+        partial_ops=("sum",),
+    ),
+)
 fx.attach("Concat", _concat_sharding)
 fx.attach("Split", _split_sharding)
 

@@ -1,10 +1,14 @@
-"""Pointwise math that imported models need: powers, exponentials, trigonometry, sigmoid,
-erf, and ``Where`` (select by a boolean mask).
+"""Pointwise math that imported models need: powers, exponentials and logarithms,
+trigonometry, sigmoid, erf, absolute values and rounding, and ``Where`` (select by a
+boolean mask).
 
 They are the ATen core ops that Llama (RMSNorm, rotary embeddings, SiLU) and
 erf-GELU networks are built from (``ir.importers.torch_export`` maps them one to
-one). Gradients are made of these ops and the elementwise family's (``Mul``,
-``Scale``); only ``Sigmoid`` has a gradient op of its own.
+one), and the ONNX ops that other activations are written with (``Log``, ``Abs``;
+``ir.importers.onnx``). Gradients are made of these ops and the elementwise family's
+(``Mul``, ``Scale``); only ``Sigmoid`` has a gradient op of its own. ``Power`` is
+``Pow`` with a tensor exponent (ONNX's ``Pow``). ``Sign``, ``Floor``, ``Ceil`` and
+``Round`` are piecewise constant: no gradient flows through them.
 """
 
 from __future__ import annotations
@@ -74,6 +78,37 @@ _unary("Sigmoid", lambda x, a: 1.0 / (1.0 + np.exp(-x)), 4, "1 / (1 + exp(-x))."
 _unary("Sin", lambda x, a: np.sin(x), 4, "sin(x) (rotary embeddings).")
 _unary("Cos", lambda x, a: np.cos(x), 4, "cos(x) (rotary embeddings).")
 _unary("Erf", lambda x, a: _erf(x), 8, "The error function of x (exact GELU is built from it).")
+_unary("Log", lambda x, a: np.log(x), 4, "The natural logarithm of x.")
+_unary("Abs", lambda x, a: np.abs(x), 1, "|x|.")
+_unary("Sign", lambda x, a: np.sign(x), 1, "-1, 0 or 1: the sign of x (no gradient).")
+_unary("Floor", lambda x, a: np.floor(x), 1, "The largest whole number <= x (no gradient).")
+_unary("Ceil", lambda x, a: np.ceil(x), 1, "The smallest whole number >= x (no gradient).")
+_unary("Round", lambda x, a: np.round(x), 1, "x rounded to the nearest whole, halves to even.")
+
+# -- Power ---------------------------------------------------------------------------
+
+
+def _power_types(c: TypeContext):
+    a, b = _float_operand(c, 0, "a"), _float_operand(c, 1, "b")
+    same_dtype(a, b)
+    return [a.with_shape(broadcast_shapes(a.shape, b.shape))]
+
+
+register_op(
+    OpDef(
+        name="Power",
+        operands=("a", "b"),
+        results=("c",),
+        type_rule=_power_types,
+        kernel=lambda xs, attrs: [np.power(xs[0], xs[1])],
+        cost_rule=per_output_element(8),
+        doc="a ** b elementwise, with numpy broadcasting (Pow with a tensor exponent).",
+        extra={
+            "examples": lambda s: [ctx(t(2 * s, 3), t(2 * s, 3)), ctx(t(2, s, 4), t(4))],
+            "broadcasting": True,
+        },
+    )
+)
 
 
 def _sigmoid_grad_types(c: TypeContext):
@@ -130,11 +165,16 @@ register_op(
 )
 
 
+# the one-operand ops of this family
+UNARY = ("Pow", "Sqrt", "Rsqrt", "Exp", "Sigmoid", "Sin", "Cos", "Erf", "Log", "Abs")
+UNARY += ("Sign", "Floor", "Ceil", "Round")
+
 # -- sharding rules ------------------------------------------------------------------
 # Pointwise and nonlinear: any axis may be sharded, Partial values may not pass.
 
-for _name in ("Pow", "Sqrt", "Rsqrt", "Exp", "Sigmoid", "Sin", "Cos", "Erf"):
+for _name in UNARY:
     fx.attach(_name, lambda c: fx.same_axes(c, linear=()))
+fx.attach("Power", lambda c: fx.elementwise(c, linear=()))
 fx.attach("SigmoidGrad", lambda c: fx.elementwise(c, linear=[(1,)]))
 fx.attach("Where", lambda c: fx.elementwise(c, linear=()))
 
@@ -183,6 +223,26 @@ def _attach_gradient_rules() -> None:
         slope = b.call("Scale", bell, factor=2.0 / math.sqrt(math.pi))
         return b.call("Mul", dy, slope, name=name)
 
+    def log(b, op, x, y, dy, name):
+        return b.call("Div", dy, x, name=name)
+
+    def abs_(b, op, x, y, dy, name):  # torch's: dy * sign(x), nothing at 0
+        return b.call("Mul", dy, b.call("Sign", x, name=f"{name}_sign"), name=name)
+
+    def power(b, op, ins, outs, dys):  # d a^b = b a^(b-1) da + log(a) a^b db
+        (dy,) = dys
+        if dy is None:
+            return [None, None]
+        a, e = ins
+        one = b.call("Constant", value=1.0, dtype=a.type.dtype.value, device=a.type.device)
+        lower = b.call("Power", a, b.call("Sub", e, one), name=f"{gname(a)}_pow")
+        ga = b.call("Mul", dy, b.call("Mul", e, lower), name=f"{gname(a)}_mul")
+        gb = b.call("Mul", dy, b.call("Mul", outs[0], b.call("Log", a)), name=f"{gname(e)}_mul")
+        return [unbroadcast(b, ga, a.type, gname(a)), unbroadcast(b, gb, e.type, gname(e))]
+
+    def flat(b, op, ins, outs, dys):  # piecewise constant: nothing flows back
+        return [None]
+
     def where(b, op, ins, outs, dys):
         (dy,) = dys
         if dy is None:
@@ -204,8 +264,13 @@ def _attach_gradient_rules() -> None:
         ("Sin", sin),
         ("Cos", cos),
         ("Erf", erf),
+        ("Log", log),
+        ("Abs", abs_),
     ]:
         attach_rule(name, "gradient_rule", unary(fn))
+    for name in ("Sign", "Floor", "Ceil", "Round"):
+        attach_rule(name, "gradient_rule", flat)
+    attach_rule("Power", "gradient_rule", power)
     attach_rule("Where", "gradient_rule", where)
 
 

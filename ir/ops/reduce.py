@@ -1,5 +1,5 @@
-"""Sums and broadcasts: ``Sum`` (of several tensors), ``ReduceSum`` and ``ReduceMean``
-(over axes) and ``BroadcastTo`` (their gradient).
+"""Sums and broadcasts: ``Sum`` (of several tensors), ``ReduceSum``, ``ReduceMean``,
+``ReduceMax`` and ``ReduceMin`` (over axes) and ``BroadcastTo`` (their gradient).
 
 They run on one device (``OpKind.COMPUTE``). ``Sum`` accepts either several
 tensors or one tuple of them, as the seeds write both.
@@ -149,6 +149,31 @@ register_op(
 )
 
 
+for _name, _fn, _what in (("ReduceMax", np.max, "Largest"), ("ReduceMin", np.min, "Smallest")):
+    register_op(
+        OpDef(
+            name=_name,
+            operands=("x",),
+            results=("y",),
+            type_rule=_reduce_sum_types,
+            kernel=_reduce_kernel(_fn),
+            cost_rule=lambda c: memory_cost(c, c.input_types[0].num_elements),
+            attributes=(
+                Attr("axes", None, "axes to reduce; None reduces all of them", kind=kinds.AXES),
+                Attr("keepdims", False, "keep the reduced axes with size 1", kind=kinds.BOOL),
+            ),
+            doc=f"{_what} element of x over axes (ties share the gradient, as torch's amax).",
+            extra={
+                "examples": lambda s: [
+                    ctx(t(2 * s, 3), axes=(0,)),
+                    ctx(t(2, s, 3), axes=(-1,), keepdims=True),
+                    ctx(t(s, 4)),
+                ]
+            },
+        )
+    )
+
+
 def _broadcast_to_types(c: TypeContext):
     x = tensor(c, 0, "x")
     shape = tuple(int(d) for d in c.attributes["shape"])
@@ -233,6 +258,8 @@ def _reduce_mean_sharding(c: TypeContext) -> dict:
 
 fx.attach("Sum", _sum_sharding)
 fx.attach("ReduceMean", _reduce_mean_sharding)
+fx.attach("ReduceMax", _reduce_mean_sharding)  # reduced axes whole, as a mean's
+fx.attach("ReduceMin", _reduce_mean_sharding)
 fx.attach("ReduceSum", _reduce_sum_sharding)
 fx.attach("BroadcastTo", _broadcast_to_sharding)
 
@@ -266,6 +293,20 @@ def _attach_gradient_rules() -> None:
         spread = reduce_sum(b, op, x, dy, f"{name}_spread")
         return b.call("Scale", spread, factor=1.0 / max(count, 1), name=name)
 
+    def reduce_extreme(b, op, ins, outs, dys):
+        """dy to the elements equal to the extreme, shared evenly among ties (torch's amax)."""
+        ((x,), (y,), (dy,)) = ins, outs, dys
+        if dy is None:
+            return [None]
+        name = gname(x)
+        axes = _axes(x.type, op.attributes["axes"])
+        kept = tuple(1 if i in axes else d for i, d in enumerate(x.type.shape))
+        extreme = b.call("Reshape", y, shape=kept, name=f"{name}_y") if y.type.shape != kept else y
+        hit = b.call("Cast", b.call("Compare", x, extreme, kind="eq"), dtype=x.type.dtype.value)
+        count = b.call("ReduceSum", hit, axes=axes, keepdims=True, name=f"{name}_ties")
+        share = b.call("Div", hit, count, name=f"{name}_share")
+        return [b.call("Mul", share, reduce_sum(b, op, x, dy, f"{name}_spread"), name=name)]
+
     def broadcast_to(b, op, x, dy, name):
         return unbroadcast(b, dy, x.type, name)
 
@@ -280,6 +321,8 @@ def _attach_gradient_rules() -> None:
 
     attach_rule("ReduceSum", "gradient_rule", unary(reduce_sum))
     attach_rule("ReduceMean", "gradient_rule", unary(reduce_mean))
+    attach_rule("ReduceMax", "gradient_rule", reduce_extreme)
+    attach_rule("ReduceMin", "gradient_rule", reduce_extreme)
     attach_rule("BroadcastTo", "gradient_rule", unary(broadcast_to))
     attach_rule("Sum", "gradient_rule", sum_)
 
