@@ -152,6 +152,17 @@ def _same(got, want, rtol: float, atol: float) -> str:
     return ""
 
 
+def _array(a):
+    """A data set's tensor as an array (None for sequences, maps and optionals)."""
+    import onnx
+
+    if isinstance(a, onnx.TensorProto):
+        return onnx.numpy_helper.to_array(a)
+    if isinstance(a, (np.ndarray, np.generic)):
+        return np.asarray(a)
+    return None
+
+
 def run_case(case: Case) -> Result:
     """Import, execute and compare one case."""
     import onnx
@@ -162,10 +173,9 @@ def run_case(case: Case) -> Result:
     names = [v.name for v in case.model.graph.input]
     outputs = [v.name for v in case.model.graph.output]
     for inputs, expected in case.data_sets:
-        if any(not isinstance(a, np.ndarray) for a in [*inputs, *expected]):
-            feeds = None  # sequences and optionals: the importer must refuse the model
-        else:
-            feeds = dict(zip(names, inputs))
+        inputs, expected = [_array(a) for a in inputs], [_array(a) for a in expected]
+        tensors = all(a is not None for a in [*inputs, *expected])
+        feeds = dict(zip(names, inputs)) if tensors else None  # sequences, optionals: refuse
         model = case.model
         if feeds is not None:
             model, feeds = with_constant_operands(model, feeds)

@@ -6,11 +6,12 @@ onnx, onnxruntime); they are imported when an importer runs, not with ``ir``.
 
 from __future__ import annotations
 
-from .onnx import OnnxAnnotationError, OnnxError, from_onnx, to_onnx
+from .onnx import OnnxAnnotationError, OnnxConversionWarning, OnnxError, from_onnx, to_onnx
 from .torch_export import TorchImportError, UnsupportedOpsError, from_torch, weight_name
 
 __all__ = [
     "OnnxAnnotationError",
+    "OnnxConversionWarning",
     "OnnxError",
     "TorchImportError",
     "UnsupportedOpsError",

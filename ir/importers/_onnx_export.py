@@ -40,10 +40,10 @@ def dtype_of(onnx, elem: int) -> DType:
         if getattr(onnx.TensorProto, name) == elem:
             return dtype
     name = onnx.TensorProto.DataType.Name(elem) if elem else "UNDEFINED"
-    raise _error(f"element type {name} has no DistIR dtype (one of {sorted(_ELEM.values())})")
+    raise error(f"element type {name} has no DistIR dtype (one of {sorted(_ELEM.values())})")
 
 
-def _error(message: str) -> DistIRError:
+def error(message: str) -> DistIRError:
     from .onnx import OnnxError
 
     return OnnxError(message)
@@ -142,7 +142,11 @@ def _emit_pad(em, op, ins, outs):
     pads = [0] * (2 * rank)
     axis = op.attributes["axis"] % rank
     pads[axis], pads[rank + axis] = op.attributes["before"], op.attributes["after"]
-    em.node("Pad", [ins[0], em.const(np.asarray(pads, np.int64), "pads")], outs)
+    operands = [ins[0], em.const(np.asarray(pads, np.int64), "pads")]
+    if op.attributes["value"] != 0:
+        value = np.asarray(op.attributes["value"], _np(op.inputs[0].type))
+        operands.append(em.const(value, "value"))
+    em.node("Pad", operands, outs)
 
 
 def _nchw(em, op, ins, outs, onnx_op: str, weights: list[str], **attrs) -> None:
@@ -155,10 +159,14 @@ def _nchw(em, op, ins, outs, onnx_op: str, weights: list[str], **attrs) -> None:
 
 
 def _window_attributes(op, kernel: tuple[int, int]) -> dict:
-    from ..ops.conv import window_geometry
+    from ..ops.conv import conv_dilation, window_geometry
 
     _, stride, (top, bottom, left, right) = window_geometry(op.attributes, kernel)
-    return {"pads": [top, left, bottom, right], "strides": list(stride)}
+    out = {"pads": [top, left, bottom, right], "strides": list(stride)}
+    if "groups" in op.attributes:  # convolutions
+        out["dilations"] = list(conv_dilation(op.attributes))
+        out["group"] = op.attributes["groups"]
+    return out
 
 
 def _emit_conv(em, op, ins, outs):
@@ -166,6 +174,34 @@ def _emit_conv(em, op, ins, outs):
     w = em.fresh("oihw")
     em.node("Transpose", [ins[1]], [w], perm=[3, 2, 0, 1])
     _nchw(em, op, ins, outs, "Conv", [w], **_window_attributes(op, kernel))
+
+
+def _emit_conv_transpose(em, op, ins, outs):
+    from ..ops.conv_transpose import _output_padding
+
+    kernel = op.inputs[1].type.shape[:2]
+    w = em.fresh("iohw")  # (Kh, Kw, Cout / groups, Cin) -> ONNX's (Cin, Cout / groups, Kh, Kw)
+    em.node("Transpose", [ins[1]], [w], perm=[3, 2, 0, 1])
+    attrs = _window_attributes(op, kernel)
+    attrs["output_padding"] = list(_output_padding(op.attributes))
+    _nchw(em, op, ins, outs, "ConvTranspose", [w], **attrs)
+
+
+_COMPARISONS = {"eq": "Equal", "lt": "Less", "le": "LessOrEqual", "gt": "Greater"}
+
+
+def _emit_compare(em, op, ins, outs):
+    kind = op.attributes["kind"]
+    if kind == "ne":
+        same = em.fresh("equal")
+        em.node("Equal", ins, [same])
+        em.node("Not", [same], outs)
+        return
+    em.node(_COMPARISONS.get(kind, "GreaterOrEqual"), ins, outs)
+
+
+def _emit_power(em, op, ins, outs):
+    em.node("Pow", ins, outs)
 
 
 def _emit_pool(onnx_op: str, **extra):
@@ -181,7 +217,7 @@ def _emit_pool(onnx_op: str, **extra):
 
 def _emit_concat(em, op, ins, outs):
     if any(not isinstance(v.type, TensorType) for v in op.inputs):
-        raise _error(f"Concat {outs[0]!r} reads a tuple: export the logical program")
+        raise error(f"Concat {outs[0]!r} reads a tuple: export the logical program")
     em.node("Concat", ins, outs, axis=op.attributes["dim"])
 
 
@@ -268,6 +304,13 @@ SAME_NAMES = (
     "Identity",
     "MatMul",
     "Where",
+    "Log",
+    "Abs",
+    "Sign",
+    "Floor",
+    "Ceil",
+    "Round",
+    "Not",
 )
 
 EXPORTS: dict[str, Callable[..., None]] = {
@@ -293,6 +336,14 @@ EXPORTS: dict[str, Callable[..., None]] = {
     ),
     "ReduceSum": _emit_reduce("ReduceSum"),
     "ReduceMean": _emit_reduce("ReduceMean"),
+    "ReduceMax": _emit_reduce("ReduceMax"),
+    "ReduceMin": _emit_reduce("ReduceMin"),
+    "Maximum": lambda em, op, ins, outs: em.node("Max", ins, outs),
+    "Minimum": lambda em, op, ins, outs: em.node("Min", ins, outs),
+    "Compare": _emit_compare,
+    "Logical": lambda em, op, ins, outs: em.node(op.attributes["kind"].capitalize(), ins, outs),
+    "Power": _emit_power,
+    "ConvTranspose2D": _emit_conv_transpose,
     "Slice": _emit_slice,
     "Pad": _emit_pad,
     "Conv2D": _emit_conv,

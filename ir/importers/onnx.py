@@ -34,12 +34,20 @@ from ..value import Value
 from . import _onnx_export as out
 from . import _onnx_import as read
 from . import onnx_devices as dev
+from ._onnx_import import static_operands
+from ._onnx_opset import OnnxConversionWarning, prepared
 
-__all__ = ["OPSETS", "OnnxAnnotationError", "OnnxError", "from_onnx", "to_onnx"]
+__all__ = [
+    "OnnxAnnotationError",
+    "OnnxConversionWarning",
+    "OnnxError",
+    "from_onnx",
+    "static_operands",
+    "to_onnx",
+]
 
 OnnxAnnotationError = dev.OnnxAnnotationError
 OPSET = 20  # what to_onnx writes (Gelu's tanh form needs 20)
-OPSETS = range(18, 24)  # what from_onnx reads (ReduceMean's axes operand needs 18)
 IR_VERSION = 11  # the multi-device protos arrived in IR version 11
 CONFIGURATION = "distir"
 
@@ -282,35 +290,22 @@ def from_onnx(path_or_model, *, configuration: str | None = None):
     initializers (``weights`` maps input names to arrays; the function's other
     inputs are the model's plain graph inputs). Seed 001's annotations of
     ``configuration`` (default: the model's only one) come back as
-    ``ShardAnnotate`` and ``PipelineStage`` ops.
+    ``ShardAnnotate`` and ``PipelineStage`` ops. Files of opset 7 to 12 are converted
+    to opset 13 by ``onnx.version_converter`` first (an :class:`OnnxConversionWarning`
+    says so). Every node that cannot be read is listed in one :class:`OnnxError`.
     """
     onnx, model, where = _load(path_or_model)
     try:
         onnx.checker.check_model(model)
     except Exception as e:
         raise OnnxError(f"{where} is not valid ONNX: {e}") from None
-    _check_opset(model, where)
-    reader = read.Reader(onnx, model, where)
+    model, opset = prepared(onnx, model, where, OnnxError)
+    reader = read.Reader(onnx, model, where, opset)
     function, weights = reader.build()
     shapes = {name: v.type.shape for name, v in reader.values.items()}
     dev.check_annotations(model, shapes)
     function = _read_annotations(model, function, reader, configuration)
     return (function, weights) if weights else function
-
-
-def _check_opset(model, where: str) -> None:
-    for entry in model.opset_import:
-        if entry.domain not in ("", "ai.onnx"):
-            raise OnnxError(
-                f"{where}: opset_import domain {entry.domain!r} is not one the importer reads "
-                "(the standard domain only)"
-            )
-        if entry.version not in OPSETS:
-            raise OnnxError(
-                f"{where}: opset_import version {entry.version} is not one the importer reads "
-                f"({OPSETS.start}..{OPSETS.stop - 1}); convert the model with "
-                "onnx.version_converter.convert_version"
-            )
 
 
 def _read_annotations(model, function: Function, reader, configuration: str | None):
@@ -333,8 +328,10 @@ def _read_annotations(model, function: Function, reader, configuration: str | No
     for i, node in enumerate(model.graph.node):
         stage, specs = dev.stage_and_specs(node, configuration)
         label = dev.node_label(node, i)
-        if stage is not None and node.output:
-            stages[reader.values[node.output[0]].name] = stage
+        inputs = set(function.inputs)
+        computed = [o for o in node.output if o in reader.values and reader.values[o] not in inputs]
+        if stage is not None and computed:  # a helper Constant's stage is its reader's
+            stages[reader.values[computed[0]].name] = stage
         for j, spec in enumerate(specs):
             field = f"node {label} sharding_spec[{j}]"
             if spec.tensor_name not in reader.values:

@@ -207,27 +207,6 @@ def test_corrupt_and_truncated_files_get_a_project_error(tmp_path):
         ir.from_onnx(tmp_path / "missing.onnx")
 
 
-def test_an_opset_the_importer_does_not_know_is_refused():
-    model = ir.to_onnx(_mlp())
-    model.opset_import[0].version = 11
-    with pytest.raises(OnnxError, match=r"opset_import version 11 .*version_converter"):
-        ir.from_onnx(model)
-
-
-def test_unknown_ops_are_listed_together():
-    x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])
-    y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])
-    nodes = [
-        onnx.helper.make_node("Abs", ["x"], ["a"], name="abs0"),
-        onnx.helper.make_node("Floor", ["a"], ["b"], name="floor0"),
-        onnx.helper.make_node("Abs", ["b"], ["y"], name="abs1"),
-    ]
-    graph = onnx.helper.make_graph(nodes, "g", [x], [y])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 20)])
-    with pytest.raises(OnnxError, match=r"Abs x2 \(first: node 'abs0'\); Floor x1"):
-        ir.from_onnx(model)
-
-
 def _sharded_model():
     f = annotate(_mlp(), {"w1": (Mesh((2,)), [S(1)]), "h": (Mesh((2,)), [S(1)])})
     return ir.to_onnx(f)

@@ -135,17 +135,49 @@ def test_a_3d_attention_with_head_counts_imports_equal_to_onnxruntime():
 
 
 @pytest.mark.parametrize(
-    ("names", "attrs", "message"),
+    ("names", "outputs", "attrs", "message"),
     [
-        (["q", "k", "v", "", "pk", "pv"], {}, "past_key/past_value"),
-        (["q", "k", "v"], {"is_causal": 1}, "is_causal with 2 queries and 5 keys"),
-        (["q", "k", "v"], {"softcap": 30.0}, "softcap"),
+        (["q", "k", "v"], ["y"], {"softcap": 30.0}, "softcap=30.0"),
+        (["q", "k", "v"], ["y", "", "", "qk"], {}, "the qk_matmul_output output"),
     ],
 )
-def test_attention_the_importer_cannot_read_is_refused_naming_the_node(names, attrs, message):
-    shapes = {"q": [1, 2, 2, 4], "k": [1, 2, 5, 4], "v": [1, 2, 5, 4]}
-    shapes.update({"pk": [1, 2, 3, 4], "pv": [1, 2, 3, 4]})
-    inputs = [(n, shapes[n]) for n in names if n]
-    node = onnx.helper.make_node("Attention", names, ["y"], name="attn", **attrs)
-    with pytest.raises(OnnxError, match=f"node 'attn' \\(Attention\\): .*{message}"):
-        ir.from_onnx(_node_model(inputs, node, [1, 2, 2, 4]))
+def test_attention_the_importer_cannot_read_is_refused_naming_the_node(
+    names, outputs, attrs, message
+):
+    inputs = [("q", [1, 2, 2, 4]), ("k", [1, 2, 5, 4]), ("v", [1, 2, 5, 4])]
+    node = onnx.helper.make_node("Attention", names, outputs, name="attn", **attrs)
+    model = _node_model(inputs, node, [1, 2, 2, 4])
+    if len(outputs) > 1:
+        info = onnx.helper.make_tensor_value_info("qk", onnx.TensorProto.FLOAT, [1, 2, 2, 5])
+        model.graph.output.append(info)
+    with pytest.raises(OnnxError, match=f"Attention-23 x1 \\(first: node 'attn'\\): {message}"):
+        ir.from_onnx(model)
+
+
+def test_a_cached_and_a_top_left_causal_attention_import_equal_to_onnxruntime():
+    """A KV cache (past_key, past_value): concatenated, the present outputs, the causal
+    diagonal bottom-right; no cache and 2 queries over 5 keys: ONNX's top-left diagonal,
+    read as an explicit mask."""
+    helper, tp = onnx.helper, onnx.TensorProto
+    shapes = {"q": [1, 2, 2, 4], "k": [1, 2, 2, 4], "v": [1, 2, 2, 4]}
+    shapes.update({"pk": [1, 2, 3, 4], "pv": [1, 2, 3, 4], "k5": [1, 2, 5, 4], "v5": [1, 2, 5, 4]})
+    nodes = [
+        helper.make_node(
+            "Attention", ["q", "k", "v", "", "pk", "pv"], ["y", "kk", "vv"], is_causal=1
+        ),
+        helper.make_node("Attention", ["q", "k5", "v5"], ["z"], is_causal=1),
+    ]
+    outputs = {"y": [1, 2, 2, 4], "kk": [1, 2, 5, 4], "vv": [1, 2, 5, 4], "z": [1, 2, 2, 4]}
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info(n, tp.FLOAT, s) for n, s in shapes.items()],
+        [helper.make_tensor_value_info(n, tp.FLOAT, s) for n, s in outputs.items()],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
+    rng = np.random.default_rng(2)
+    feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
+    f = ir.from_onnx(model)
+    assert [op.op_type for op in f.ops].count("Attention") == 2
+    for g, w in zip(ir.execute(f, feeds), _session(model).run(None, feeds), strict=True):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
