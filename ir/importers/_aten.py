@@ -21,6 +21,16 @@ from typing import Any
 from ..types import DType
 from ..value import Value
 
+TORCH_DTYPES = {  # torch's dtype names -> DistIR's
+    "torch.float32": DType.float32,
+    "torch.float64": DType.float64,
+    "torch.float16": DType.float16,
+    "torch.bfloat16": DType.bfloat16,
+    "torch.int64": DType.int64,
+    "torch.int32": DType.int32,
+    "torch.bool": DType.bool,
+}
+
 
 class Unsupported(Exception):  # noqa: N818  (internal signal, never escapes the importer)
     """The node's op or arguments have no registry translation; ``reason`` says why."""
@@ -34,11 +44,30 @@ class Lowering:
     promotion keeps the tensor's dtype).
     """
 
-    def __init__(self, builder, values: dict, dtype_of: Callable[[Any], DType], device) -> None:
+    def __init__(
+        self,
+        builder,
+        values: dict,
+        dtype_of: Callable[[Any], DType],
+        device,
+        lift: Callable[[Any, str], Value] | None = None,
+    ) -> None:
         self.b = builder
         self.values = values
         self.dtype_of = dtype_of  # fx node -> DType of its result (from torch's metadata)
         self.device = device
+        self._lift = lift  # (array, name) -> an input of the program holding the array
+
+    def lifted(self, array, name: str) -> Value:
+        """A constant array as the program sees it: a ``Constant`` op when uniform, else a
+        lifted constant (an input ``const_<name>`` whose array the import returns)."""
+        if array.size and (array == array.reshape(-1)[0]).all():
+            return self.constant(
+                array.reshape(-1)[0].item(), DType.from_numpy(array.dtype), array.shape
+            )
+        if self._lift is None:
+            raise Unsupported("a constant tensor, which this lowering cannot lift")
+        return self._lift(array, name)
 
     def value(self, arg, like: DType | None = None) -> Value:
         if isinstance(arg, (bool, int, float)):
@@ -65,6 +94,22 @@ class Lowering:
         """Tensor or scalar operands of an elementwise op, cast to the node's result dtype."""
         out = self.dtype_of(node)
         return [self.cast(self.value(a, out), out) for a in args]
+
+    def promoted(self, *args) -> DType:
+        """The dtype torch computes an op on ``args`` in (fx nodes or Python numbers): a
+        comparison's operands meet there, not at its bool result."""
+        import torch
+
+        vals = [a.meta["val"] if hasattr(a, "meta") else a for a in args]
+        result = torch.result_type(*vals) if len(vals) == 2 else vals[0].dtype
+        if str(result) not in TORCH_DTYPES:
+            raise Unsupported(f"dtype {result}")
+        return TORCH_DTYPES[str(result)]
+
+    def common(self, *args) -> list[Value]:
+        """``args`` as Values of their promoted dtype (:meth:`promoted`)."""
+        dtype = self.promoted(*args)
+        return [self.cast(self.value(a, dtype), dtype) for a in args]
 
     def call(self, op_type: str, *inputs: Value, node=None, **attributes) -> Value:
         return self.b.call(
@@ -383,6 +428,12 @@ CHECKS = frozenset(
 )
 
 # Convolutions, batch norm and pooling (NCHW in torch, NHWC in the registry).
-from ._aten_conv import TABLE as _CONV  # noqa: E402  (it reads Lowering from above)
+from ._aten_attention import TABLE as _ATTENTION  # noqa: E402  (they read Lowering above)
+from ._aten_conv import TABLE as _CONV  # noqa: E402
+from ._aten_index import TABLE as _INDEX  # noqa: E402
+from ._aten_scalar import TABLE as _SCALAR  # noqa: E402
 
 TABLE.update(_CONV)
+TABLE.update(_SCALAR)
+TABLE.update(_INDEX)
+TABLE.update(_ATTENTION)

@@ -1,7 +1,9 @@
 """``from_torch``: a PyTorch module, through ``torch.export``, as a verified ``Function``.
 
-The module is exported (``torch.export.export``) and decomposed to torch's core
-ATen op set (``run_decompositions``). Then:
+The module is exported (``torch.export.export``; a Hugging Face model's key/value
+caches are registered as pytrees first, so that their tensors are outputs) and
+decomposed to torch's core ATen op set (``run_decompositions``), scaled dot-product
+attention kept whole. Then:
 
 * parameters, buffers and the program's constant tensors become named inputs, in
   the exported program's order; their names are the state-dict names made valid
@@ -20,7 +22,12 @@ ATen op set (``run_decompositions``). Then:
 
 ATen ops without an entry are collected over the whole graph and reported
 together in one :class:`UnsupportedOpsError`: each op with its count and the
-source line torch recorded for it.
+source line torch recorded for it. The nodes after an unsupported one are still
+lowered (on a placeholder of the type torch recorded), so that every unsupported op
+is listed at once.
+
+Weights are not copied: each array is a view of the module's own tensor (bfloat16
+through ``ml_dtypes``), so an imported program holds no second copy of the model.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from ..builder import FunctionBuilder
 from ..errors import DistIRError
 from ..function import Function
 from ..types import DType, TensorType
+from ..value import Value
 from ..verify import verify
 from . import _aten
 from ._fold import fold_batched_matmuls
@@ -109,28 +117,69 @@ def from_torch(
 
 
 def _export(torch, module, example_inputs: tuple, label: str):
+    _register_caches(module)
     try:
         program = torch.export.export(module, example_inputs)
-        return program.run_decompositions()
     except Exception as e:  # torch raises many kinds: report its reason, with the module
-        reason = str(e).strip().splitlines()
-        shown = "\n    ".join(reason[:12]) if reason else type(e).__name__
-        raise TorchImportError(
-            f"torch.export could not trace {label} ({type(e).__name__}):\n    {shown}\n"
-            "Make the forward traceable (no data-dependent Python control flow, outputs "
+        advice = (
+            "Pass use_cache=False (a wrapper module that calls the model with it): its "
+            "key/value cache is a type torch cannot flatten"
+            if "Cache" in str(e)
+            else "Make the forward traceable (no data-dependent Python control flow, outputs "
             "that are tensors or tuples of them), or wrap it in a module that is."
+        )
+        raise TorchImportError(
+            f"torch.export could not trace {label} ({type(e).__name__}):\n    {_reason(e)}\n"
+            + advice
+        ) from e
+    table = torch.export.default_decompositions()
+    for op in [op for op in table if any(k in str(op) for k in _KEPT)]:
+        del table[op]  # attention stays one op, not its math; pooling not a strided view
+    try:
+        return program.run_decompositions(table)
+    except Exception as e:
+        raise TorchImportError(
+            f"torch.export traced {label}, but torch's own decomposition to core ATen "
+            f"(run_decompositions) failed ({type(e).__name__}):\n    {_reason(e)}\n"
+            "The module is traceable: this is a torch limitation; please report it with "
+            "the module."
         ) from e
 
 
-_DTYPES = {
-    "torch.float32": DType.float32,
-    "torch.float64": DType.float64,
-    "torch.float16": DType.float16,
-    "torch.bfloat16": DType.bfloat16,
-    "torch.int64": DType.int64,
-    "torch.int32": DType.int32,
-    "torch.bool": DType.bool,
-}
+# ATen ops kept whole (their decomposition is worse to read): fused attention, and 1-d
+# adaptive pooling (an as_strided view)
+_KEPT = ("scaled_dot_product", "adaptive_avg_pool1d")
+
+
+def _reason(e: Exception) -> str:
+    reason = str(e).strip().splitlines()
+    return "\n    ".join(reason[:12]) if reason else type(e).__name__
+
+
+def _register_caches(module) -> None:
+    """Hugging Face key/value caches as pytrees: their tensors become program outputs."""
+    if "transformers" not in type(module).__module__ and not any(
+        "transformers" in type(m).__module__ for m in module.modules()
+    ):
+        return
+    try:
+        from transformers.exporters.exporter_dynamo import register_cache_pytrees_for_model
+    except ImportError:  # older transformers: the DynamicCache only
+        try:
+            from transformers.integrations.executorch import (
+                register_dynamic_cache_export_support,
+            )
+        except ImportError:
+            return
+        register_dynamic_cache_export_support()
+        return
+    for m in module.modules():
+        if "transformers" in type(m).__module__:
+            register_cache_pytrees_for_model(m)
+            return
+
+
+_DTYPES = _aten.TORCH_DTYPES
 
 
 def _source_line(node) -> str:
@@ -167,12 +216,14 @@ class _Importer:
         return _DTYPES[key]
 
     def array(self, tensor) -> np.ndarray | None:
+        """The tensor's data as an array that shares its memory (no copy for a contiguous
+        CPU tensor; bfloat16 through ml_dtypes); None on the meta device."""
         if tensor.device.type == "meta":
             return None  # shapes only: a model too big to hold, for simulation
-        tensor = tensor.detach().cpu()
+        tensor = tensor.detach().cpu().contiguous()
         if str(tensor.dtype) == "torch.bfloat16":
-            return tensor.float().numpy().astype(DType.bfloat16.numpy)
-        return tensor.numpy().copy()
+            return tensor.view(self.torch.int16).numpy().view(DType.bfloat16.numpy)
+        return tensor.numpy()
 
     # -- the walk ---------------------------------------------------------------------
 
@@ -193,10 +244,17 @@ class _Importer:
                 out[node] = self.program.constants[spec.target]
         return out
 
-    def _fold(self) -> dict:
-        """Nodes that read no placeholder, evaluated by torch (``arange``, masks, ...)."""
+    def _fold(self, placeholders: dict) -> dict:
+        """Nodes that read no placeholder but torch's lifted constants, evaluated by torch
+        (``arange``, masks, a sliding window's size, ...)."""
         torch = self.torch
         folded: dict = {}
+        specs = self.program.graph_signature.input_specs
+        nodes = [n for n in self.graph.nodes if n.op == "placeholder"]
+        for node, spec in zip(nodes, specs):
+            tensor = placeholders[node]
+            if spec.kind.name == "CONSTANT_TENSOR" and tensor.device.type != "meta":
+                folded[node] = tensor
         for node in self.graph.nodes:
             if node.op != "call_function" or str(node.target) in _aten.CHECKS:
                 continue
@@ -212,7 +270,7 @@ class _Importer:
 
     def run(self, name: str) -> tuple[Function, list[np.ndarray | None]]:
         placeholders = self._placeholder_arrays()
-        folded = self._fold()
+        folded = self._fold(placeholders)
         specs = self.program.graph_signature.input_specs
         b = FunctionBuilder(name)
         values: dict = {}
@@ -240,9 +298,21 @@ class _Importer:
         for node, spec in zip(nodes, specs):
             if spec.kind.name == "USER_INPUT":
                 user_nodes.append(node)
-            else:
+            elif node not in folded:  # a lifted constant is folded like computed ones
                 declare(node, weight_name(spec.target or node.name), placeholders[node])
-        lowering = _aten.Lowering(b, values, self.dtype, self.device)
+
+        def lift(array: np.ndarray, label: str) -> Value:
+            hint = f"const_{label}"
+            k = 1
+            while hint in taken:
+                hint, k = f"const_{label}_{k}", k + 1
+            taken.add(hint)
+            arguments.append(array)
+            return b.input(
+                hint, TensorType(array.shape, DType.from_numpy(array.dtype), self.device)
+            )
+
+        lowering = _aten.Lowering(b, values, self.dtype, self.device, lift)
         live_consts = self._lifted(folded)
         for node in user_nodes:
             declare(node, node.name, placeholders[node])
@@ -259,7 +329,7 @@ class _Importer:
         problems = self._lower(lowering, values, folded)
         if problems:
             raise UnsupportedOpsError(self.label, problems)
-        outputs = self._outputs(values)
+        outputs = self._outputs(values, lowering)
         return fold_batched_matmuls(verify(b.finish(outputs))), arguments
 
     def _lifted(self, folded: dict) -> list:
@@ -282,20 +352,41 @@ class _Importer:
             if target in _aten.CHECKS:
                 continue
             if any(n in poisoned for n in node.all_input_nodes):
-                poisoned.add(node)  # already reported at its cause
+                poisoned.add(node)  # its operand's type is unknown: reported at the cause
                 continue
             try:
                 values[node] = self._lower_one(lowering, node, target, values)
+                continue
             except _aten.Unsupported as e:
                 key = target if not str(e) else f"{target} ({e})"
-                counts[key] += 1
-                where.setdefault(key, _source_line(node))
+            except DistIRError as e:  # a registry op refused the operands: say which
+                key = f"{target} (a registry op refused it: {e})"
+            counts[key] += 1
+            where.setdefault(key, _source_line(node))
+            # later nodes are still lowered, on a placeholder of the type torch recorded
+            placeholder = self._placeholder(lowering.b, node)
+            if placeholder is None:
                 poisoned.add(node)
-            except DistIRError as e:  # a registry op refused the operands: say where
-                raise TorchImportError(
-                    f"{self.label}: node {node.name} ({target}) at {_source_line(node)}: {e}"
-                ) from e
+            else:
+                values[node] = placeholder
         return {k: (counts[k], where[k]) for k in counts}
+
+    def _placeholder(self, b: FunctionBuilder, node):
+        """A stand-in input of ``node``'s recorded type(s), or None when it has none."""
+        val = node.meta.get("val")
+        items = val if isinstance(val, (tuple, list)) else [val]
+        out = []
+        for k, item in enumerate(items):
+            key = str(getattr(item, "dtype", None))
+            if not hasattr(item, "shape") or key not in _DTYPES:
+                out.append(None)
+                continue
+            shape = tuple(int(d) for d in item.shape)
+            t = TensorType(shape, _DTYPES[key], self.device)
+            out.append(b.input(f"unread_{node.name}_{k}", t))
+        if isinstance(val, (tuple, list)):
+            return tuple(out)
+        return out[0]
 
     def _lower_one(self, lowering, node, target: str, values: dict):
         if target == "<built-in function getitem>":
@@ -308,7 +399,7 @@ class _Importer:
             raise _aten.Unsupported("")
         return fn(lowering, node)
 
-    def _outputs(self, values: dict) -> list:
+    def _outputs(self, values: dict, lowering: _aten.Lowering) -> list:
         (output,) = [n for n in self.graph.nodes if n.op == "output"]
         specs = self.program.graph_signature.output_specs
         outs = []
@@ -318,5 +409,10 @@ class _Importer:
                     f"{self.label}: the program writes {spec.kind.name.lower()} "
                     f"{spec.target!r}; export it in eval mode (no state updates)"
                 )
+            if node is None:
+                continue  # an output torch keeps as None (an absent optional tensor)
+            if not hasattr(node, "op"):  # a number the forward returns
+                outs.append(lowering.value(node))
+                continue
             outs.append(values[node])
         return outs
