@@ -92,4 +92,112 @@ def fold_batched_matmuls(f: Function) -> Function:
     return verify(b.finish([env[v] for v in f.outputs]))
 
 
-__all__ = ["fold_batched_matmuls"]
+# -- broadcasts that nothing needs -------------------------------------------------------
+# torch materialises broadcasts (an ``expand`` of the token type ids to the batch, an
+# all-true attention mask of the batch's shape) that the registry's broadcasting ops do
+# for free. Such a value is "whole-batch" though it is made from no batch input, which
+# the pipeline transforms cannot slice per microbatch; dropping it also saves its bytes.
+
+
+def _broadcast_source(f: Function, v: Value):
+    """``("value", s)`` when ``v`` is ``BroadcastTo(s)``, ``("constant", op)`` when a
+    Constant makes it, else None."""
+    op = f.producers.get(v)
+    if op is None:
+        return None
+    if op.op_type == "BroadcastTo":
+        return ("value", op.inputs[0])
+    if op.op_type == "Constant" and op.outputs[0].type.rank:
+        return ("constant", op)
+    return None
+
+
+def _needless(f: Function, v: Value, shape: tuple[int, ...]) -> bool:
+    """Every reader of ``v`` broadcasts and keeps its result shape with ``shape`` for ``v``."""
+    import numpy as np
+
+    from ..registry import get_op
+
+    readers = f.consumers.get(v, [])
+    if not readers or v in f.outputs:
+        return False
+    for r in readers:
+        if not get_op(r.op_type).extra.get("broadcasting"):
+            return False
+        shapes = [shape if u is v else u.type.shape for u in r.inputs]
+        try:
+            if tuple(np.broadcast_shapes(*shapes)) != r.outputs[0].type.shape:
+                return False
+        except ValueError:
+            return False
+    return True
+
+
+def drop_broadcasts(f: Function) -> Function:
+    """``f`` without the broadcasts its broadcasting ops make anyway: a ``BroadcastTo``
+    read only by such ops is dropped, a uniform ``Constant`` becomes a scalar, an
+    ``Embedding`` of broadcast ids looks up the ids once and broadcasts the rows, and a
+    ``Where`` on a uniform condition (an all-true mask) is the operand it picks."""
+    for _ in range(3):  # an Embedding's new broadcast may be dropped on the next pass
+        g = _drop_once(f)
+        if g is f:
+            return f
+        f = g
+    return f
+
+
+def _drop_once(f: Function) -> Function:
+    dropped: dict[Value, tuple] = {}
+    for v in (op.outputs[0] for op in f.ops if len(op.outputs) == 1):
+        src = _broadcast_source(f, v)
+        if src is None or not isinstance(v.type, TensorType):
+            continue
+        shape = src[1].type.shape if src[0] == "value" else ()
+        if _needless(f, v, shape):
+            dropped[v] = src
+    lookups = {
+        op
+        for op in f.ops
+        if op.op_type == "Embedding"
+        and (src := _broadcast_source(f, op.inputs[1])) is not None
+        and src[0] == "value"
+    }
+    picks = {
+        op: op.inputs[1] if src.attributes["value"] else op.inputs[2]
+        for op in f.ops
+        if op.op_type == "Where"
+        and (src := f.producers.get(op.inputs[0])) is not None
+        and src.op_type == "Constant"
+    }
+    if not dropped and not lookups and not picks:
+        return f
+    b = FunctionBuilder(f.name)
+    env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in f.inputs}
+    for op in f.ops:
+        out = op.outputs[0] if len(op.outputs) == 1 else None
+        if out in dropped:
+            kind, src = dropped[out]
+            if kind == "value":
+                env[out] = env[src]
+            else:
+                attrs = {**dict(src.attributes), "shape": ()}
+                env[out] = b.add_op("Constant", [], attrs, names=[out.name]).outputs[0]
+            continue
+        if op in picks:
+            chosen = env[picks[op]]
+            if chosen.type.shape == out.type.shape:
+                env[out] = chosen
+            else:
+                env[out] = b.call("BroadcastTo", chosen, shape=out.type.shape, name=out.name)
+            continue
+        if op in lookups:
+            ids = f.producers[op.inputs[1]].inputs[0]
+            rows = b.call("Embedding", env[op.inputs[0]], env[ids], **op.attributes, name="rows")
+            env[out] = b.call("BroadcastTo", rows, shape=out.type.shape, name=out.name)
+            continue
+        for x, y in zip(op.outputs, rebuild_op(b, op, [env[v] for v in op.inputs])):
+            env[x] = y
+    return verify(b.finish([env[v] for v in f.outputs]))
+
+
+__all__ = ["drop_broadcasts", "fold_batched_matmuls"]

@@ -46,7 +46,7 @@ from ..types import DType, TensorType
 from ..value import Value
 from ..verify import verify
 from . import _aten
-from ._fold import fold_batched_matmuls
+from ._fold import drop_broadcasts, fold_batched_matmuls
 
 __all__ = ["TorchImportError", "UnsupportedOpsError", "from_torch", "weight_name"]
 
@@ -330,7 +330,7 @@ class _Importer:
         if problems:
             raise UnsupportedOpsError(self.label, problems)
         outputs = self._outputs(values, lowering)
-        return fold_batched_matmuls(verify(b.finish(outputs))), arguments
+        return drop_broadcasts(fold_batched_matmuls(verify(b.finish(outputs)))), arguments
 
     def _lifted(self, folded: dict) -> list:
         """Folded nodes that a computed node (or the output) reads, in graph order."""
