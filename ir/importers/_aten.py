@@ -57,6 +57,7 @@ class Lowering:
         self.dtype_of = dtype_of  # fx node -> DType of its result (from torch's metadata)
         self.device = device
         self._lift = lift  # (array, name) -> an input of the program holding the array
+        self.parameters: set = set()  # the fx placeholders of the module's parameters
 
     def lifted(self, array, name: str) -> Value:
         """A constant array as the program sees it: a ``Constant`` op when uniform, else a

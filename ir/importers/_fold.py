@@ -122,6 +122,15 @@ def _needless(f: Function, v: Value, shape: tuple[int, ...]) -> bool:
     if not readers or v in f.outputs:
         return False
     for r in readers:
+        if r.op_type == "Attention" and r.inputs.index(v) == 3:  # its mask broadcasts
+            q, k = r.inputs[0].type.shape, r.inputs[1].type.shape
+            full = (*q[:3], k[2])
+            try:
+                if tuple(np.broadcast_shapes(shape, full)) != full:
+                    return False
+            except ValueError:
+                return False
+            continue
         if not get_op(r.op_type).extra.get("broadcasting"):
             return False
         shapes = [shape if u is v else u.type.shape for u in r.inputs]
@@ -135,9 +144,10 @@ def _needless(f: Function, v: Value, shape: tuple[int, ...]) -> bool:
 
 def drop_broadcasts(f: Function) -> Function:
     """``f`` without the broadcasts its broadcasting ops make anyway: a ``BroadcastTo``
-    read only by such ops is dropped, a uniform ``Constant`` becomes a scalar, an
-    ``Embedding`` of broadcast ids looks up the ids once and broadcasts the rows, and a
-    ``Where`` on a uniform condition (an all-true mask) is the operand it picks."""
+    read only by such ops (or as an ``Attention``'s mask) is dropped, a uniform
+    ``Constant`` becomes a scalar, an ``Embedding`` of broadcast ids looks up the ids once
+    and broadcasts the rows, a ``Where`` on a uniform condition is the operand it picks,
+    and an ``Attention`` whose mask keeps every key has none."""
     for _ in range(3):  # an Embedding's new broadcast may be dropped on the next pass
         g = _drop_once(f)
         if g is f:
@@ -169,7 +179,16 @@ def _drop_once(f: Function) -> Function:
         and (src := f.producers.get(op.inputs[0])) is not None
         and src.op_type == "Constant"
     }
-    if not dropped and not lookups and not picks:
+    unmasked = {  # a mask that keeps every key (all true, or adding 0): no mask
+        op
+        for op in f.ops
+        if op.op_type == "Attention"
+        and len(op.inputs) == 4
+        and (src := f.producers.get(op.inputs[3])) is not None
+        and src.op_type == "Constant"
+        and src.attributes["value"] == (True if op.inputs[3].type.dtype.value == "bool" else 0)
+    }
+    if not dropped and not lookups and not picks and not unmasked:
         return f
     b = FunctionBuilder(f.name)
     env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in f.inputs}
@@ -189,6 +208,10 @@ def _drop_once(f: Function) -> Function:
                 env[out] = chosen
             else:
                 env[out] = b.call("BroadcastTo", chosen, shape=out.type.shape, name=out.name)
+            continue
+        if op in unmasked:
+            operands = [env[v] for v in op.inputs[:3]]
+            env[out] = b.add_op("Attention", operands, op.attributes, names=[out.name]).outputs[0]
             continue
         if op in lookups:
             ids = f.producers[op.inputs[1]].inputs[0]

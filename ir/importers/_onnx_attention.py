@@ -7,7 +7,10 @@ and the concatenations are the ``present_key`` and ``present_value`` outputs. A 
 shorter than the keys is padded (with False, or ``-inf``), as onnx's reference does.
 ``is_causal`` is aligned to the cache, bottom-right, as the registry's ``causal``; with
 no cache and fewer or more queries than keys ONNX aligns it top-left, which is read as
-an explicit mask. A ``softcap``, the ``qk_matmul_output`` output, sliding windows and
+an explicit mask. Float16 operands are computed in float32, with the scale ONNX's
+function body gives them: ``sqrt(scale)`` rounded to float16, squared; bfloat16 ones are
+refused (onnx's reference rounds every step to bfloat16, further from the fused kernel
+than its own tolerance). A ``softcap``, the ``qk_matmul_output`` output, sliding windows and
 ``nonpad_kv_seqlen`` are refused.
 """
 
@@ -64,6 +67,12 @@ def _attention(rd, node):
         raise Refused("nonpad_kv_seqlen (a static cache)")
     if len(node.output) > 3 and node.output[3]:
         raise Refused("the qk_matmul_output output")
+    if rd.narrow is not None and rd.narrow.value == "bfloat16":
+        raise Refused(
+            "bfloat16 operands: onnx defines them by rounding every step to bfloat16, which "
+            "the registry's float32-accumulating kernel differs from by more than onnx's "
+            "tolerance (1e-3); cast the model to float32 or float16"
+        )
     q, k, v = (rd.input(node, i) for i in range(3))
     mask, past_k, past_v = (rd.input(node, i) for i in (3, 4, 5))
     if (past_k is None) != (past_v is None):
@@ -88,7 +97,9 @@ def _attention(rd, node):
     if causal and past_k is None and sq != sk:  # ONNX: top-left; the registry: bottom-right
         mask, causal = _top_left(rd, mask, sq, sk, q.type.dtype), False
     scale = attr(rd, node, "scale")
-    scale = None if scale is None else float32(scale)
+    scale = float(1.0 / np.sqrt(q.type.shape[-1])) if scale is None else float32(scale)
+    if rd.narrow is not None:  # ONNX scales q and k by sqrt(scale) cast to their dtype
+        scale = float(np.float32(np.asarray(np.sqrt(scale), rd.narrow.numpy))) ** 2
     operands = [q, k, v, *([mask] if mask is not None else [])]
     if not flat:
         y = rd.call("Attention", *operands, causal=causal, scale=scale)
@@ -105,4 +116,4 @@ def _attention(rd, node):
     return outputs
 
 
-RULES: dict[str, Rule] = {"Attention": Rule(_attention)}
+RULES: dict[str, Rule] = {"Attention": Rule(_attention, wide=True)}

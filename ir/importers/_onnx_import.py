@@ -17,7 +17,6 @@ that computes something else.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -443,5 +442,4 @@ def static_operands(op_type: str) -> tuple[int, ...]:
     return rule.static if rule is not None else ()
 
 
-ReadFn = Callable[[Reader, Any], list]
 __all__ = ["IMPORTS", "Reader", "node_label", "static_operands"]

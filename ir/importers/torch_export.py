@@ -313,6 +313,9 @@ class _Importer:
             )
 
         lowering = _aten.Lowering(b, values, self.dtype, self.device, lift)
+        lowering.parameters = {
+            node for node, spec in zip(nodes, specs) if spec.kind.name == "PARAMETER"
+        }
         live_consts = self._lifted(folded)
         for node in user_nodes:
             declare(node, node.name, placeholders[node])

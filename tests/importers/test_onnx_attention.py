@@ -177,7 +177,8 @@ def test_a_cached_and_a_top_left_causal_attention_import_equal_to_onnxruntime():
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 23)])
     rng = np.random.default_rng(2)
     feeds = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
-    f = ir.from_onnx(model)
+    f, mask = ir.from_onnx(model)  # the top-left mask: a constant input
     assert [op.op_type for op in f.ops].count("Attention") == 2
-    for g, w in zip(ir.execute(f, feeds), _session(model).run(None, feeds), strict=True):
+    got = ir.execute(f, {**feeds, **mask})
+    for g, w in zip(got, _session(model).run(None, feeds), strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

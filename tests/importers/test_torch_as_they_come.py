@@ -85,6 +85,7 @@ def test_fused_attention_in_every_form_equals_torch_and_trains(kind: str):
     module = _Attention(kind).eval()
     x, y = torch.randn(2, 3, 16), torch.randn(2, 5, 16)
     f, args = ir.from_torch(module, (x, y))
+    assert [op.op_type for op in f.ops].count("Attention") == 1  # the registry's fused op
     np.testing.assert_allclose(ir.execute(f, args)[0], _np(module(x, y)), rtol=1e-5, atol=1e-6)
     _gradients_equal(_Squared(module, torch.randn(2, 3, 16)), (x, y))
 
@@ -139,6 +140,7 @@ def test_a_default_llama_imports_with_its_cache_as_outputs():
         t for layer in out.past_key_values.layers for t in (layer.keys, layer.values)
     ]
     got = ir.execute(f, args)
+    assert [op.op_type for op in f.ops].count("Attention") == 2  # one fused op per layer
     assert len(got) == len(want) == 5
     for g, w in zip(got, want):
         np.testing.assert_allclose(g, _np(w), rtol=1e-4, atol=1e-5)
