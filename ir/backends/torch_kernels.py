@@ -253,6 +253,78 @@ def _embedding_grad(xs, a):
     return [out]
 
 
+# -- the vocabulary-parallel forms (ir/ops/vocabulary.py): ids of a contiguous run ------
+
+
+def _positions(ids, index):
+    """Positions of ``ids`` in ``index`` (a run of consecutive ids) and where they are
+    found; a general ``index`` is compared element by element."""
+    n = index.shape[0]
+    first = int(index[0]) if n else 0
+    if n and int(index[-1]) - first == n - 1 and bool(torch.all(index[1:] - index[:-1] == 1)):
+        pos = ids.long() - first
+        found = (pos >= 0) & (pos < n)
+        return torch.where(found, pos, torch.zeros_like(pos)), found
+    return None, None
+
+
+def _onehot(ids, index, dtype):
+    return (ids.long().unsqueeze(-1) == index.long()).to(dtype)
+
+
+def _vocab_embedding(xs, a):
+    table, ids, rows = xs
+    pos, found = _positions(ids, rows)
+    if pos is None:
+        return [torch.tensordot(_onehot(ids, rows, table.dtype), table, dims=1)]
+    return [table[pos] * found.unsqueeze(-1).to(table.dtype)]
+
+
+def _vocab_embedding_grad(xs, a):
+    ids, dy, rows = xs
+    flat_ids, flat_dy = ids.reshape(-1), dy.reshape(-1, dy.shape[-1])
+    pos, found = _positions(flat_ids, rows)
+    if pos is None:
+        out = _onehot(flat_ids, rows, dy.dtype).T @ flat_dy
+    else:
+        out = torch.zeros((rows.shape[0], dy.shape[-1]), dtype=dy.dtype, device=dy.device)
+        out.index_add_(0, pos[found], flat_dy[found])
+    if a["padding_idx"] is not None:
+        out[rows == a["padding_idx"]] = 0
+    return [out]
+
+
+def _class_pick(xs, a):
+    y, z, classes = xs
+    pos, found = _positions(z, classes)
+    if pos is None:
+        return [torch.sum(y * _onehot(z, classes, y.dtype), dim=-1)]
+    return [torch.gather(y, -1, pos.unsqueeze(-1)).squeeze(-1) * found.to(y.dtype)]
+
+
+def _parts_denominator(a, rows: int) -> float:
+    return float(a["denominator"]) if a["denominator"] > 0 else float(max(rows, 1))
+
+
+def _cross_entropy_loss(xs, a):
+    m, s, t = xs
+    wide = torch.float32 if m.dtype in (torch.float16, torch.bfloat16) else None  # as _loss
+    return [torch.sum(m + torch.log(s) - t, dtype=wide) / _parts_denominator(a, m.numel())]
+
+
+def _cross_entropy_grad(xs, a):
+    y, z, classes, m, s = xs
+    dy = torch.exp(y - m.unsqueeze(-1)) / s.unsqueeze(-1)
+    pos, found = _positions(z, classes)
+    if pos is None:
+        onehot = _onehot(z, classes, y.dtype)
+    else:
+        hit = torch.arange(y.shape[-1], device=y.device) == pos.unsqueeze(-1)
+        onehot = (hit & found.unsqueeze(-1)).to(y.dtype)
+    rows = math.prod(y.shape[:-1])
+    return [(dy - onehot) * (a["scale"] / _parts_denominator(a, rows))]
+
+
 def _reduce(fn):
     def kernel(xs, a):
         x = xs[0]
@@ -429,6 +501,14 @@ TORCH_KERNELS: dict[str, Kernel] = {
     "Adam": _adam,
     "Embedding": _embedding,
     "EmbeddingGrad": _embedding_grad,
+    "Arange": lambda xs, a: [torch.arange(a["n"], dtype=getattr(torch, a["dtype"]))],
+    "VocabEmbedding": _vocab_embedding,
+    "VocabEmbeddingGrad": _vocab_embedding_grad,
+    "ClassMax": lambda xs, a: [torch.amax(xs[0], dim=-1)],
+    "ClassSumExp": lambda xs, a: [torch.sum(torch.exp(xs[0] - xs[1].unsqueeze(-1)), dim=-1)],
+    "ClassPick": _class_pick,
+    "CrossEntropyLoss": _cross_entropy_loss,
+    "CrossEntropyGrad": _cross_entropy_grad,
     "ReduceSum": _reduce(torch.sum),
     "ReduceMean": _reduce(torch.mean),
     "Reshape": lambda xs, a: [xs[0].reshape(tuple(a["shape"]))],

@@ -427,6 +427,8 @@ def run_op(op, xs: list, context: RankContext, sends: list) -> list:
         results = [result if context.overlap else resolve(result)]
     else:
         results = context.kernels[op.op_type](xs, a)
+        if not op.inputs:  # an op of no operand (Arange) makes its result on the rank's device
+            results = [y.to(context.device) for y in results]
     out = []
     for v, y in zip(op.outputs, results):
         if isinstance(y, Pending):  # the collective keeps its operand's dtype

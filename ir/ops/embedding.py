@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
-from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
+from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, get_op, register_op
 from ..types import DType, TensorType
 from . import _factors as fx
 from ._common import checked_indices, normalize_axis, tensor
@@ -71,6 +71,8 @@ register_op(
         doc="Row lookup: y[..., :] = table[ids[...], :].",
         extra={
             "weight_operands": (0,),  # the table is a weight
+            "vocabulary_form": lambda *args: _vocabulary_form(*args),
+            "vocabulary_rows": lambda op: op.inputs[0].type.shape[0],  # a table: must split
             "value_ranges": lambda op: {1: (0, op.inputs[0].type.shape[0])},  # row ids
             "examples": lambda s: [
                 ctx(t(4 * s, 3), t(2 * s, dtype=DType.int64)),
@@ -127,6 +129,8 @@ register_op(
         ),
         doc="Gradient of Embedding: dy's rows added into a (V, H) zero table at rows ids.",
         extra={
+            "vocabulary_form": lambda *args: _vocabulary_form(*args),
+            "vocabulary_rows": lambda op: op.attributes["num_embeddings"],
             "value_ranges": lambda op: {0: (0, op.attributes["num_embeddings"])},
             "examples": lambda s: [
                 ctx(t(2 * s, dtype=DType.int64), t(2 * s, 3), num_embeddings=4 * s),
@@ -135,6 +139,25 @@ register_op(
         },
     )
 )
+
+
+def _vocabulary_form(b, op, ins, stats):
+    """``op`` as its vocabulary-parallel form (``ir/ops/vocabulary.py``): the table's rows
+    named by their vocabulary ids, ``Arange(V)``, so that a shard of the table looks up
+    (or accumulates the gradient of) the ids it holds and nothing else."""
+    y = op.outputs[0]
+    n = get_op(op.op_type).extra["vocabulary_rows"](op)
+    if ins[0].type.dtype.is_float:  # Embedding(table, ids)
+        table, ids = ins
+        dy = None
+    else:  # EmbeddingGrad(ids, dy)
+        ids, dy = ins
+    device = ids.type.device
+    rows = b.call("Arange", n=n, dtype=ids.type.dtype.value, device=device, name=f"{y.name}_rows")
+    pad = op.attributes["padding_idx"]
+    if dy is None:
+        return [b.call("VocabEmbedding", table, ids, rows, padding_idx=pad, name=y.name)]
+    return [b.call("VocabEmbeddingGrad", ids, dy, rows, padding_idx=pad, name=y.name)]
 
 
 # -- TakeAlongAxis -------------------------------------------------------------------

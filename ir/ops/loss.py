@@ -154,6 +154,8 @@ register_op(
             "examples": _examples(grad=False),
             "value_ranges": _label_range,
             "loss": True,  # a training objective (recompute never replays it)
+            "vocabulary_form": lambda *args: _vocabulary_form(*args),
+            "vocabulary_classes": lambda op: op.inputs[0].type.shape[-1],
             "nondiff_operands": (1,),  # the labels carry no gradient, float or not
             "unit_gradient": lambda b, op, ins: _loss_unit_gradient(b, op, ins),
         },
@@ -178,10 +180,48 @@ register_op(
             "examples": _examples(grad=True),
             "value_ranges": _label_range,
             "backward_seed": True,  # the first one starts a training program's backward pass
+            "vocabulary_form": lambda *args: _vocabulary_form(*args),
+            "vocabulary_classes": lambda op: op.inputs[0].type.shape[-1],
             "nondiff_operands": (1,),
         },
     )
 )
+
+
+def _vocabulary_form(b, op, ins, stats: dict):
+    """A cross-entropy ``Loss`` / ``LossGrad`` as its parts (``ir/ops/vocabulary.py``),
+    which split over the classes; None for ``mse`` (kept as it is). ``stats`` holds each
+    logits value's row statistics ``(m, s)``: the gradient reuses the loss's."""
+    a = op.attributes
+    if a["kind"] != "cross_entropy":
+        return None
+    y, z = ins
+    name = op.outputs[0].name
+    seed = "scale" in a  # LossGrad (its scale is the upstream gradient), else Loss
+    found = stats.get(y)
+    if found is None:
+        m = b.call("ClassMax", y, name=f"{y.name}_max")
+        s = b.call("ClassSumExp", y, m, name=f"{y.name}_sumexp")
+        found = stats[y] = (m, s)
+    m, s = found
+    classes = b.call("Arange", n=y.type.shape[-1], device=y.type.device, name=f"{name}_classes")
+    labels = z  # (float labels are class indices too: the parts' kernels read them as ids)
+    if not seed:
+        picked = b.call("ClassPick", y, labels, classes, name=f"{y.name}_label")
+        return [b.call("CrossEntropyLoss", m, s, picked, denominator=a["denominator"], name=name)]
+    return [
+        b.call(
+            "CrossEntropyGrad",
+            y,
+            labels,
+            classes,
+            m,
+            s,
+            scale=a["scale"],
+            denominator=a["denominator"],
+            name=name,
+        )
+    ]
 
 
 # -- sharding rules ------------------------------------------------------------------

@@ -36,8 +36,8 @@ def _collective(
 ) -> Value:
     if dst == R and src.kind == "S":
         return b.call("AllGather", xs, dim=src.dim, name=name)
-    if dst == R and src == P:
-        return b.call("AllReduce", xs, op="sum", name=name)
+    if dst == R and src.kind in ("P", "M"):
+        return b.call("AllReduce", xs, op="sum" if src == P else "max", name=name)
     if dst.kind == "S" and src == P:
         return b.call("ReduceScatter", xs, dim=dst.dim, op="sum", name=name)
     if dst.kind == "S" and src.kind == "S":

@@ -31,6 +31,7 @@ from .horizontal import horizontal_plan
 from .pipeline import _device_sequence, backward_ops
 from .stage_cut import annotated_stages, gradient_ops, pipeline_degree, staged
 from .tensor_limits import TensorReplicationError, replicated_split
+from .vocab_parallel import vocabulary_form
 
 VAR = "e"  # the device variable of every pmap body of the step
 
@@ -88,7 +89,10 @@ class MegatronPlan:
         sequence_parallel: bool = False,
         stage_of: Mapping[str, int] | None = None,
         allow_replication: bool = False,
+        vocab_parallel: bool = True,
     ) -> None:
+        if vocab_parallel and tp > 1:  # embeddings and cross-entropies split by vocabulary
+            t = vocabulary_form(t, tp)
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
         self.allow_replication = allow_replication
         self.sequence_parallel = sequence_parallel and tp > 1

@@ -187,7 +187,7 @@ class StageEmission(MegatronPlan):
         inputs, results, body = self._runs[key]
         if not results:
             return
-        operands = [self.value(k, mb, s) for k in inputs]
+        operands = [self.value(k, mb, s) for k in inputs] or [self._anchor(s)]
         names = [f"{v.name}_mb{mb}" for v in results]
         outs = self._add(("pmap", body), "Pmap", operands, {"device_var": VAR}, names, body)
         for v, out in zip(results, outs):
@@ -232,11 +232,24 @@ class StageEmission(MegatronPlan):
         env: dict[Value, Value] = {}
         for k in inputs:
             env[k] = body_b.input(k.name, self.hplan.local.value(k).type)
+        if not inputs:  # ops of no operand (the ids a vocabulary split slices): see _anchor
+            anchor = self._anchor(s).type.elements[0]
+            body_b.input("anchor", anchor.with_device(DeviceVar(VAR)))
         for item in run:
             outs = copy_op(body_b, item.op, [env[k] for k in item.keys])
             for v, y in zip(item.outputs, outs):
                 env[v] = y
         return inputs, results, body_b.finish([env[v] for v in results])
+
+    def _anchor(self, s: int) -> Value:
+        """A per-device tuple on ``s``'s devices that a pmap of ops with no operand (an
+        ``Arange`` whose ids the tensor ranks slice) maps over, unread: a pmap takes its
+        devices from its operands."""
+        devices = tuple(self.devices(s))
+        for x in (*self.weight_input.values(), *self.vals.values()):
+            if isinstance(x.type, TupleType) and x.type.devices == devices:
+                return x
+        raise TransformError(f"internal: stage {s} has no value to map its constants over")
 
     def _used_later(self, run: list[Item]) -> set[Value]:
         """The values ``run`` makes that an item outside it reads, or that are kept."""
@@ -309,8 +322,11 @@ class StageEmission(MegatronPlan):
         groups = self.tp_groups()
         if dst == R and src.kind == "S":
             op_type, attributes = "AllGather", {"dim": src.dim, "groups": groups}
-        elif dst == R and src == P:
-            op_type, attributes = "AllReduce", {"op": "sum", "groups": groups}
+        elif dst == R and src.kind in ("P", "M"):  # partial sums, or maxima (M)
+            op_type, attributes = (
+                "AllReduce",
+                {"op": "sum" if src == P else "max", "groups": groups},
+            )
         elif dst.kind == "S" and src == P:
             op_type, attributes = "ReduceScatter", {"dim": dst.dim, "op": "sum", "groups": groups}
         elif dst.kind == "S" and src == R:  # into a sequence-parallel region: no transfer

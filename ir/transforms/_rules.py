@@ -26,13 +26,14 @@ from dataclasses import dataclass
 
 from ..op import Op
 from ..ops.communication import split_sizes
+from ..registry import get_op
 from ..sharding import mesh
 from ..sharding.errors import PropagationError
 from ..sharding.rules import Choice, Rule, axis_placements, rule_for
 from ..types import TupleType, Type
 from ..value import Value
 from ._rewrite import is_optimizer
-from ._spmd import P, R, RuleResult, S, Shard
+from ._spmd import M, P, R, RuleResult, S, Shard
 
 States = Sequence[Shard | None]
 
@@ -62,7 +63,9 @@ class Candidate:
 def _state(p: mesh.Placement) -> Shard:
     if isinstance(p, mesh.Shard):
         return S(p.dim)
-    return P if isinstance(p, mesh.Partial) else R
+    if isinstance(p, mesh.Partial):
+        return M if p.op == "max" else P
+    return R
 
 
 def _shape(t: Type) -> tuple[int, ...]:
@@ -175,6 +178,11 @@ class MegatronRule:
         cands = self.candidates(op)
         if is_optimizer(op):
             return self._follow_parameter(cands, st)
+        index = get_op(op.op_type).extra.get("index_operands", ())
+        if any(st[i] == R for i in index):
+            found = self._split_by_index(op, cands, st, index)
+            if found is not None:
+                return found
         fits = [
             c
             for c in cands
@@ -195,6 +203,36 @@ class MegatronRule:
         # split one, the record's factor order decides (the split follows the activation).
         c = fits[0]
         return RuleResult(list(c.results), c.decide(st))
+
+    def _split_by_index(
+        self, op: Op, cands: list[Candidate], st: list[Shard | None], index: Sequence[int]
+    ) -> RuleResult | None:
+        """An op with index operands (the vocabulary ids of a table's rows or of the logits'
+        classes, ``ir/ops/vocabulary.py``) runs on the factor that splits them where its
+        other operands allow it: the replicated ids are sliced (``KeepShard``: nothing
+        moves), an undecided weight takes the split (a vocabulary-parallel embedding) and
+        pending sums or maxima it needs whole are reduced first."""
+        for c in cands:
+            if c.choice[0] != "shard" or any(
+                c.operands[i].kind != "S" or st[i] != R for i in index
+            ):
+                continue
+            convert: dict[int, Shard] = {i: c.operands[i] for i in index}
+            fits = True
+            for i, (want, s) in enumerate(zip(c.operands, st)):
+                if i in convert or s == want:
+                    continue
+                if s is None:
+                    fits = want != P and (want == R or op.inputs[i] not in self.forced)
+                elif want == R and s in (P, M):
+                    convert[i] = R
+                else:
+                    fits = False
+                if not fits:
+                    break
+            if fits:
+                return RuleResult(list(c.results), c.decide(st), convert)
+        return None
 
     def _follow_parameter(
         self, cands: list[Candidate], st: list[Shard | None]
@@ -256,6 +294,12 @@ class SequenceParallelRule:
             or not any(p and self.is_activation(v) for p, v in zip(partial, op.inputs))
         ):
             return self.inner(op, st)
+        if not any(tokens):
+            # a partial sum (the vocabulary-parallel embedding's) added to a weight indexed
+            # by position: reduce-scattered, the weight's rows of the slice's tokens taken
+            found = self._on_tokens(op, st, token, sliced_weight=True)
+            if found is not None:
+                return found
         if self.splits_weight(op):
             # a tensor-parallel op reads whole activations: gather the token slices first
             if not any(tokens):
@@ -266,21 +310,40 @@ class SequenceParallelRule:
                 gather = {i: R for i, is_token in enumerate(tokens) if is_token}
                 result.convert = {**gather, **result.convert}
             return result
+        found = self._on_tokens(op, st, token, sliced_weight=False)
+        if found is not None:
+            return found
+        return None if any(tokens) else self.inner(op, st)
+
+    def _on_tokens(
+        self, op: Op, st: list[Shard | None], token: Shard, sliced_weight: bool
+    ) -> RuleResult | None:
+        """``op`` on token slices: its activations split along the tokens (partial sums
+        reduce-scattered, replicated ones sliced), anything else whole, or (a position
+        embedding added to the tokens, with ``sliced_weight`` only) sliced along the
+        tokens where it is replicated."""
         for c in self.inner.candidates(op):
             wanted_ok = all(
-                want == (token if self.is_activation(v) else R)
-                for v, want in zip(op.inputs, c.operands)
+                want == token
+                if self.is_activation(v)
+                else want == R or (sliced_weight and want.kind == "S" and s in (R, None))
+                for v, want, s in zip(op.inputs, c.operands, st)
             )
             if not wanted_ok or any(s is None and want == P for want, s in zip(c.operands, st)):
                 continue
+            if sliced_weight and all(
+                self.is_activation(v) or want == R for v, want in zip(op.inputs, c.operands)
+            ):
+                continue
+            decide = {i: R for i, s in enumerate(st) if s is None}  # undecided: stays whole
             convert = {
-                i: want for i, (want, s) in enumerate(zip(c.operands, st)) if s not in (None, want)
+                i: want for i, (want, s) in enumerate(zip(c.operands, st)) if (s or R) != want
             }
             self.token_split.update(
                 v for v, r in zip(op.outputs, c.results) if r == token and self.is_activation(v)
             )
-            return RuleResult(list(c.results), c.decide(st), convert)
-        return None if any(tokens) else self.inner(op, st)
+            return RuleResult(list(c.results), decide, convert)
+        return None
 
 
 __all__ = [

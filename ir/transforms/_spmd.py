@@ -2,8 +2,9 @@
 
 Every value of the source program gets a state across the N devices of a group:
 ``R`` (replicated: each device has all of it), ``S(k)`` (split along axis k,
-uneven splits by ``split_sizes``) or ``P`` (partial: the value is the sum of
-the devices' copies). A *rule* says, op by op, which state the results have
+uneven splits by ``split_sizes``), ``P`` (partial: the value is the sum of
+the devices' copies) or ``M`` (partial maxima: their elementwise maximum, as a
+row's largest logit over a vocabulary split). A *rule* says, op by op, which state the results have
 given the operands' states, or that the op cannot run on these states, in which
 case the engine first turns its operands into ``R`` with a collective
 (``AllGather`` for ``S``, ``AllReduce`` for ``P``). Inputs may be *lazy*: their
@@ -43,11 +44,14 @@ class Shard:
     dim: int = 0
 
     def __str__(self) -> str:
-        return f"S({self.dim})" if self.kind == "S" else self.kind
+        if self.kind == "S":
+            return f"S({self.dim})"
+        return "P(max)" if self.kind == "M" else self.kind
 
 
 R = Shard("R")
 P = Shard("P")
+M = Shard("M")  # partial maxima: the value is the elementwise maximum of the copies
 
 
 def S(dim: int) -> Shard:
@@ -191,6 +195,12 @@ class Plan:
         result: RuleResult | None = RuleResult([R] * len(op.outputs))
         if any(s != R for s in states):
             result = self.rule(op, states)
+        if result is None and M in states:  # no op passes a partial maximum: reduce it first
+            keys = [self.convert(k, R) if s == M else k for k, s in zip(keys, states)]
+            states = [self.state[k] for k in keys]
+            result = RuleResult([R] * len(op.outputs))
+            if any(s != R for s in states):
+                result = self.rule(op, states)
         if result is None:  # first make the activations whole, keeping the weights' layout
             inputs = set(self.f.inputs)
             whole = [
@@ -210,7 +220,8 @@ class Plan:
         shared = frozenset().union(*(self.prov[k] for k in keys if self.state[k] not in (R, None)))
         for i, s in result.decide.items():
             if self.state[keys[i]] is None:
-                origin = shared if shared or s == R else frozenset({keys[i]})
+                # a weight kept whole owes its state to no split; one split starts its own
+                origin = frozenset() if s == R else shared or frozenset({keys[i]})
                 self._decide(keys[i], s, origin)
         for i, s in result.convert.items():
             keys[i] = self.convert(keys[i], s)
@@ -264,7 +275,7 @@ class Plan:
         new = Value(f"{key.name}_{to.kind.lower()}", key.type)
         # a sum made whole (or scattered: sequence parallelism, ZeRO) no longer depends on
         # which weights were split to make it
-        fresh = to == R or src == P
+        fresh = to == R or src in (P, M)
         self.state[new], self.prov[new] = to, frozenset() if fresh else self.prov[key]
         step = Step(None, (key, new), src, to)
         self.local.apply(len(self.steps), step)

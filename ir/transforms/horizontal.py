@@ -65,6 +65,11 @@ def horizontal_plan(
     # Split outputs shaped like a weight (updated weights, gradients) are gathered; a split
     # activation output means the split went too far.
     weight_shapes = {v.type.shape for v in params}
+    # logits a vocabulary-parallel cross-entropy reads (ops with index operands, see
+    # ir.transforms.vocab_parallel) stay split over the classes when returned
+    indexed = {
+        v for op in f.ops if get_op(op.op_type).extra.get("index_operands") for v in op.inputs
+    }
     for _ in range(len(params) + 1):
         rule: Any = MegatronRule(degree, forced, cache)
         if sequence is not None:
@@ -76,7 +81,9 @@ def horizontal_plan(
         bad += [
             plan.current[v]
             for v in f.outputs
-            if plan.state[plan.current[v]].kind == "S" and v.type.shape not in weight_shapes
+            if plan.state[plan.current[v]].kind == "S"
+            and v.type.shape not in weight_shapes
+            and v not in indexed
         ]
         culprits = frozenset().union(*(plan.prov[k] for k in bad)) - forced
         if not culprits:

@@ -102,6 +102,8 @@ def megatron(
     topology: Any = None,
     stage_of: Mapping[str, int] | None = None,
     allow_replication: bool = False,
+    vocab_parallel: bool = True,
+    distributed_optimizer: bool = False,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * tp * pp`` devices (see the module docstring).
@@ -116,11 +118,16 @@ def megatron(
     where the cut falls). A ``tp`` that leaves whole on every tensor rank a weight that
     tensor parallelism splits (``tp`` beyond the attention heads, or not dividing them,
     the MLP width or the vocabulary) raises a ``TensorSplitError`` naming the limit,
-    unless ``allow_replication=True``.
+    unless ``allow_replication=True``. ``vocab_parallel`` (default True): the embedding,
+    output head and cross-entropy split over the vocabulary at the tensor level
+    (``ir.transforms.vocab_parallel``; False keeps them whole on every tensor rank).
+    ``distributed_optimizer=True``: Megatron-LM's name for ZeRO stage 1 (``zero=1``).
     """
     check_common("megatron", t, topology, "t")
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     allow_replication = bool_arg("megatron", "allow_replication", allow_replication)
+    vocab_parallel = bool_arg("megatron", "vocab_parallel", vocab_parallel)
+    distributed_optimizer = bool_arg("megatron", "distributed_optimizer", distributed_optimizer)
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
     pp = _positive("the pipeline degree (pp)", pp)
@@ -142,6 +149,13 @@ def megatron(
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
     if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2):
         raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
+    if distributed_optimizer:
+        if zero == 2:
+            raise TransformError(
+                "distributed_optimizer=True is ZeRO stage 1 (Megatron-LM's distributed "
+                "optimizer); it contradicts zero=2: pass one of them"
+            )
+        zero = 1
     return Megatron3D(
         t,
         dp,
@@ -155,6 +169,7 @@ def megatron(
         sequence_parallel,
         stage_of,
         allow_replication,
+        vocab_parallel=vocab_parallel,
     ).run()
 
 

@@ -82,11 +82,12 @@ def test_torch_kernel_equals_the_numpy_kernel_on_the_registry_examples(name):
 def _ops_of_steps() -> set[str]:
     f64 = ir.DType.float64
     mlp = ir.models.mlp(8, 4, 6, 4, layers=2, dtype=f64)
-    gpt = ir.models.gpt(4, 4, 8, 2, 11, 1, dtype=f64)
-    unfused = ir.models.gpt(4, 4, 8, 2, 11, 1, dtype=f64, attention="unfused")
+    gpt = ir.models.gpt(4, 4, 8, 2, 12, 1, dtype=f64)
+    unfused = ir.models.gpt(4, 4, 8, 2, 12, 1, dtype=f64, attention="unfused")
     steps = [
         transforms.megatron(transforms.training(unfused), 2, 2, 1, 2),
-        transforms.megatron(transforms.training(gpt), 2, 2, 2, 2),
+        transforms.megatron(transforms.training(gpt), 2, 2, 2, 2),  # vocabulary-parallel
+        transforms.megatron(transforms.training(gpt), 2, 1, 2, 2),  # whole vocabulary
         transforms.megatron(transforms.training(gpt, optimizer="adam"), 1, 2, 1, zero=1),
         transforms.megatron(transforms.training(gpt), 1, 2, 1, sequence_parallel=True),
         transforms.megatron(transforms.training(mlp, optimizer="adam"), 2, 1, 2, 2),
@@ -105,4 +106,5 @@ def test_every_op_of_the_mlp_and_gpt_steps_has_a_torch_kernel():
     ops = _ops_of_steps() - {"SendTo", "RecvFrom", "RankCollective"}
     assert {"Adam", "LayerNormGrad", "EmbeddingGrad", "SoftmaxGrad", "Split"} <= ops
     assert {"Attention", "AttentionGrad", "CausalMask"} <= ops  # the fused and unfused GPT
+    assert {"VocabEmbeddingGrad", "ClassSumExp", "CrossEntropyGrad", "Arange"} <= ops
     assert ops <= set(TORCH_KERNELS), sorted(ops - set(TORCH_KERNELS))

@@ -29,7 +29,7 @@ def mlp() -> ir.Function:
 
 
 def gpt() -> ir.Function:
-    return ir.models.gpt(4, 4, 8, 2, 11, 1, training=True, dtype=F64)
+    return ir.models.gpt(4, 4, 8, 2, 12, 1, training=True, dtype=F64)
 
 
 def _flat(values) -> list:

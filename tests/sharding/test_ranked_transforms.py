@@ -38,7 +38,7 @@ def mlp_sgd(layers: int = 2) -> ir.Function:
 
 
 def gpt_sgd() -> ir.Function:
-    return ir.models.gpt(4, 3, 8, 2, 11, 1, training=True, dtype=F64)
+    return ir.models.gpt(4, 3, 8, 2, 12, 1, training=True, dtype=F64)
 
 
 PROGRAMS = {
