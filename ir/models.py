@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 import string
+from collections.abc import Iterable
 
 from .builder import FunctionBuilder, rebuild_op
 from .errors import DistIRError
@@ -33,6 +34,7 @@ __all__ = [
     "ModelError",
     "gpt",
     "gpt_layer_activations",
+    "gpt_layer_index",
     "gpt_weight_shapes",
     "mlp",
     "mlp_weight_names",
@@ -359,10 +361,18 @@ def gpt(
     return _maybe_training(b.finish([logits, loss]), training)
 
 
-def gpt_layer_activations(t: Function) -> list[Value]:
+def gpt_layer_index(v: Value) -> int | None:
+    """The transformer layer ``v`` belongs to by its name (``h<i>_...``, as
+    :func:`gpt` names a layer's values), or None."""
+    head = v.name.split("_", 1)[0]
+    return int(head[1:]) if head[:1] == "h" and head[1:].isdigit() and "_" in v.name else None
+
+
+def gpt_layer_activations(t: Function, layers: Iterable[int] | None = None) -> list[Value]:
     """Every forward value inside a transformer layer of ``ir.models.gpt``'s training step
     that the backward needs, with whatever it is recomputed from, except each layer's
-    output (``h<i>_res2``), the checkpoint the next layer starts from.
+    output (``h<i>_res2``), the checkpoint the next layer starts from. ``layers``: only
+    those layers (by index; default all).
 
     ``ir.transforms.recompute(t, gpt_layer_activations(t))`` then replays each layer's
     forward from its input before the layer's backward, as Megatron-LM's per-layer
@@ -375,9 +385,11 @@ def gpt_layer_activations(t: Function) -> list[Value]:
     start = backward_start(t)
     producer = {v: op for op in t.ops[:start] for v in op.outputs}
 
+    wanted = None if layers is None else set(layers)
+
     def in_layer(v: Value) -> bool:
-        head = v.name.split("_", 1)[0]
-        return head[:1] == "h" and head[1:].isdigit() and not v.name.endswith("_res2")
+        i = gpt_layer_index(v)
+        return i is not None and (wanted is None or i in wanted) and not v.name.endswith("_res2")
 
     read_by_backward = {v for op in t.ops[start:] for v in op.inputs}
     chosen = {v for v in producer if in_layer(v) and v in read_by_backward}

@@ -84,7 +84,10 @@ register_op(
                 ctx(t(2 * s, 5)),
                 ctx(t(2, s, 3 * s), axis=1),
                 ctx(t(2, 3 * s, 3 * s), scale=0.5, causal=True),
-            ]
+            ],
+            # over attention scores, its result is what selective recomputation replays
+            # (Korthikanti et al. 2022; ir.transforms.recompute(t, "selective"))
+            "attention_probabilities": True,
         },
     )
 )

@@ -385,6 +385,8 @@ def training(
     loss: int = -1,
     *,
     return_gradients: bool = False,
+    recompute: str | None = None,
+    recompute_layers: int | None = None,
     **optimizer_attrs: Any,
 ) -> Function:
     """The training step of forward program ``f``: forward, backward, one optimizer op per param.
@@ -393,7 +395,10 @@ def training(
     state (``m_<w>1, v_<w>1`` per param), then ``f``'s outputs, then (with
     ``return_gradients``) the gradients. Adam adds the inputs ``m_<w>, v_<w>``
     per param after ``f``'s inputs. ``optimizer_attrs`` go to the optimizer op
-    (``beta1``, ``step``, ...).
+    (``beta1``, ``step``, ...). ``recompute="selective"`` or ``"full"`` (with
+    ``recompute_layers=k``: the first ``k`` layers) replays activations in the backward
+    as Megatron-LM does (``ir.transforms.recompute``; per pipeline stage:
+    ``megatron(..., recompute=, recompute_layers=)``).
 
     >>> import ir
     >>> t = ir.transforms.training(ir.models.mlp(4, 3, 5, 2, activation=None))
@@ -433,4 +438,11 @@ def training(
     outputs = [*(updated[p] for p in chosen), *new_state, *(env[v] for v in f.outputs)]
     if return_gradients:
         outputs += [grads[p] for p in chosen]
-    return verify(b.finish(outputs))
+    step = verify(b.finish(outputs))
+    if recompute is None:
+        if recompute_layers is not None:
+            raise AutodiffError("recompute_layers= goes with recompute='full'")
+        return step
+    from .recompute import recompute as replay
+
+    return replay(step, recompute, layers=recompute_layers)

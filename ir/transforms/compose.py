@@ -287,10 +287,12 @@ def parallelize(
     sequence_parallel: bool = False,
     topology: Any = None,
     allow_replication: bool = False,
+    **megatron_options: Any,
 ) -> Function:
     """The D x H x P step as Megatron-LM runs it: :func:`ir.transforms.megatron` with
     ``tp=hp`` (a steady-state step on ``dp * hp * pp`` devices; the seed-003 nested
-    compositions are :func:`nested`)."""
+    compositions are :func:`nested`); ``megatron_options`` (``vocab_parallel``,
+    ``distributed_optimizer``, ``recompute``, ...) go to it."""
     from .megatron import megatron
 
     check_common("parallelize", f, topology)
@@ -306,6 +308,7 @@ def parallelize(
         sequence_parallel=sequence_parallel,
         topology=topology,
         allow_replication=allow_replication,
+        **megatron_options,
     )
 
 

@@ -104,6 +104,8 @@ def megatron(
     allow_replication: bool = False,
     vocab_parallel: bool = True,
     distributed_optimizer: bool = False,
+    recompute: str | None = None,
+    recompute_layers: int | None = None,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * tp * pp`` devices (see the module docstring).
@@ -122,6 +124,10 @@ def megatron(
     output head and cross-entropy split over the vocabulary at the tensor level
     (``ir.transforms.vocab_parallel``; False keeps them whole on every tensor rank).
     ``distributed_optimizer=True``: Megatron-LM's name for ZeRO stage 1 (``zero=1``).
+    ``recompute="selective"`` / ``"full"`` (``--recompute-granularity``) replays
+    activations in the backward (``ir.transforms.recompute``); ``recompute_layers=k`` with
+    ``"full"``: the first ``k`` layers of each pipeline stage (model chunk, when
+    interleaved), as ``--recompute-method block --recompute-num-layers k``.
     """
     check_common("megatron", t, topology, "t")
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
@@ -149,6 +155,14 @@ def megatron(
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
     if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2):
         raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
+    if recompute is not None:
+        from .recompute import mode_activations
+        from .recompute import recompute as replay
+
+        values = mode_activations(t, recompute, recompute_layers, pp * chunks, stage_of)
+        t = replay(t, values)
+    elif recompute_layers is not None:
+        raise TransformError("recompute_layers= goes with recompute='full'")
     if distributed_optimizer:
         if zero == 2:
             raise TransformError(

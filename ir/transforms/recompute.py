@@ -16,6 +16,15 @@ backward keeps alive anyway (read by the backward and not recomputed) — for th
 MLP the first MatMul of each layer, for the GPT the LayerNorm outputs and the
 Gelu results (and the fused ``Attention``'s result, replayed from the q, k and v its
 gradient reads anyway).
+
+Megatron-LM's two granularities (Korthikanti et al. 2022, "Reducing Activation
+Recomputation in Large Transformer Models") are modes: ``recompute(t, "selective")``
+replays each attention core (the ``(batch, heads, seq, seq)`` scores and softmax that
+only it needs: :func:`attention_core_activations`), dropping the ``5as/h`` term of the
+paper's ``sbh(34 + 5as/h)`` bytes per layer (``2as/h`` in this GPT without dropout);
+``recompute(t, "full")`` replays every transformer layer from its input, and
+``recompute(t, "full", layers=k, stages=p)`` only the first ``k`` layers of each of ``p``
+pipeline stages (``--recompute-method block --recompute-num-layers k``).
 """
 
 from __future__ import annotations
@@ -34,7 +43,18 @@ from ..value import Value
 from ..verify import verify
 from ._rewrite import starts_backward
 
-__all__ = ["RecomputeError", "backward_start", "peak_live_bytes", "recomputable", "recompute"]
+__all__ = [
+    "MODES",
+    "RecomputeError",
+    "attention_core_activations",
+    "backward_start",
+    "mode_activations",
+    "peak_live_bytes",
+    "recomputable",
+    "recompute",
+]
+
+MODES = ("selective", "full")
 
 
 class RecomputeError(DistIRError):
@@ -89,6 +109,74 @@ def recomputable(f: Function) -> list[Value]:
     return chosen
 
 
+def attention_core_activations(f: Function) -> list[Value]:
+    """Selective recomputation's choice (Korthikanti et al. 2022, section 5): each attention
+    core's probabilities that the backward reads (a softmax whose record marks
+    ``attention_probabilities``) and the values of the same shape it is made from (the
+    masked and scaled scores back to the ``Q K^T`` MatMul), in program order. Replaying
+    them needs only ``Q``, ``K`` and ``V``, which the backward keeps anyway. A program
+    whose attention is one fused op (FlashAttention recomputes its core itself) has none.
+    """
+    function_arg("attention_core_activations", "f", f)
+    start = backward_start(f)
+    readers = _backward_readers(f, start)
+    forward = {v: op for op in f.ops[:start] for v in op.outputs}
+    chosen: set[Value] = set()
+    for op in f.ops[:start]:
+        if not get_op(op.op_type).extra.get("attention_probabilities"):
+            continue
+        v = op.outputs[0]
+        if v not in readers or v in f.outputs:
+            continue
+        while v not in chosen and _replayable(forward[v]):
+            chosen.add(v)
+            same = [u for u in forward[v].inputs if u in forward and u.type == v.type]
+            if len(same) != 1:  # the scores: a MatMul of Q and K^T, of other shapes
+                break
+            v = same[0]
+    return [v for v in forward if v in chosen]
+
+
+def mode_activations(
+    f: Function, mode: str, layers: int | None = None, stages: int = 1, stage_of=None
+) -> list[Value]:
+    """The activations ``recompute(f, mode, layers=, stages=)`` replays (see the module
+    docstring): ``"selective"`` or ``"full"``; ``layers``: with ``"full"``, the first
+    ``layers`` transformer layers of each of ``stages`` pipeline stages (the stages as
+    ``ir.transforms.stage_assignment(f, stages, stage_of)`` cuts them)."""
+    if mode not in MODES:
+        raise RecomputeError(f"recompute mode must be one of {MODES}, got {mode!r}")
+    if mode == "selective":
+        if layers is not None:
+            raise RecomputeError("layers= counts layers recomputed whole: use it with 'full'")
+        return attention_core_activations(f)
+    from ..models import gpt_layer_activations, gpt_layer_index
+
+    if not any(gpt_layer_index(v) is not None for op in f.ops for v in op.outputs):
+        raise RecomputeError(
+            f"{f.name} has no transformer layers named as ir.models.gpt names them "
+            "(h<i>_...); pass the values to recompute instead of 'full'"
+        )
+    if layers is None:
+        return gpt_layer_activations(f)
+    if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
+        raise RecomputeError(f"layers must be an integer >= 0, got {layers!r}")
+    from .pipeline import stage_assignment
+
+    stage = stage_assignment(f, stages, stage_of)
+    first_stage: dict[int, int] = {}
+    for op in f.ops:
+        for v in op.outputs:
+            i = gpt_layer_index(v)
+            if i is not None:
+                first_stage.setdefault(i, stage[op])
+    by_stage: dict[int, list[int]] = {}
+    for i, s in sorted(first_stage.items()):
+        by_stage.setdefault(s, []).append(i)
+    chosen = [i for ids in by_stage.values() for i in ids[:layers]]
+    return gpt_layer_activations(f, chosen) if chosen else []
+
+
 def _resolve(f: Function, values: Sequence[str | Value] | None, start: int) -> list[Value]:
     if values is None:
         return recomputable(f)
@@ -128,8 +216,17 @@ def _resolve(f: Function, values: Sequence[str | Value] | None, start: int) -> l
     return chosen
 
 
-def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Function:
-    """``f`` with ``values`` (names or Values; default ``recomputable(f)``) recomputed.
+def recompute(
+    f: Function,
+    values: Sequence[str | Value] | str | None = None,
+    *,
+    layers: int | None = None,
+    stages: int = 1,
+) -> Function:
+    """``f`` with ``values`` (names or Values; default ``recomputable(f)``) recomputed, or
+    Megatron-LM's granularity ``values="selective"`` / ``"full"`` (``layers``, ``stages``:
+    the first ``layers`` layers of each of ``stages`` pipeline stages; see the module
+    docstring and :func:`mode_activations`).
 
     Each chosen value's producer (and, recursively, producers of operands that are
     themselves chosen) is re-emitted just before the value's first backward reader;
@@ -142,7 +239,16 @@ def recompute(f: Function, values: Sequence[str | Value] | None = None) -> Funct
     ['MatMul', 'MatMul', 'Loss', 'LossGrad', 'MatMul', 'MatMulGrad']
     """
     function_arg("recompute", "f", f)
-    values = names_arg("recompute", "values", values)
+    if isinstance(values, str):
+        if values not in MODES:
+            raise RecomputeError(
+                f"recompute: values={values!r} is neither a mode {MODES} nor a list of names"
+            )
+        if _has_backward(f):
+            values = mode_activations(f, values, layers, stages)
+    elif layers is not None:
+        raise RecomputeError("recompute: layers= goes with values='full'")
+    values = values if isinstance(values, str) else names_arg("recompute", "values", values)
     if not _has_backward(f) and any(_has_backward(s) for op in f.ops for s in op.subfunctions):
         return _recompute_bodies(f, values)
     start = backward_start(f)
@@ -172,7 +278,7 @@ def _has_backward(f: Function) -> bool:
     return any(starts_backward(op) for op in f.ops)
 
 
-def _recompute_bodies(f: Function, values: Sequence[str | Value] | None) -> Function:
+def _recompute_bodies(f: Function, values: Sequence[str | Value] | str | None) -> Function:
     """A distributed training program: recompute inside each pmap body with a backward."""
     b = FunctionBuilder(f.name)
     env = {v: b.input(v.name, v.type) for v in f.inputs}
