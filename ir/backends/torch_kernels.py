@@ -237,6 +237,18 @@ def _adam(xs, a):
     return [w - a["lr"] * m_hat / (torch.sqrt(v_hat) + a["epsilon"]), m1, v1]
 
 
+def _master_adam(xs, a):
+    w, dw, master, m, v = xs
+    master1, m1, v1 = _adam([master, dw.to(master.dtype), m, v], a)
+    return [master1.to(w.dtype), master1, m1, v1]
+
+
+def _master_sgd(xs, a):
+    w, dw, master = xs
+    master1 = master - a["lr"] * dw.to(master.dtype)
+    return [master1.to(w.dtype), master1]
+
+
 def _embedding(xs, a):
     table, ids = xs
     if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= table.shape[0]):
@@ -499,6 +511,8 @@ TORCH_KERNELS: dict[str, Kernel] = {
     "LossGrad": _loss_grad,
     "SGDOptimizer": lambda xs, a: [xs[0] - a["lr"] * xs[1]],
     "Adam": _adam,
+    "MasterAdam": _master_adam,
+    "MasterSGD": _master_sgd,
     "Embedding": _embedding,
     "EmbeddingGrad": _embedding_grad,
     "Arange": lambda xs, a: [torch.arange(a["n"], dtype=getattr(torch, a["dtype"]))],

@@ -42,7 +42,7 @@ from ..function import Function
 from ..op import Op
 from ..ops._grad import add_grads, gname, zeros
 from ..registry import get_op
-from ..types import TensorType, TupleType, Type
+from ..types import DType, TensorType, TupleType, Type
 from ..value import Value
 from ..verify import describe_op, verify
 
@@ -338,6 +338,24 @@ def _pmap_gradient(
     return [by_param.get(p) for p in body.inputs]
 
 
+def _master_dtype(params: list[Value], dtype: DType | str) -> DType:
+    """The master weights' dtype, wider than every parameter's (mixed precision keeps
+    float32 copies of float16 or bfloat16 weights)."""
+    try:
+        wide = dtype if isinstance(dtype, DType) else DType(dtype)
+    except ValueError:
+        raise AutodiffError(f"master_dtype must be a float dtype name, got {dtype!r}") from None
+    narrow = [p.name for p in params if p.type.dtype.itemsize_bytes >= wide.itemsize_bytes]
+    if not wide.is_float or narrow:
+        raise AutodiffError(
+            f"master_weights keeps {wide.value} master copies of narrower weights; "
+            f"{narrow or 'the master dtype'} {'are' if narrow else 'is'} not narrower than "
+            f"{wide.value}: build the model in bfloat16 or float16 (e.g. "
+            "ir.models.gpt(..., dtype='bfloat16')), or pass a wider master_dtype"
+        )
+    return wide
+
+
 # -- public entry points ----------------------------------------------------------------
 
 
@@ -385,6 +403,8 @@ def training(
     loss: int = -1,
     *,
     return_gradients: bool = False,
+    master_weights: bool = False,
+    master_dtype: DType | str = DType.float32,
     recompute: str | None = None,
     recompute_layers: int | None = None,
     **optimizer_attrs: Any,
@@ -395,7 +415,12 @@ def training(
     state (``m_<w>1, v_<w>1`` per param), then ``f``'s outputs, then (with
     ``return_gradients``) the gradients. Adam adds the inputs ``m_<w>, v_<w>``
     per param after ``f``'s inputs. ``optimizer_attrs`` go to the optimizer op
-    (``beta1``, ``step``, ...). ``recompute="selective"`` or ``"full"`` (with
+    (``beta1``, ``step``, ...). ``master_weights=True`` (mixed precision, as Megatron-LM
+    trains float16/bfloat16 models): the optimizer keeps a ``master_dtype`` (float32)
+    master copy of each weight, input ``master_<w>`` before the Adam state, updates it and
+    writes the half-precision weight (``MasterSGD``, ``MasterAdam``, whose moments are in
+    ``master_dtype`` too); the outputs' state is ``master_<w>1`` (then ``m_<w>1,
+    v_<w>1``) per param. ``recompute="selective"`` or ``"full"`` (with
     ``recompute_layers=k``: the first ``k`` layers) replays activations in the backward
     as Megatron-LM does (``ir.transforms.recompute``; per pipeline stage:
     ``megatron(..., recompute=, recompute_layers=)``).
@@ -412,29 +437,32 @@ def training(
         lr = real_arg("training", "lr", lr, positive=True)
     params = names_arg("training", "params", params, "input names")
     return_gradients = bool_arg("training", "return_gradients", return_gradients)
+    master_weights = bool_arg("training", "master_weights", master_weights)
     chosen = _resolve_params(f, params, loss)
     _loss_value(f, loss)
+    wide = _master_dtype(chosen, master_dtype) if master_weights else None
     b, env = _replay(f, f.name)
-    state: dict[Value, tuple[Value, Value]] = {}
-    if optimizer == "adam":
-        for p in chosen:
-            state[p] = (b.input(f"m_{p.name}", p.type), b.input(f"v_{p.name}", p.type))
+    names = ["m", "v"] if optimizer == "adam" else []
+    if master_weights:
+        names = ["master", *names]
+    state: dict[Value, list[Value]] = {}
+    for p in chosen:
+        t = p.type if wide is None else TensorType(p.type.shape, wide, p.type.device)
+        state[p] = [b.input(f"{n}_{p.name}", t) for n in names]
     grads = dict(zip(chosen, _param_grads(f, b, env, chosen, loss)))
     attrs = dict(optimizer_attrs)
     if lr is not None:
         attrs["lr"] = lr
+    op_type = {"sgd": "SGDOptimizer", "adam": "Adam"}[optimizer]
+    if master_weights:
+        op_type = {"sgd": "MasterSGD", "adam": "MasterAdam"}[optimizer]
     updated: dict[Value, Value] = {}
-    new_state: list[Value] = []
     for p in reversed(chosen):  # the seed updates the last layer first
-        if optimizer == "sgd":
-            updated[p] = b.call("SGDOptimizer", env[p], grads[p], name=f"{p.name}1", **attrs)
-        else:
-            m, v = state[p]
-            names = [f"{p.name}1", f"m_{p.name}1", f"v_{p.name}1"]
-            updated[p], m1, v1 = b.call("Adam", env[p], grads[p], m, v, name=names, **attrs)
-            state[p] = (m1, v1)
-    if optimizer == "adam":
-        new_state = [x for p in chosen for x in state[p]]
+        out_names = [f"{p.name}1", *(f"{n}_{p.name}1" for n in names)]
+        results = b.call(op_type, env[p], grads[p], *state[p], name=out_names, **attrs)
+        results = results if isinstance(results, tuple) else (results,)
+        updated[p], state[p] = results[0], list(results[1:])
+    new_state = [x for p in chosen for x in state[p]]
     outputs = [*(updated[p] for p in chosen), *new_state, *(env[v] for v in f.outputs)]
     if return_gradients:
         outputs += [grads[p] for p in chosen]

@@ -185,8 +185,9 @@ def test_registering_a_taken_name_is_an_error(opdef: OpDef, message: str):
 
 def test_optimizers_are_marked_for_the_transforms():
     marked = sorted(op.name for op in OPS if op.extra.get("optimizer"))
-    assert marked == ["Adam", "SGDOptimizer"]
+    assert marked == ["Adam", "MasterAdam", "MasterSGD", "SGDOptimizer"]
     assert ir.get_op("Adam").extra["state"] == ("m", "v")
+    assert ir.get_op("MasterAdam").extra["state"] == ("master", "m", "v")
 
 
 def test_loss_grad_takes_the_seeds_positional_scale_first():
