@@ -16,7 +16,14 @@ from .horizontal import horizontal_parallel
 from .megatron import gradient_accumulation, megatron
 from .pipeline import live_microbatches, pipeline_parallel, stage_assignment
 from .placement import place
-from .recompute import RecomputeError, peak_live_bytes, recomputable, recompute
+from .recompute import (
+    RecomputeError,
+    attention_core_activations,
+    mode_activations,
+    peak_live_bytes,
+    recomputable,
+    recompute,
+)
 from .setup import setup_program
 from .stage_cut import PipelineCut, StageCut, pipeline_cut
 from .unroll import device_programs, unroll_pmap
@@ -28,6 +35,7 @@ __all__ = [
     "StageCut",
     # parallelism
     "TransformError",
+    "attention_core_activations",
     "data_parallel",
     "data_then_horizontal",
     "default_params",
@@ -38,6 +46,7 @@ __all__ = [
     "horizontal_then_data",
     "live_microbatches",
     "megatron",
+    "mode_activations",
     "nested",
     "parallelize",
     "peak_live_bytes",

@@ -28,6 +28,7 @@ from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
 from ..ops.communication import split_sizes
+from ..registry import get_op
 from ..sharding.errors import PropagationError
 from ..sharding.facts import ProgramFacts
 from ..sharding.rules import rule_for
@@ -193,7 +194,8 @@ class Plan:
         keys = [self.current[v] for v in op.inputs]
         states = [self.state[k] for k in keys]
         result: RuleResult | None = RuleResult([R] * len(op.outputs))
-        if any(s != R for s in states):
+        # an op with index operands may run on a slice of its ids though all is replicated
+        if any(s != R for s in states) or get_op(op.op_type).extra.get("index_operands"):
             result = self.rule(op, states)
         if result is None and M in states:  # no op passes a partial maximum: reduce it first
             keys = [self.convert(k, R) if s == M else k for k, s in zip(keys, states)]
