@@ -27,11 +27,13 @@ from ..types import TensorType
 
 
 def _attributes(op: Op) -> Any:
-    """An op's attributes as a hashable key; the op itself when they do not hash."""
+    """An op's attributes as a hashable key, but for the device it runs on (a constant's
+    ``device``: a pmap body's op and each device's copy cost the same); the op itself
+    when they do not hash."""
     if not op.attributes:
         return ()
     try:
-        key = tuple(sorted(op.attributes.items()))
+        key = tuple(sorted((k, v) for k, v in op.attributes.items() if k != "device"))
         hash(key)
         return key
     except TypeError:

@@ -19,6 +19,7 @@ from ..builder import FunctionBuilder
 from ..errors import VerifyError
 from ..function import Function
 from ..op import Op
+from ..registry import get_op
 from ..types import TensorType
 from ..value import Value
 from ..verify import describe_op
@@ -91,7 +92,8 @@ class MegatronPlan:
         allow_replication: bool = False,
         vocab_parallel: bool = True,
     ) -> None:
-        if vocab_parallel and tp > 1:  # embeddings and cross-entropies split by vocabulary
+        source, vocabulary = t, vocab_parallel and tp > 1
+        if vocabulary:  # embeddings and cross-entropies split by vocabulary
             t = vocabulary_form(t, tp)
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
         self.allow_replication = allow_replication
@@ -102,6 +104,10 @@ class MegatronPlan:
         self.base = base
         self.zero = zero if dp > 1 else 0
         self._analyse(schedule)
+        whole = self._whole_logits() if vocabulary else set()
+        if whole:  # a cross-entropy of logits the plan keeps whole: as it was, unsplit
+            self.t = vocabulary_form(source, tp, keep=whole)
+            self._analyse(schedule)
         self._plan_zero()
 
     # -- analysis --------------------------------------------------------------------------
@@ -217,7 +223,7 @@ class MegatronPlan:
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
                 raise TensorSplitError(
                     f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
-                    "parallelism splits MatMul pairs and attention heads)"
+                    "parallelism splits MatMul pairs, attention heads and vocabularies)"
                 )
             if not self.allow_replication:  # past the heads (or any split's axis)?
                 structure = horizontal_plan(self.piece, 1, VAR)
@@ -267,6 +273,19 @@ class MegatronPlan:
             for d in range(self.pp)
         ]
         self.final = {k: hplan.current[k] for k in self.piece_out}
+
+    def _whole_logits(self) -> set[str]:
+        """The logits whose vocabulary-parallel cross-entropy the tensor plan runs whole
+        (their head is not split by classes: the layer before split it by rows)."""
+        whole = set()
+        for st in self.hplan.steps:
+            extra = get_op(st.op.op_type).extra if st.op is not None else {}
+            index = extra.get("index_operands", ())
+            if not index or "weight_operands" in extra or not st.keys[0].type.dtype.is_float:
+                continue  # not a cross-entropy's op (an embedding's: its table is operand 0)
+            if self.hplan.state.get(st.keys[index[0]]) in (R, None):
+                whole.add(st.op.inputs[0].name)
+        return whole
 
     def _regather_for_backward(self) -> None:
         """Sequence parallelism keeps a layer's input as token slices and all-gathers it

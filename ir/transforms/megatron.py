@@ -237,7 +237,7 @@ def tensor_split_problem(t: Function, tp: int) -> str | None:
 
     >>> import ir
     >>> from ir.transforms import training
-    >>> one_layer = training(ir.models.mlp(8, 4, 4, 2, layers=1))
+    >>> one_layer = training(ir.models.mlp(8, 4, 4, 3, layers=1))  # 3 classes: no 2-way split
     >>> print(tensor_split_problem(one_layer, 2).split(" (")[0])
     tensor level: no weight of mlp splits 2 ways
     >>> tensor_split_problem(training(ir.models.mlp(8, 4, 4, 2, layers=2)), 2) is None

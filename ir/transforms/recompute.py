@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from ..arguments import function_arg, names_arg
 from ..builder import FunctionBuilder, rebuild_op
-from ..errors import DistIRError
+from ..errors import ArgumentError, DistIRError
 from ..function import Function
 from ..layout import layouts_of
 from ..op import Op
@@ -241,8 +241,9 @@ def recompute(
     function_arg("recompute", "f", f)
     if isinstance(values, str):
         if values not in MODES:
-            raise RecomputeError(
-                f"recompute: values={values!r} is neither a mode {MODES} nor a list of names"
+            raise ArgumentError(
+                f"recompute: values must be a mode {MODES} or a list of value names, got "
+                f"{values!r} (one name goes in a list: [{values!r}])"
             )
         if _has_backward(f):
             values = mode_activations(f, values, layers, stages)

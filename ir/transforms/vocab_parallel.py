@@ -25,6 +25,8 @@ over the tensor ranks (layout ``S(k)@tp``): gathering it would undo the point.
 
 from __future__ import annotations
 
+from collections.abc import Set
+
 from ..builder import FunctionBuilder, rebuild_op
 from ..function import Function
 from ..registry import get_op
@@ -44,14 +46,16 @@ def has_vocabulary(t: Function) -> bool:
     return any(_form(op) is not None for op in t.ops)
 
 
-def vocabulary_form(t: Function, tp: int = 1) -> Function:
+def vocabulary_form(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> Function:
     """``t`` with its embeddings and cross-entropies in their vocabulary-parallel forms
     (see the module docstring); equal to ``t`` when executed.
 
     With ``tp > 1`` every embedding table's rows must divide by ``tp`` (a
     :class:`TransformError` says which does not; Megatron-LM pads the vocabulary to a
     multiple of ``tp``, ``--make-vocab-size-divisible-by``); a cross-entropy whose class
-    count does not divide by ``tp`` is left whole (its head then stays whole too).
+    count does not divide by ``tp`` is left whole (its head then stays whole too), as is
+    one of logits named in ``keep`` (:func:`ir.transforms.megatron` passes those its plan
+    does not split: an MLP's head after a row-parallel layer).
 
     >>> import ir
     >>> from ir.transforms import training
@@ -67,7 +71,8 @@ def vocabulary_form(t: Function, tp: int = 1) -> Function:
         ins = [env[v] for v in op.inputs]
         form = _form(op)
         outs = None
-        if form is not None and _divides(op, tp):
+        kept = "vocabulary_classes" in get_op(op.op_type).extra and op.inputs[0].name in keep
+        if form is not None and not kept and _divides(op, tp):
             outs = form(b, op, ins, stats)
         if outs is None:
             outs = rebuild_op(b, op, ins)

@@ -56,8 +56,10 @@ def test_with_loss_is_torchs_cross_entropy():
 
 def test_megatron_splits_an_imported_llamas_attention_and_mlp_column_then_row():
     """tp=2: q, k, v, gate and up projections by output features (torch's rows: ``S(0)``),
-    o and down projections by input features (``S(1)``); embeddings, norms and the head
-    stay whole. GQA: 4 query heads over 2 key/value heads split 2 + 1 per device."""
+    o and down projections by input features (``S(1)``); the token embedding and the head
+    by vocabulary (Megatron-LM's vocabulary-parallel embedding and cross-entropy: rows of
+    both torch weights); norms stay whole. GQA: 4 query heads over 2 key/value heads split
+    2 + 1 per device."""
     t, args, _ = _training_step(llama(), _ids(4))
     g = ir.transforms.megatron(t, 1, 2, 1, 1)
     layouts = dict(zip((v.name for v in g.inputs), g.input_layouts))
@@ -68,6 +70,8 @@ def test_megatron_splits_an_imported_llamas_attention_and_mlp_column_then_row():
             assert layouts[name] == ("R@1", "S(0)@2"), name
         elif any(r in name for r in ROWS):
             assert layouts[name] == ("R@1", "S(1)@2"), name
+        elif "embed_tokens" in name or "lm_head" in name:
+            assert layouts[name] == ("R@1", "S(0)@2"), name
         else:
             assert layouts[name] == ("R@1", "R@2"), name
     _assert_step_equal(t, g, args)

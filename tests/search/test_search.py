@@ -188,7 +188,7 @@ def test_impossible_requests_say_which_constraint_failed() -> None:
     small_batch = models.mlp(4, 32, 32, 8, layers=4)
     with pytest.raises(SearchError, match="the batch of 4 is smaller than dp=8: every"):
         search(small_batch, A100_8, dp=[8], progress=False)
-    one_layer = models.mlp(8, 4, 4, 2, layers=1)  # no MatMul pair to split
+    one_layer = models.mlp(8, 4, 4, 3, layers=1)  # no MatMul pair, 3 classes: nothing splits
     with pytest.raises(SearchError, match="tensor parallelism cannot split mlp: tensor level: no"):
         search(one_layer, ir.Topology.preset("a100-hgx", 4), tp=[2, 4], progress=False)
     # asked among others, the impossible points are rows that say why
