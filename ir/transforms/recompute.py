@@ -114,19 +114,23 @@ def attention_core_activations(f: Function) -> list[Value]:
     core's probabilities that the backward reads (a softmax whose record marks
     ``attention_probabilities``) and the values of the same shape it is made from (the
     masked and scaled scores back to the ``Q K^T`` MatMul), in program order. Replaying
-    them needs only ``Q``, ``K`` and ``V``, which the backward keeps anyway. A program
-    whose attention is one fused op (FlashAttention recomputes its core itself) has none.
+    them needs only ``Q``, ``K`` and ``V``, which the backward keeps anyway. A dropout of
+    the probabilities (its output and mask, the rest of the paper's ``5as/h`` term) is
+    replayed with them. A program whose attention is one fused op (FlashAttention
+    recomputes its core itself) has none.
     """
     function_arg("attention_core_activations", "f", f)
     start = backward_start(f)
     readers = _backward_readers(f, start)
     forward = {v: op for op in f.ops[:start] for v in op.outputs}
+    consumers = f.consumers
+    forward_ops = set(f.ops[:start])
     chosen: set[Value] = set()
     for op in f.ops[:start]:
         if not get_op(op.op_type).extra.get("attention_probabilities"):
             continue
-        v = op.outputs[0]
-        if v not in readers or v in f.outputs:
+        probs = v = op.outputs[0]
+        if v in f.outputs:
             continue
         while v not in chosen and _replayable(forward[v]):
             chosen.add(v)
@@ -134,7 +138,33 @@ def attention_core_activations(f: Function) -> list[Value]:
             if len(same) != 1:  # the scores: a MatMul of Q and K^T, of other shapes
                 break
             v = same[0]
-    return [v for v in forward if v in chosen]
+        # after the softmax, ops of its shape (its dropout: output and mask) up to the
+        # MatMul with V; kept where the backward reads them or what it reads is made of them
+        after = [probs]
+        while after:
+            for user in consumers.get(after.pop(), []):
+                outs = user.outputs
+                if user not in forward_ops or not _replayable(user):
+                    continue
+                if all(w.type.shape == probs.type.shape and w not in f.outputs for w in outs):
+                    new = [w for w in outs if w not in chosen]
+                    chosen.update(new)
+                    after += new
+    return [v for v in forward if v in chosen and _feeds_backward(v, chosen, readers, consumers)]
+
+
+def _feeds_backward(v: Value, chosen: set[Value], readers, consumers) -> bool:
+    """``v`` is read by the backward, or feeds (through chosen values) one that is."""
+    seen, frontier = set(), [v]
+    while frontier:
+        u = frontier.pop()
+        if u in readers:
+            return True
+        seen.add(u)
+        frontier += [
+            w for op in consumers.get(u, []) for w in op.outputs if w in chosen and w not in seen
+        ]
+    return False
 
 
 def mode_activations(

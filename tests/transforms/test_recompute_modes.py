@@ -143,3 +143,31 @@ def test_bad_modes_say_what_to_do() -> None:
     assert recompute(mlp, "selective").is_equivalent(mlp)  # no attention core: nothing to do
     with pytest.raises(TransformError, match="recompute_layers= goes with"):
         megatron(T2, 1, 1, 1, 1, recompute_layers=1)
+
+
+def _attention_with_dropout() -> ir.Function:
+    """One attention core with dropout on its probabilities (the paper's softmax dropout)."""
+    b = ir.FunctionBuilder("attn")
+    x = b.input("x", ir.TensorType((2, 8, 16), ir.DType.float32, 0))
+    w = {n: b.input(n, ir.TensorType((16, 16), ir.DType.float32, 0)) for n in ("wq", "wk", "wv")}
+    labels = b.input("labels", ir.TensorType((2, 8), ir.DType.int64, 0))
+    q = b.call("MatMul", x, w["wq"], name="q")
+    kt = b.call("Transpose", b.call("MatMul", x, w["wk"], name="k"), perm=(0, 2, 1), name="kt")
+    scores = b.call("Scale", b.call("MatMul", q, kt, name="scores"), factor=0.25, name="scaled")
+    probs = b.call("Softmax", b.call("CausalMask", scores, name="masked"), name="probs")
+    dropped, _ = b.call("Dropout", probs, p=0.1, seed=3, name=["dropped", "keep"])
+    y = b.call("MatMul", dropped, b.call("MatMul", x, w["wv"], name="v"), name="ctx")
+    return b.finish([b.call("Loss", y, labels, name="l")])
+
+
+def test_selective_recomputation_replays_the_softmax_dropout_too() -> None:
+    t = transforms.training(_attention_with_dropout())
+    core = {v.name for v in transforms.attention_core_activations(t)}
+    assert core == {"scores", "scaled", "masked", "probs", "dropped", "keep"}
+    r = recompute(t, "selective")
+    xs = ir.random_inputs(t, 1)
+    for a, b in zip(ir.execute(r, xs), ir.execute(t, xs)):
+        np.testing.assert_array_equal(a, b)
+    # the probabilities (4 bytes), the dropout's output (4) and mask (1) per score
+    scores = 2 * 8 * 8
+    assert _stored_bytes(t) - _stored_bytes(r) == scores * (4 + 4 + 1)
