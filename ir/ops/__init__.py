@@ -11,6 +11,7 @@ from . import (  # noqa: F401
     conv,
     conv_grad,
     conv_transpose,
+    cross_entropy,
     dropout,
     elementwise,
     embedding,

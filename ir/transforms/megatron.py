@@ -29,10 +29,17 @@ outputs are the updated shards in the same layouts, the loss as per-replica
 partial sums (``"P@dp"``) and batch-shaped outputs in their inputs' layout.
 ``ir.distribute`` / ``ir.collect`` turn sequential values into these and back.
 
-Two switches change how the data and tensor levels hold state:
+At the tensor level the embedding, the output head and the cross-entropy are split over
+the vocabulary as Megatron-LM splits them (``vocab_parallel=True``, the default; see
+:mod:`ir.transforms.vocab_parallel`): each tensor rank holds ``V / tp`` rows of ``wte``
+and columns of the head, and no rank makes the whole logits.
 
-* ``zero=1`` / ``zero=2`` (ZeRO, Rajbhandari et al. 2020, as DeepSpeed and
-  Megatron-LM's distributed optimizer run it): the replicas of a shard split its
+Two switches change how the data and tensor levels hold state (``recompute=`` replays
+activations as Megatron-LM's ``--recompute-granularity`` does):
+
+* ``zero=1`` / ``zero=2`` (ZeRO, Rajbhandari et al. 2020, as DeepSpeed runs it;
+  Megatron-LM's distributed optimizer is stage 1, ``distributed_optimizer=True``): the
+  replicas of a shard split its
   optimizer state (layout ``("S(k)@dp", ...)``, along an axis other than the
   tensor-parallel one that divides by ``dp``); the gradient is reduce-scattered
   among them instead of all-reduced, each replica updates its part of the weight
