@@ -34,16 +34,11 @@ from ..value import Value
 from ..verify import verify
 from ._rewrite import TransformError
 
-__all__ = ["has_vocabulary", "vocabulary_form"]
+__all__ = ["vocabulary_form"]
 
 
 def _form(op):
     return get_op(op.op_type).extra.get("vocabulary_form")
-
-
-def has_vocabulary(t: Function) -> bool:
-    """``t`` has an op with a vocabulary form (an embedding or a cross-entropy)."""
-    return any(_form(op) is not None for op in t.ops)
 
 
 def vocabulary_form(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> Function:
