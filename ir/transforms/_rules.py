@@ -289,9 +289,12 @@ class SequenceParallelRule:
         # (an operand the engine has already gathered comes back in state R)
         tokens = [v in self.token_split and s == token for v, s in zip(op.inputs, st)]
         partial = [s == P for s in st]
+        # partial sums an op is linear in (an Add of two) stay partial: one reduce-scatter
+        # later; a dropout of one is reduce-scattered first, as Megatron-LM does
+        linear = any(linear_in_all(c, len(st)) for c in self.inner.candidates(op))
+        passes = all(partial) and linear
         if not any(tokens) and (
-            all(partial)  # partial sums added up stay partial: one reduce-scatter later
-            or not any(p and self.is_activation(v) for p, v in zip(partial, op.inputs))
+            passes or not any(p and self.is_activation(v) for p, v in zip(partial, op.inputs))
         ):
             return self.inner(op, st)
         if not any(tokens):

@@ -3,13 +3,14 @@ Activation Recomputation in Large Transformer Models", Table 2 and section 5.
 
 The paper stores ``s b h (34 + 5 a s / h)`` bytes of activations per transformer layer
 (16-bit activations, 1-byte dropout masks); its selective recomputation drops the
-``5 a s / h`` term, full recomputation keeps ``2 s b h`` (the layer's input). This GPT
-has no dropout, so the terms it has are ``32 s b h`` (the paper's 34 less the attention
-and MLP dropout masks, ``s b h`` each) and ``2 a s^2 b`` (the softmax output; the paper's
-5 adds its dropout mask and dropout output). With tensor parallelism over ``t`` ranks
-the paper's ``10 + 24 / t`` becomes ``8 + 24 / t`` here, and with sequence parallelism
-``34 / t`` becomes ``32 / t``. Measured on the simulator's memory curve at the start of
-the backward pass (bfloat16), equal to the byte.
+``5 a s / h`` term, full recomputation keeps ``2 s b h`` (the layer's input). With
+Megatron-LM's dropouts (``ir.models.gpt(dropout=, attention_dropout=)``) this GPT has every
+term: ``34 s b h + 5 a s^2 b``, ``10 + 24 / t`` under tensor parallelism over ``t`` ranks,
+``34 / t`` with sequence parallelism too. Without dropout it has ``32 s b h`` (less the
+attention and MLP dropout masks, ``s b h`` each) and ``2 a s^2 b`` (the softmax output; the
+paper's 5 adds its dropout mask and dropout output): ``8 + 24 / t`` and ``32 / t``.
+Measured on the simulator's memory curve at the start of the backward pass (bfloat16, the
+unfused attention, whose scores are ops), equal to the byte.
 """
 
 from __future__ import annotations
@@ -26,8 +27,19 @@ from ir.types import TupleType
 B, S, H, A = 2, 64, 64, 4  # batch, sequence, hidden, heads
 
 
-def _gpt(layers: int, dtype: str = "bfloat16") -> ir.Function:
-    return models.gpt(batch=B, seq=S, hidden=H, heads=A, vocab=128, layers=layers, dtype=dtype)
+def _gpt(layers: int, dtype: str = "bfloat16", **options) -> ir.Function:
+    """The unfused attention (its scores and softmax are ops), as Korthikanti et al. count."""
+    return models.gpt(
+        batch=B,
+        seq=S,
+        hidden=H,
+        heads=A,
+        vocab=128,
+        layers=layers,
+        dtype=dtype,
+        attention="unfused",
+        **options,
+    )
 
 
 def _input_bytes(g: ir.Function, device: int) -> int:
@@ -171,3 +183,17 @@ def test_selective_recomputation_replays_the_softmax_dropout_too() -> None:
     # the probabilities (4 bytes), the dropout's output (4) and mask (1) per score
     scores = 2 * 8 * 8
     assert _stored_bytes(t) - _stored_bytes(r) == scores * (4 + 4 + 1)
+
+
+def test_with_megatrons_dropouts_a_layer_stores_exactly_korthikantis_bytes() -> None:
+    drop = {"dropout": 0.1, "attention_dropout": 0.1}
+    t4, t2 = (transforms.training(_gpt(n, **drop)) for n in (4, 2))
+    sbh, core = S * B * H, 5 * A * S * S * B  # the paper's 5 a s / h term, times s b h
+    assert (_stored_bytes(t4) - _stored_bytes(t2)) / 2 == 34 * sbh + core
+    assert _stored_bytes(t4) - _stored_bytes(recompute(t4, "selective")) == LAYERS * core
+    full = _stored_bytes(t4) - _stored_bytes(recompute(t4, "full"))
+    assert full == LAYERS * (34 * sbh + core - 2 * sbh)
+    tp = 2
+    for sp, whole in ((False, 10 * sbh + 24 * sbh / tp), (True, 34 * sbh / tp)):
+        g4, g2 = (megatron(t, 1, tp, 1, 1, sequence_parallel=sp) for t in (t4, t2))
+        assert (_stored_bytes(g4, tp) - _stored_bytes(g2, tp)) / 2 == whole + core / tp
