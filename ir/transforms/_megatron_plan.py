@@ -32,7 +32,7 @@ from .horizontal import horizontal_plan
 from .pipeline import _device_sequence, backward_ops
 from .stage_cut import annotated_stages, gradient_ops, pipeline_degree, staged
 from .tensor_limits import TensorReplicationError, replicated_split
-from .vocab_parallel import vocabulary_form
+from .vocab_parallel import undivided_vocabulary, vocabulary_form
 
 VAR = "e"  # the device variable of every pmap body of the step
 
@@ -104,6 +104,9 @@ class MegatronPlan:
         self.base = base
         self.zero = zero if dp > 1 else 0
         self._analyse(schedule)
+        problem = undivided_vocabulary(source, tp) if vocabulary else None
+        if problem is not None and not allow_replication:
+            raise TensorReplicationError(problem)
         whole = self._whole_logits() if vocabulary else set()
         if whole:  # a cross-entropy of logits the plan keeps whole: as it was, unsplit
             self.t = vocabulary_form(source, tp, keep=whole)

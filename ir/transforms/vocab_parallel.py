@@ -32,9 +32,8 @@ from ..function import Function
 from ..registry import get_op
 from ..value import Value
 from ..verify import verify
-from ._rewrite import TransformError
 
-__all__ = ["vocabulary_form"]
+__all__ = ["undivided_vocabulary", "vocabulary_form"]
 
 
 def _form(op):
@@ -45,12 +44,11 @@ def vocabulary_form(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> F
     """``t`` with its embeddings and cross-entropies in their vocabulary-parallel forms
     (see the module docstring); equal to ``t`` when executed.
 
-    With ``tp > 1`` every embedding table's rows must divide by ``tp`` (a
-    :class:`TransformError` says which does not; Megatron-LM pads the vocabulary to a
-    multiple of ``tp``, ``--make-vocab-size-divisible-by``); a cross-entropy whose class
-    count does not divide by ``tp`` is left whole (its head then stays whole too), as is
-    one of logits named in ``keep`` (:func:`ir.transforms.megatron` passes those its plan
-    does not split: an MLP's head after a row-parallel layer).
+    A vocabulary (an embedding table's rows, a cross-entropy's classes) that does not
+    divide by ``tp`` is left whole, as is a cross-entropy of logits named in ``keep``
+    (:func:`ir.transforms.megatron` passes those its plan does not split: an MLP's head
+    after a row-parallel layer). :func:`undivided_vocabulary` says which tables stay
+    whole; ``megatron`` refuses them unless told to replicate.
 
     >>> import ir
     >>> from ir.transforms import training
@@ -67,7 +65,7 @@ def vocabulary_form(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> F
         form = _form(op)
         outs = None
         kept = "vocabulary_classes" in get_op(op.op_type).extra and op.inputs[0].name in keep
-        if form is not None and not kept and _divides(op, tp):
+        if form is not None and not kept and _size(op) % tp == 0:
             outs = form(b, op, ins, stats)
         if outs is None:
             outs = rebuild_op(b, op, ins)
@@ -75,19 +73,25 @@ def vocabulary_form(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> F
     return verify(b.finish([env[v] for v in t.outputs]))
 
 
-def _divides(op, tp: int) -> bool:
-    """The op's vocabulary splits evenly over ``tp`` ranks (its record says how large it
-    is: a table's ``vocabulary_rows``, which must split, or a cross-entropy's
-    ``vocabulary_classes``, which stays whole when they do not)."""
+def _size(op) -> int:
+    """The op's vocabulary, as its record says: a table's ``vocabulary_rows`` or a
+    cross-entropy's ``vocabulary_classes``."""
     extra = get_op(op.op_type).extra
-    if "vocabulary_rows" not in extra:
-        return extra["vocabulary_classes"](op) % tp == 0
-    rows = extra["vocabulary_rows"](op)
-    if rows % tp:
-        raise TransformError(
-            f"tensor level: the vocabulary of {rows} rows ({op.op_type} making "
-            f"{op.outputs[0].name!r}) does not split over tp={tp} ranks; pad it to a multiple "
-            f"of {tp} as Megatron-LM does (--make-vocab-size-divisible-by), or pass "
-            "vocab_parallel=False to keep the embedding and head whole on every rank"
-        )
-    return True
+    return (extra.get("vocabulary_rows") or extra["vocabulary_classes"])(op)
+
+
+def undivided_vocabulary(t: Function, tp: int) -> str | None:
+    """Why :func:`vocabulary_form` leaves an embedding table of ``t`` whole over ``tp``
+    tensor ranks (its rows do not divide by ``tp``), or None."""
+    for op in t.ops:
+        extra = get_op(op.op_type).extra
+        if "vocabulary_rows" in extra and (rows := extra["vocabulary_rows"](op)) % tp:
+            return (
+                f"tensor level: the vocabulary of {rows} rows ({op.op_type} making "
+                f"{op.outputs[0].name!r}) does not split over tp={tp} ranks, so each rank "
+                "would hold the whole embedding and head and repeat their work; pad it to a "
+                f"multiple of {tp} as Megatron-LM does (--make-vocab-size-divisible-by), or "
+                "pass allow_replication=True (or vocab_parallel=False) to keep them whole on "
+                "every rank"
+            )
+    return None

@@ -19,7 +19,8 @@ F64 = ir.DType.float64
 
 
 def _gpt(attention: str, kv_heads: int | None = None, **sizes) -> ir.Function:
-    shape = {"batch": 4, "seq": 6, "hidden": 16, "heads": 4, "vocab": 13, "layers": 2}
+    # 14 words: the vocabulary splits over 2 tensor ranks (Megatron-LM's vocabulary split)
+    shape = {"batch": 4, "seq": 6, "hidden": 16, "heads": 4, "vocab": 14, "layers": 2}
     shape.update(sizes)
     return models.gpt(**shape, dtype=F64, attention=attention, kv_heads=kv_heads)
 

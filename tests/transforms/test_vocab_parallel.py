@@ -14,7 +14,8 @@ import ir
 from ir import models, transforms
 from ir.registry import ops_cost
 from ir.sharding import check_deadlock, lower_to_ranks, run_ranked
-from ir.transforms import TransformError, megatron
+from ir.transforms import megatron
+from ir.transforms.tensor_limits import TensorReplicationError
 from ir.transforms.vocab_parallel import vocabulary_form
 from ir.types import TupleType
 
@@ -139,9 +140,12 @@ def test_the_cross_entropy_all_reduces_row_statistics_not_logits() -> None:
 def test_a_vocabulary_that_does_not_split_is_refused_with_the_fix() -> None:
     f = models.gpt(batch=4, seq=4, hidden=8, heads=4, vocab=30, layers=1, dtype=F64)
     t = transforms.training(f)
-    with pytest.raises(TransformError, match=r"30 rows .* tp=4 .* pad it to a multiple of 4"):
+    with pytest.raises(TensorReplicationError, match=r"30 rows .* tp=4 .* multiple of 4"):
         megatron(t, 1, 4, 1, 1)
-    _run(t, megatron(t, 1, 4, 1, 1, vocab_parallel=False))  # the old arrangement builds
+    for kept_whole in ({"allow_replication": True}, {"vocab_parallel": False}):
+        g = megatron(t, 1, 4, 1, 1, **kept_whole)  # the embedding and head whole a rank
+        _run(t, g)
+        assert not any(op.op_type == "KeepShard" for op in g.ops)
     _run(t, megatron(t, 1, 2, 1, 1))  # 30 splits in two
 
 
