@@ -31,8 +31,10 @@ from .vocabulary import I64, _int_operand, _match, _onehot
 
 def _logits(c: TypeContext, i: int = 0) -> TensorType:
     y = tensor(c, i, "logits y")
-    if not y.dtype.is_float or y.rank < 1:
-        raise TypeRuleError(f"logits y must be floating-point with classes last, got {y}")
+    if not y.dtype.is_float or y.rank < 1 or y.shape[-1] == 0:
+        raise TypeRuleError(
+            f"logits y must be floating-point with at least one class on the last axis, got {y}"
+        )
     return y
 
 
