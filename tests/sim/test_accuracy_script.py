@@ -5,6 +5,7 @@ from __future__ import annotations
 import doctest
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ BATCH = 4
 
 def test_counted_matrix_flops_without_recomputation_are_the_papers_72_formula(acc):
     m = acc.GptConfig(**SMALL)
-    _, matrix = acc.counted_flops(acc.training_step(m, BATCH, recompute=False))
+    plain = replace(acc.MEGATRON_2021, recompute=None)
+    _, matrix = acc.counted_flops(acc.training_step(m, BATCH, plain))
     want = acc.model_flops(BATCH, m.seq, m.layers, m.hidden, m.vocab, recompute=False)
     assert matrix == pytest.approx(want, rel=1e-12)
 
@@ -78,16 +80,39 @@ def test_a_small_row_builds_simulates_and_respects_the_roofline(acc):
     assert row.error == pytest.approx(row.simulated_s / 1e-3 - 1)
 
 
-def test_one_matrix_efficiency_slows_matmuls_and_nothing_else(acc):
-    # wide enough that the matmuls are compute-bound; launch overheads do not scale
+def test_slower_matrix_kernels_slow_matmuls_and_nothing_else(acc):
+    # wide and long enough that the matmuls are compute-bound and outlast the host
     wide = acc.GptConfig(hidden=2048, heads=16, layers=1, seq=512, vocab=1024)
-    case = small_case(acc, model=wide, batch=8)
-    full, half = acc.run_case(case), acc.run_case(case, 0.5)
+    case = small_case(acc, model=wide, batch=16, microbatch_size=8)
+    topology = ir.Topology.preset("a100-hgx", case.gpus)
+    slow = ir.hardware.EfficiencyFactors(gemm=0.5).apply(topology)
+    full, half = acc.run_case(case, topology), acc.run_case(case, slow)
     assert 1.8 * full.matmul_s < half.matmul_s <= 2 * full.matmul_s
     assert half.attention_elementwise_s == pytest.approx(full.attention_elementwise_s)
     assert full.simulated_s < half.simulated_s < 2 * full.simulated_s
-    with pytest.raises(ValueError, match="matrix_efficiency"):
-        acc.derated(ir.Topology.preset("a100-hgx", 2), 1.5)
+
+
+def test_every_published_row_is_a_configuration_megatron_builds(acc):
+    """Rows are checked without building: their degrees multiply to their GPUs, the batch
+    divides into replicas and microbatches, and pipelines have layers for every stage."""
+    for c in acc.CASES:
+        assert c.dp * c.tp * c.pp == c.gpus and c.batch % (c.dp * c.microbatch_size) == 0
+        assert c.model.layers >= c.pp and c.model.hidden % c.model.heads == 0
+        assert c.model.heads % c.tp == 0 and c.model.vocab % c.tp == 0
+    sources = {c.source for c in acc.CASES}
+    assert {acc.NARAYANAN, acc.KORTHIKANTI, acc.V1_POST} <= sources
+    assert sum(c.source == acc.NARAYANAN for c in acc.CASES) == 10  # all of Table 1
+    assert sum(c.source == acc.KORTHIKANTI for c in acc.CASES) == 8  # all of Table 5
+
+
+def test_ranking_quality_is_spearman_and_the_fastest_within_each_group(acc):
+    a = small_case(acc, label="a", group="g", published_step_s=1.0)
+    b = small_case(acc, label="b", group="g", published_step_s=2.0)
+    rows = [acc.Row(a, 1.5, 0, 0, 0, 0, 0), acc.Row(b, 1.2, 0, 0, 0, 0, 0)]
+    assert acc.ranking(rows) == [("g", 2, -1.0, False)]
+    rows = [acc.Row(a, 0.9, 0, 0, 0, 0, 0), acc.Row(b, 2.5, 0, 0, 0, 0, 0)]
+    assert acc.ranking(rows) == [("g", 2, 1.0, True)]
+    assert "fastest predicted in 1 of 1" in acc.table_markdown(rows)
 
 
 def test_a_published_throughput_becomes_a_time_by_the_papers_count(acc):
