@@ -11,8 +11,8 @@ is opened: the template drops nbconvert's require.js, MathJax, mermaid and jupyt
 CDN scripts (the notebooks write their formulas in plain text), every plotly figure is
 written as HTML with plotly.js inline (once per page, before the first figure), and every
 widget (the workbench's dashboard, a progress bar) is drawn statically from the widget state
-the run saved, as it was when the notebook finished (``widgets.saved_widget``; a live plotly
-chart inside a widget becomes a note, since its saved state is its first figure).
+the run saved, as it was when the notebook finished (``widgets.saved_widget``), its charts
+included.
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ def _static_outputs(nb: nbformat.NotebookNode) -> tuple[int, int]:
     plotly.js goes inline once, before the first figure. The JSON form of a figure stays for
     Jupyter; the HTML exporter cannot draw it. A widget output keeps only its model id, so its
     HTML is drawn from the saved widget state and replaces the widget view (which needs a
-    kernel); a live plotly chart inside a widget is a note (see ``widgets.saved_widget``).
+    kernel); a chart inside a widget is drawn from its saved state, its latest figure (see
+    ``widgets.saved_widget``).
     """
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
     saved = SavedWidgets(state)
@@ -60,8 +61,9 @@ def _static_outputs(nb: nbformat.NotebookNode) -> tuple[int, int]:
             data = out.get("data", {})
             if PLOTLY_MIME in data:
                 data["text/html"] = pio.to_html(
-                    data[PLOTLY_MIME], include_plotlyjs=figures == 0, full_html=False
+                    data[PLOTLY_MIME], include_plotlyjs=not saved.plotly_on_page, full_html=False
                 )
+                saved.plotly_on_page = True
                 figures += 1
             elif WIDGET_VIEW_MIME in data:
                 view = data.pop(WIDGET_VIEW_MIME)

@@ -55,8 +55,6 @@ class GraphView(anywidget.AnyWidget):
     height_px = traitlets.Int(520).tag(sync=True)
     clicked = traitlets.Dict().tag(sync=True)  # set by the browser: {"id": str, "n": int}
     selected = traitlets.Dict().tag(sync=True)  # set by Python: {"id", "kind", "name", "ids"}
-    # set by the browser: the width of the dashboard around the view (0: none, unknown)
-    dashboard_width_px = traitlets.Int(0).tag(sync=True)
 
     def __init__(
         self,

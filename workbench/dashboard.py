@@ -30,10 +30,10 @@ from widgets import (
     compare_figure,
 )
 from widgets.breakdown import breakdown_html
+from widgets.chart import Chart
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.gantt_zoom import GanttZoom
 from widgets.graph import PendingGraph
-from widgets.live import live_figure, show
 from widgets.memory import memory_spec
 from widgets.units import format_time
 
@@ -129,16 +129,14 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.measure_panel = MeasurePanel(
             lambda: (self.session.base, self.session.current.function, self.session.current.result)
         )
-        self.gantt: go.FigureWidget | None = None
+        self.gantt: Chart | None = None
         self.gantt_zoom: GanttZoom | None = None
-        self.memory: go.FigureWidget | None = None
-        self._memory_devices: tuple[int, ...] = ()  # curve slots of the memory view
+        self.memory: Chart | None = None
         self.last_redraw_s = 0.0
         self.redraw_s: dict[str, float] = {}  # time per view of the last redraw
         self._shown: Derived | None = None
         self._shown_view = "distributed"
         self.graph.on_select(self._on_graph_select)
-        self.graph.observe(lambda _c: self._fit_charts(), names="dashboard_width_px")
         self.view.observe(lambda _: self.refresh(), names="value")
         self.session.on_change(lambda _s: self.refresh())
         self.file_controls = self._file_controls()
@@ -270,25 +268,21 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
             self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         started = time.perf_counter()
         if self.gantt is None:
-            self.gantt = live_figure(*gantt_spec(d.result, d.function))
+            self.gantt = Chart(*gantt_spec(d.result, d.function))
             # zooming into a summarised step's time window shows that window's events
             self.gantt_zoom = GanttZoom(self.gantt, d.result, d.function)
             connect_clicks(self.gantt, self._on_gantt_select)
             self.gantt_box.children = [self.gantt]
-        elif not self.gantt_zoom.show(d.result, d.function):
-            connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
+        else:
+            self.gantt_zoom.show(d.result, d.function)
         self.breakdown.value = breakdown_html(d.result)
         gantt_done = time.perf_counter()
-        # a curve slot for every device shown so far: the next program redraws in place
-        seen = set(self._memory_devices) | set(d.result.devices)
-        self._memory_devices = tuple(x for x in self.session.topology.device_ids if x in seen)
-        memory = memory_spec(d.result, devices=self._memory_devices)
+        memory = memory_spec(d.result)
         if self.memory is None:
-            self.memory = live_figure(*memory)
+            self.memory = Chart(*memory)
             self.memory_box.children = [self.memory]
-            self._fit_charts()
         else:
-            show(self.memory, *memory)
+            self.memory.show(*memory)
         figures_done = time.perf_counter()
         if pending is not None:
             try:
@@ -307,16 +301,6 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.last_redraw_s = time.perf_counter() - start
         if self.editor.value_name is not None:
             self._show_selection(self.editor.value_name, None)
-
-    def _fit_charts(self) -> None:
-        """Give the Gantt and memory charts the dashboard's width, as the browser reports
-        it (plotly's widget draws before it is on the page, at 700 px, and never refits)."""
-        width = self.graph.dashboard_width_px
-        if width <= 0:
-            return
-        for chart in (self.gantt, self.memory):
-            if chart is not None and chart.layout.width != width:
-                chart.layout.width = width
 
     def _start_graph(self, d: Derived) -> tuple[PendingGraph, Any] | None:
         """Start drawing the graph for ``d``, or None when the drawing on display fits.

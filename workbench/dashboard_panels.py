@@ -9,12 +9,12 @@ import html
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
-import plotly.graph_objects as go
 
 from ir.device import Topology
 from ir.search import Row as SearchRow
 from ir.search import SearchResult
 from ir.search import search as search_strategies
+from widgets.chart import Chart
 
 from .measuring import MeasuredRun
 from .session import SCHEDULES, Derived, Session, SessionError, Strategy
@@ -172,7 +172,7 @@ class ReadyTransformsPanel:
             self.measure_panel.topology = topology
         return self.measure_panel.measure()
 
-    def compare_search_rows(self, a: SearchRow, b: SearchRow) -> go.Figure:
+    def compare_search_rows(self, a: SearchRow, b: SearchRow) -> Chart:
         """Load searched strategies ``a`` then ``b`` and show them side by side below the
         chart, as two clicks with "Compare two" on do; return the comparison's figure.
         A row the ready transforms cannot express raises SessionError with the reason."""
@@ -209,7 +209,7 @@ class ReadyTransformsPanel:
             self.session.error = "nothing to compare with: make a change first"
             self.editor.refresh()
             return
-        self.compare_box.children = [go.FigureWidget(self.compare())]
+        self.compare_box.children = [Chart.of(self.compare())]
 
     def _apply_strategy(self) -> None:
         self.editor.busy("transforming and simulating…")

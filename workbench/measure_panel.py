@@ -22,10 +22,10 @@ from collections.abc import Callable
 from typing import Any
 
 import ipywidgets as w
-import plotly.graph_objects as go
 
 from ir.device import Topology
 from ir.errors import DistIRError
+from widgets.chart import Chart
 from widgets.measured import measured_vs_simulated_figure
 from widgets.measured_memory import measured_memory_figure
 from widgets.measured_table import error_table_html
@@ -97,8 +97,8 @@ class MeasurePanel(w.VBox):
         figure = measured_vs_simulated_figure(m, run.compared)
         self.output.children = [
             w.HTML(f"<p>{html.escape(run.summary())}</p>"),
-            go.FigureWidget(figure),
-            go.FigureWidget(measured_memory_figure(m, run.compared)),
+            Chart.of(figure),
+            Chart.of(measured_memory_figure(m, run.compared)),
             w.HTML(error_table_html(m, run.compared)),
         ]
         carried = "state carried between steps" if run.carried else run.note

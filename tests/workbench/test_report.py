@@ -78,10 +78,10 @@ def test_the_comparison_chart_has_one_legend_the_gantt_kinds() -> None:
     b = ir.simulate(transforms.pipeline_parallel(f, 2, 2), topology)
     fig = compare_figure(a, b, labels=("A", "B"))
     listed = [t.name for t in fig.data if t.showlegend is not False and t.name]
-    # memory curves (one per device and strategy) are named on hover, not in the legend
-    assert sorted(listed) == sorted(["compute (its device's colour)", "communication", "idle"]), (
-        listed
-    )
+    # each device's colour, communication and idle; memory curves (one per device and
+    # strategy) are named on hover, not in the legend
+    devices = [f"device {d}" for d in sorted(set(a.devices) | set(b.devices))]
+    assert listed == [*devices, "communication", "idle (bubble, waiting)"], listed
     curves = [t for t in fig.data if t.type == "scatter" and t.meta["kind"] == "live"]
     assert len(curves) == len(a.devices) + len(b.devices)
 

@@ -129,20 +129,9 @@ function render({ model, el }) {
   drawn.forEach((name) => model.on(`change:${name}`, draw));
   model.on("change:selected", highlight);
   draw();
-  // the width of the dashboard around this view: Python sizes the charts by it
-  const measure = () => {
-    const width = Math.round(el.closest(".distir-workbench")?.clientWidth || 0);
-    if (width > 0 && width !== model.get("dashboard_width_px")) {
-      model.set("dashboard_width_px", width);
-      model.save_changes();
-    }
-  };
-  const watcher = new ResizeObserver(measure); // on render, and as the window resizes
-  watcher.observe(el);
   return () => {
     drawn.forEach((name) => model.off(`change:${name}`, draw));
     model.off("change:selected", highlight);
-    watcher.disconnect();
   };
 }
 

@@ -1,0 +1,293 @@
+"""The Gantt chart's bars: one row per device and stream of a simulated step (plotly dicts).
+
+Compute bars take their device's colour (as in the graph and the memory view) and
+one trace per device, so the legend names each device's colour; communication is
+near-black and idle gaps grey and hatched, colours no device has. A training step's
+backward work is drawn in a lighter shade of its device's colour than its forward
+work, and a pipeline's bars are labelled with their phase and microbatch (``F3``,
+``B3``: the 1F1B picture; :mod:`widgets.phases`). Hovering a bar shows the op, its
+shapes, start, duration, flops and bytes; each bar carries its op id (``op-3``,
+``op-3.1``, as in the graph view) so a click can select the op in the graph.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ir.function import Function
+from ir.op import Op
+
+from .breakdown import step_breakdown
+from .chart import from_typed_array, typed_array
+from .ids import op_paths, shape_label
+from .palette import COMMUNICATION_BAR, IDLE_BAR, device_color
+from .phases import BACKWARD, op_roles
+from .timeline import (
+    SUMMARY_ABOVE_EVENTS,
+    check_window,
+    idle_intervals,
+    summarised,
+    window_bars,
+)
+from .units import format_time, time_unit
+
+if TYPE_CHECKING:
+    from ir.sim import SimResult
+
+STREAMS = ("compute", "communication")
+# customdata columns of every bar: numbers, formatted by the browser (d3 SI prefixes)
+START_S, DUR_S, FLOPS, BYTES, DEVICE = range(5)
+_HOVER = (
+    "%{hovertext}<br>start %{customdata[0]:.4s}s, duration %{customdata[1]:.4s}s"
+    "<br>%{customdata[2]:.3s}FLOP, %{customdata[3]:.3s}B"
+)
+_IDLE_HOVER = "idle from %{customdata[0]:.4s}s for %{customdata[1]:.4s}s"
+_STREAM_LABEL = {"compute": "comp", "communication": "comm", "idle": "comp"}
+BACKWARD_OPACITY = 0.55  # a backward bar: its device's colour, lighter
+COMMUNICATION_NAME = "communication"
+IDLE_NAME = "idle (bubble, waiting)"
+
+
+def row_label(device: int, stream: str, prefix: str = "") -> str:
+    """The y-axis label of one device's stream: ``dev 3 · comp``, ``dev 3 · comm``."""
+    return f"{prefix}dev {device} · {_STREAM_LABEL[stream]}"
+
+
+def gantt_traces(
+    result: SimResult,
+    function: Function | None = None,
+    *,
+    unit: tuple[str, float] | None = None,
+    prefix: str = "",
+    showlegend: bool = True,
+    summary_above: int | None = SUMMARY_ABOVE_EVENTS,
+    window: tuple[float, float] | None = None,
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """The bar traces (plotly trace dicts) and the row labels.
+
+    One compute trace per device (named ``device 3``, in its colour), then one
+    communication trace and one idle trace. Rows run device by device, compute above
+    communication; idle gaps sit on the compute row; each bar's row is its ``y``.
+    Each trace's ``meta`` holds its kind (``compute``, ``communication``, ``idle``),
+    its device (compute) and the op id of every bar (``""`` for idle gaps). Times are
+    divided by ``unit[1]`` (default: the unit that suits the step time).
+
+    Above ``summary_above`` events on one device, each device gets one summary bar
+    on its compute row instead (compute, exposed communication, idle: see
+    :mod:`widgets.breakdown`): thousands of slivers show nothing and cost seconds.
+    ``window`` (``(start_s, end_s)``) keeps only the events that overlap it, and the
+    idle gaps within it: zoomed in far enough, a summarised step shows its events
+    (the limit applies to the events in the window).
+    """
+    unit = unit or time_unit(result.step_time_s)
+    t0, t1 = check_window(result, window)
+    bars = result.bars if window is None else window_bars(result.bars, t0, t1)
+    rows = [row_label(d, s, prefix) for d in result.devices for s in STREAMS]
+    if summarised(bars, summary_above):
+        traces = _summary_traces(result, unit, prefix, None if window is None else (t0, t1))
+    else:
+        traces = _event_traces(result, bars, function, unit, prefix, (t0, t1), window)
+    for trace in traces:
+        trace["showlegend"] = showlegend and trace["showlegend"]
+    return traces, rows
+
+
+def _event_traces(result, bars, function, unit, prefix, span, window) -> list[dict[str, Any]]:
+    """One bar per event (per device compute traces, communication) and the idle gaps."""
+    position = {d: 2 * i for i, d in enumerate(result.devices)}
+    devices = np.asarray(result.devices, dtype=np.int64)
+    order = np.argsort(devices, kind="stable")
+    # each bar's device among the result's (any ids: negative, sparse, huge)
+    row_of_bar = 2 * order[np.searchsorted(devices, bars.device, sorter=order)] + bars.stream
+    ids, texts, labels, backward = _bar_texts(bars.ops, function)
+    numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
+    compute = bars.stream == 0
+    traces = []
+    for d in result.devices:
+        (idx,) = np.nonzero(compute & (bars.device == d))
+        trace = _bars(row_of_bar[idx], "compute", numbers[idx], ids[idx], texts[idx], unit, prefix)
+        _device_look(trace, d, prefix)
+        trace["marker"]["opacity"] = np.where(backward[idx], BACKWARD_OPACITY, 1.0)
+        trace["text"] = labels[idx]
+        trace["meta"]["labelled"] = bool(labels[idx].any())
+        traces.append(trace)
+    (idx,) = np.nonzero(~compute)
+    traces.append(
+        _bars(row_of_bar[idx], "communication", numbers[idx], ids[idx], texts[idx], unit, prefix)
+    )
+    idle_rows, idle_numbers = [], []
+    for d in result.devices:
+        for lo, hi in idle_intervals(result, d, None if window is None else span):
+            idle_rows.append(position[d])
+            idle_numbers.append((lo, hi - lo, 0.0, 0.0, d))
+    numbers = np.array(idle_numbers, dtype=np.float64).reshape(-1, 5)
+    blank = np.full(len(numbers), "", dtype=object)
+    idle = np.full(len(numbers), "idle", dtype=object)
+    traces.append(
+        _bars(np.array(idle_rows, dtype=np.int64), "idle", numbers, blank, idle, unit, prefix)
+    )
+    return traces
+
+
+def _summary_traces(
+    result: SimResult,
+    unit: tuple[str, float],
+    prefix: str,
+    window: tuple[float, float] | None = None,
+) -> list[dict[str, Any]]:
+    """One compute trace per device, then communication and idle, one bar per device
+    each, laid end to end on the device's compute row from the window's start: its step
+    time (or the window's time), broken down."""
+    parts = step_breakdown(result, window)
+    start_s = 0.0 if window is None else window[0]
+    per_kind: dict[str, list[tuple[int, tuple[float, ...], str]]] = {}
+    for i, p in enumerate(parts):
+        spans = (p.compute_s, p.exposed_communication_s, p.idle_s)
+        for k, kind in enumerate(("compute", "communication", "idle")):
+            share = spans[k] / p.step_s if p.step_s else 0.0
+            what = "exposed communication" if kind == "communication" else kind
+            text = (
+                f"{what}: {format_time(spans[k])} ({share:.0%}) of {p.events} events"
+                "<br>(zoom in on a time window to see its events)"
+            )
+            number = (start_s + sum(spans[:k]), spans[k], 0.0, 0.0, p.device)
+            per_kind.setdefault(kind, []).append((2 * i, number, text))
+    traces = []
+    for key in [("compute", p.device) for p in parts] + [("communication",), ("idle",)]:
+        kind = key[0]
+        chosen = [
+            e for i, e in enumerate(per_kind[kind]) if len(key) == 1 or parts[i].device == key[1]
+        ]
+        rows = [r for r, _, _ in chosen]
+        array = np.array([n for _, n, _ in chosen], dtype=np.float64).reshape(-1, 5)
+        texts = np.array([t for _, _, t in chosen], dtype=object)
+        ids = np.full(len(array), "", dtype=object)
+        trace = _bars(rows, kind, array, ids, texts, unit, prefix)
+        if kind == "compute":
+            _device_look(trace, key[1], prefix)
+        trace["name"] += " (summary)"
+        trace["meta"]["summary"] = True
+        traces.append(trace)
+    return traces
+
+
+def _device_look(trace: dict[str, Any], device: int, prefix: str) -> None:
+    trace["marker"]["color"] = device_color(device)
+    trace["name"] = f"{prefix}device {device}"
+    trace["legendgroup"] = f"device {device}"
+    trace["meta"]["device"] = device
+
+
+def _bar_texts(
+    ops: tuple[Op, ...], function: Function | None
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per bar, its op id (``""`` when unknown), hover text and label (``F3``, ``B3``
+    or ``""``) as object arrays, and whether it is backward work (a bool array).
+
+    Each distinct op is described once; per-device copies of an op share their
+    type objects' shape labels. All are built per op, then spread over the
+    bars by index: thousands of bars, a few microseconds each counts.
+    """
+    unique = list(dict.fromkeys(ops))
+    index = dict(zip(unique, range(len(unique))))
+    of_bar = np.fromiter(map(index.__getitem__, ops), dtype=np.int64, count=len(ops))
+    paths = op_paths(function) if function is not None else {}
+    ids = np.array(
+        ["" if (p := paths.get(op)) is None else "op-" + p for op in unique], dtype=object
+    )
+    roles = op_roles(function) if function is not None else {}
+    found = [roles.get(op) for op in unique]
+    # a pipeline's picture: labels when the step has microbatches (more than one)
+    pipelined = len({r.microbatch for r in roles.values()} - {None}) > 1
+    labels = np.array(["" if r is None or not pipelined else r.label for r in found], object)
+    backward = np.array([r is not None and r.phase == BACKWARD for r in found], dtype=bool)
+    texts = np.array(_op_texts(unique), dtype=object)
+    return ids[of_bar], texts[of_bar], labels[of_bar], backward[of_bar]
+
+
+def _op_texts(ops: list[Op]) -> list[str]:
+    """The hover text of each op: its type, result names, operand and result shapes.
+
+    Shape labels are made once per type object (a repeated layer's and a device's
+    copies share theirs). The loop is inlined, a call per value costs a third of it.
+    """
+    labels: dict[int, str] = {}  # id(type) -> label
+    get = labels.get
+    texts = []
+    for op in ops:
+        ins, outs = op.inputs, op.outputs
+        parts = []
+        for v in ins:
+            t = v.type
+            found = get(id(t))
+            if found is None:
+                found = labels[id(t)] = shape_label(t)
+            parts.append(found)
+        if len(outs) == 1:
+            v = outs[0]
+            names, t = v.name, v.type
+            result = get(id(t))
+            if result is None:
+                result = labels[id(t)] = shape_label(t)
+        else:
+            names = ", ".join([v.name for v in outs])
+            result = ", ".join([_label(v.type, labels) for v in outs])
+        if "<" in names or "&" in names or ">" in names:  # names are hints: any text is allowed
+            names = html.escape(names, quote=False)
+        # op types are registry identifiers: no escaping
+        texts.append(f"<b>{op.op_type} → {names}</b><br>{', '.join(parts)} → {result}")
+    return texts
+
+
+def _label(t: Any, labels: dict[int, str]) -> str:
+    found = labels.get(id(t))
+    if found is None:
+        found = labels[id(t)] = shape_label(t)
+    return found
+
+
+def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
+    # Numeric arrays travel to the browser as typed arrays, repeated strings as a table
+    # (widgets.chart). Rows go as int32: plotly.js has no int64 arrays.
+    where = f"<extra>{html.escape(prefix)}dev %{{customdata[{DEVICE}]}} · {_STREAM_LABEL[kind]}"
+    return dict(
+        type="bar",
+        orientation="h",
+        y=np.asarray(y, dtype=np.int32),
+        base=numbers[:, 0] / unit[1],
+        x=numbers[:, 1] / unit[1],
+        customdata=typed_array(numbers),
+        hovertext=texts,
+        hovertemplate=(_HOVER if kind != "idle" else _IDLE_HOVER) + where + "</extra>",
+        marker=_marker(kind),
+        name=COMMUNICATION_NAME if kind == "communication" else IDLE_NAME,
+        legendgroup=kind,
+        showlegend=True,
+        # one string, not a list of thousands: see op_id_at
+        meta={"kind": kind, "op_ids": "\n".join(ids)},
+    )
+
+
+def _marker(kind: str) -> dict[str, Any]:
+    marker: dict[str, Any] = {"line": {"width": 0.5, "color": "#ffffff"}}
+    if kind == "communication":
+        marker["color"] = COMMUNICATION_BAR
+    elif kind == "idle":
+        marker.update(color=IDLE_BAR, pattern={"shape": "/", "fgcolor": "#bdbdbd"})
+    return marker
+
+
+def bar_colors(trace: Any) -> list[str]:
+    """The colour each bar of a Gantt trace (a dict or a plotly trace) is drawn in."""
+    return [trace["marker"]["color"]] * len(trace["x"])
+
+
+def bar_numbers(trace: Any) -> np.ndarray:
+    """The ``customdata`` of a Gantt trace as an ``(n, 5)`` array (see :data:`START_S`)."""
+    data = trace["customdata"] if isinstance(trace, dict) else trace.customdata
+    if isinstance(data, dict):
+        data = from_typed_array(data)
+    return np.asarray(data, dtype=np.float64).reshape(-1, DEVICE + 1)
