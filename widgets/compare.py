@@ -61,13 +61,16 @@ def compare_figure(
     traces_b, rows_b = gantt_traces(b, function_b, unit=t_unit, showlegend=False)
     for label, traces in ((labels[0], traces_a), (labels[1], traces_b)):
         for trace in traces:  # hover says which strategy; the rows stay short
-            trace["hovertemplate"] = trace["hovertemplate"].replace("<extra>", f"<extra>{label}: ")
+            if "hovertemplate" in trace:
+                extra = f"<extra>{label}: "
+                trace["hovertemplate"] = trace["hovertemplate"].replace("<extra>", extra)
     # the legend: every device of either (the first chart's entries, plus B's others)
-    shown_a = {t["legendgroup"] for t in traces_a}
+    shown_a = {t["legendgroup"] for t in traces_a if t["showlegend"]}
     for trace in traces_b:
-        if trace["legendgroup"] not in shown_a:
+        group = trace.get("legendgroup")
+        if group is not None and group not in shown_a:
             trace["showlegend"] = True
-            shown_a.add(trace["legendgroup"])
+            shown_a.add(group)
     entries = len(shown_a)
     legend_px = LEGEND_ROW_PX * legend_rows(entries)
     heights = [ROW_PX * len(rows_a), ROW_PX * len(rows_b), MEMORY_PX]
@@ -142,7 +145,6 @@ def compare_figure(
             "yanchor": "bottom",
         },
         "hoverlabel": {"align": "left"},
-        "uniformtext": {"minsize": 8, "mode": "hide"},
     }
     # every panel shows the one time axis, zoomed together
     layout["xaxis2"] = {"matches": "x", "anchor": "y"}

@@ -81,7 +81,6 @@ def chart_layout(title: str, rows: int, legend_entries: int) -> dict[str, Any]:
             "yanchor": "bottom",
         },
         "hoverlabel": {"align": "left"},
-        "uniformtext": {"minsize": 8, "mode": "hide"},  # F3/B3 labels only where they fit
     }
 
 
@@ -130,7 +129,7 @@ def gantt_spec(
     if traces[0]["meta"].get("summary"):
         heading += " · summary per device: zoom in to see events"
     if any(t["meta"].get("labelled") for t in traces):
-        heading += " · F3/B3: microbatch 3's forward/backward"
+        heading += " · F3/B3: microbatch 3's forward/backward (lighter)"
     x_range = [0, t1 / unit[1] * 1.01] if window is None else [t0 / unit[1], t1 / unit[1]]
     layout = chart_layout(heading, len(rows), sum(t["showlegend"] for t in traces))
     layout["xaxis"] = {"title": {"text": f"time ({unit[0]})"}, "range": x_range}

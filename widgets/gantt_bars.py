@@ -19,12 +19,13 @@ import numpy as np
 
 from ir.function import Function
 from ir.op import Op
+from ir.sim.result import Bars
 
 from .breakdown import step_breakdown
 from .chart import from_typed_array, typed_array
 from .ids import op_paths, shape_label
 from .palette import COMMUNICATION_BAR, IDLE_BAR, device_color
-from .phases import BACKWARD, op_roles
+from .phases import BACKWARD, FORWARD, Role, op_roles
 from .timeline import (
     SUMMARY_ABOVE_EVENTS,
     check_window,
@@ -47,6 +48,7 @@ _HOVER = (
 _IDLE_HOVER = "idle from %{customdata[0]:.4s}s for %{customdata[1]:.4s}s"
 _STREAM_LABEL = {"compute": "comp", "communication": "comm", "idle": "comp"}
 BACKWARD_OPACITY = 0.55  # a backward bar: its device's colour, lighter
+BAR_ROWS = 0.8  # a bar's thickness, in rows
 COMMUNICATION_NAME = "communication"
 IDLE_NAME = "idle (bubble, waiting)"
 
@@ -69,8 +71,10 @@ def gantt_traces(
     """The bar traces (plotly trace dicts) and the row labels.
 
     One compute trace per device (named ``device 3``, in its colour), then one
-    communication trace and one idle trace. Rows run device by device, compute above
-    communication; idle gaps sit on the compute row; each bar's row is its ``y``.
+    communication trace and one idle trace, then (bar by bar only) a text trace that
+    labels a pipeline's tasks (``F3``, ``B3``, kind ``labels``). Rows run device by
+    device, compute above communication; idle gaps sit on the compute row; each bar's
+    row is its ``y``.
     Each trace's ``meta`` holds its kind (``compute``, ``communication``, ``idle``),
     its device (compute) and the op id of every bar (``""`` for idle gaps). Times are
     divided by ``unit[1]`` (default: the unit that suits the step time).
@@ -102,18 +106,18 @@ def _event_traces(result, bars, function, unit, prefix, span, window) -> list[di
     order = np.argsort(devices, kind="stable")
     # each bar's device among the result's (any ids: negative, sparse, huge)
     row_of_bar = 2 * order[np.searchsorted(devices, bars.device, sorter=order)] + bars.stream
-    ids, texts, labels, backward = _bar_texts(bars.ops, function)
+    ids, texts, labels, backward = _bar_texts(bars, function)
     numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
     compute = bars.stream == 0
     traces = []
+    runs: list[tuple[float, int, str]] = []  # (middle, row, label) of each labelled task
     for d in result.devices:
         (idx,) = np.nonzero(compute & (bars.device == d))
         trace = _bars(row_of_bar[idx], "compute", numbers[idx], ids[idx], texts[idx], unit, prefix)
         _device_look(trace, d, prefix)
         trace["marker"]["opacity"] = np.where(backward[idx], BACKWARD_OPACITY, 1.0)
-        trace["text"] = labels[idx]
-        trace["meta"]["labelled"] = bool(labels[idx].any())
         traces.append(trace)
+        runs += _task_runs(bars.start_s[idx], bars.dur_s[idx], labels[idx], position[d])
     (idx,) = np.nonzero(~compute)
     traces.append(
         _bars(row_of_bar[idx], "communication", numbers[idx], ids[idx], texts[idx], unit, prefix)
@@ -129,7 +133,48 @@ def _event_traces(result, bars, function, unit, prefix, span, window) -> list[di
     traces.append(
         _bars(np.array(idle_rows, dtype=np.int64), "idle", numbers, blank, idle, unit, prefix)
     )
+    traces.append(_labels_trace(runs, unit))
     return traces
+
+
+def _task_runs(
+    start_s: np.ndarray, dur_s: np.ndarray, labels: np.ndarray, row: int
+) -> list[tuple[float, int, str]]:
+    """One ``(middle_s, row, label)`` per run of one device's bars with the same label
+    (``F3``: microbatch 3's forward on this stage), unlabelled bars inside a run ignored:
+    the 1F1B picture labels tasks, not each of their ops."""
+    order = np.argsort(start_s, kind="stable")
+    runs: list[tuple[float, int, str]] = []
+    current, first, last = "", 0.0, 0.0
+    for i in order.tolist():
+        label = labels[i]
+        if not label:
+            continue
+        if label != current:
+            if current:
+                runs.append(((first + last) / 2, row, current))
+            current, first = label, float(start_s[i])
+        last = float(start_s[i] + dur_s[i])
+    if current:
+        runs.append(((first + last) / 2, row, current))
+    return runs
+
+
+def _labels_trace(runs: list[tuple[float, int, str]], unit: tuple[str, float]) -> dict[str, Any]:
+    """The pipeline's task labels (``F3``, ``B3``) as text over the bars (no hover, no
+    legend entry); empty when the step has no microbatches."""
+    return dict(
+        type="scatter",
+        mode="text",
+        x=np.array([m for m, _, _ in runs], dtype=np.float64) / unit[1],
+        y=np.array([r for _, r, _ in runs], dtype=np.int32),
+        text=np.array([t for _, _, t in runs], dtype=object),
+        textfont={"size": 10, "color": "#111111"},
+        hoverinfo="skip",
+        name="microbatch tasks",
+        showlegend=False,
+        meta={"kind": "labels", "op_ids": "", "labelled": bool(runs)},
+    )
 
 
 def _summary_traces(
@@ -182,15 +227,18 @@ def _device_look(trace: dict[str, Any], device: int, prefix: str) -> None:
 
 
 def _bar_texts(
-    ops: tuple[Op, ...], function: Function | None
+    bars: Bars, function: Function | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per bar, its op id (``""`` when unknown), hover text and label (``F3``, ``B3``
     or ``""``) as object arrays, and whether it is backward work (a bool array).
 
     Each distinct op is described once; per-device copies of an op share their
     type objects' shape labels. All are built per op, then spread over the
-    bars by index: thousands of bars, a few microseconds each counts.
+    bars by index: thousands of bars, a few microseconds each counts. A bar's
+    microbatch is its top-level op's (a pmap body may be shared by every microbatch's
+    pmap), else its op's own.
     """
+    ops = bars.ops
     unique = list(dict.fromkeys(ops))
     index = dict(zip(unique, range(len(unique))))
     of_bar = np.fromiter(map(index.__getitem__, ops), dtype=np.int64, count=len(ops))
@@ -200,12 +248,22 @@ def _bar_texts(
     )
     roles = op_roles(function) if function is not None else {}
     found = [roles.get(op) for op in unique]
-    # a pipeline's picture: labels when the step has microbatches (more than one)
-    pipelined = len({r.microbatch for r in roles.values()} - {None}) > 1
-    labels = np.array(["" if r is None or not pipelined else r.label for r in found], object)
-    backward = np.array([r is not None and r.phase == BACKWARD for r in found], dtype=bool)
+    phase = np.array(["" if r is None else r.phase for r in found], dtype=object)[of_bar]
+    microbatch = np.array([_mb(r) for r in found], dtype=np.int64)[of_bar]
+    if function is not None and bars.top is not None and len(function.ops):
+        of_top = np.array([_mb(roles.get(op)) for op in function.ops], dtype=np.int64)
+        top = of_top[np.clip(bars.top, 0, len(function.ops) - 1)]
+        microbatch = np.where(top >= 0, top, microbatch)
+    labels = np.full(len(ops), "", dtype=object)
+    if len(set(microbatch.tolist()) - {-1}) > 1:  # a pipeline's picture: several microbatches
+        task = (microbatch >= 0) & ((phase == FORWARD) | (phase == BACKWARD))
+        labels[task] = phase[task] + microbatch[task].astype(str).astype(object)
     texts = np.array(_op_texts(unique), dtype=object)
-    return ids[of_bar], texts[of_bar], labels[of_bar], backward[of_bar]
+    return ids[of_bar], texts[of_bar], labels, phase == BACKWARD
+
+
+def _mb(role: Role | None) -> int:
+    return -1 if role is None or role.microbatch is None else role.microbatch
 
 
 def _op_texts(ops: list[Op]) -> list[str]:
@@ -262,6 +320,7 @@ def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
         customdata=typed_array(numbers),
         hovertext=texts,
         hovertemplate=(_HOVER if kind != "idle" else _IDLE_HOVER) + where + "</extra>",
+        width=BAR_ROWS,  # every trace's bars one row high, whatever rows it has
         marker=_marker(kind),
         name=COMMUNICATION_NAME if kind == "communication" else IDLE_NAME,
         legendgroup=kind,
@@ -273,8 +332,8 @@ def _bars(y, kind, numbers, ids, texts, unit, prefix) -> dict[str, Any]:
 
 def _marker(kind: str) -> dict[str, Any]:
     marker: dict[str, Any] = {"line": {"width": 0.5, "color": "#ffffff"}}
-    if kind == "communication":
-        marker["color"] = COMMUNICATION_BAR
+    if kind == "communication":  # often a sliver: no white edge to wash it out
+        marker.update(color=COMMUNICATION_BAR, line={"width": 0})
     elif kind == "idle":
         marker.update(color=IDLE_BAR, pattern={"shape": "/", "fgcolor": "#bdbdbd"})
     return marker

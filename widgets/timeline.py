@@ -52,6 +52,7 @@ def window_bars(bars: Bars, start_s: float, end_s: float) -> Bars:
         dur_s=bars.dur_s[idx],
         flops=bars.flops[idx],
         bytes=bars.bytes[idx],
+        top=None if bars.top is None else bars.top[idx],
     )
 
 

@@ -58,6 +58,7 @@ from .session import (
     Strategy,
     UnknownValueError,
 )
+from .tasks import Activity
 
 DEFAULT_PRESET = "a100-hgx"
 
@@ -92,24 +93,28 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.graph_options = graph_options or GraphOptions()
         self.view = w.ToggleButtons(
             options=[
-                ("distributed program", "distributed"),
+                ("distributed", "distributed"),
                 ("per device", "unrolled"),
-                ("original + placements", "original"),
+                ("as written", "original"),
             ],
             value="distributed",
             tooltips=[
-                "one node per logical op: pmaps, collectives, sends",
+                "the distributed program: one node per logical op (pmaps, collectives, sends)",
                 "pmap bodies unrolled per device (small programs)",
-                "the program you wrote, with the placements chosen",
+                "the program you wrote, each value in the colours of the devices it is placed on",
             ],
-            style={"button_width": "150px"},
+            style={"button_width": "96px"},
         )
+        self.view.add_class("distir-view")
         self.graph = GraphView(
             self.session.base, options=self.graph_options, height_px=graph_height_px
         )
         self._drawn: tuple[Any, ...] = (self.session.base, (), self.graph.options.view, None)
         self.graph.add_class("distir-graph")
-        self.editor = ShardingEditor(self.session)
+        self.activity = Activity(self._action_buttons, self._restore_buttons)
+        self.editor = ShardingEditor(
+            self.session, working=self.activity.working, busy=lambda: self.activity.busy
+        )
         self.summary = w.HTML()
         self.summary.add_class("distir-summary")
         self.selection = w.HTML("<i>nothing selected</i>")
@@ -125,9 +130,10 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.search_box = w.Box(layout={"width": "100%"})
         self.search_box.add_class("distir-search-result")
         self.search_result: SearchResult | None = None
-        self.search_panel = SearchPanel(self._load_search_row)
+        self.search_panel = SearchPanel(self._load_search_row, working=self.activity.working)
         self.measure_panel = MeasurePanel(
-            lambda: (self.session.base, self.session.current.function, self.session.current.result)
+            lambda: (self.session.base, self.session.current.function, self.session.current.result),
+            activity=self.activity,
         )
         self.gantt: Chart | None = None
         self.gantt_zoom: GanttZoom | None = None
@@ -148,6 +154,7 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         super().__init__(
             [
                 self.summary,
+                self.activity,
                 w.HBox([main, side]),
                 self.gantt_box,
                 self.breakdown,
@@ -256,6 +263,7 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
     def refresh(self) -> None:
         """Redraw whatever the session's state changed (nothing if it did not)."""
         self.editor.refresh()
+        self._show_knobs()
         d = self.session.current
         if d is self._shown and self.view.value == self._shown_view:
             return
@@ -301,6 +309,39 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.last_redraw_s = time.perf_counter() - start
         if self.editor.value_name is not None:
             self._show_selection(self.editor.value_name, None)
+
+    def _action_buttons(self) -> list[w.Button]:
+        """Every button that starts an action (disabled while one runs)."""
+        e = self.editor
+        return [
+            e.apply_button,
+            e.remove_button,
+            e.undo_button,
+            e.redo_button,
+            *self.strategy_buttons,
+            self.save_button,
+            self.load_button,
+            self.measure_panel.button,
+        ]
+
+    def _restore_buttons(self) -> None:
+        self.editor.refresh()  # its buttons as the state allows (Undo, Redo, Remove)
+
+    def _show_knobs(self) -> None:
+        """The ready transforms' knobs show the strategy in force (set by code, a search
+        point, undo or a loaded session as well as by the knobs)."""
+        s = self.session.strategy
+        if self.session.state.annotations:
+            return  # annotations are another mode: the knobs keep what the user typed
+        for knob, value in (
+            (self.dp, s.dp),
+            (self.hp, s.hp),
+            (self.pp, s.pp),
+            (self.microbatches, s.microbatches),
+            (self.schedule, s.schedule),
+        ):
+            if knob.value != value:
+                knob.value = value
 
     def _start_graph(self, d: Derived) -> tuple[PendingGraph, Any] | None:
         """Start drawing the graph for ``d``, or None when the drawing on display fits.

@@ -31,6 +31,7 @@ from widgets.measured_memory import measured_memory_figure
 from widgets.measured_table import error_table_html
 
 from .measuring import MAX_PROCESSES, MeasuredRun, measure_step, why_not_measured
+from .tasks import Activity, Task
 
 
 class MeasurePanel(w.VBox):
@@ -47,8 +48,10 @@ class MeasurePanel(w.VBox):
         current: Callable[[], tuple[Any, Any, Any]],
         topology: Topology | None = None,
         calibrate: Callable[[int], Topology] | None = None,
+        activity: Activity | None = None,
     ) -> None:
         self._current = current
+        self.activity = activity
         self.topology = topology
         self._calibrate = calibrate or _calibrated_topology
         self.run: MeasuredRun | None = None
@@ -59,7 +62,7 @@ class MeasurePanel(w.VBox):
             layout={"width": "110px"},
         )
         self.button.add_class("distir-measure")
-        self.button.on_click(lambda _b: self.measure())
+        self.button.on_click(lambda _b: self.start())
         self.steps = w.BoundedIntText(
             value=3, min=1, max=20, description="steps", layout={"width": "130px"}
         )
@@ -75,23 +78,66 @@ class MeasurePanel(w.VBox):
 
     def measure(self) -> MeasuredRun | None:
         """Measure the current step and show the overlay and the table; None (and the
-        reason in the status line) when the step is not measured."""
+        reason in the status line) when the step is not measured. Waits for the end (the
+        button runs :meth:`start` instead)."""
         source, step, simulated = self._current()
+        if not self._measurable(step, simulated):
+            return None
+        try:
+            run = self._measure(source, step)
+        except DistIRError as e:
+            self._failed(str(e))
+            return None
+        return self._show(run)
+
+    def start(self) -> Task | None:
+        """What the "Measure" button does: the measurement as a task of the kernel (the
+        activity line says which part runs; Cancel stops it and its worker processes)."""
+        source, step, simulated = self._current()
+        if self.activity is None:
+            self.measure()
+            return None
+        if not self._measurable(step, simulated):
+            return None
+
+        def done(run: MeasuredRun | None, error: BaseException | None) -> None:
+            if isinstance(error, KeyboardInterrupt):
+                self._failed("cancelled: nothing measured")
+            elif isinstance(error, DistIRError):
+                self._failed(str(error))
+            elif error is not None:
+                raise error
+            else:
+                self._show(run)
+
+        what = f"measuring {step.name} on {len(step.devices)} gloo processes…"
+        return self.activity.run(what, lambda: self._measure(source, step), done)
+
+    def _measurable(self, step: Any, simulated: Any) -> bool:
         reason = why_not_measured(step, simulated)
         if reason is not None:
-            self.run = None
-            self.output.children = []
-            self._say(f"not measured: {reason}", error=True)
-            return None
+            self._failed(f"not measured: {reason}")
+            return False
+        return True
+
+    def _failed(self, text: str) -> None:
+        self.run = None
+        self.output.children = []
+        self._say(text, error=True)
+
+    def _measure(self, source: Any, step: Any) -> MeasuredRun:
         self._say(f"measuring {step.name} on {len(step.devices)} processes…")
-        try:
-            topology = self._topology(len(step.devices))
-            run = measure_step(source, step, topology, steps=self.steps.value)
-        except DistIRError as e:
-            self.run = None
-            self.output.children = []
-            self._say(str(e), error=True)
-            return None
+        if self.topology is None or len(self.topology.devices) < len(step.devices):
+            self._progress("calibrating this machine (once, about 10 s)…")
+        topology = self._topology(len(step.devices))
+        self._progress(f"running {self.steps.value} steps and profiling each op…")
+        return measure_step(source, step, topology, steps=self.steps.value)
+
+    def _progress(self, text: str) -> None:
+        if self.activity is not None and self.activity.busy:
+            self.activity.step(0, 0, text)
+
+    def _show(self, run: MeasuredRun) -> MeasuredRun:
         self.run = run
         m = run.measured
         figure = measured_vs_simulated_figure(m, run.compared)

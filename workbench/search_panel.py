@@ -11,6 +11,7 @@ curves (:func:`widgets.compare_figure`), with the search's figures of each
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import ipywidgets as w
 
@@ -29,8 +30,13 @@ class SearchPanel(w.VBox):
     shows, or None when it could not (the dashboard says why).
     """
 
-    def __init__(self, load: Callable[[Row], Derived | None]) -> None:
+    def __init__(
+        self,
+        load: Callable[[Row], Derived | None],
+        working: Callable[[str], AbstractContextManager[None]] = lambda _what: nullcontext(),
+    ) -> None:
         self._load = load
+        self._working = working
         self.result: SearchResult | None = None
         self.figure: Chart | None = None
         self.picked: list[tuple[Row, Derived]] = []  # at most two, the latest last
@@ -66,6 +72,11 @@ class SearchPanel(w.VBox):
     def pick(self, row: Row) -> bool:
         """What clicking ``row``'s point does: load its strategy, and with "Compare two"
         on, compare it with the point picked before. False if it could not be loaded."""
+        what = "comparing" if self.compare_mode.value and self.picked else "loading"
+        with self._working(f"{what} {row.strategy}…"):
+            return self._pick(row)
+
+    def _pick(self, row: Row) -> bool:
         shown = self._load(row)
         if shown is None:
             return False

@@ -280,6 +280,7 @@ def derive(
     elif state.strategy.is_sequential:
         function = base
     else:
+        _check_fits(state.strategy, topology)
         function = _apply_strategy(base, state.strategy)
     derived_at = time.perf_counter()
     result = sim.simulate(function, topology)
@@ -287,6 +288,18 @@ def derive(
     return Derived(
         state, function, result, collectives, report, derived_at - start, done - derived_at
     )
+
+
+def _check_fits(strategy: Strategy, topology: Topology) -> None:
+    """A strategy needs ``dp * hp * pp`` devices; say so before a transform fails on the
+    first value it cannot place."""
+    have = len(topology.devices)
+    if strategy.num_devices > have:
+        raise SessionError(
+            f"{strategy.describe()} needs dp x hp x pp = {strategy.num_devices} devices, but "
+            f"{topology.name} has {have}: lower the degrees so that their product is at most "
+            f"{have}, or simulate more devices (report: --devices {strategy.num_devices})"
+        )
 
 
 def _apply_strategy(base: Function, strategy: Strategy) -> Function:

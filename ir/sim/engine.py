@@ -169,6 +169,9 @@ class Engine:
         self.use_count: list[int] = []
         self.use_slots: list[int] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
+        # per top-level op, the index of its first instance: the instances from there to the
+        # next one's are its own or, for a pmap, its body's (Bars.top)
+        self.top_start: list[int] = []
         self.comm_instances: list[int] = []  # the instances whose ``where`` is a tuple
         self.comm_channels: list[tuple[int, ...]] = []  # their channels, in the same order
         self._prepared: dict[Op, tuple] = {}
@@ -297,8 +300,10 @@ class Engine:
         mirrored, rep_of = self.mirrored, self.rep_of
         blocking = self.blocking_comm
         host_free, hosted = self.host_free, self.hosted
+        add_top = self.top_start.append
         for op in ops:
             if once:  # a top-level op runs once: keep nothing per op (costs are shared)
+                add_top(len(inst_op))
                 prep = prepare(op)
             else:  # a pmap body's op runs once per device
                 prep = prepared.get(op)

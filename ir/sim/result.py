@@ -66,6 +66,10 @@ class Bars:
     dur_s: np.ndarray
     flops: np.ndarray
     bytes: np.ndarray
+    # the index (in the function's ops) of the top-level op each bar runs under: the op
+    # itself, or the pmap whose body it is (a body shared by several pmaps, e.g. one per
+    # microbatch, is told apart by it); None when unknown
+    top: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -254,6 +258,7 @@ class SimResult:
         flops = np.fromiter(map(itemgetter(0), e.inst_cost), dtype=np.float64, count=n)
         nbytes = np.fromiter(map(itemgetter(1), e.inst_cost), dtype=np.float64, count=n)
         ids = np.asarray(self.topology.device_ids, dtype=np.int64)
+        top_start = np.asarray(e.top_start, dtype=np.int64)
         return Bars(
             ops=tuple(ops),
             device=ids[device],
@@ -262,6 +267,7 @@ class SimResult:
             dur_s=self._dur[rows],
             flops=np.where(compute, flops[rows], 0.0),
             bytes=nbytes[rows],
+            top=np.searchsorted(top_start, rows, side="right") - 1,
         )
 
     def events_on(self, device: int, stream: str | None = None) -> list[Event]:

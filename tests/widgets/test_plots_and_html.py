@@ -82,6 +82,7 @@ def test_gantt_has_a_row_per_device_and_stream(dp):
         *(("compute", d) for d in result.devices),
         ("communication", None),
         ("idle", None),
+        ("labels", None),  # a pipeline's task labels (none here)
     ]
     events = [ev for ev in result.events if ev.stream == "compute"]
     assert sum(len(_compute(fig, d).x) for d in result.devices) == len(events) == 6
@@ -202,6 +203,7 @@ def test_compare_shares_one_time_axis(dp, pipeline):
         bars = [t for t in fig.data if t.type == "bar" and t.yaxis == axis]
         kinds = [t.meta["kind"] for t in bars]
         assert kinds == ["compute"] * len(result.devices) + ["communication", "idle"]
+        assert sum(t.meta["kind"] == "labels" for t in fig.data if t.yaxis == axis) == 1
         assert sum(len(t.x) for t in bars if t.meta["kind"] != "idle") == len(result.events)
         assert any(t.startswith(f"<b>{label} · step") for t in titles)
     # the two Gantts and the memory panel are stacked, apart: their titles do not overlap
@@ -278,7 +280,9 @@ def test_gantt_summarises_each_device_above_its_event_limit(pipeline):
         assert step == pytest.approx(result.step_time_s)
         assert compute[DUR_S] == pytest.approx(result.busy_s[d])  # compute never overlaps itself
     full, _ = gantt_traces(result, f)  # under the limit: one bar per event
-    assert sum(len(t["x"]) for t in full[:-1]) == len(result.bars)
+    assert sum(
+        len(t["x"]) for t in full if t["meta"]["kind"] in ("compute", "communication")
+    ) == len(result.bars)
 
 
 def test_step_breakdown_counts_overlapped_communication_as_hidden():

@@ -28,7 +28,12 @@ def measured_dp() -> Workbench:
     panel = wb.measure_panel
     panel.topology = CPU
     panel.steps.value = 2
-    panel.button.click()  # what a click in the browser does
+    panel.button.click()  # what a click in the browser does: a task of the kernel
+    task = wb.activity.task
+    assert task is not None and wb.activity.busy and panel.button.disabled
+    assert "distir-cancel" in wb.activity.children[-1]._dom_classes  # Cancel is offered
+    task.join(300)
+    assert not wb.activity.busy and not panel.button.disabled
     return wb
 
 
@@ -121,3 +126,33 @@ def test_an_annotated_step_is_measured_with_its_state_carried_as_training_runs()
     got = ir.collect(wb.session.current.function, list(run.measured.outputs))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_cancel_stops_a_measurement_and_its_processes() -> None:
+    import multiprocessing
+    import time
+
+    wb = Workbench(models.mlp(16, 8, 8, 4, layers=2, training=True), CPU)
+    assert wb.set_strategy(dp=2)
+    wb.measure_panel.topology = CPU
+    wb.measure_panel.steps.value = 20
+    wb.measure_panel.steps.max = 100_000
+    wb.measure_panel.steps.value = 100_000  # far longer than the test waits
+    before = set(multiprocessing.active_children())
+    wb.measure_panel.button.click()
+    task = wb.activity.task
+    deadline = time.monotonic() + 30
+    while not set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the worker processes run
+    assert task.running and set(multiprocessing.active_children()) - before
+    wb.activity.cancel_button.click()  # what the browser's click on Cancel does
+    task.join(60)
+    assert not task.running and task.cancelled
+    assert isinstance(task.error, KeyboardInterrupt)
+    assert wb.measure_panel.run is None
+    assert "cancelled" in wb.measure_panel.status.value
+    assert not wb.activity.busy and not wb.measure_panel.button.disabled
+    deadline = time.monotonic() + 10
+    while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert set(multiprocessing.active_children()) - before == set()  # the workers stopped

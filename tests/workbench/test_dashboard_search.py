@@ -130,3 +130,60 @@ def test_compare_search_rows_from_code_and_a_row_the_knobs_cannot_load() -> None
     with pytest.raises(SessionError, match="cannot express it"):
         wb.compare_search_rows(plain, zero)
     assert [r for r, _ in wb.search_panel.picked] == [plain]  # the refused row not picked
+
+
+def test_search_all_runs_as_a_task_shows_progress_and_stops_on_cancel() -> None:
+    f = models.gpt(batch=8, seq=16, hidden=32, heads=4, vocab=64, layers=2)
+    wb = Workbench(f, ir.Topology.preset("a100-hgx", 4))
+    activity, seen = wb.activity, []
+    step = activity.step
+
+    def watch(done: int, total: int, what: str = "") -> None:
+        step(done, total, what)
+        seen.append((done, total, activity.progress.value, activity.progress.max))
+        if done == 2:
+            activity.cancel_button.click()  # the user's click on Cancel, mid-search
+
+    activity.step = watch
+    search = next(b for b in wb.strategy_buttons if "distir-search" in b._dom_classes)
+    search.click()
+    task = activity.task
+    assert task is not None and activity.busy
+    assert all(b.disabled for b in wb._action_buttons())  # no second action meanwhile
+    task.join(120)
+    assert task.cancelled and not activity.busy
+    total = seen[0][1]
+    assert [s[:2] for s in seen] == [(1, total), (2, total)] and total > 2
+    assert seen[-1][2:] == (2, total)  # the bar shows 2 of all to simulate
+    result = wb.search_result
+    statuses = [r.status for r in result.rows]
+    assert statuses.count("ok") + statuses.count("error") == 2 and "cancelled" in statuses
+    assert f"{total - 2} cancelled" in wb.search_panel.figure.figure_layout["title"]["text"]
+    assert not search.disabled and wb.editor.undo_button.disabled is not wb.session.can_undo
+
+
+def test_a_short_action_says_it_is_working_and_disables_the_buttons_meanwhile() -> None:
+    wb = Workbench(
+        models.mlp(16, 8, 8, 4, layers=2, training=True), ir.Topology.preset("a100-hgx", 2)
+    )
+    during: list[tuple[bool, str, list[bool]]] = []
+    wb.session.on_change(
+        lambda _s: during.append(
+            (
+                wb.activity.busy,
+                wb.activity.message.value,
+                [b.disabled for b in wb._action_buttons()],
+            )
+        )
+    )
+    apply = next(b for b in wb.strategy_buttons if "distir-apply-strategy" in b._dom_classes)
+    wb.dp.value = 2
+    apply.click()
+    ((busy, message, disabled),) = during
+    assert busy and "distir-spin" in message and "transforming and simulating" in message
+    assert all(disabled)
+    assert not wb.activity.busy and wb.activity.message.value == ""
+    assert (
+        not apply.disabled and not wb.editor.undo_button.disabled and wb.editor.redo_button.disabled
+    )
+    assert wb.activity.last_s > 0

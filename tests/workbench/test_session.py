@@ -229,7 +229,8 @@ def test_cli_report_with_defaults_for_everything_but_size(tmp_path):
 def test_lab_command_serves_the_notebooks_with_a_token():
     cmd = lab_command(port=8123, token="abc", as_root=True)
     assert "--IdentityProvider.token=abc" in cmd and "--allow-root" in cmd
-    assert any(a.startswith("--notebook-dir=") and a.endswith("notebooks") for a in cmd)
+    # the workspace: copies of the notebooks, so the committed ones stay clean
+    assert any(a.startswith("--notebook-dir=") and a.endswith("build/workbench") for a in cmd)
     assert "--allow-root" not in lab_command(port=1, token="", as_root=False)
 
 
