@@ -12,7 +12,8 @@ CDN scripts (the notebooks write their formulas in plain text), every plotly fig
 written as HTML with plotly.js inline (once per page, before the first figure), and every
 widget (the workbench's dashboard, a progress bar) is drawn statically from the widget state
 the run saved, as it was when the notebook finished (``widgets.saved_widget``), its charts
-included.
+included. The exercises are run with their hidden solutions (a wrong one fails the build)
+and shown as the reader gets them: the answer cells blank, the checks not yet run.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ if str(ROOT) not in sys.path:  # render with this checkout's widgets, as the ker
     sys.path.insert(0, str(ROOT))
 
 from widgets.saved_widget import WIDGET_STATE_MIME, WIDGET_VIEW_MIME, SavedWidgets  # noqa: E402
+from workbench.exercises import SOLUTION_KEY  # noqa: E402
+
+CHECK_NOTE = (
+    "(Run this cell after answering in the cell above, in the notebook: it says right, or "
+    "wrong and why. The course was built with the hidden solutions, and every check passed.)"
+)
 
 NOTEBOOKS = ROOT / "notebooks"
 GLOSSARY = ROOT / "docs" / "glossary.md"
@@ -73,6 +80,34 @@ def _static_outputs(nb: nbformat.NotebookNode) -> tuple[int, int]:
     return figures, widgets
 
 
+def _with_solutions(nb: nbformat.NotebookNode) -> dict[int, str]:
+    """Put each exercise's hidden solution in its answer cell, so that the run checks it
+    (a wrong solution fails the build); the blanks, by cell index."""
+    blanks = {}
+    for i, cell in enumerate(nb.cells):
+        if _is_answer(cell) and SOLUTION_KEY in cell.metadata:
+            blanks[i] = cell.source
+            cell.source = cell.metadata[SOLUTION_KEY]
+    return blanks
+
+
+def _as_the_reader_sees_it(nb: nbformat.NotebookNode, blanks: dict[int, str]) -> None:
+    """The page shows the blanks, not the solutions: each answer cell its blank (with no
+    output), each check cell a note instead of the verdict it gave the solution."""
+    for i, blank in blanks.items():
+        answer = nb.cells[i]
+        answer.source, answer.outputs, answer.execution_count = blank, [], None
+        answer.metadata.pop(SOLUTION_KEY, None)
+        check = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
+        if check is not None and "exercise-check" in check.metadata.get("tags", []):
+            check.outputs = [nbformat.v4.new_output("stream", name="stdout", text=CHECK_NOTE)]
+            check.execution_count = None
+
+
+def _is_answer(cell: nbformat.NotebookNode) -> bool:
+    return "exercise-answer" in cell.get("metadata", {}).get("tags", [])
+
+
 def _link_glossary(nb: nbformat.NotebookNode) -> None:
     old, new = GLOSSARY_LINK
     for cell in nb.cells:
@@ -103,11 +138,13 @@ def _page(title: str, body: str) -> str:
 def build_notebook(path: Path, out_dir: Path, timeout_s: int = 600) -> tuple[str, float, int, int]:
     """Execute ``path`` and write ``out_dir/<stem>.html``; (title, seconds, figures, widgets)."""
     nb = nbformat.read(path, as_version=4)
+    blanks = _with_solutions(nb)
     start = time.perf_counter()
     ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
         nb, {"metadata": {"path": str(NOTEBOOKS)}}
     )
     seconds = time.perf_counter() - start
+    _as_the_reader_sees_it(nb, blanks)
     figures, widgets = _static_outputs(nb)
     _link_glossary(nb)
     exporter = HTMLExporter(template_name="offline", extra_template_basedirs=[str(TEMPLATE_DIR)])

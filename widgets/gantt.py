@@ -28,6 +28,7 @@ from .gantt_bars import (
     gantt_traces,
     row_label,
 )
+from .gantt_blocks import BLOCKS_ABOVE_EVENTS
 from .timeline import SUMMARY_ABOVE_EVENTS, check_window
 from .units import format_time, time_unit
 
@@ -91,6 +92,7 @@ def gantt_figure(
     title: str | None = None,
     window: tuple[float, float] | None = None,
     summary_above: int | None = SUMMARY_ABOVE_EVENTS,
+    blocks_above: int | None = BLOCKS_ABOVE_EVENTS,
 ) -> go.Figure:
     """The Gantt chart of a simulated step; pass ``function`` so bars know their op ids
     and phases.
@@ -99,7 +101,12 @@ def gantt_figure(
     how a step too long to draw bar by bar is seen in detail.
     """
     traces, layout = gantt_spec(
-        result, function, title=title, window=window, summary_above=summary_above
+        result,
+        function,
+        title=title,
+        window=window,
+        summary_above=summary_above,
+        blocks_above=blocks_above,
     )
     return go.Figure(data=traces, layout={**layout, "template": TEMPLATE})
 
@@ -111,6 +118,7 @@ def gantt_spec(
     title: str | None = None,
     window: tuple[float, float] | None = None,
     summary_above: int | None = SUMMARY_ABOVE_EVENTS,
+    blocks_above: int | None = BLOCKS_ABOVE_EVENTS,
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """The Gantt chart as plain plotly dicts (traces, layout without a template).
 
@@ -120,7 +128,12 @@ def gantt_spec(
     """
     unit = time_unit(result.step_time_s)
     traces, rows = gantt_traces(
-        result, function, unit=unit, window=window, summary_above=summary_above
+        result,
+        function,
+        unit=unit,
+        window=window,
+        summary_above=summary_above,
+        blocks_above=blocks_above,
     )
     heading = title or f"step {format_time(result.step_time_s)} on {len(result.devices)} devices"
     t0, t1 = check_window(result, window)
@@ -128,6 +141,8 @@ def gantt_spec(
         heading += f" · {format_time(t0)} to {format_time(t1)}"
     if traces[0]["meta"].get("summary"):
         heading += " · summary per device: zoom in to see events"
+    elif traces[0]["meta"].get("blocks"):
+        heading += " · a bar per task: zoom in to see each op"
     if any(t["meta"].get("labelled") for t in traces):
         heading += " · F3/B3: microbatch 3's forward/backward (lighter)"
     x_range = [0, t1 / unit[1] * 1.01] if window is None else [t0 / unit[1], t1 / unit[1]]

@@ -23,6 +23,7 @@ from ir.sim.result import Bars
 
 from .breakdown import step_breakdown
 from .chart import from_typed_array, typed_array
+from .gantt_blocks import BLOCKS_ABOVE_EVENTS, merge_blocks
 from .ids import op_paths, shape_label
 from .palette import COMMUNICATION_BAR, IDLE_BAR, device_color
 from .phases import BACKWARD, FORWARD, Role, op_roles
@@ -67,6 +68,7 @@ def gantt_traces(
     showlegend: bool = True,
     summary_above: int | None = SUMMARY_ABOVE_EVENTS,
     window: tuple[float, float] | None = None,
+    blocks_above: int | None = BLOCKS_ABOVE_EVENTS,
 ) -> tuple[list[dict[str, Any]], list[str]]:
     """The bar traces (plotly trace dicts) and the row labels.
 
@@ -84,7 +86,9 @@ def gantt_traces(
     :mod:`widgets.breakdown`): thousands of slivers show nothing and cost seconds.
     ``window`` (``(start_s, end_s)``) keeps only the events that overlap it, and the
     idle gaps within it: zoomed in far enough, a summarised step shows its events
-    (the limit applies to the events in the window).
+    (the limit applies to the events in the window). Between the two, above
+    ``blocks_above`` compute events on a device, a task's consecutive ops are one bar
+    (:mod:`widgets.gantt_blocks`; its ``meta["blocks"]`` says so); ``None`` draws each.
     """
     unit = unit or time_unit(result.step_time_s)
     t0, t1 = check_window(result, window)
@@ -93,34 +97,63 @@ def gantt_traces(
     if summarised(bars, summary_above):
         traces = _summary_traces(result, unit, prefix, None if window is None else (t0, t1))
     else:
-        traces = _event_traces(result, bars, function, unit, prefix, (t0, t1), window)
+        traces = _event_traces(result, bars, function, unit, prefix, (t0, t1), window, blocks_above)
     for trace in traces:
         trace["showlegend"] = showlegend and trace["showlegend"]
     return traces, rows
 
 
-def _event_traces(result, bars, function, unit, prefix, span, window) -> list[dict[str, Any]]:
-    """One bar per event (per device compute traces, communication) and the idle gaps."""
+def _event_traces(
+    result, bars, function, unit, prefix, span, window, blocks_above
+) -> list[dict[str, Any]]:
+    """One bar per event (per device compute traces, communication) and the idle gaps;
+    above ``blocks_above`` compute events in all, one bar per block of a task's
+    consecutive ops (:mod:`widgets.gantt_blocks`)."""
     position = {d: 2 * i for i, d in enumerate(result.devices)}
     devices = np.asarray(result.devices, dtype=np.int64)
     order = np.argsort(devices, kind="stable")
     # each bar's device among the result's (any ids: negative, sparse, huge)
     row_of_bar = 2 * order[np.searchsorted(devices, bars.device, sorter=order)] + bars.stream
-    ids, texts, labels, backward = _bar_texts(bars, function)
+    ids, texts, labels, phases = _bar_texts(bars, function)
     numbers = np.column_stack([bars.start_s, bars.dur_s, bars.flops, bars.bytes, bars.device])
     compute = bars.stream == 0
+    merge = blocks_above is not None and int(compute.sum()) > blocks_above
+    gap_s = 1e-9 * max(result.step_time_s, 1e-30)  # back to back, up to rounding
     traces = []
     runs: list[tuple[float, int, str]] = []  # (middle, row, label) of each labelled task
     for d in result.devices:
         (idx,) = np.nonzero(compute & (bars.device == d))
-        trace = _bars(row_of_bar[idx], "compute", numbers[idx], ids[idx], texts[idx], unit, prefix)
+        parts = numbers[idx], ids[idx], texts[idx], labels[idx], phases[idx]
+        if merge:
+            op_types = np.array([bars.ops[i].op_type for i in idx.tolist()], dtype=object)
+            merged = merge_blocks(parts[0], parts[1], parts[3], parts[4], op_types, gap_s)
+            parts = merged[0], merged[1], merged[2], merged[3], merged[4]
+        row = np.full(len(parts[0]), position[d], dtype=np.int64)
+        trace = _bars(row, "compute", parts[0], parts[1], parts[2], unit, prefix)
         _device_look(trace, d, prefix)
-        trace["marker"]["opacity"] = np.where(backward[idx], BACKWARD_OPACITY, 1.0)
+        trace["marker"]["opacity"] = np.where(parts[4] == BACKWARD, BACKWARD_OPACITY, 1.0)
+        trace["meta"]["blocks"] = merge
         traces.append(trace)
-        runs += _task_runs(bars.start_s[idx], bars.dur_s[idx], labels[idx], position[d])
-    (idx,) = np.nonzero(~compute)
+        runs += _task_runs(parts[0][:, 0], parts[0][:, 1], parts[3], position[d])
+    comm_parts: list[tuple[np.ndarray, ...]] = []  # rows, numbers, ids, texts
+    for d in result.devices if merge else ():  # back-to-back transfers: one block
+        (idx,) = np.nonzero(~compute & (bars.device == d))
+        op_types = np.array([bars.ops[i].op_type for i in idx.tolist()], dtype=object)
+        blank = np.full(len(idx), "", dtype=object)
+        merged = merge_blocks(numbers[idx], ids[idx], blank, blank, op_types, gap_s, "transfers")
+        rows = np.full(len(merged[0]), position[d] + 1, dtype=np.int64)
+        comm_parts.append((rows, merged[0], merged[1], merged[2]))
+    if not merge:
+        (idx,) = np.nonzero(~compute)
+        comm_parts.append((row_of_bar[idx], numbers[idx], ids[idx], texts[idx]))
+    rows, comm_numbers, comm_ids, comm_texts = (
+        np.concatenate([p[k] for p in comm_parts]) if comm_parts else np.zeros((0, 5))
+        for k in range(4)
+    )
     traces.append(
-        _bars(row_of_bar[idx], "communication", numbers[idx], ids[idx], texts[idx], unit, prefix)
+        _bars(
+            rows, "communication", comm_numbers.reshape(-1, 5), comm_ids, comm_texts, unit, prefix
+        )
     )
     idle_rows, idle_numbers = [], []
     for d in result.devices:
@@ -229,8 +262,8 @@ def _device_look(trace: dict[str, Any], device: int, prefix: str) -> None:
 def _bar_texts(
     bars: Bars, function: Function | None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per bar, its op id (``""`` when unknown), hover text and label (``F3``, ``B3``
-    or ``""``) as object arrays, and whether it is backward work (a bool array).
+    """Per bar, its op id (``""`` when unknown), hover text, label (``F3``, ``B3`` or
+    ``""``) and phase (``F``, ``B``, ``U``, ``""`` when unknown), as object arrays.
 
     Each distinct op is described once; per-device copies of an op share their
     type objects' shape labels. All are built per op, then spread over the
@@ -259,7 +292,7 @@ def _bar_texts(
         task = (microbatch >= 0) & ((phase == FORWARD) | (phase == BACKWARD))
         labels[task] = phase[task] + microbatch[task].astype(str).astype(object)
     texts = np.array(_op_texts(unique), dtype=object)
-    return ids[of_bar], texts[of_bar], labels, phase == BACKWARD
+    return ids[of_bar], texts[of_bar], labels, phase
 
 
 def _mb(role: Role | None) -> int:

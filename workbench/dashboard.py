@@ -33,12 +33,13 @@ from widgets.breakdown import breakdown_html
 from widgets.chart import Chart
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.gantt_zoom import GanttZoom
-from widgets.graph import PendingGraph
+from widgets.graph import Drawn, PendingGraph
 from widgets.memory import memory_spec
 from widgets.units import format_time
 
 from .dashboard_panels import ReadyTransformsPanel, SessionFilePanel
 from .editor import ShardingEditor
+from .export_panel import ExportPanel
 from .measure_panel import MeasurePanel
 from .payloads import (
     Payloads,
@@ -57,8 +58,10 @@ from .session import (
     SessionError,
     Strategy,
     UnknownValueError,
+    _cache_key,
 )
 from .tasks import Activity
+from .views import Charts, Drawings
 
 DEFAULT_PRESET = "a100-hgx"
 
@@ -109,7 +112,8 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.graph = GraphView(
             self.session.base, options=self.graph_options, height_px=graph_height_px
         )
-        self._drawn: tuple[Any, ...] = (self.session.base, (), self.graph.options.view, None)
+        self._drawn: tuple[Any, ...] = (self.session.base, (), self.graph.options, None)
+        self.drawings = Drawings()  # the charts and graphs of the last states shown
         self.graph.add_class("distir-graph")
         self.activity = Activity(self._action_buttons, self._restore_buttons)
         self.editor = ShardingEditor(
@@ -146,8 +150,9 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.view.observe(lambda _: self.refresh(), names="value")
         self.session.on_change(lambda _s: self.refresh())
         self.file_controls = self._file_controls()
+        self.export_panel = ExportPanel(lambda: self.session, working=self.activity.working)
         side = w.VBox(
-            [self.selection, self.editor, self.controls, self.file_controls],
+            [self.selection, self.editor, self.controls, self.export_panel, self.file_controls],
             layout={"width": "36%", "min_width": "330px"},
         )
         main = w.VBox([self.view, self.graph], layout={"width": "63%"})
@@ -275,27 +280,28 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         except Exception as e:  # the other views must still show the new state
             self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         started = time.perf_counter()
+        charts = self.drawings.charts.get(_cache_key(d.state), lambda: _charts(d))
         if self.gantt is None:
-            self.gantt = Chart(*gantt_spec(d.result, d.function))
+            self.gantt = Chart(*charts.gantt)
             # zooming into a summarised step's time window shows that window's events
             self.gantt_zoom = GanttZoom(self.gantt, d.result, d.function)
             connect_clicks(self.gantt, self._on_gantt_select)
             self.gantt_box.children = [self.gantt]
         else:
-            self.gantt_zoom.show(d.result, d.function)
-        self.breakdown.value = breakdown_html(d.result)
+            self.gantt_zoom.show(d.result, d.function, charts.gantt)
+        self.breakdown.value = charts.breakdown
         gantt_done = time.perf_counter()
-        memory = memory_spec(d.result)
         if self.memory is None:
-            self.memory = Chart(*memory)
+            self.memory = Chart(*charts.memory)
             self.memory_box.children = [self.memory]
         else:
-            self.memory.show(*memory)
+            self.memory.show(*charts.memory)
         figures_done = time.perf_counter()
         if pending is not None:
             try:
                 self.graph.show(pending[0])
                 self._drawn = pending[1]
+                self.drawings.graphs.put(self._drawn, self.graph.rendered)
             except Exception as e:
                 self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         self.redraw_s = {  # the graph's share: what Python spent on it or waited for
@@ -322,6 +328,8 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
             self.save_button,
             self.load_button,
             self.measure_panel.button,
+            self.measure_panel.trace_button,
+            self.export_panel.button,
         ]
 
     def _restore_buttons(self) -> None:
@@ -366,9 +374,13 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
                     "per pmap, collective or send"
                 )
         options = replace(self.graph.options, view=view)
-        key = (function, tuple(sorted(placements.items())), view, result)
+        key = (function, tuple(sorted(placements.items())), options, result)
         if key == self._drawn:  # graphviz layout is the slow part: skip it when unchanged
             return None
+        drawn = self.drawings.graphs.find(key)  # drawn before (Undo, Redo): shown at once
+        if drawn is not None:
+            self.graph.set_drawing(function, placements, options, result)
+            return Drawn(drawn), key
         pending = self.graph.prepare(
             function, placements=placements, options=options, result=result
         )
@@ -407,6 +419,12 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
             f"{html.escape(target or '-')}</b>{placed} · step time "
             f"{format_time(r.step_time_s)}"
         )
+
+
+def _charts(d: Derived) -> Charts:
+    """The Gantt's and memory view's specs and the breakdown of ``d`` (drawn once per
+    state: see :class:`~workbench.views.Drawings`)."""
+    return Charts(gantt_spec(d.result, d.function), memory_spec(d.result), breakdown_html(d.result))
 
 
 __all__ = [

@@ -18,7 +18,8 @@ charts gives the step error with the profiled costs and with the topology's mode
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ipywidgets as w
@@ -70,8 +71,25 @@ class MeasurePanel(w.VBox):
         self.status.add_class("distir-measure-status")
         self.output = w.VBox(layout={"width": "100%"})
         self.output.add_class("distir-measure-output")
+        self.trace_path = w.Text(
+            placeholder="trace.json (torch.profiler, one file per rank: a.json, b.json)",
+            description="trace",
+            layout={"width": "420px"},
+        )
+        self.trace_path.add_class("distir-trace-path")
+        self.trace_button = w.Button(description="Read trace", layout={"width": "100px"})
+        self.trace_button.tooltip = (
+            "draw a PyTorch profiler trace of this step (ops marked 'distir op <i> <type>': "
+            "workbench.traces) over the simulator's timeline"
+        )
+        self.trace_button.add_class("distir-read-trace")
+        self.trace_button.on_click(lambda _b: self.read_trace())
         super().__init__(
-            [w.HBox([self.button, self.steps, self.status]), self.output],
+            [
+                w.HBox([self.button, self.steps, self.status]),
+                w.HBox([self.trace_path, self.trace_button], layout={"flex_flow": "row wrap"}),
+                self.output,
+            ],
             layout={"width": "100%"},
         )
         self._say("run the step shown on real processes and compare it with the simulator")
@@ -155,6 +173,36 @@ class MeasurePanel(w.VBox):
         )
         return run
 
+    def read_trace(self, paths: str | list[str] | None = None) -> Any:
+        """What "Read trace" does: the profiler trace(s) at ``paths`` (default: the path
+        box; several paths separated by commas, one per rank) read as the step shown
+        (:func:`workbench.traces.read_trace`) and drawn over its simulation on the
+        dashboard's hardware, with the error table. The Measurement, or None (the reason
+        in the status line)."""
+        from .traces import read_trace
+
+        _source, step, simulated = self._current()
+        if paths is None:
+            paths = [p.strip() for p in self.trace_path.value.split(",") if p.strip()]
+        if not paths:
+            self._failed("give the path of a trace (torch.profiler's Chrome trace JSON)")
+            return None
+        working = self.activity.working if self.activity is not None else None
+        with working("reading the trace…") if working else _nothing():
+            try:
+                measured = read_trace(paths, step)
+            except DistIRError as e:
+                self._failed(str(e))
+                return None
+            figure = measured_vs_simulated_figure(measured, simulated)
+            self.run = None
+            self.output.children = [Chart.of(figure), w.HTML(error_table_html(measured, simulated))]
+        self._say(
+            f"read {measured.steps} step(s) of {step.name} from {len(paths)} trace(s); "
+            f"simulated on {simulated.topology.name}"
+        )
+        return measured
+
     def _topology(self, devices: int) -> Topology:
         if self.topology is None or len(self.topology.devices) < devices:
             self.topology = self._calibrate(max(devices, MAX_PROCESSES))
@@ -163,6 +211,11 @@ class MeasurePanel(w.VBox):
     def _say(self, text: str, *, error: bool = False) -> None:
         color = "#b00020" if error else "#555"
         self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _calibrated_topology(devices: int) -> Topology:

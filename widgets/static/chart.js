@@ -101,6 +101,7 @@ async function render({ model, el }) {
   let wanted = true;
   const draw = () => {
     wanted = true;
+    el.dataset.receivedAt = String(performance.now()); // for benchmarks: arrival to paint
     queue = queue.then(async () => {
       if (!alive || !Plotly || !wanted) return;
       const width = root.clientWidth;
@@ -116,6 +117,7 @@ async function render({ model, el }) {
       wait.remove();
       hook();
       el.dataset.revision = String(revision);
+      el.dataset.drawnAt = String(performance.now());
       if (model.get("drawn") !== revision) {
         model.set("drawn", revision);
         model.save_changes();
