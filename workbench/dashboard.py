@@ -131,6 +131,7 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.memory_box = w.Box(layout={"width": "100%"})
         self.memory_box.add_class("distir-memory")
         self.compare_box = w.Box(layout={"width": "100%"})
+        self.compare_box.add_class("distir-comparison")
         self.search_box = w.Box(layout={"width": "100%"})
         self.search_box.add_class("distir-search-result")
         self.search_result: SearchResult | None = None
@@ -268,10 +269,11 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
     def refresh(self) -> None:
         """Redraw whatever the session's state changed (nothing if it did not)."""
         self.editor.refresh()
-        self._show_knobs()
         d = self.session.current
         if d is self._shown and self.view.value == self._shown_view:
-            return
+            return  # a failed change: the knobs keep what the user typed
+        if d is not self._shown:
+            self._show_knobs()
         start = time.perf_counter()
         self.graph_note = ""
         pending = None

@@ -115,6 +115,8 @@ class ReadyTransformsPanel:
 
         self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
         self.microbatches = knob("microbatches", s.microbatches, 1024, "180px")
+        for name in ("dp", "hp", "pp", "microbatches"):
+            getattr(self, name).add_class(f"distir-knob-{name}")
         self.schedule = w.Dropdown(
             options=list(SCHEDULES),
             value=s.schedule,

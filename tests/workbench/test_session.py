@@ -293,3 +293,31 @@ def test_the_charts_fill_the_dashboards_width(mlp, topology):
     for chart in (wb.gantt, wb.memory):
         # the browser sizes the chart to its box (no width round trip through the kernel)
         assert chart.layout.width == "100%" and "width" not in chart.figure["layout"]
+
+
+def test_a_failed_strategy_keeps_the_knobs_as_typed_a_change_shows_the_strategy(mlp, topology):
+    wb = Workbench(mlp, topology)
+    wb.dp.value, wb.pp.value = 4, 1
+    wb.microbatches.value = 3  # the batch of 8 does not split into 4 x 3
+    apply = next(b for b in wb.strategy_buttons if "distir-apply-strategy" in b._dom_classes)
+    apply.click()
+    assert wb.session.error and "does not split" in wb.session.error
+    assert (wb.dp.value, wb.microbatches.value) == (4, 3)  # what the user typed, to fix
+    assert wb.set_strategy(dp=2, pp=2, microbatches=2)  # a change from code: the knobs follow
+    assert (wb.dp.value, wb.pp.value, wb.microbatches.value) == (2, 2, 2)
+    wb.undo()
+    assert (wb.dp.value, wb.pp.value, wb.microbatches.value) == (1, 1, 1)
+
+
+def test_the_program_as_written_wears_the_colours_of_the_devices_it_is_placed_on(mlp, topology):
+    from widgets.palette import device_color
+
+    wb = Workbench(mlp, topology)
+    wb.view.value = "original"
+    before = wb.graph.rendered.dot
+    assert device_color(3) not in before  # the program as written: everything on device 0
+    assert wb.annotate("wA", (Mesh((4,)), [S(1)]))
+    dot = wb.graph.rendered.dot
+    node = next(line for line in dot.splitlines() if '"in-0"' in line and "fillcolor" in line)
+    assert all(device_color(d) in node for d in range(4)), node  # wA: split over 4 devices
+    assert "S(1)" in dot  # and its placement on its edges

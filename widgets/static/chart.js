@@ -111,6 +111,8 @@ async function render({ model, el }) {
       const layout = { ...expand(figure.layout || {}), template: model.get("template") };
       delete layout.width; // the container's width: the chart follows the page
       layout.autosize = true;
+      // autosize reads the box's height too: the figure's, or plotly's default
+      plot.style.height = `${layout.height || 450}px`;
       const revision = model.get("revision");
       await Plotly.react(plot, expand(figure.data || []), layout, model.get("config"));
       lastWidth = width;

@@ -42,10 +42,12 @@ function render({ model, el }) {
   el.appendChild(root);
 
   let view = { x: 0, y: 0, k: 1 };
+  let moved = false; // the user zoomed or panned: keep their view across redraws
   const apply = () => {
     stage.style.transform = `translate(${view.x}px, ${view.y}px) scale(${view.k})`;
   };
   const zoomAt = (factor, cx, cy) => {
+    moved = true;
     const k = Math.min(20, Math.max(0.05, view.k * factor));
     view = { x: cx - ((cx - view.x) * k) / view.k, y: cy - ((cy - view.y) * k) / view.k, k };
     apply();
@@ -65,8 +67,8 @@ function render({ model, el }) {
   bar.append(
     button("+", "zoom in", () => zoomAt(1.25, port.clientWidth / 2, port.clientHeight / 2)),
     button("−", "zoom out", () => zoomAt(0.8, port.clientWidth / 2, port.clientHeight / 2)),
-    button("width", "fit the graph to the panel's width", fitWidth),
-    button("fit", "fit the whole graph into the view", fit),
+    button("width", "fit the graph to the panel's width", () => { moved = false; fitWidth(); }),
+    button("fit", "fit the whole graph into the view", () => { moved = true; fit(); }),
   );
 
   const highlight = () => {
@@ -76,17 +78,14 @@ function render({ model, el }) {
       if (ids.has(g.id)) g.classList.add("sel");
     });
   };
-  let first = true;
   const draw = () => {
     port.style.height = `${model.get("height_px")}px`;
     legend.innerHTML = model.get("legend_html");
     stage.innerHTML = model.get("svg");
     err.textContent = model.get("error");
     highlight();
-    if (first && stage.querySelector("svg")) {
-      first = false;
-      requestAnimationFrame(fitWidth);
-    }
+    // a new drawing fits the panel's width, unless the user has moved the view
+    if (!moved && stage.querySelector("svg")) requestAnimationFrame(fitWidth);
   };
 
   let drag = null;
@@ -108,6 +107,7 @@ function render({ model, el }) {
       port.classList.add("dragging");
     }
     if (drag.moved) {
+      moved = true;
       view = { ...view, x: drag.vx + dx, y: drag.vy + dy };
       apply();
     }
@@ -129,7 +129,17 @@ function render({ model, el }) {
   drawn.forEach((name) => model.on(`change:${name}`, draw));
   model.on("change:selected", highlight);
   draw();
+  // the panel's width changes with the window: refit, unless the user has moved the view
+  let width = 0;
+  const resized = new ResizeObserver(() => {
+    if (port.clientWidth !== width) {
+      width = port.clientWidth;
+      if (!moved) fitWidth();
+    }
+  });
+  resized.observe(port);
   return () => {
+    resized.disconnect();
     drawn.forEach((name) => model.off(`change:${name}`, draw));
     model.off("change:selected", highlight);
   };
