@@ -10,7 +10,11 @@ from typing import Generic, TypeVar
 
 __all__ = ["KEEP", "Lru"]
 
-KEEP = 12  # states kept: enough for Undo and Redo back and forth, and a search's picks
+# States kept: Undo and Redo back and forth, the previous state to compare with, a search's
+# two picks. Each derived state holds some 10,000 objects (its program, simulation and
+# propagation report, benchmarks/bench_gc_pauses.py), and every full collection of the
+# garbage collector visits all of them: more would lengthen each such pause.
+KEEP = 6
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")

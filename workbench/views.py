@@ -32,7 +32,7 @@ class Charts:
 
 
 class Drawings:
-    """The charts of the last :data:`KEEP` states and the graphs of the last drawings."""
+    """The charts of the last :data:`KEEP` states and the graphs of their drawings."""
 
     def __init__(self, size: int = KEEP) -> None:
         self.charts: Lru[Hashable, Charts] = Lru(size)
