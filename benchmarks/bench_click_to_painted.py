@@ -22,17 +22,22 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import nbformat
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-from screenshots import CHROMIUM, lab  # noqa: E402
+CHROMIUM = Path("/usr/bin/chromium")
 
 CHROMIUM_ARGS = [
     "--headless",
@@ -43,14 +48,25 @@ CHROMIUM_ARGS = [
     "--disable-sync",
     "--no-first-run",
 ]
-# the built-in example (workbench.example), in APIs every checkout has
-NOTEBOOK = (
-    "import ir\nfrom ir import models, transforms\nfrom workbench import Workbench\n"
-    "gpt = transforms.training(models.gpt(16, 128, 512, 8, 4096, 4), 'adam')\n"
-    "wb = Workbench(gpt, ir.Topology.preset('a100-hgx', 8))\nwb",
-    "wb.set_strategy(dp=2, hp=2, pp=2, microbatches=4, schedule='1f1b')\nprint('ready')",
-)
-STRATEGIES = ((8, 1, 1, 1), (1, 8, 1, 1), (2, 4, 1, 1), (2, 2, 2, 4), (4, 1, 2, 4))
+# the built-in example (workbench.example), in APIs every checkout has; "forward": the
+# example before it (a forward GPT of batch 8 and vocabulary 1024), which the first
+# complaints were measured on
+SUBJECTS = {
+    "training": "transforms.training(models.gpt(16, 128, 512, 8, 4096, 4), 'adam')",
+    "forward": "models.gpt(8, 128, 512, 8, 1024, 4)",
+}
+
+
+def notebook(subject: str) -> tuple[str, str]:
+    return (
+        "import ir\nfrom ir import models, transforms\nfrom workbench import Workbench\n"
+        f"gpt = {SUBJECTS[subject]}\n"
+        "wb = Workbench(gpt, ir.Topology.preset('a100-hgx', 8))\nwb",
+        "wb.set_strategy(dp=2, hp=2, pp=2, microbatches=4, schedule='1f1b')\nprint('ready')",
+    )
+
+
+STRATEGIES = ((8, 1, 1, 1), (1, 8, 1, 1), (2, 4, 1, 1), (2, 2, 2, 4), (4, 1, 2, 2))
 MESHES = ("8", "2x4", "4x2", "1x8", "8x1")
 
 # What each view draws, cheaply: enough to tell one step's drawing from another's.
@@ -64,6 +80,19 @@ SIGNATURE = """() => {
   const summary = q('.distir-summary');
   return [chart('.distir-gantt'), chart('.distir-memory'), summary ? summary.textContent : ''];
 }"""
+
+COUNT_CONSOLE = """
+window.__console = { warn: 0, error: 0, trace: 0, assert: 0 };
+window.__consoleFirst = [];
+for (const kind of Object.keys(window.__console)) {
+  const original = console[kind].bind(console);
+  console[kind] = (...args) => {
+    window.__console[kind] += 1;
+    if (window.__consoleFirst.length < 5) window.__consoleFirst.push(`${kind}: ${args.join(' ')}`);
+    if (kind !== 'trace') original(...args);
+  };
+}
+"""
 
 # Click ``selector`` and wait until the Gantt, the memory view and the summary all differ
 # from before and the kernel has nothing more to say (the dashboard's working line clear),
@@ -112,32 +141,70 @@ CLICK_NODE = """(name) => {
 }"""
 
 
-def run(rounds: int, width: int, checkout: Path) -> dict[str, list[float]]:
+@contextmanager
+def lab(folder: Path, checkout: Path) -> Iterator[str]:
+    """``python -m workbench lab`` of ``checkout`` (its code in the server and the kernels)
+    on ``folder/notebooks``; yields its address, stops it afterwards."""
+    port = _free_port()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(checkout)
+    for name in ("JUPYTERLAB_SETTINGS_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTERLAB_WORKSPACES_DIR"):
+        env[name] = str(folder / name.lower())
+    command = [sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"]
+    with (folder / "lab.log").open("w") as log:
+        server = subprocess.Popen(
+            [*command, "--notebook-dir", str(folder / "notebooks")],
+            cwd=checkout,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise SystemExit((folder / "lab.log").read_text()[-2000:])
+                try:
+                    urllib.request.urlopen(f"{base}/api/status", timeout=5).close()
+                    break
+                except OSError:
+                    time.sleep(0.25)
+            yield base
+        finally:
+            server.send_signal(signal.SIGTERM)
+            try:
+                server.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(server.pid, signal.SIGKILL)
+                server.wait()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run(rounds: int, width: int, checkout: Path, subject: str) -> dict[str, list[float]]:
     from playwright.sync_api import sync_playwright
 
     times: dict[str, list[float]] = {}
-    console: list[tuple[str, str]] = []
+    console: tuple[dict, list] = ({}, [])
     with tempfile.TemporaryDirectory(prefix="distir-bench-") as tmp:
         folder = Path(tmp)
         (folder / "notebooks").mkdir()
         nb = nbformat.v4.new_notebook()
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3"}
-        nb.cells = [nbformat.v4.new_code_cell(source) for source in NOTEBOOK]
+        nb.cells = [nbformat.v4.new_code_cell(source) for source in notebook(subject)]
         nbformat.write(nb, folder / "notebooks" / "00_workbench.ipynb")
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            [str(checkout), os.environ.get("PYTHONPATH", "")]
-        )
-        with lab(folder) as base, sync_playwright() as pw:
+        with lab(folder, checkout) as base, sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": width, "height": 1400})
-            page.on(
-                "console",
-                # plotly.js warns through console.trace ("WARN: ...")
-                lambda m: (
-                    m.type in ("warning", "error", "trace", "assert")
-                    and console.append((m.type, m.text))
-                ),
-            )
+            # counted in the page: an old version's thousands of plotly WARN traces (each
+            # with its stack) would overflow Playwright's pipe if each were sent over
+            page.add_init_script(COUNT_CONSOLE)
             page.goto(f"{base}/lab/tree/00_workbench.ipynb")
             page.locator(".jp-StatusBar-Widget", has_text="Idle").first.wait_for(timeout=120_000)
             page.get_by_role("menuitem", name="Run", exact=True).click()
@@ -195,9 +262,10 @@ def run(rounds: int, width: int, checkout: Path) -> dict[str, list[float]]:
                     timed("undo", "button.distir-undo")
                     timed("redo", "button.distir-redo")
             browser.close()
-    print("console warnings, traces and errors:", len(console))
-    for kind, text in console[:10]:
-        print(f"  {kind}: {text[:160]}")
+    counts, first = console
+    print("console warnings, traces and errors:", counts)
+    for text in first:
+        print(f"  {text[:160]}")
     return times
 
 
@@ -211,14 +279,17 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=2, help="rounds of 25 clicks (default 2)")
     parser.add_argument("--width", type=int, default=1280, help="window width (default 1280)")
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the code to serve")
+    parser.add_argument(
+        "--subject", choices=sorted(SUBJECTS), default="training", help="the model clicked on"
+    )
     args = parser.parse_args()
     if not CHROMIUM.exists():
         print(f"needs Debian's chromium at {CHROMIUM}")
         return 2
     start = time.perf_counter()
-    times = run(args.rounds, args.width, args.checkout.resolve())
+    times = run(args.rounds, args.width, args.checkout.resolve(), args.subject)
     every = [t for ts in times.values() for t in ts if t >= 0]
-    print(f"\nclick -> painted, {args.checkout.resolve()} at {args.width} px:")
+    print(f"\nclick -> painted, {args.checkout.resolve()}, {args.subject} GPT, {args.width} px:")
     for action, ts in times.items():
         ok = [t for t in ts if t >= 0]
         lost = "" if len(ok) == len(ts) else f", {len(ts) - len(ok)} never drawn (timed out)"

@@ -56,6 +56,7 @@ __all__ = [
 
 ROW_PX = 26  # height of one device stream's row
 LEGEND_ROW_PX = 22
+SUBTITLE_PX = 18
 LEGEND_ENTRIES_PER_ROW = 8  # at 1280 px; wider windows fit more, narrower ones wrap
 
 
@@ -64,15 +65,21 @@ def legend_rows(entries: int) -> int:
     return max(1, -(-entries // LEGEND_ENTRIES_PER_ROW))
 
 
-def chart_layout(title: str, rows: int, legend_entries: int) -> dict[str, Any]:
+def chart_layout(title: str, rows: int, legend_entries: int, subtitle: str = "") -> dict[str, Any]:
     """The layout every Gantt shares: title at the top left (the tool bar shows at the
-    top right, on hover, over nothing), the legend below the time axis."""
+    top right, on hover, over nothing), ``subtitle`` (how to read it) a smaller line under
+    it rather than a title that runs off a narrow chart, the legend below the time axis."""
     legend_px = LEGEND_ROW_PX * legend_rows(legend_entries)
+    sub_px = SUBTITLE_PX if subtitle else 0
+    heading: dict[str, Any] = {"text": title, "x": 0, "xanchor": "left", "y": 0.99}
+    heading["yanchor"] = "top"
+    if subtitle:
+        heading["subtitle"] = {"text": subtitle, "font": {"size": 12}}
     return {
         "barmode": "overlay",
-        "title": {"text": title, "x": 0, "xanchor": "left", "y": 0.99, "yanchor": "top"},
-        "height": max(220, 70 + legend_px + ROW_PX * rows),
-        "margin": {"l": 10, "r": 10, "t": 34, "b": 44 + legend_px},
+        "title": heading,
+        "height": max(220, 70 + sub_px + legend_px + ROW_PX * rows),
+        "margin": {"l": 10, "r": 10, "t": 34 + sub_px, "b": 44 + legend_px},
         "legend": {
             "orientation": "h",
             "x": 0,
@@ -139,14 +146,17 @@ def gantt_spec(
     t0, t1 = check_window(result, window)
     if window is not None:
         heading += f" · {format_time(t0)} to {format_time(t1)}"
+    notes = []  # how to read it: a second, smaller line (one line would run off a narrow chart)
     if traces[0]["meta"].get("summary"):
-        heading += " · summary per device: zoom in to see events"
+        notes.append("summary per device: zoom in to see events")
     elif traces[0]["meta"].get("blocks"):
-        heading += " · a bar per task: zoom in to see each op"
+        notes.append("a bar per task: zoom in to see each op")
     if any(t["meta"].get("labelled") for t in traces):
-        heading += " · F3/B3: microbatch 3's forward/backward (lighter)"
+        notes.append("F3/B3: microbatch 3's forward/backward (lighter)")
     x_range = [0, t1 / unit[1] * 1.01] if window is None else [t0 / unit[1], t1 / unit[1]]
-    layout = chart_layout(heading, len(rows), sum(t["showlegend"] for t in traces))
+    layout = chart_layout(
+        heading, len(rows), sum(t["showlegend"] for t in traces), " · ".join(notes)
+    )
     layout["xaxis"] = {"title": {"text": f"time ({unit[0]})"}, "range": x_range}
     layout["yaxis"] = {
         "tickmode": "array",

@@ -5,10 +5,10 @@ A training step's Gantt has thousands of bars (4,600 for the example's 3D strate
 browser takes half a second and more to draw them, and at the width of a window they are
 slivers. Above :data:`BLOCKS_ABOVE_EVENTS` compute events (in the time window shown),
 each run of consecutive ops with the same phase and microbatch (``F3``, ``B3``, the
-optimizer's update) that follow each other without a gap becomes one bar: the blocks of
-the 1F1B picture. Its hover says what it holds (ops, time, flops, the op types that take
-the most time); zooming in to a window of fewer events draws each op again
-(:class:`widgets.gantt_zoom.GanttZoom`).
+optimizer's update) that follow each other without a visible gap (under a pixel) becomes
+one bar: the blocks of the 1F1B picture. Its hover says what it holds (ops, time, flops,
+the op types that take the most time); zooming in to a window of fewer events draws each
+op again (:class:`widgets.gantt_zoom.GanttZoom`).
 """
 
 from __future__ import annotations
@@ -49,6 +49,9 @@ def merge_blocks(
     >>> blocks[0][:, :3].tolist(), blocks[1].tolist()
     ([[0.0, 2.0, 4.0], [5.0, 1.0, 2.0]], ['op-0', 'op-2'])
     """
+    if len(numbers) == 0:  # a device with no transfers (data parallel forward): no blocks
+        empty = np.zeros(0, dtype=object)
+        return np.zeros((0, 5)), ids[:0], empty, labels[:0], phases[:0]
     order = np.argsort(numbers[:, 0], kind="stable")
     numbers, ids, labels = numbers[order], ids[order], labels[order]
     phases, op_types = phases[order], op_types[order]

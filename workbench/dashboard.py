@@ -282,6 +282,36 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         except Exception as e:  # the other views must still show the new state
             self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         started = time.perf_counter()
+        try:  # a chart that fails says so where the user looks, and the graph still shows
+            gantt_done = self._show_charts(d)
+        except Exception as e:
+            note = f"the charts could not be drawn: {type(e).__name__}: {e}"
+            self.graph_note = f"{self.graph_note} · {note}" if self.graph_note else note
+            gantt_done = time.perf_counter()
+        figures_done = time.perf_counter()
+        if pending is not None:
+            try:
+                self.graph.show(pending[0])
+                self._drawn = pending[1]
+                self.drawings.graphs.put(self._drawn, self.graph.rendered)
+            except Exception as e:
+                note = f"the graph could not be drawn: {type(e).__name__}: {e}"
+                self.graph_note = f"{note} · {self.graph_note}" if self.graph_note else note
+        self.redraw_s = {  # the graph's share: what Python spent on it or waited for
+            "graph": (started - start) + (time.perf_counter() - figures_done),
+            "gantt": gantt_done - started,
+            "memory": figures_done - gantt_done,
+        }
+        note = f"<div class='distir-graph-note'>{html.escape(self.graph_note)}</div>"
+        self.summary.value = summary_html(self.session) + (note if self.graph_note else "")
+        self._shown, self._shown_view = d, self.view.value
+        self.last_redraw_s = time.perf_counter() - start
+        if self.editor.value_name is not None:
+            self._show_selection(self.editor.value_name, None)
+
+    def _show_charts(self, d: Derived) -> float:
+        """Show ``d``'s Gantt, breakdown and memory view; returns when the Gantt was done
+        (time.perf_counter)."""
         charts = self.drawings.charts.get(_cache_key(d.state), lambda: _charts(d))
         if self.gantt is None:
             self.gantt = Chart(*charts.gantt)
@@ -298,25 +328,7 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
             self.memory_box.children = [self.memory]
         else:
             self.memory.show(*charts.memory)
-        figures_done = time.perf_counter()
-        if pending is not None:
-            try:
-                self.graph.show(pending[0])
-                self._drawn = pending[1]
-                self.drawings.graphs.put(self._drawn, self.graph.rendered)
-            except Exception as e:
-                self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
-        self.redraw_s = {  # the graph's share: what Python spent on it or waited for
-            "graph": (started - start) + (time.perf_counter() - figures_done),
-            "gantt": gantt_done - started,
-            "memory": figures_done - gantt_done,
-        }
-        note = f"<div class='distir-graph-note'>{html.escape(self.graph_note)}</div>"
-        self.summary.value = summary_html(self.session) + (note if self.graph_note else "")
-        self._shown, self._shown_view = d, self.view.value
-        self.last_redraw_s = time.perf_counter() - start
-        if self.editor.value_name is not None:
-            self._show_selection(self.editor.value_name, None)
+        return gantt_done
 
     def _action_buttons(self) -> list[w.Button]:
         """Every button that starts an action (disabled while one runs)."""

@@ -35,7 +35,7 @@ def test_each_stage_shows_its_tasks_in_the_schedules_order(schedule):
     for d in range(p):
         expected = [f"{phase}{m}" for _, m, phase in _device_sequence(schedule, d, p, 1, k, True)]
         assert shown[f"dev {d} · comp"] == expected, d
-    assert "F3/B3" in layout["title"]["text"]
+    assert "F3/B3" in layout["title"]["subtitle"]["text"]
 
 
 def test_the_megatron_step_labels_shared_bodies_by_their_microbatch():
@@ -79,7 +79,7 @@ def test_above_the_limit_a_tasks_consecutive_ops_are_one_block():
     bars = result.bars
     whole, layout = gantt_spec(result, g, blocks_above=10)
     each, _ = gantt_spec(result, g, blocks_above=None)
-    assert "a bar per task" in layout["title"]["text"]
+    assert "a bar per task" in layout["title"]["subtitle"]["text"]
     rows = layout["yaxis"]["ticktext"]
     for merged, single in zip(whole, each):
         if merged["meta"]["kind"] != "compute":
@@ -101,6 +101,16 @@ def test_above_the_limit_a_tasks_consecutive_ops_are_one_block():
         assert all("ops</b>" in text for text in merged["hovertext"])
     # the task labels are the same either way: the 1F1B order
     assert _labels_by_row(whole, rows) == _labels_by_row(each, rows)
+
+
+def test_a_step_without_transfers_draws_its_blocks():
+    # a data-parallel forward step sends nothing: each device's communication row is empty
+    g = transforms.parallelize(models.gpt(8, 16, 32, 4, 64, 2), dp=4)
+    result = ir.simulate(g, ir.Topology.preset("a100-hgx", 4))
+    traces, _ = gantt_spec(result, g, blocks_above=1)
+    kinds = {t["meta"]["kind"]: t for t in traces}
+    assert all(t["meta"]["blocks"] for t in traces if t["meta"]["kind"] == "compute")
+    assert len(bar_numbers(kinds["communication"])) == int((result.bars.stream != 0).sum())
 
 
 def test_zooming_into_a_blocked_step_draws_each_op():

@@ -61,7 +61,7 @@ def test_a_summarised_step_shows_a_windows_events_when_zoomed_in(pipeline):
     g, result = pipeline
     whole = gantt_figure(result, g, summary_above=5)
     assert all(t.meta["summary"] for t in whole.data)
-    assert "zoom in to see events" in whole.layout.title.text
+    assert "zoom in to see events" in whole.layout.title.subtitle.text
     t0, t1 = 0.40 * result.step_time_s, 0.45 * result.step_time_s
     per_device = np.bincount(result.bars.device[_overlapping(result, t0, t1)])
     assert per_device.max() <= 5  # few enough in the window to draw one by one

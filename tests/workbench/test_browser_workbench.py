@@ -223,6 +223,8 @@ def test_colours_layout_feedback_comparison_and_export_at(page, width: int) -> N
     for chart in (".distir-gantt", ".distir-memory"):
         box = page.locator(f"{chart} .main-svg").first.bounding_box()
         assert box and board - 2 <= box["width"] <= board + 0.5 and box["height"] > 200, chart
+        title = page.locator(f"{chart} .gtitle").first.bounding_box()  # its title fits
+        assert title and title["x"] + title["width"] <= box["x"] + box["width"], chart
 
     # one meaning per colour: the Gantt's legend is each device's colour, communication
     # near-black; the graph's legend gives the same device colours

@@ -48,7 +48,7 @@ function expand(node) {
 }
 
 const STYLE = `
-.distir-chart { width: 100%; position: relative; }
+.distir-chart { width: 100%; position: relative; contain: content; }
 .distir-chart .distir-chart-wait { color: #666; font: 12px sans-serif; padding: 8px; }
 `;
 

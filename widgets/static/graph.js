@@ -4,7 +4,7 @@
 const STYLE = `
 .distir-gv { font: 12px sans-serif; }
 .distir-gv .bar button { margin-right: 4px; min-width: 28px; }
-.distir-gv .port { overflow: hidden; border: 1px solid #ccc; position: relative;
+.distir-gv .port { overflow: hidden; border: 1px solid #ccc; position: relative; contain: strict;
   cursor: grab; background: #fff; }
 .distir-gv .port.dragging { cursor: grabbing; }
 .distir-gv .stage { transform-origin: 0 0; position: absolute; left: 0; top: 0; }
@@ -52,14 +52,18 @@ function render({ model, el }) {
     view = { x: cx - ((cx - view.x) * k) / view.k, y: cy - ((cy - view.y) * k) / view.k, k };
     apply();
   };
-  // fit the graph to the panel's width (whole: and height), from its top (the default)
+  // fit the graph to the panel's width (whole: and height), from its top (the default);
+  // fitting the width stops at a scale whose text can still be read (a wide graph, e.g.
+  // eight replicas side by side, then shows its left part: drag or "fit" for the rest)
+  const READABLE = 0.2;
   const fitter = (whole) => () => {
     const svg = stage.querySelector("svg");
     if (!svg) return;
     const w = svg.width.baseVal.value || 1;
     const h = svg.height.baseVal.value || 1;
-    const k = Math.min(port.clientWidth / w, whole ? port.clientHeight / h : 1, 1);
-    view = { x: (port.clientWidth - w * k) / 2, y: 0, k };
+    let k = Math.min(port.clientWidth / w, whole ? port.clientHeight / h : 1, 1);
+    if (!whole) k = Math.max(k, READABLE);
+    view = { x: Math.max(0, (port.clientWidth - w * k) / 2), y: 0, k };
     apply();
   };
   const fit = fitter(true);
