@@ -251,6 +251,19 @@ class TupleType:
             )
         object.__setattr__(self, "_nesting", depth)  # not a field: no part of equality
 
+    def __hash__(self) -> int:
+        # Kept once made: the simulator and the transforms key tables by the tuple types of
+        # a distributed program, thousands of elements long, which they look up per op.
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash(self.elements)
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __reduce__(self) -> tuple:
+        # elements only: a kept hash (of DTypes, which hash by identity) is this process's
+        return (TupleType, (self.elements,))
+
     @property
     def nesting(self) -> int:
         """How deep tuples nest in this one: 1 for a tuple of tensors."""
