@@ -32,7 +32,7 @@ class Layout:
     element shares the slot of the element on its class representative);
     :meth:`assemble` the tuple from one entry per element of ``reps``."""
 
-    __slots__ = ("_get", "_single", "reps", "where")
+    __slots__ = ("_get", "_n", "_single", "reps", "where")
 
     def __init__(self, where: tuple[int, ...], owners: Sequence[int] | None):
         self.where = where
@@ -44,13 +44,14 @@ class Layout:
             self.reps = tuple(k for k in range(n) if owners[k] == k)
             ordinal = {k: i for i, k in enumerate(self.reps)}
             self._get = itemgetter(*[ordinal[o] for o in owners]) if n > 1 else None
-        self._single = n == 1
+        self._single = n == 1 or len(self.reps) == 1
+        self._n = n
 
     def assemble(self, values: list) -> tuple:
+        if self._single:  # one element, or one class: its slot repeated
+            return (values[0],) * self._n
         if self._get is None:
             return tuple(values)
-        if self._single:
-            return (values[0],)
         return self._get(values)
 
 

@@ -146,6 +146,21 @@ def test_scheduled_bodies_equal_the_walk(bodies, instructions, memory_bytes):
     assert_same(_run(f, topo, True), _run(f, topo, False))
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(body_spec, min_size=3, max_size=3),
+    st.lists(instruction, min_size=1, max_size=30),
+    st.sampled_from(["a100-hgx", "h100-hgx"]),
+)
+def test_with_a_host_clock_scheduled_bodies_equal_the_walk(bodies, instructions, preset):
+    """On a preset's kernel model the host issues every op (small kernels: the host often
+    holds the stream, at any op of a body) and waits after each send."""
+    f = build(bodies, instructions)
+    topo = ir.Topology.preset(preset, N)
+    assert not topo.ideal
+    assert_same(_run(f, topo, True), _run(f, topo, False))
+
+
 def test_an_input_arriving_mid_body_starts_a_segment_there():
     """A late input read by the body's third op: its applications on the late device
     have two segments, and the events are the walk's."""
