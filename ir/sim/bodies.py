@@ -201,9 +201,15 @@ class BodySchedule:
         host_offsets[k + 1]``. The ops where the host may hold the stream are found from
         the segment's :meth:`BodyTiming.lead` (a bisection) and checked exactly, in op
         order with the late inputs' first readers, as the walk would meet them."""
+        hc = timing.host_offsets
+        if not late:  # the common case: nothing waits (the host well ahead of the stream)
+            lead = timing.lead(0)
+            slack = 1e-9 * (abs(free) + abs(host) + hc[-1] + timing.end_offset) + 1e-300
+            if host + hc[1] <= free and (not lead or lead[-1] <= free - host - slack):
+                outs = [free + o for o in timing.out_offsets]
+                return ((0, free),), outs, free + timing.end_offset
         first = self.first_reader
         n = self.num_ops
-        hc = timing.host_offsets
         late = sorted((first[j], j) for j in late if first[j] < n)
         i_late = 0
         segments = [(0, free)]

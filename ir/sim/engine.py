@@ -204,6 +204,7 @@ class Engine(SlotTable):
         self._comm_by_op: dict[tuple, tuple] = {}  # by (op, pmap bindings): pmap bodies
         self._comm_by_types: dict[tuple, list] = {}  # by types: [(attributes, timing)]
         self._schedules: dict[tuple[Function, str], BodySchedule | None] = {}
+        self._pmap_plans: dict[tuple, tuple] = {}
 
     # -- entry ----------------------------------------------------------------
 
@@ -422,10 +423,38 @@ class Engine(SlotTable):
         """The segments of application ``app`` (see :mod:`ir.sim.bodies`)."""
         return self.app_segments.get(app) or ((0, self.app_base[app]),)
 
-    def apply(self, op: Op, schedule: BodySchedule, index: int, in_slots: list[int]) -> list:
-        """Run one application of ``schedule`` (the body of pmap ``op``) on device index
-        ``index``, its inputs in ``in_slots``; return the slots of the body's outputs."""
-        timing = schedule.timing(self._model_of[index], index)
+    def pmap_plan(self, op: Op, body: Function, scope: _Scope) -> tuple:
+        """``(layout, schedule or None, [(element, device index, timing)] of the elements
+        the walk runs)`` of a pmap: the same for every pmap of ``body`` over one tuple type
+        (a stage's microbatches), so found once."""
+        first = op.inputs[0].type
+        var = op.attributes["device_var"]
+        device_map = op.attributes.get("device_map")
+        key = (body, first, scope.key, var, device_map is None)
+        found = self._pmap_plans.get(key)
+        if found is None:
+            if not isinstance(first, TupleType):
+                raise UnknownDeviceError(None)
+            layout = self.layout(first, scope)
+            if layout is None:
+                raise UnknownDeviceError(None)
+            schedule = self.schedule(body, var) if device_map is None else None
+            reps = []
+            for k in layout.reps:
+                index = layout.where[k]
+                timing = None
+                if schedule is not None:
+                    timing = schedule.timing(self._model_of[index], index)
+                reps.append((k, index, timing))
+            found = self._pmap_plans[key] = (layout, schedule, reps)
+        return found
+
+    def apply(
+        self, op: Op, schedule: BodySchedule, timing: BodyTiming, index: int, in_slots: list[int]
+    ) -> list:
+        """Run one application of ``schedule`` (the body of pmap ``op``, ``timing`` on its
+        device model) on device index ``index``, its inputs in ``in_slots``; return the
+        slots of the body's outputs."""
         ready = self.slot_ready
         free = self.compute_free[index]
         host = self.host_free[index]
@@ -646,24 +675,18 @@ class Engine(SlotTable):
 
 def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
     (body,) = op.subfunctions
-    var = op.attributes["device_var"]
-    device_map = op.attributes.get("device_map")
-    first = op.inputs[0].type
-    assert isinstance(first, TupleType)
-    layout = engine.layout(first, scope)
-    if layout is None:
-        raise UnknownDeviceError(None)
-    where = layout.where
-    schedule = engine.schedule(body, var) if device_map is None else None
+    plan = engine.pmap_plan(op, body, scope)
+    layout, schedule, reps = plan
     per_rep: list[list] = []
     if schedule is not None:
-        for k in layout.reps:
-            in_slots = [env[v][k] for v in op.inputs]
-            per_rep.append(engine.apply(op, schedule, where[k], in_slots))
+        apply = engine.apply
+        for k, index, timing in reps:
+            per_rep.append(apply(op, schedule, timing, index, [env[v][k] for v in op.inputs]))
     else:
+        var = op.attributes["device_var"]
+        device_map = op.attributes.get("device_map")
         ids = engine.topology.device_ids
-        for k in layout.reps:
-            index = where[k]
+        for k, index, _ in reps:
             inner = _Scope(engine.index_of, ((var, ids[index], device_map), *scope.bindings))
             body_env = {p: env[v][k] for p, v in zip(body.inputs, op.inputs)}
             engine.seg_base[index] = engine.compute_free[index]  # a run: its own segments
@@ -672,6 +695,11 @@ def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
             engine.host_off[index] = 0.0
             engine._run_ops(body.ops, body_env, inner)
             per_rep.append([body_env[o] for o in body.outputs])
+    if len(per_rep) == 1:
+        assemble, outs = layout.assemble, per_rep[0]
+        for j, v in enumerate(op.outputs):
+            env[v] = assemble([outs[j]])
+        return
     for j, v in enumerate(op.outputs):
         env[v] = layout.assemble([outs[j] for outs in per_rep])
 

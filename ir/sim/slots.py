@@ -26,6 +26,24 @@ class UnknownDeviceError(Exception):
         self.ref = ref
 
 
+class Same:
+    """A tuple value whose elements all hold one slot (a rank class's representative's):
+    what the walk keeps for a value over a stage's thousands of devices, in O(1)."""
+
+    __slots__ = ("n", "slot")
+
+    def __init__(self, slot: int, n: int) -> None:
+        self.slot, self.n = slot, n
+
+    def __getitem__(self, k: int) -> int:
+        if not -self.n <= k < self.n:
+            raise IndexError(k)
+        return self.slot
+
+    def __len__(self) -> int:
+        return self.n
+
+
 class Layout:
     """A flat tuple type's elements under one pmap scope: ``where[k]`` the device index
     of element ``k``; ``reps`` the elements that stand for themselves (each other
@@ -47,9 +65,10 @@ class Layout:
         self._single = n == 1 or len(self.reps) == 1
         self._n = n
 
-    def assemble(self, values: list) -> tuple:
-        if self._single:  # one element, or one class: its slot repeated
-            return (values[0],) * self._n
+    def assemble(self, values: list) -> Any:
+        if self._single:  # one element, or one class: its slot for each
+            value = values[0]
+            return Same(value, self._n) if value.__class__ is int else (value,) * self._n
         if self._get is None:
             return tuple(values)
         return self._get(values)
@@ -111,9 +130,7 @@ class SlotTable:
     def layout(self, t: TupleType, scope: Any) -> Layout | None:
         """The :class:`Layout` of flat tuple type ``t`` under ``scope`` (None if ``t``
         nests tuples); raises UnknownDeviceError for a device the topology lacks."""
-        # keyed by the elements' devices: types equal but not identical (each op's own
-        # result types) would compare element by element in Python
-        key = (t.devices, scope.key)
+        key = (t, scope.key)  # a tuple type keeps its hash; equal ones compare at C level
         found = self._layouts.get(key, False)
         if found is not False:
             return found
@@ -153,6 +170,8 @@ def unique_leaves(slots: Any) -> list[int]:
     """The distinct slots of a value (an int, or nested tuples of ints), in first order."""
     if slots.__class__ is int:
         return [slots]
+    if slots.__class__ is Same:
+        return [slots.slot]
     if slots and slots[0].__class__ is int:
         try:
             return list(dict.fromkeys(slots))  # a flat tuple: one C-level pass
