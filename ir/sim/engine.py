@@ -182,6 +182,9 @@ class Engine(SlotTable):
         self.use_count: list[int] = []
         self.use_slots: list[int] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
+        # per top-level op, its first unit: the units from there to the next one's are its
+        # own or, for a pmap, its body's runs (Bars.top)
+        self.top_start: list[int] = []
         self.comm_instances: list[int] = []  # the units whose ``where`` is a tuple
         self.comm_channels: list[tuple[int, ...]] = []  # their channels, in the same order
         self.comm_groups: list[int] = []  # and their participants' index in participant_sets
@@ -265,8 +268,10 @@ class Engine(SlotTable):
         prepare = self._prepare
         mirrored, rep_of = self.mirrored, self.rep_of
         blocking = self.blocking_comm
+        add_top = self.top_start.append
         for op in ops:
             if once:  # a top-level op runs once: keep nothing per op (costs are shared)
+                add_top(len(inst_op))
                 prep = prepare(op)
             else:  # a pmap body's op runs once per device
                 prep = prepared.get(op)

@@ -46,6 +46,7 @@ class Columns:
     slot_alloc: np.ndarray
     slot_free: np.ndarray
     slot_freed: np.ndarray
+    top: np.ndarray | None = None  # per run, the index of its top-level op
     _engine: Any = field(repr=False, default=None)
     _ops: list | None = field(repr=False, default=None)
 
@@ -150,6 +151,9 @@ def expand(e: Engine) -> Columns:
     produced_end = np.zeros(len(producer))
     produced_end[has] = end[producer[has]]
     free = np.where(last > -np.inf, last, produced_end)
+    # the top-level op of each run: the last op whose first unit starts at or before it
+    first_run = np.append(pos, total)[np.asarray(e.top_start, dtype=np.int64)]
+    top = np.searchsorted(first_run, np.arange(total), side="right") - 1
     freed = np.ones(len(producer), dtype=bool)
     if e.pinned:
         freed[np.asarray(e.pinned, dtype=np.int64)] = False
@@ -169,6 +173,7 @@ def expand(e: Engine) -> Columns:
         slot_alloc=alloc,
         slot_free=free,
         slot_freed=freed,
+        top=top,
         _engine=e,
     )
 

@@ -66,6 +66,10 @@ class Bars:
     dur_s: np.ndarray
     flops: np.ndarray
     bytes: np.ndarray
+    # the index (in the function's ops) of the top-level op each bar runs under: the op
+    # itself, or the pmap whose body it is (a body shared by several pmaps, e.g. one per
+    # microbatch, is told apart by it); None when unknown
+    top: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -256,6 +260,7 @@ class SimResult:
             dur_s=c.dur[rows],
             flops=np.where(compute, c.flops[rows], 0.0),
             bytes=c.nbytes[rows],
+            top=c.top[rows],
         )
 
     def events_on(self, device: int, stream: str | None = None) -> list[Event]:

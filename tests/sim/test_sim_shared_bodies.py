@@ -43,6 +43,12 @@ def assert_same(shared: SimResult, walked: SimResult) -> None:
     assert _events(shared) == _events(walked)
     for name in ("busy_s", "communication_s", "idle_s", "peak_memory_bytes", "oom"):
         assert getattr(shared, name) == getattr(walked, name), name
+    a, b = shared.bars, walked.bars
+    oa = np.lexsort((a.top, a.start_s, a.stream, a.device))
+    ob = np.lexsort((b.top, b.start_s, b.stream, b.device))
+    for column in ("device", "stream", "start_s", "dur_s", "flops", "bytes", "top"):
+        np.testing.assert_array_equal(getattr(a, column)[oa], getattr(b, column)[ob])
+    assert [a.ops[i] for i in oa] == [b.ops[i] for i in ob]
     for d in walked.devices:
         for x, y in zip(shared.memory_timeline(d), walked.memory_timeline(d)):
             np.testing.assert_array_equal(x, y)
