@@ -96,9 +96,12 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
             }
         )
     counts = {
-        s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error", "cancelled")
+        s: sum(r.status == s for r in result.rows)
+        for s in ("ok", "pruned", "estimated", "error", "cancelled")
     }
     cancelled = f", {counts['cancelled']} cancelled" if counts["cancelled"] else ""
+    if counts["estimated"]:  # a two-tier search: estimated only, beyond the front
+        cancelled += f", {counts['estimated']} estimated beyond the front"
     layout = {
         "title": (
             f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "

@@ -52,6 +52,19 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Totals:
+    """A step's figures over all its devices: mean compute-busy, idle and communication
+    seconds, the largest peak of live bytes, and whether every device holds its peak."""
+
+    mean_busy_s: float
+    mean_idle_s: float
+    mean_communication_s: float
+    max_peak_memory_bytes: float
+    fits: bool
+    idle_devices: int = 0  # devices of the topology that compute nothing in the step
+
+
+@dataclass(frozen=True)
 class Bars:
     """Every event as columns (what plots read): bar ``i`` is ``ops[i]`` on ``device[i]``.
 
@@ -126,6 +139,10 @@ class SimResult:
         for rep in list(used):
             used.update(self._mirrors.get(rep, ()))
         return sorted(used)
+
+    @cached_property
+    def _used_set(self) -> set[int]:
+        return set(self._used)
 
     @cached_property
     def _comm_set(self) -> set[int]:
@@ -373,24 +390,54 @@ class SimResult:
             sorted({rep_of[d] for d in self._used}),
             self.step_time_s,
         )
-        for d in self._used:  # a class member's memory is its representative's
-            r = rep_of[d]
-            if r != d:
-                curves.times[d], curves.live_bytes[d] = curves.times[r], curves.live_bytes[r]
-                curves.peak_bytes[d] = curves.peak_bytes[r]
-                curves.oom_instance[d] = curves.oom_instance[r]
-        return curves
+        return curves  # per walked device: a class member's is its representative's
 
     def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """(times_s, live_bytes): live bytes on ``device`` from each time to the next."""
-        i = self._device_index(device)
-        return self._memory.times[i].copy(), self._memory.live_bytes[i].copy()
+        r = self._e.rep_of[self._device_index(device)]
+        return self._memory.times[r].copy(), self._memory.live_bytes[r].copy()
 
     @cached_property
     def peak_memory_bytes(self) -> dict[int, float]:
         """Device -> highest live bytes during the step."""
-        ids = self.topology.device_ids
-        return {ids[d]: self._memory.peak_bytes[d] for d in self._used}
+        ids, rep_of, peaks = self.topology.device_ids, self._e.rep_of, self._memory.peak_bytes
+        return {ids[d]: peaks[rep_of[d]] for d in self._used}
+
+    @cached_property
+    def totals(self) -> Totals:
+        """Figures over all the devices the program uses, from the walked ones (each
+        standing for its rank class): no work per device (a search's rows read these)."""
+        rep_of = np.asarray(self._e.rep_of, dtype=np.int64)
+        weight = np.bincount(rep_of[np.asarray(self._used, dtype=np.int64)])
+        walked = np.flatnonzero(weight)
+        n = float(weight.sum())
+        if not n:
+            return Totals(0.0, 0.0, 0.0, 0.0, True, len(self.topology.devices))
+        c = self._c
+        compute = c.where >= 0
+        busy = np.bincount(c.where[compute], weights=c.dur[compute], minlength=len(weight))
+        if self._spans_by_class_known():
+            step = self.step_time_s
+            idle = {d: step - _covered_s(np.concatenate([s, cs]), np.concatenate([e, ce]))
+                    for d, (s, e, cs, ce) in self._spans.items()}  # fmt: skip
+            comm = {d: _covered_s(cs, ce) for d, (s, e, cs, ce) in self._spans.items()}
+            mean_idle = sum(idle[d] * weight[d] for d in walked.tolist()) / n
+            mean_comm = sum(comm[d] * weight[d] for d in walked.tolist()) / n
+        else:
+            mean_idle = sum(self.idle_s.values()) / n
+            mean_comm = sum(self.communication_s.values()) / n
+        peaks = self._memory.peak_bytes
+        peak = max(peaks[d] for d in walked.tolist())
+        capacity = [self.topology.devices[d].memory_bytes for d in walked.tolist()]
+        fits = all(peaks[d] <= cap for d, cap in zip(walked.tolist(), capacity))
+        mean_busy = float((busy[walked] * weight[walked]).sum() / n)
+        working = int(weight[walked][busy[walked] > 0].sum())
+        idle = len(self.topology.devices) - working
+        return Totals(mean_busy, float(mean_idle), float(mean_comm), float(peak), fits, idle)
+
+    def _spans_by_class_known(self) -> bool:
+        self._spans  # noqa: B018 -- computes whether classes stand for their members
+        return self._spans_by_class
 
     @cached_property
     def oom(self) -> dict[int, Op | None]:
@@ -403,7 +450,7 @@ class SimResult:
         ids = self.topology.device_ids
         out: dict[int, Op | None] = {}
         for d in self._used:
-            inst = self._memory.oom_instance[d]
+            inst = self._memory.oom_instance[self._e.rep_of[d]]
             if inst is None:
                 continue
             if inst >= 0:
@@ -430,7 +477,7 @@ class SimResult:
             raise SimulationError(
                 f"device {device} is not in topology {self.topology.name!r}"
             ) from None
-        if i not in set(self._used):
+        if i not in self._used_set:
             raise SimulationError(
                 f"the program does not use device {device} (it uses {list(self.devices)})"
             )
