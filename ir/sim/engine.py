@@ -56,7 +56,7 @@ from ..value import Value
 from ..verify import describe_op
 from .bodies import BodySchedule, BodyTiming, schedule_of
 from .costs import OpCosts, compute_key
-from .slots import SlotTable, UnknownDeviceError, leaves_of, unique_leaves
+from .slots import SlotTable, UnknownDeviceError, element, leaves_of, unique_leaves
 
 COMBINE_MODES = ("roofline", "additive")
 COMM_MODES = ("channels", "serial", "blocking")
@@ -283,6 +283,8 @@ class Engine(SlotTable):
                     ins = list(map(value_of, op.inputs))
                     try:
                         ready = max(map(ready_of, ins)) if ins else 0.0
+                        if ins and min(ins) < 0:  # a class's tuple (~slot: see element)
+                            raise TypeError
                     except TypeError:  # a tuple operand (Concat, Sum of a tuple)
                         ins = leaves_of(ins)
                         ready = max(map(ready_of, ins)) if ins else 0.0
@@ -686,14 +688,16 @@ def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
     if schedule is not None:
         apply = engine.apply
         for k, index, timing in reps:
-            per_rep.append(apply(op, schedule, timing, index, [env[v][k] for v in op.inputs]))
+            per_rep.append(
+                apply(op, schedule, timing, index, [element(env[v], k) for v in op.inputs])
+            )
     else:
         var = op.attributes["device_var"]
         device_map = op.attributes.get("device_map")
         ids = engine.topology.device_ids
         for k, index, _ in reps:
             inner = _Scope(engine.index_of, ((var, ids[index], device_map), *scope.bindings))
-            body_env = {p: env[v][k] for p, v in zip(body.inputs, op.inputs)}
+            body_env = {p: element(env[v], k) for p, v in zip(body.inputs, op.inputs)}
             engine.seg_base[index] = engine.compute_free[index]  # a run: its own segments
             engine.seg_off[index] = 0.0
             engine.host_base[index] = engine.host_free[index]
@@ -710,7 +714,7 @@ def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
 
 
 def _tuple_get(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
-    env[op.outputs[0]] = env[op.inputs[0]][op.attributes["index"]]
+    env[op.outputs[0]] = element(env[op.inputs[0]], op.attributes["index"])
 
 
 def _make_tuple(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:

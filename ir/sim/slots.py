@@ -26,29 +26,21 @@ class UnknownDeviceError(Exception):
         self.ref = ref
 
 
-class Same:
-    """A tuple value whose elements all hold one slot (a rank class's representative's):
-    what the walk keeps for a value over a stage's thousands of devices, in O(1)."""
-
-    __slots__ = ("n", "slot")
-
-    def __init__(self, slot: int, n: int) -> None:
-        self.slot, self.n = slot, n
-
-    def __getitem__(self, k: int) -> int:
-        if not -self.n <= k < self.n:
-            raise IndexError(k)
-        return self.slot
-
-    def __len__(self) -> int:
-        return self.n
+def element(value: Any, k: int) -> Any:
+    """Element ``k`` of a tuple value: a tuple of slots, or a rank class's one slot ``s``
+    kept as the int ``~s`` (negative: every element holds ``s``; an int, so that the
+    values of a long walk are nothing the cyclic GC scans)."""
+    if value.__class__ is int:
+        return ~value
+    return value[k]
 
 
 class Layout:
     """A flat tuple type's elements under one pmap scope: ``where[k]`` the device index
     of element ``k``; ``reps`` the elements that stand for themselves (each other
     element shares the slot of the element on its class representative);
-    :meth:`assemble` the tuple from one entry per element of ``reps``."""
+    :meth:`assemble` the tuple value from one entry per element of ``reps`` (a single
+    class's one slot ``s`` as ``~s``: see :func:`element`)."""
 
     __slots__ = ("_get", "_n", "_single", "reps", "where")
 
@@ -68,7 +60,7 @@ class Layout:
     def assemble(self, values: list) -> Any:
         if self._single:  # one element, or one class: its slot for each
             value = values[0]
-            return Same(value, self._n) if value.__class__ is int else (value,) * self._n
+            return ~value if value.__class__ is int else (value,) * self._n
         if self._get is None:
             return tuple(values)
         return self._get(values)
@@ -169,12 +161,11 @@ class SlotTable:
 def unique_leaves(slots: Any) -> list[int]:
     """The distinct slots of a value (an int, or nested tuples of ints), in first order."""
     if slots.__class__ is int:
-        return [slots]
-    if slots.__class__ is Same:
-        return [slots.slot]
+        return [slots if slots >= 0 else ~slots]  # ~s: a class's one slot (see element)
     if slots and slots[0].__class__ is int:
         try:
-            return list(dict.fromkeys(slots))  # a flat tuple: one C-level pass
+            if min(slots) >= 0:  # a flat tuple of slots: C-level passes
+                return list(dict.fromkeys(slots))
         except TypeError:
             pass
     out: dict[int, None] = {}
