@@ -23,6 +23,7 @@ import numpy as np
 
 from ..collectives import Collective
 from ..device import Topology
+from ..errors import DistIRError
 from ..function import Function
 from ..op import Op
 from ..registry import CostContext, get_op
@@ -112,7 +113,7 @@ class Profile:
             self.records.append(rec)
         self.by_name = {r.name: r for r in self.records}
         self._stages: dict[int, np.ndarray] = {}
-        self._assignments: dict[int, dict[Op, int]] = {}
+        self._assignments: dict[tuple, Any] = {}
 
     def infer(self, other: Profile, axis: int) -> None:
         """Mark the dimensions that halve in ``other`` (the same step at twice the pieces,
@@ -127,6 +128,30 @@ class Profile:
                 for i, (x, y) in enumerate(zip(a.shape, b.shape)):
                     if x == 2 * y and x != y:
                         dims[i] = (1, dims[i][1]) if axis == 0 else (dims[i][0], 1)
+
+    def split_from(self, base: Profile) -> None:
+        """This profile's degree against ``base`` (degree 1, the same pieces, its batch
+        dimensions known): a dimension ``degree`` times smaller here is split by the
+        degree; batch dimensions are ``base``'s, value by value; a conversion's tensor
+        scales as the result of the op that makes it."""
+        factor = self.tp // base.tp
+        made: dict[str, list[tuple[int, int]]] = {}
+        for rec in self.records:
+            twin = base.by_name.get(rec.name)
+            if rec.op is None or twin is None or len(twin.types) != len(rec.types):
+                continue
+            for dims, here, there, there_dims in zip(rec.scale, rec.types, twin.types, twin.scale):
+                if len(here.shape) != len(there.shape):
+                    continue
+                for i, (x, y) in enumerate(zip(here.shape, there.shape)):
+                    dims[i] = (there_dims[i][0], int(x * factor == y and x != y))
+            for w, dims in zip(rec.writes, rec.scale[rec.n_in :]):
+                made[w] = dims
+        for rec in self.records:
+            if rec.op is None:
+                dims = made.get(rec.name.split("#conv")[0])
+                if dims is not None and len(dims) == len(rec.types[0].shape):
+                    rec.scale = [list(dims)]
 
     def finish(self, replayed: set[str]) -> None:
         """Group the records into classes that cost the same at any (rows, degree): one op
@@ -157,13 +182,26 @@ class Profile:
                 self.classes.append((r, kept, again))
             ids.append(k)
         self.class_of = np.asarray(ids, dtype=np.int64)
+        self.again = np.asarray([c[2] for c in self.classes], dtype=bool)
+        self.forward_ops = np.flatnonzero((self.phase == 0) & ~self.is_conv)
 
     def assignment(self, stages: int) -> dict[Op, int]:
-        """``T.megatron``'s stage of each op of the analysed step among ``stages``."""
-        found = self._assignments.get(stages)
+        """``T.megatron``'s stage of each op of the analysed step among ``stages`` (shared
+        with the profiles of the same step: ``share``); a cut it refuses raises."""
+        found = self._assignments.get((self.plan.t, stages))
         if found is None:
-            found = self._assignments[stages] = stage_assignment(self.plan.t, stages, None)
+            try:
+                found = stage_assignment(self.plan.t, stages, None)
+            except DistIRError as e:
+                found = e
+            self._assignments[(self.plan.t, stages)] = found
+        if isinstance(found, Exception):
+            raise NotEstimableError(str(found))
         return found
+
+    def share(self, other: Profile) -> None:
+        """Use ``other``'s stage cuts (of the same step) as this profile's."""
+        self._assignments = other._assignments
 
     def stage_of(self, stages: int) -> np.ndarray:
         """Each record's pipeline stage among ``stages`` (as ``T.megatron`` would cut the
