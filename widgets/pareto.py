@@ -100,11 +100,11 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
         for s in ("ok", "pruned", "estimated", "error", "cancelled")
     }
     cancelled = f", {counts['cancelled']} cancelled" if counts["cancelled"] else ""
-    if counts["estimated"]:  # a two-tier search: estimated only, beyond the front
-        cancelled += f", {counts['estimated']} estimated beyond the front"
+    # a two-tier search: the strategies estimated only (beyond the front's reach)
+    estimated = f", {counts['estimated']} estimated" if counts["estimated"] else ""
     layout = {
         "title": (
-            f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "
+            f"{counts['ok']} strategies simulated{estimated}, {counts['pruned']} pruned, "
             f"{counts['error']} refused{cancelled}: step time against peak memory{note}"
         ),
         "xaxis": {"title": "peak memory per device (GiB)"},

@@ -220,7 +220,8 @@ class Estimator:
                 opt = self.costs.op(op, shapes, types, len(op.inputs))
                 add = self.costs.add(local, w.type.dtype)
                 rows.append((local, state, opt[0], opt[1], add[0], add[1]))
-            return tuple(np.asarray(c, dtype=np.float64) for c in zip(*rows))
+            columns = list(zip(*rows)) or [()] * 6  # a step without optimizer steps: none
+            return tuple(np.asarray(c, dtype=np.float64) for c in columns)
 
         return self._cached(("weights", tp, sp), make)
 
