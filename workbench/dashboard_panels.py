@@ -6,6 +6,7 @@ the previous state, search every strategy, measure the step shown).
 from __future__ import annotations
 
 import html
+import time
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
@@ -146,17 +147,30 @@ class ReadyTransformsPanel:
         )
 
     def search(self, **space: Any) -> SearchResult:
-        """Simulate every strategy of the ready transforms on all the devices (the space of
-        :func:`ir.search.search`, narrowed by ``space``) and show the step time x memory
-        chart below the dashboard (:class:`~workbench.search_panel.SearchPanel`): clicking
-        a point applies its strategy; with "Compare two" on, the last two points clicked
-        are shown side by side."""
-        self.editor.busy("simulating every strategy…")
+        """Search the strategies of the ready transforms on all the devices (the space of
+        :func:`ir.search.search`, narrowed by ``space``: every strategy estimated, those
+        that can reach the front simulated) and show the step time x memory chart below
+        the dashboard (:class:`~workbench.search_panel.SearchPanel`), redrawn as simulated
+        rows come in (at most twice a second): clicking a point applies its strategy; with
+        "Compare two" on, the last two points clicked are shown side by side."""
+        self.editor.busy("searching strategies…")
         space.setdefault("progress", False)
         topology = self.session.topology
-        result = search_strategies(self.session.base, topology, optimizer=None, **space)
-        self.search_result = result
         capacity = min(d.memory_bytes for d in topology.devices)
+        so_far: list[SearchRow] = []
+        drawn = [time.monotonic()]
+
+        def on_row(row: SearchRow) -> None:  # the front as it grows
+            so_far.append(row)
+            if row.ok and time.monotonic() - drawn[0] > 0.5:
+                drawn[0] = time.monotonic()
+                self.search_panel.show(SearchResult(list(so_far)), capacity_bytes=capacity)
+                self.search_box.children = [self.search_panel]
+
+        result = search_strategies(
+            self.session.base, topology, optimizer=None, on_row=on_row, **space
+        )
+        self.search_result = result
         self.search_panel.show(result, capacity_bytes=capacity)
         self.search_box.children = [self.search_panel]
         self.editor.refresh()
