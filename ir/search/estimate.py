@@ -31,7 +31,7 @@ and :data:`MEMORY_MARGIN`, the estimator's largest errors against the simulator 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ import numpy as np
 from ..device import Topology
 from ..errors import DistIRError
 from ..function import Function
-from .profile import Costs, NotEstimableError, Profile, replayed_names
+from .profile import Costs, NotEstimableError, Profile, RefusedError, replayed_names
 from .space import Strategy
 
 #: The estimator's relative error bounds against the simulator (step time, peak memory),
@@ -61,6 +61,7 @@ class Estimates:
     bubble: np.ndarray
     exposed_comm_s: np.ndarray
     known: np.ndarray
+    refused: dict[int, str] = field(default_factory=dict)  # index -> the stage cut's refusal
 
 
 class Estimator:
@@ -290,6 +291,7 @@ class Estimator:
             if self.batch % (s.dp * s.microbatches) == 0:
                 buckets.setdefault((s.pp, s.chunks), []).append(i)
         cache, member = self._members, self._member
+        refused: dict[int, str] = {}
         for (pp, v), members in buckets.items():
             rows, keep = [], []
             for i in members:
@@ -301,17 +303,21 @@ class Estimator:
                 if found is None:
                     try:
                         found = member(*key)
+                    except RefusedError as e:
+                        found = str(e)
                     except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
                         found = ()
                     cache[key] = found
-                if found:
+                if found.__class__ is str:
+                    refused[i] = found
+                elif found:
                     rows.append((*found, s.dp, s.microbatches, s.zero, s.schedule == "gpipe"))
                     keep.append(i)
             if rows:
                 for column, values in zip(out, self._bucket(pp, v, rows)):
                     column[keep] = values
         step, peak, bubble, exposed = out
-        return Estimates(step, peak, bubble, exposed, ~np.isnan(step))
+        return Estimates(step, peak, bubble, exposed, ~np.isnan(step), refused)
 
     def _member(
         self, tp: int, rows: int, pp: int, v: int, sp: bool, rc: bool, dp: int, zero: int

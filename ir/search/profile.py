@@ -38,6 +38,11 @@ class NotEstimableError(Exception):
     refuse or arrange it otherwise; the strategy is left to the simulator."""
 
 
+class RefusedError(NotEstimableError):
+    """The transform's own stage cut refuses the strategy (its message): no program to
+    simulate."""
+
+
 @dataclass
 class Record:
     """A local op (``kind`` "op") or a tensor-parallel conversion (a collective kind) of
@@ -196,7 +201,7 @@ class Profile:
                 found = e
             self._assignments[(self.plan.t, stages)] = found
         if isinstance(found, Exception):
-            raise NotEstimableError(str(found))
+            raise RefusedError(str(found).splitlines()[0])
         return found
 
     def share(self, other: Profile) -> None:

@@ -94,6 +94,9 @@ def decide(
 
     for i in order.tolist():
         s = todo[i]
+        if i in est.refused:  # the transform's own stage cut refuses it: nothing to build
+            yield Row(s, "error", error=est.refused[i])
+            continue
         if known[i]:
             low_t = est.step_time_s[i] / (1 + time_margin)
             low_m = est.peak_memory_bytes[i] / (1 + memory_margin)
