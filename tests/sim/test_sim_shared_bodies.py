@@ -227,7 +227,11 @@ def test_a_3d_step_scheduled_once_per_body_equals_the_walk(dp, tp, pp, m, schedu
 def test_recomputation_and_a_small_device_name_the_same_op_out_of_memory():
     t = transforms.recompute(GPT, models.gpt_layer_activations(GPT))
     g = transforms.megatron(t, 1, 2, 2, 4)
-    topo = ir.Topology.uniform(4, peak_flops=1e12, memory_bytes=3e5)
+    roomy = ir.simulate(g, ir.Topology.uniform(4, peak_flops=1e12))
+    inputs = min(roomy.memory_timeline(d)[1][0] for d in roomy.devices)
+    peak = max(roomy.peak_memory_bytes.values())
+    # room for the inputs, not for the step's peak: an op's allocation overflows
+    topo = ir.Topology.uniform(4, peak_flops=1e12, memory_bytes=(inputs + peak) / 2)
     shared, walked = ir.simulate(g, topo), ir.simulate(g, topo, symmetry=False)
     assert any(op is not None for op in walked.oom.values())
     assert_same(shared, walked)
