@@ -102,15 +102,18 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
             }
         )
     counts = {
-        s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error", "cancelled")
+        s: sum(r.status == s for r in result.rows)
+        for s in ("ok", "pruned", "estimated", "error", "cancelled")
     }
     cancelled = f", {counts['cancelled']} cancelled" if counts["cancelled"] else ""
+    # a two-tier search: the strategies estimated only (beyond the front's reach)
+    estimated = f", {counts['estimated']} estimated" if counts["estimated"] else ""
     layout = {
         # two short lines at the left: the chart's width, not the title's, sets the layout
         "title": {
             "text": (
                 "Step time against peak memory<br><span style='font-size:12px'>"
-                f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "
+                f"{counts['ok']} strategies simulated{estimated}, {counts['pruned']} pruned, "
                 f"{counts['error']} refused{cancelled}{note}</span>"
             ),
             "x": 0,

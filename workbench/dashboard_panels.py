@@ -6,6 +6,7 @@ the previous state, search every strategy, measure the step shown).
 from __future__ import annotations
 
 import html
+import time
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
@@ -153,21 +154,24 @@ class ReadyTransformsPanel:
         )
 
     def search(self, **space: Any) -> SearchResult:
-        """Simulate every strategy of the ready transforms on all the devices (the space of
-        :func:`ir.search.search`, narrowed by ``space``) and show the step time x memory
-        chart below the dashboard (:class:`~workbench.search_panel.SearchPanel`): clicking
-        a point applies its strategy; with "Compare two" on, the last two points clicked
-        are shown side by side. What the "Search all" button does, waiting for the end
-        (the button runs it as a task: progress shown, Cancel heard)."""
-        with self.activity.working("simulating every strategy…"):
+        """Search the strategies of the ready transforms on all the devices (the space of
+        :func:`ir.search.search`, narrowed by ``space``: every strategy estimated, those
+        that can reach the front simulated) and show the step time x memory chart below
+        the dashboard (:class:`~workbench.search_panel.SearchPanel`), redrawn as simulated
+        rows come in (at most twice a second): clicking a point applies its strategy; with
+        "Compare two" on, the last two points clicked are shown side by side. What the
+        "Search all" button does, waiting for the end (the button runs it as a task:
+        progress shown, Cancel heard)."""
+        with self.activity.working("searching strategies…"):
             result = self._search(**space)
             self._show_search(result)
         return result
 
     def start_search(self, **space: Any) -> Task:
         """What the "Search all" button does: the search as a task of the kernel, its
-        progress (strategies simulated of all to simulate) on the activity line and a
-        Cancel button that stops it with the rows it has (the rest marked cancelled)."""
+        progress (strategies simulated of all to simulate) on the activity line, the chart
+        redrawn as rows come in, and a Cancel button that stops it with the rows it has
+        (the rest marked cancelled)."""
         steps = Steps(lambda done, total: self.activity.step(done, total))
 
         def done(result: SearchResult | None, error: BaseException | None) -> None:
@@ -180,13 +184,26 @@ class ReadyTransformsPanel:
             self._show_search(result)
 
         return self.activity.run(
-            "simulating every strategy…", lambda: self._search(executor=steps, **space), done
+            "searching strategies…", lambda: self._search(executor=steps, **space), done
         )
 
     def _search(self, **space: Any) -> SearchResult:
         space.setdefault("progress", False)
         topology = self.session.topology
-        return search_strategies(self.session.base, topology, optimizer=None, **space)
+        capacity = min(d.memory_bytes for d in topology.devices)
+        so_far: list[SearchRow] = []
+        drawn = [time.monotonic()]
+
+        def on_row(row: SearchRow) -> None:  # the front as it grows
+            so_far.append(row)
+            if row.ok and time.monotonic() - drawn[0] > 0.5:
+                drawn[0] = time.monotonic()
+                self.search_panel.show(SearchResult(list(so_far)), capacity_bytes=capacity)
+                self.search_box.children = [self.search_panel]
+
+        return search_strategies(
+            self.session.base, topology, optimizer=None, on_row=on_row, **space
+        )
 
     def _show_search(self, result: SearchResult) -> None:
         self.search_result = result

@@ -112,7 +112,7 @@ class Megatron3D(StageEmission):
                 outs.append(self.acc[h])
                 layouts.append((self._summed_level(piece_value), level(hstate, self.tp)))
             else:
-                per_mb = [self.vals[(h, mb, self.made_on[(h, mb)])] for mb in range(self.m)]
+                per_mb = [self.at[mb][h] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
                 layouts.append(("S(0)", f"S(0)@{self.dp}", level(hstate, self.tp)))
         return outs, layouts

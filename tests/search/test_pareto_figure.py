@@ -41,13 +41,13 @@ def test_every_simulated_strategy_is_a_point_and_the_front_is_joined(result) -> 
 
 
 def test_strategies_over_capacity_are_crossed_out(result) -> None:
+    first = next(i for i, r in enumerate(result.rows) if r.ok)
     rows = [
-        replace(r, status="over capacity") if i == 0 and r.ok else r
-        for i, r in enumerate(result.rows)
+        replace(r, status="over capacity") if i == first else r for i, r in enumerate(result.rows)
     ]
     spec = pareto_spec(type(result)(rows))
     over = spec["traces"][-1]
-    assert over["name"] == "over capacity" and over["text"] == [str(rows[0].strategy)]
+    assert over["name"] == "over capacity" and over["text"] == [str(rows[first].strategy)]
     figure = pareto_figure(type(result)(rows))
     assert [t.name for t in figure.data][-1] == "over capacity"
 

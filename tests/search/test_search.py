@@ -229,7 +229,7 @@ def test_an_interrupted_search_returns_the_rows_so_far(monkeypatch, tmp_path) ->
 
     monkeypatch.setattr(search_module, "_simulate", interrupted)
     space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1, 2]}
-    result = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
+    result = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, simulate="all", **space)
     built = [r for r in result.rows if r.status != "pruned"]
     assert [r.strategy for r in built[:2]] == calls[:2] and all(r.ok for r in built[:2])
     assert len(built) > 3 and all(r.status == "cancelled" for r in built[2:])
@@ -282,14 +282,24 @@ def test_an_interrupted_search_on_an_executor_keeps_what_finished_and_cancels_th
     space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1]}
     executor = _InterruptedExecutor(while_submitting=True)
     result = search(
-        GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
+        GPT,
+        ir.Topology.preset("a100-hgx", 4),
+        progress=False,
+        executor=executor,
+        simulate="all",
+        **space,
     )
     built = [r for r in result.rows if r.status != "pruned"]
     assert len(executor.futures) == 2 and len(built) > 3
     assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
     executor = _InterruptedExecutor()
     result = search(
-        GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
+        GPT,
+        ir.Topology.preset("a100-hgx", 4),
+        progress=False,
+        executor=executor,
+        simulate="all",
+        **space,
     )
     built = [r for r in result.rows if r.status != "pruned"]
     assert len(built) == len(executor.futures) > 3

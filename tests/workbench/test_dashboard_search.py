@@ -187,3 +187,28 @@ def test_a_short_action_says_it_is_working_and_disables_the_buttons_meanwhile() 
         not apply.disabled and not wb.editor.undo_button.disabled and wb.editor.redo_button.disabled
     )
     assert wb.activity.last_s > 0
+
+
+def test_the_chart_is_redrawn_as_simulated_rows_come_in(monkeypatch) -> None:
+    """Each simulated row that fits redraws the chart with the rows so far (the clock is
+    stepped a second a call, so none is skipped), the last with the whole result."""
+    import itertools
+
+    import workbench.dashboard_panels as panels
+
+    clock = itertools.count()
+    monkeypatch.setattr(panels.time, "monotonic", lambda: float(next(clock)))
+    f = models.gpt(batch=8, seq=16, hidden=32, heads=4, vocab=64, layers=2)
+    wb = Workbench(f, ir.Topology.preset("a100-hgx", 4))
+    shown: list[int] = []
+    real = wb.search_panel.show
+
+    def show(result, **kw):
+        shown.append(len(result.rows))
+        return real(result, **kw)
+
+    monkeypatch.setattr(wb.search_panel, "show", show)
+    result = wb.search()
+    ok = sum(r.ok for r in result.rows)
+    assert len(shown) == ok + 1  # one per simulated row that fits, then the whole
+    assert shown == sorted(shown) and shown[-1] == len(result.rows)
