@@ -7,14 +7,16 @@ disabled meanwhile so that a second click cannot start a second change. A short 
 (Apply, Undo, a strategy) runs in the click's own handler: the kernel sends the "working"
 state before it starts, so the browser shows it at once. A long one (search, measure)
 runs in a :class:`Task`: a thread of the kernel, which keeps answering the browser, so a
-click on Cancel reaches it. A task is cancelled the way Ctrl-C cancels a script: a
-``KeyboardInterrupt`` in its thread (``ir.search.search`` then returns the rows it has;
-a measurement stops its worker processes).
+click on Cancel reaches it. A task is cancelled cooperatively (:mod:`ir.interrupt`):
+Cancel sets the task's event, and the work raises ``KeyboardInterrupt`` at its next
+safe point, as Ctrl-C would stop a script (``ir.search.search`` then returns the rows it
+has; a measurement stops its worker processes). Nothing is injected into the running
+thread: an exception thrown in from outside can land inside a lock's bookkeeping (the
+``logging`` module's) and leave the kernel deadlocked.
 """
 
 from __future__ import annotations
 
-import ctypes
 import html
 import threading
 import time
@@ -23,6 +25,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import ipywidgets as w
+
+from ir.interrupt import cancellable, check
 
 __all__ = ["Activity", "Steps", "Task"]
 
@@ -51,6 +55,7 @@ class Task:
         self.result: Any = None
         self.error: BaseException | None = None
         self.cancelled = False
+        self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="distir-task", daemon=True)
 
     def start(self) -> Task:
@@ -66,23 +71,20 @@ class Task:
         return self._thread.is_alive()
 
     def cancel(self) -> None:
-        """Interrupt the work as Ctrl-C would (it stops at its next Python step)."""
+        """Ask the work to stop: it raises ``KeyboardInterrupt`` at its next safe point
+        (:func:`ir.interrupt.check`), as Ctrl-C would."""
         if not self.running or self.cancelled:
             return
         self.cancelled = True
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(
-            ctypes.c_ulong(self._thread.ident), ctypes.py_object(KeyboardInterrupt)
-        )
+        self._stop.set()
 
     def _run(self) -> None:
         try:
-            try:
+            with cancellable(self._stop):
                 self.result = self._work()
-            except BaseException as e:  # reported to done(), which shows it
-                self.error = e
-            self._done(self.result, self.error)
-        except KeyboardInterrupt:  # a cancel that arrived as the work ended: nothing to do
-            pass
+        except BaseException as e:  # reported to done(), which shows it
+            self.error = e
+        self._done(self.result, self.error)
 
 
 class Steps:
@@ -111,6 +113,7 @@ class _Later:
 
     def result(self) -> Any:
         if self.value is self._NOT_RUN:
+            check()  # a Cancel stops the search before the next strategy
             self.value = self.fn(*self.args)
             self.owner.done += 1
             self.owner.on_step(self.owner.done, self.owner.total)

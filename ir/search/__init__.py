@@ -34,6 +34,7 @@ from typing import Any
 from ..device import Topology
 from ..errors import DistIRError
 from ..function import Function
+from ..interrupt import check
 from ..registry import ops_cost
 from ..transforms._rewrite import batch_inputs, batch_size, is_optimizer
 from ..types import compute_dtype
@@ -209,6 +210,7 @@ def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> It
         ):
             bar.update()
             yield row
+            check()  # a dashboard's Cancel: stop between strategies
 
 
 def _check_request(
