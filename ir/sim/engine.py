@@ -328,7 +328,7 @@ class Engine(SlotTable):
                     timing = self._collective(op, scope, prep, once)
                     where, dur, cost, channels, group = timing[:5]
                     start = max([ready, *(comm_free[c] for c in channels)])
-                    if blocking:
+                    if blocking or op.attributes.get("stream") == "compute":
                         start = max([start, *(compute_free[d] for d in where)])
                         for d in where:
                             compute_free[d] = seg_base[d] = start + dur

@@ -28,6 +28,9 @@ from .pipeline import run_schedule
 class StageEmission(MegatronPlan):
     """Adds the inputs and the stages' tasks of the step to ``self.b``."""
 
+    # the gradient reductions left for after the tasks (None: each made when ready)
+    _deferred: list[tuple[Value, int]] | None = None
+
     # -- emission --------------------------------------------------------------------------
 
     def _emit_inputs(self) -> None:
@@ -362,10 +365,16 @@ class StageEmission(MegatronPlan):
         names = [f"{v.name}_acc{mb}"]
         return self._add(("pmap", body), "Pmap", [a, x], {"device_var": VAR}, names, body)[0]
 
-    def _reduce_gradient(self, v: Value, s: int) -> None:
+    def _reduce_gradient(self, v: Value, s: int, stream: str | None = None) -> None:
         """All-reduce a weight gradient among the replicas holding the same shard (ZeRO-1:
         reduce-scatter it, each replica keeping the part its optimizer-state shard updates;
-        ZeRO-2 has reduce-scattered every microbatch's already)."""
+        ZeRO-2 has reduce-scattered every microbatch's already). Deferred to the end of
+        the tasks when the reductions do not overlap the backward (``stream``: then
+        ``"compute"``)."""
+        if stream is None and self._deferred is not None:
+            self._deferred.append((v, s))
+            return
+        on = {} if stream is None else {"stream": stream}
         piece_value = self._piece_of_final[v]  # each piece output has its own final value
         source = self.dplan_source(piece_value)
         if source is None or self.dp == 1:
@@ -373,13 +382,20 @@ class StageEmission(MegatronPlan):
         zd = self._zero_axis(self.weight_of_grad.get(source))
         if zd is None:
             self.acc[v] = self.b.call(
-                "AllReduce", self.acc[v], op="sum", groups=self._dp_groups, name=f"{v.name}_dp"
+                "AllReduce",
+                self.acc[v],
+                op="sum",
+                groups=self._dp_groups,
+                name=f"{v.name}_dp",
+                **on,
             )
         elif self.zero == 1:
-            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp")
+            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp", **on)
 
-    def _reduce_scatter(self, x: Value, zd: int, name: str) -> Value:
-        return self.b.call("ReduceScatter", x, dim=zd, op="sum", groups=self._dp_groups, name=name)
+    def _reduce_scatter(self, x: Value, zd: int, name: str, **on: str) -> Value:
+        return self.b.call(
+            "ReduceScatter", x, dim=zd, op="sum", groups=self._dp_groups, name=name, **on
+        )
 
     def dplan_source(self, piece_value: Value) -> Value | None:
         """The data-plan key a piece output stands for, if it is converted (a gradient)."""

@@ -23,10 +23,15 @@ from ._spmd import P
 class Megatron3D(StageEmission):
     """The whole step: :meth:`run` returns it."""
 
-    def run(self) -> Function:
-        """The step: inputs, every stage's tasks in schedule order, optimizer steps, outputs."""
+    def run(self, overlap_grad_reduce: bool = True) -> Function:
+        """The step: inputs, every stage's tasks in schedule order, optimizer steps, outputs.
+        ``overlap_grad_reduce=False``: the gradients' data-parallel reductions after every
+        task, on the compute stream (:func:`ir.transforms.megatron`)."""
+        self._deferred: list[tuple[Value, int]] | None = None if overlap_grad_reduce else []
         self._emit_inputs()
         self._merge()
+        for v, s in self._deferred or ():  # after the backward, in the order made
+            self._reduce_gradient(v, s, stream="compute")
         outs, out_layouts = self._optimizer_and_outputs()
         # (the builder has checked every op as it was added, and finish() the outputs)
         g = with_layouts(self.b.finish(outs), self.layouts, out_layouts)

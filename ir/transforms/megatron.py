@@ -113,6 +113,7 @@ def megatron(
     distributed_optimizer: bool = False,
     recompute: str | None = None,
     recompute_layers: int | None = None,
+    overlap_grad_reduce: bool = True,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * tp * pp`` devices (see the module docstring).
@@ -135,8 +136,15 @@ def megatron(
     activations in the backward (``ir.transforms.recompute``); ``recompute_layers=k`` with
     ``"full"``: the first ``k`` layers of each pipeline stage (model chunk, when
     interleaved), as ``--recompute-method block --recompute-num-layers k``.
+    ``overlap_grad_reduce`` (default True, as PyTorch DDP and Megatron-LM's
+    ``--overlap-grad-reduce`` run it): each gradient's data-parallel reduction starts as
+    soon as its last microbatch's backward has made it, overlapping the rest; False: every
+    reduction runs after the backward, on the compute stream (``stream="compute"``), as
+    Megatron-LM does by default (its DDP all-reduces the gradient buffer once the
+    backward of the last microbatch is done, ``finalize_model_grads``).
     """
     check_common("megatron", t, topology, "t")
+    overlap_grad_reduce = bool_arg("megatron", "overlap_grad_reduce", overlap_grad_reduce)
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     allow_replication = bool_arg("megatron", "allow_replication", allow_replication)
     vocab_parallel = bool_arg("megatron", "vocab_parallel", vocab_parallel)
@@ -191,7 +199,7 @@ def megatron(
         stage_of,
         allow_replication,
         vocab_parallel=vocab_parallel,
-    ).run()
+    ).run(overlap_grad_reduce)
 
 
 def gradient_accumulation(
