@@ -7,7 +7,8 @@ or reads a value that depends on one; an *update* when its record says
 ``extra["optimizer"]``; otherwise *forward*. A pmap's body is walked with its operands'
 phases. The microbatch is the transforms' own name for it: a result named
 ``..._mb3`` (or ``..._mb3_s1``, ``..._mb3_dp``) is microbatch 3's, the convention
-``ir.transforms.pipeline.live_microbatches`` reads too.
+``ir.transforms.pipeline.live_microbatches`` reads too, and a gradient summed up to
+microbatch 3 inside the body that makes it is ``..._acc3``.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ir.registry import get_op
 from ir.value import Value
 
 FORWARD, BACKWARD, UPDATE = "F", "B", "U"
-_MICROBATCH = re.compile(r"_mb(\d+)(?:_|$)")
+_MICROBATCH = re.compile(r"_(?:mb|acc)(\d+)(?:_|$)")
 
 
 @dataclass(frozen=True)
