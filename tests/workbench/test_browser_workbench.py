@@ -315,6 +315,13 @@ def test_colours_layout_feedback_comparison_and_export_at(page, width: int) -> N
     page.locator(".distir-activity .distir-activity-progress").wait_for(timeout=60_000)
     page.locator("button.distir-cancel").click()
     page.locator(".distir-search-result .gtitle", has_text="cancelled").wait_for(timeout=120_000)
+    # the chart as it settles (a streamed draw may be resizing when the title changes)
+    page.wait_for_function(
+        "(least) => { const s = document.querySelector('.distir-search-result .main-svg');"
+        " return s && s.getBoundingClientRect().width >= least; }",
+        arg=board - 2,
+        timeout=10_000,
+    )
     pareto = page.locator(".distir-search-result .main-svg").first.bounding_box()
     assert pareto and pareto["width"] >= board - 2  # the window's width, not 700 px
     title = page.locator(".distir-search-result .gtitle").first.bounding_box()
