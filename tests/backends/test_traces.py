@@ -12,8 +12,8 @@ from ir import models, transforms
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
-from widgets.measured import measured_vs_simulated_spec, op_pairs  # noqa: E402
 from ir.backends.traces import TraceError, label, profile_step, read_trace  # noqa: E402
+from widgets.measured import measured_vs_simulated_spec, op_pairs  # noqa: E402
 
 
 @pytest.fixture(scope="module")
