@@ -1,4 +1,4 @@
-"""Ready-made models: the seeds' MLP and a GPT-style transformer, on device 0.
+"""Ready-made models: the seeds' MLP, a GPT-style and a Llama-style transformer, on device 0.
 
 Both are forward programs whose last output is the scalar loss; ``training=True``
 returns ``ir.transforms.training(forward)`` (SGD) instead.
@@ -31,11 +31,16 @@ from .types import DType, TensorType
 from .value import Value
 
 __all__ = [
+    "LLAMA_SHAPES",
     "ModelError",
     "gpt",
     "gpt_layer_activations",
     "gpt_layer_index",
     "gpt_weight_shapes",
+    "llama",
+    "llama_ffn",
+    "llama_preset",
+    "llama_weight_shapes",
     "mlp",
     "mlp_weight_names",
     "with_loss",
@@ -400,3 +405,12 @@ def gpt_layer_activations(t: Function, layers: Iterable[int] | None = None) -> l
                 chosen.add(u)
                 frontier.append(u)
     return [v for v in producer if v in chosen]
+
+
+from .models_llama import (  # noqa: E402  (it builds on the helpers above)
+    LLAMA_SHAPES,
+    llama,
+    llama_ffn,
+    llama_preset,
+    llama_weight_shapes,
+)

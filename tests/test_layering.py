@@ -18,6 +18,8 @@ IR_LEVEL = {
     "sharding": 1,
     "transforms": 1,
     "models": 1,
+    "models_llama": 1,
+    "inference": 3,  # serving steps: transforms and sharding, timed by the simulator
     "backends": 2,  # a measurement is shaped like a simulation (ir.sim.result.Event)
     "importers": 1,
     "sim": 2,

@@ -180,24 +180,28 @@ def _transpose_sharding(c: TypeContext) -> dict:
 
 
 def _reshape_groups(a: tuple[int, ...], b: tuple[int, ...]):
-    """Pairs of index lists (of a, of b) whose sizes multiply to the same number."""
+    """Pairs of index lists (of a, of b) whose sizes multiply to the same number, over the
+    axes longer than 1 (an axis of size 1 belongs to no group: a decode step's one
+    position must not glue its batch and hidden axes into one group)."""
+    ia = [i for i, n in enumerate(a) if n != 1]
+    ib = [j for j, n in enumerate(b) if n != 1]
     i = j = 0
     groups = []
-    while i < len(a) or j < len(b):
+    while i < len(ia) or j < len(ib):
         gi, gj = [], []
         pa = pb = 1
         while True:
-            if pa <= pb and i < len(a):
-                pa *= a[i]
-                gi.append(i)
+            if pa <= pb and i < len(ia):
+                pa *= a[ia[i]]
+                gi.append(ia[i])
                 i += 1
-            elif j < len(b):
-                pb *= b[j]
-                gj.append(j)
+            elif j < len(ib):
+                pb *= b[ib[j]]
+                gj.append(ib[j])
                 j += 1
             else:
                 break
-            if pa == pb and (i == len(a) or a[i] != 1) and (j == len(b) or b[j] != 1):
+            if pa == pb:
                 break
         groups.append((gi, gj))
     return groups

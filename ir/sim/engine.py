@@ -538,6 +538,9 @@ class Engine(SlotTable):
             c = opdef.cost_rule(CostContext(in_types, out_types, op.attributes))
             nbytes = c.bytes_read + c.bytes_written
             sizes = [_template(t) for t in out_types]  # device refs replaced below
+            grown = opdef.extra.get("appends_to")
+            if grown is not None:  # result 0 extends an operand's storage in place (KV cache)
+                sizes[0] = (sizes[0][0] - in_types[grown].size_bytes, sizes[0][1])
             dtype = compute_dtype((*in_types, *out_types))
             measured = self.costs.compute.get(key) if self.costs is not None else None
             if measured is None:

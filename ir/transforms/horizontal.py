@@ -60,10 +60,12 @@ def horizontal_plan(
     instead of refusing it (``T.megatron(..., allow_replication=True)``).
     """
     params = parameter_inputs(f)
+    resident, grown = resident_state(f)
     forced: frozenset[Value] = frozenset()
     cache: dict = {}
     # Split outputs shaped like a weight (updated weights, gradients) are gathered; a split
-    # activation output means the split went too far.
+    # activation output means the split went too far. Resident state (a KV cache) and what
+    # extends it stay split.
     weight_shapes = {v.type.shape for v in params}
     # logits a vocabulary-parallel cross-entropy reads (ops with index operands, see
     # ir.transforms.vocab_parallel) stay split over the classes when returned
@@ -74,7 +76,7 @@ def horizontal_plan(
         rule: Any = MegatronRule(degree, forced, cache)
         if sequence is not None:
             rule = SequenceParallelRule(rule, frozenset(params), sequence)
-        plan = _Plan(f, degree, dict.fromkeys(params), rule, var)
+        plan = _Plan(f, degree, dict.fromkeys([*params, *resident]), rule, var)
         # with sequence parallelism, gathering token slices is the plan, not a failure
         tokens = rule.token_split if sequence is not None else set()
         bad = [k for k in plan.gathers if k not in tokens]
@@ -84,6 +86,7 @@ def horizontal_plan(
             if plan.state[plan.current[v]].kind == "S"
             and v.type.shape not in weight_shapes
             and v not in indexed
+            and v not in grown
         ]
         culprits = frozenset().union(*(plan.prov[k] for k in bad)) - forced
         if not culprits:
@@ -92,6 +95,22 @@ def horizontal_plan(
     if degree > 1 and not allow_replication:
         _check_heads(plan, degree)
     return plan
+
+
+def resident_state(f: Function) -> tuple[list[Value], set[Value]]:
+    """The inputs of ``f`` that are resident state extended in place (an op record's
+    ``extra["appends_to"]``: a KV cache ``CacheAppend`` reads), and the values extending
+    them. Tensor parallelism lays such an input out as the op reading it needs (split by
+    kv heads with the new token's keys), never whole on every device."""
+    inputs = set(f.inputs)
+    resident: dict[Value, None] = {}
+    grown: set[Value] = set()
+    for op in f.ops:
+        i = get_op(op.op_type).extra.get("appends_to")
+        if i is not None and op.inputs[i] in inputs:
+            resident[op.inputs[i]] = None
+            grown.update(op.outputs)
+    return list(resident), grown
 
 
 def _check_heads(plan: _Plan, degree: int) -> None:

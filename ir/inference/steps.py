@@ -1,0 +1,427 @@
+"""Prefill and decode steps of a forward program, with the KV cache as explicit state.
+
+A causal language model computes position ``i``'s result from positions ``0 .. i``
+only; its one place that mixes positions is attention. So the step that serves ``n``
+new tokens after ``past`` cached ones is the forward restricted to the window of
+positions ``[past, past + n)``, with each attention's keys and values for ``[0, past)``
+read from a cache instead of recomputed:
+
+* ops that work position by position (projections, norms, MLPs, residual adds, the
+  head) run on the window's rows only;
+* a value with a positions axis that depends on no token (a learned position table, a
+  constant) is sliced to the window's positions;
+* an op whose record names a ``position_attribute`` (``Rotary``'s ``offset``) gets the
+  window's first position there;
+* each causal ``Attention(q, k, v)`` appends the window's keys and values to its layer's
+  cache (``CacheAppend``) and attends over all ``past + n`` positions: the op's causal
+  diagonal is aligned bottom-right, so query ``past + i`` sees keys ``0 .. past + i``.
+
+Which axis of each value holds the positions is read from the ops' sharding rules (the
+factor of the token ids' axis 1, followed through every op), so built-in and imported
+models are rewritten alike; an op that mixes positions another way (an unfused
+attention's ``Softmax`` over keys, a loss summed over tokens that an output needs, an
+attention mask) is refused with a :class:`ServingError` naming it.
+
+Every step reads each layer's cache (``past_key_<l>``, ``past_value_<l>``: resident state
+on the devices that hold its heads, like a training step's weights) and returns it grown
+by the window (``present_key_<l>``, ``present_value_<l>``), the next step's inputs.
+``prefill_step(f, P)`` is the window ``[0, P)``: its caches come in with no positions yet
+(the engine's allocation, written by the prompt's keys and values), and it returns the
+logits of the last position (a serving engine samples the first output token from them;
+``logits="all"`` keeps every position). ``decode_step(f, C)`` is the window ``[C, C + 1)``
+with caches of ``C`` positions in and ``C + 1`` out. The forward's batch is the number of
+sequences, its sequence length the longest context the model serves (its positions).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..builder import FunctionBuilder
+from ..errors import DistIRError
+from ..function import Function
+from ..op import Op
+from ..registry import get_op
+from ..sharding.errors import PropagationError
+from ..sharding.rules import rule_for
+from ..types import TensorType
+from ..value import Value
+from ..verify import describe_op
+
+LOGITS = ("last", "all")
+
+
+class ServingError(DistIRError):
+    """A forward program, context or serving strategy that cannot be served as asked."""
+
+
+@dataclass(frozen=True)
+class CacheLayer:
+    """One attention layer's cache: ``kv_heads`` heads of ``key_dim`` and ``value_dim``
+    channels per position, ``itemsize_bytes`` per element."""
+
+    layer: int
+    kv_heads: int
+    key_dim: int
+    value_dim: int
+    itemsize_bytes: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        """Keys and values of one position of one sequence."""
+        return self.kv_heads * (self.key_dim + self.value_dim) * self.itemsize_bytes
+
+
+@dataclass(frozen=True)
+class _Label:
+    """What the analysis knows of a value that depends on the tokens: its positions axis
+    (None: it summarises every position, made so by ``mixer``)."""
+
+    axis: int | None
+    mixer: Op | None = None
+
+
+class _Analysis:
+    """Token ids, positions axes and attention layers of a forward program."""
+
+    def __init__(self, f: Function, tokens: str | None) -> None:
+        self.f = f
+        self.tokens = _token_input(f, tokens)
+        self.batch, self.positions = self.tokens.type.shape  # type: ignore[union-attr]
+        self.label: dict[Value, _Label] = {self.tokens: _Label(1)}
+        self.tables: dict[tuple[Op, int], int] = {}  # (op, operand) -> positions axis
+        self.attention: list[Op] = []
+        for op in f.ops:
+            if any(v in self.label for v in op.inputs):
+                self._label(op)
+        kept = [v for v in f.outputs if v in self.label and self.label[v].axis is not None]
+        if not kept:
+            raise ServingError(
+                f"no output of {f.name} has a result per position (its outputs: "
+                f"{[v.name for v in f.outputs]}): serving needs the logits"
+            )
+        self.outputs = kept
+        self.needed = _needed_ops(f, kept)
+        for v in (u for op in self.needed for u in op.inputs):
+            lab = self.label.get(v)
+            if lab is not None and lab.axis is None and lab.mixer is not None:
+                raise ServingError(
+                    f"{v.name!r} sums or mixes every position of the sequence, which a "
+                    f"step over new positions cannot compute\n  in: {describe_op(lab.mixer)}"
+                )
+        if not self.attention:
+            raise ServingError(f"{f.name} has no causal Attention op: there is no KV cache")
+        self.layers = [self._layer(i, op) for i, op in enumerate(self.attention)]
+
+    def _label(self, op: Op) -> None:
+        opdef = get_op(op.op_type)
+        derived = [(i, self.label[v]) for i, v in enumerate(op.inputs) if v in self.label]
+        mixed = next((lab for _, lab in derived if lab.axis is None), None)
+        if mixed is not None:
+            for v in op.outputs:
+                self.label[v] = _Label(None, mixed.mixer)
+            return
+        if opdef.name == "Attention":
+            self._attention(op, derived)
+            return
+        if op.op_type == "Dropout" and op.attributes.get("p"):
+            raise ServingError(
+                f"{self.f.name} has a dropout (p={op.attributes['p']}); serving runs the model "
+                f"without it: build it with dropout=0\n  in: {describe_op(op)}"
+            )
+        position = opdef.extra.get("position_attribute")
+        if position is not None:
+            ((i, lab),) = derived
+            rank = op.inputs[i].type.rank  # type: ignore[union-attr]
+            if lab.axis != rank - 2:
+                raise ServingError(
+                    f"{op.op_type} takes its positions on axis -2 of {op.inputs[i].name!r}, but "
+                    f"the sequence runs along axis {lab.axis}\n  in: {describe_op(op)}"
+                )
+            self.label[op.outputs[0]] = _Label(lab.axis)
+            return
+        try:
+            rule = rule_for(op)
+        except PropagationError:
+            raise ServingError(
+                f"{op.op_type} has no sharding rule, so which of its axes hold the positions "
+                f"is unknown\n  in: {describe_op(op)}"
+            ) from None
+        factors = {rule.operands[i][lab.axis] for i, lab in derived}  # type: ignore[index]
+        if None in factors or len(factors) > 1 or factors & set(rule.reduce):
+            for v in op.outputs:
+                self.label[v] = _Label(None, op)
+            return
+        (f,) = factors
+        for i, (v, names) in enumerate(zip(op.inputs, rule.operands)):
+            if v not in self.label and f in names:
+                self.tables[(op, i)] = names.index(f)
+        for v, names in zip(op.outputs, rule.results):
+            self.label[v] = _Label(names.index(f) if f in names else None, op)
+
+    def _attention(self, op: Op, derived: list[tuple[int, _Label]]) -> None:
+        where = describe_op(op)
+        if not op.attributes.get("causal"):
+            raise ServingError(f"a KV-cached step needs causal attention\n  in: {where}")
+        if len(op.inputs) > 3:
+            raise ServingError(
+                f"an attention mask (padding, a bias) is not supported in a KV-cached step: "
+                f"serve equal-length sequences with causal=True and no mask\n  in: {where}"
+            )
+        if [i for i, _ in derived] != [0, 1, 2] or any(lab.axis != 2 for _, lab in derived):
+            raise ServingError(
+                "a KV-cached attention needs q, k and v computed from the tokens, positions "
+                f"on axis 2\n  in: {where}"
+            )
+        self.attention.append(op)
+        self.label[op.outputs[0]] = _Label(2)
+
+    def _layer(self, index: int, op: Op) -> CacheLayer:
+        k, v = op.inputs[1].type, op.inputs[2].type
+        assert isinstance(k, TensorType) and isinstance(v, TensorType)
+        return CacheLayer(index, k.shape[1], k.shape[3], v.shape[3], k.dtype.itemsize_bytes)
+
+
+def _token_input(f: Function, name: str | None) -> Value:
+    if name is not None:
+        found = [v for v in f.inputs if v.name == name]
+        if not found:
+            raise ServingError(f"{f.name} has no input {name!r}; its inputs: {_names(f)}")
+        v = found[0]
+    else:
+        readers = {v for op in f.ops if op.op_type == "Embedding" for v in op.inputs[1:2]}
+        ids = [v for v in f.inputs if v in readers]
+        if len(ids) != 1:
+            raise ServingError(
+                f"cannot tell the token ids of {f.name} (inputs read as Embedding ids: "
+                f"{[v.name for v in ids]}); name them: tokens='...'"
+            )
+        v = ids[0]
+    t = v.type
+    if not isinstance(t, TensorType) or t.rank != 2 or t.dtype.is_float:
+        raise ServingError(
+            f"token ids {v.name!r} must be integers of shape (batch, positions), got {t}"
+        )
+    return v
+
+
+def _names(f: Function) -> list[str]:
+    return [v.name for v in f.inputs]
+
+
+def _needed_ops(f: Function, outputs: list[Value]) -> list[Op]:
+    wanted = set(outputs)
+    needed: list[Op] = []
+    for op in reversed(f.ops):
+        if any(v in wanted for v in op.outputs):
+            needed.append(op)
+            wanted.update(op.inputs)
+    return needed[::-1]
+
+
+class _Step:
+    """Builds the step over positions ``[past, past + n)`` (see the module docstring)."""
+
+    def __init__(self, a: _Analysis, past: int, n: int, logits: str, name: str) -> None:
+        self.a, self.past, self.n = a, past, n
+        f = a.f
+        self.b = b = FunctionBuilder(name)
+        needed_inputs = {v for op in a.needed for v in op.inputs}
+        self.env: dict[Value, Value] = {}
+        self.window: dict[Value, tuple[int, int]] = {}
+        for v in f.inputs:
+            if v is a.tokens:
+                t = v.type.with_shape((a.batch, n))  # type: ignore[union-attr]
+                self.env[v] = b.input(v.name, t)
+                self.window[v] = (past, past + n)
+            elif v in needed_inputs and v not in a.label:
+                self.env[v] = b.input(v.name, v.type)
+        # every step reads each layer's cache and returns it grown (a prefill's has no
+        # positions yet: it writes the prompt's keys and values into the engine's cache)
+        self.past_kv: list[tuple[Value, Value]] = []
+        for op, layer in zip(a.attention, a.layers):
+            shape = (a.batch, layer.kv_heads, past)
+            k, v = op.inputs[1].type, op.inputs[2].type
+            assert isinstance(k, TensorType) and isinstance(v, TensorType)
+            pk = b.input(f"past_key_{layer.layer}", k.with_shape((*shape, layer.key_dim)))
+            pv = b.input(f"past_value_{layer.layer}", v.with_shape((*shape, layer.value_dim)))
+            self.past_kv.append((pk, pv))
+        last_attention = max(f.ops.index(op) for op in a.attention)
+        self.late = set(f.ops[last_attention + 1 :]) if logits == "last" else set()
+        self.present: list[tuple[Value, Value]] = []
+        self._cuts: dict[tuple, Value] = {}  # each operand cut to a window once
+
+    def build(self) -> Function:
+        for op in self.a.needed:
+            if op.op_type == "Attention" and op in self.a.attention:
+                self._attention(op)
+            elif any(v in self.a.label for v in op.inputs):
+                self._windowed(op)
+            else:  # depends on weights and constants only
+                outs = self.b.add_op_like(op, [self.env[v] for v in op.inputs], self._names(op))
+                self.env.update(zip(op.outputs, outs.outputs))
+        logits = [self.env[v] for v in self.a.outputs]
+        caches = [v for pair in self.present for v in pair]
+        return self.b.finish([*logits, *caches])
+
+    def _names(self, op: Op) -> list[str]:
+        return [v.name for v in op.outputs]
+
+    def _target(self, op: Op) -> tuple[int, int]:
+        end = self.past + self.n
+        return (end - 1, end) if op in self.late else (self.past, end)
+
+    def _operand(self, op: Op, i: int, target: tuple[int, int]) -> Value:
+        """Operand ``i`` of ``op`` cut to the ``target`` positions."""
+        v = op.inputs[i]
+        x = self.env[v]
+        lab = self.a.label.get(v)
+        if lab is not None:
+            lo, hi = self.window[v]
+            if (lo, hi) == target:
+                return x
+            axis, start = lab.axis, target[0] - lo
+        elif (op, i) in self.a.tables:  # a positions table: its rows are the positions
+            axis, start = self.a.tables[(op, i)], target[0]
+        else:
+            return x
+        key = (x, axis, start, target[1] - target[0])
+        cut = self._cuts.get(key)
+        if cut is None:
+            end = start + target[1] - target[0]
+            cut = self.b.call("Slice", x, axis=axis, start=start, end=end, name=f"{v.name}_at")
+            self._cuts[key] = cut
+        return cut
+
+    def _windowed(self, op: Op) -> None:
+        target = self._target(op)
+        ins = [self._operand(op, i, target) for i in range(len(op.inputs))]
+        attrs = dict(op.attributes)
+        opdef = get_op(op.op_type)
+        position = opdef.extra.get("position_attribute")
+        if position is not None:
+            attrs[position] = int(attrs.get(position, 0)) + target[0]
+        else:
+            rule = rule_for(op)
+            if rule.local_attributes is not None:
+                outs = [self._local_type(v, target) for v in op.outputs]
+                attrs = dict(rule.local_attributes(attrs, [x.type for x in ins], outs))
+        new = self.b.add_op(
+            op.op_type,
+            ins,
+            attrs,
+            names=self._names(op),
+            subfunctions=op.subfunctions,
+            op_name=op.name,
+        )
+        for v, x in zip(op.outputs, new.outputs):
+            self.env[v] = x
+            self.window[v] = target
+
+    def _local_type(self, v: Value, target: tuple[int, int]) -> TensorType:
+        t = v.type
+        lab = self.a.label[v]
+        assert isinstance(t, TensorType)
+        if lab.axis is None:
+            return t
+        shape = list(t.shape)
+        shape[lab.axis] = target[1] - target[0]
+        return t.with_shape(tuple(shape))
+
+    def _attention(self, op: Op) -> None:
+        target = self._target(op)
+        q, k, v = (self._operand(op, i, target) for i in range(3))
+        layer = self.a.attention.index(op)
+        pk, pv = self.past_kv[layer]
+        k = self.b.call("CacheAppend", pk, k, axis=2, name=f"present_key_{layer}")
+        v = self.b.call("CacheAppend", pv, v, axis=2, name=f"present_value_{layer}")
+        self.present.append((k, v))
+        new = self.b.add_op_like(op, [q, k, v], [x.name for x in op.outputs])
+        self.env[op.outputs[0]] = new.outputs[0]
+        self.window[op.outputs[0]] = target
+
+
+def _count(what: str, n: object, low: int) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < low:
+        raise ServingError(f"{what} must be an integer >= {low}, got {n!r}")
+    return n
+
+
+def _check_positions(a: _Analysis, past: int, n: int, what: str) -> None:
+    end = past + n
+    if end > a.positions:
+        raise ServingError(
+            f"{what} reaches position {end}, beyond the model's {a.positions} positions by "
+            f"{end - a.positions} (the forward {a.f.name!r} takes sequences of up to "
+            f"{a.positions} tokens: its tokens input is {a.tokens.type})"
+        )
+
+
+def analyse(forward: Function, *, tokens: str | None = None) -> _Analysis:
+    """The analysis of ``forward`` that the steps are built from (its token ids, positions,
+    attention layers); raises a :class:`ServingError` where it cannot be served."""
+    if not isinstance(forward, Function):
+        raise ServingError(f"expected a forward Function, got {type(forward).__name__}")
+    return _Analysis(forward, tokens)
+
+
+def cache_layers(forward: Function, *, tokens: str | None = None) -> list[CacheLayer]:
+    """Each attention layer's cache geometry (kv heads, key and value channels, bytes)."""
+    return analyse(forward, tokens=tokens).layers
+
+
+def step(
+    forward: Function,
+    past: int,
+    new: int,
+    *,
+    logits: str = "last",
+    tokens: str | None = None,
+    name: str | None = None,
+) -> Function:
+    """The step that computes positions ``[past, past + new)`` of ``forward``'s batch of
+    sequences with ``past`` positions cached (prefill: ``past=0``; decode: ``new=1``; a
+    chunked prefill in between). See the module docstring."""
+    if logits not in LOGITS:
+        raise ServingError(f"logits must be one of {LOGITS}, got {logits!r}")
+    past, new = _count("the cached context", past, 0), _count("the new tokens", new, 1)
+    a = analyse(forward, tokens=tokens)
+    _check_positions(a, past, new, f"{past} cached + {new} new token(s)")
+    default = f"{forward.name}_prefill" if not past else f"{forward.name}_decode"
+    return _Step(a, past, new, logits, name or default).build()
+
+
+def prefill_step(
+    forward: Function, prompt_len: int, *, logits: str = "last", tokens: str | None = None
+) -> Function:
+    """The prefill of a batch of prompts of ``prompt_len`` tokens: inputs the weights,
+    ``tokens (B, prompt_len)`` and each layer's empty cache ``past_key_<l>``,
+    ``past_value_<l>`` ``(B, kv_heads, 0, head_dim)``; outputs the logits of the last
+    position ``(B, 1, V)`` (``logits="all"``: of every position) and each layer's
+    ``present_key_<l>``, ``present_value_<l>`` ``(B, kv_heads, prompt_len, head_dim)``: the
+    KV cache, written.
+
+    >>> import ir
+    >>> f = ir.models.llama(2, 32, 64, 8, 100, 2, kv_heads=2, ffn=96)
+    >>> p = prefill_step(f, 12)
+    >>> [(v.name, v.type.shape) for v in p.outputs[:3]]
+    [('logits', (2, 1, 100)), ('present_key_0', (2, 2, 12, 8)), ('present_value_0', (2, 2, 12, 8))]
+    """
+    n = _count("prompt_len", prompt_len, 1)
+    return step(forward, 0, n, logits=logits, tokens=tokens)
+
+
+def decode_step(forward: Function, context_len: int, *, tokens: str | None = None) -> Function:
+    """One decode step of a batch of sequences with ``context_len`` positions cached: inputs
+    the weights, ``tokens (B, 1)`` and each layer's ``past_key_<l>``, ``past_value_<l>``
+    ``(B, kv_heads, context_len, head_dim)``; outputs the next-token logits ``(B, 1, V)``
+    and the caches with the new position appended (``present_key_<l>``, ...,
+    ``context_len + 1`` positions), the next step's inputs.
+
+    >>> import ir
+    >>> d = decode_step(ir.models.gpt(2, 32, 64, 8, 100, 2, kv_heads=4), 20)
+    >>> [(v.name, v.type.shape) for v in d.inputs[-2:]]
+    [('past_key_1', (2, 4, 20, 8)), ('past_value_1', (2, 4, 20, 8))]
+    """
+    n = _count("context_len", context_len, 1)
+    return step(forward, n, 1, tokens=tokens)
