@@ -7,8 +7,15 @@ collectives come to them (``kernels``, ``comm``, ``efficiency``).
 from __future__ import annotations
 
 from .comm import CollectiveModel, Protocol
-from .efficiency import COLLECTIVE_MODELS, KERNEL_MODELS, EfficiencyFactors, mamf_gemm
-from .kernels import KERNEL_KINDS, AttentionModel, GemmModel, HostModel, KernelModel
+from .efficiency import COLLECTIVE_MODELS, KERNEL_MODELS, EfficiencyFactors, mamf_gemm, with_host
+from .kernels import (
+    CUDA_GRAPH_HOST,
+    KERNEL_KINDS,
+    AttentionModel,
+    GemmModel,
+    HostModel,
+    KernelModel,
+)
 from .presets import (
     CPU_MEASURED,
     GB,
@@ -28,6 +35,7 @@ from .presets import (
 __all__ = [
     "COLLECTIVE_MODELS",
     "CPU_MEASURED",
+    "CUDA_GRAPH_HOST",
     "GB",
     "KERNEL_KINDS",
     "KERNEL_MODELS",
@@ -50,4 +58,5 @@ __all__ = [
     "node_topology",
     "preset",
     "preset_names",
+    "with_host",
 ]

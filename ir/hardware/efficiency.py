@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from ..device import Topology, TopologyError
 from .comm import CollectiveModel
-from .kernels import AttentionModel, GemmModel, KernelModel
+from .kernels import AttentionModel, GemmModel, HostModel, KernelModel
 
 
 def mamf_gemm(sms: int, fraction: float, shape: tuple[int, int, int]) -> GemmModel:
@@ -156,3 +156,23 @@ class EfficiencyFactors:
         return replace(
             topology, devices=devices, collectives=None if comm is None else self.collectives(comm)
         )
+
+
+def with_host(topology: Topology, host: HostModel) -> Topology:
+    """``topology`` with every device's host model replaced by ``host`` (for a step replayed
+    as a CUDA graph, :data:`ir.hardware.kernels.CUDA_GRAPH_HOST`); devices without a kernel
+    model (``ideal=True`` presets, custom topologies) are left as they are.
+
+    >>> from ir.hardware import CUDA_GRAPH_HOST, preset
+    >>> t = with_host(preset("h100-hgx", 2), CUDA_GRAPH_HOST)
+    >>> t.devices[0].kernels.host.op_s, preset("h100-hgx", 2).devices[0].kernels.host.op_s
+    (0.0, 2.4e-05)
+    """
+    swapped: dict[KernelModel, KernelModel] = {}
+    devices = tuple(
+        d
+        if d.kernels is None
+        else replace(d, kernels=swapped.setdefault(d.kernels, replace(d.kernels, host=host)))
+        for d in topology.devices
+    )
+    return replace(topology, devices=devices)

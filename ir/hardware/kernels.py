@@ -210,6 +210,18 @@ class HostModel:
         return self.op_s + max(0, launches - 1) * self.launch_s
 
 
+#: The host of a step captured once as a CUDA graph and replayed (``torch.cuda.CUDAGraph``,
+#: as vLLM and TensorRT-LLM run their decode steps): one graph launch issues every kernel,
+#: so no op waits for the host, and the host does not wait after transfers. The kernels
+#: still pay ``KernelModel.kernel_gap_s`` and ``kernel_min_s`` on the device: a graph
+#: removes the CPU's launch work, not the GPU's scheduling of each kernel (NVIDIA,
+#: "Getting Started with CUDA Graphs", 2019: graphs cut the CPU launch overhead of
+#: short-kernel sequences; PyTorch's CUDA-graphs documentation, "CUDA Graphs": replay
+#: "sacrifices the dynamic flexibility of eager mode" to remove "CPU overhead"). The
+#: graph's own launch (a few microseconds per step) is not charged.
+CUDA_GRAPH_HOST = HostModel(0.0, 0.0, 0.0, 0.0, 0.0, sync_p2p=False)
+
+
 @dataclass(frozen=True)
 class KernelModel:
     """Everything between a GPU's datasheet and its kernels' real times (module docstring).

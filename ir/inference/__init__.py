@@ -4,10 +4,15 @@ what they cost (time to first token, time per output token, memory, batch).
 * :func:`prefill_step`, :func:`decode_step` (:mod:`ir.inference.steps`): verified
   ``Function`` s built from a forward program (``ir.models.gpt``, ``ir.models.llama`` or an
   imported model).
+* :class:`ServingStrategy`, :func:`parallel_step` (:mod:`ir.inference.strategies`):
+  tensor parallelism, a pipeline over layers and replicas, built by ``ir.transforms.megatron``.
+* :func:`serving_metrics` (:mod:`ir.inference.metrics`): simulated TTFT, TPOT, throughput,
+  KV-cache memory and the largest batch.
 """
 
 from __future__ import annotations
 
+from .metrics import DeviceMemory, RequestMix, ServingMetrics, serving_metrics
 from .steps import (
     CacheLayer,
     ServingError,
@@ -17,13 +22,29 @@ from .steps import (
     prefill_step,
     step,
 )
+from .strategies import (
+    ServingStrategy,
+    check_strategy,
+    microbatches,
+    parallel_step,
+    strategies,
+)
 
 __all__ = [
     "CacheLayer",
+    "DeviceMemory",
+    "RequestMix",
     "ServingError",
+    "ServingMetrics",
+    "ServingStrategy",
     "analyse",
     "cache_layers",
+    "check_strategy",
     "decode_step",
+    "microbatches",
+    "parallel_step",
     "prefill_step",
+    "serving_metrics",
     "step",
+    "strategies",
 ]

@@ -75,10 +75,12 @@ class CacheLayer:
 @dataclass(frozen=True)
 class _Label:
     """What the analysis knows of a value that depends on the tokens: its positions axis
-    (None: it summarises every position, made so by ``mixer``)."""
+    (None: it summarises every position, made so by ``mixer``) and its batch axis (None:
+    it mixes the sequences, or has no batch axis)."""
 
     axis: int | None
     mixer: Op | None = None
+    batch: int | None = None
 
 
 class _Analysis:
@@ -88,8 +90,9 @@ class _Analysis:
         self.f = f
         self.tokens = _token_input(f, tokens)
         self.batch, self.positions = self.tokens.type.shape  # type: ignore[union-attr]
-        self.label: dict[Value, _Label] = {self.tokens: _Label(1)}
+        self.label: dict[Value, _Label] = {self.tokens: _Label(1, batch=0)}
         self.tables: dict[tuple[Op, int], int] = {}  # (op, operand) -> positions axis
+        self.batched: list[Value] = []  # token-free values the batch axis runs through
         self.attention: list[Op] = []
         for op in f.ops:
             if any(v in self.label for v in op.inputs):
@@ -138,7 +141,7 @@ class _Analysis:
                     f"{op.op_type} takes its positions on axis -2 of {op.inputs[i].name!r}, but "
                     f"the sequence runs along axis {lab.axis}\n  in: {describe_op(op)}"
                 )
-            self.label[op.outputs[0]] = _Label(lab.axis)
+            self.label[op.outputs[0]] = _Label(lab.axis, batch=lab.batch)
             return
         try:
             rule = rule_for(op)
@@ -153,11 +156,16 @@ class _Analysis:
                 self.label[v] = _Label(None, op)
             return
         (f,) = factors
+        batch = {None if lab.batch is None else rule.operands[i][lab.batch] for i, lab in derived}
+        fb = batch.pop() if len(batch) == 1 else None
         for i, (v, names) in enumerate(zip(op.inputs, rule.operands)):
             if v not in self.label and f in names:
                 self.tables[(op, i)] = names.index(f)
+            if v not in self.label and fb is not None and fb in names:
+                self.batched.append(v)
         for v, names in zip(op.outputs, rule.results):
-            self.label[v] = _Label(names.index(f) if f in names else None, op)
+            axis = names.index(f) if f in names else None
+            self.label[v] = _Label(axis, op, names.index(fb) if fb in names else None)
 
     def _attention(self, op: Op, derived: list[tuple[int, _Label]]) -> None:
         where = describe_op(op)
@@ -173,8 +181,31 @@ class _Analysis:
                 "a KV-cached attention needs q, k and v computed from the tokens, positions "
                 f"on axis 2\n  in: {where}"
             )
+        if any(lab.batch != 0 for _, lab in derived):
+            raise ServingError(
+                f"a KV-cached attention needs its batch of sequences on axis 0\n  in: {where}"
+            )
         self.attention.append(op)
-        self.label[op.outputs[0]] = _Label(2)
+        self.label[op.outputs[0]] = _Label(2, batch=0)
+
+    def check_rebatch(self) -> None:
+        """Refuse another batch size where the batch axis is not followed through."""
+        for v in self.batched:
+            raise ServingError(
+                f"{v.name!r} has the batch axis but depends on no token, so a step of "
+                f"another batch size than {self.f.name}'s {self.batch} cannot be built; "
+                "build the forward at the batch size you serve"
+            )
+        for op in self.needed:
+            for v in op.inputs:
+                lab = self.label.get(v)
+                if lab is not None and lab.batch is None and lab.axis is not None:
+                    raise ServingError(
+                        f"{v.name!r} merges or mixes the batch of sequences (no batch axis is "
+                        f"followed through it), so a step of another batch size than "
+                        f"{self.batch} cannot be built; build the forward at the batch size "
+                        f"you serve\n  in: {describe_op(op)}"
+                    )
 
     def _layer(self, index: int, op: Op) -> CacheLayer:
         k, v = op.inputs[1].type, op.inputs[2].type
@@ -222,16 +253,18 @@ def _needed_ops(f: Function, outputs: list[Value]) -> list[Op]:
 class _Step:
     """Builds the step over positions ``[past, past + n)`` (see the module docstring)."""
 
-    def __init__(self, a: _Analysis, past: int, n: int, logits: str, name: str) -> None:
-        self.a, self.past, self.n = a, past, n
+    def __init__(self, a: _Analysis, past: int, n: int, logits: str, name: str, batch: int) -> None:
+        self.a, self.past, self.n, self.batch = a, past, n, batch
         f = a.f
+        if batch != a.batch:
+            a.check_rebatch()
         self.b = b = FunctionBuilder(name)
         needed_inputs = {v for op in a.needed for v in op.inputs}
         self.env: dict[Value, Value] = {}
         self.window: dict[Value, tuple[int, int]] = {}
         for v in f.inputs:
             if v is a.tokens:
-                t = v.type.with_shape((a.batch, n))  # type: ignore[union-attr]
+                t = v.type.with_shape((batch, n))  # type: ignore[union-attr]
                 self.env[v] = b.input(v.name, t)
                 self.window[v] = (past, past + n)
             elif v in needed_inputs and v not in a.label:
@@ -240,7 +273,7 @@ class _Step:
         # positions yet: it writes the prompt's keys and values into the engine's cache)
         self.past_kv: list[tuple[Value, Value]] = []
         for op, layer in zip(a.attention, a.layers):
-            shape = (a.batch, layer.kv_heads, past)
+            shape = (batch, layer.kv_heads, past)
             k, v = op.inputs[1].type, op.inputs[2].type
             assert isinstance(k, TensorType) and isinstance(v, TensorType)
             pk = b.input(f"past_key_{layer.layer}", k.with_shape((*shape, layer.key_dim)))
@@ -322,10 +355,11 @@ class _Step:
         t = v.type
         lab = self.a.label[v]
         assert isinstance(t, TensorType)
-        if lab.axis is None:
-            return t
         shape = list(t.shape)
-        shape[lab.axis] = target[1] - target[0]
+        if lab.axis is not None:
+            shape[lab.axis] = target[1] - target[0]
+        if lab.batch is not None:
+            shape[lab.batch] = self.batch
         return t.with_shape(tuple(shape))
 
     def _attention(self, op: Op) -> None:
@@ -378,28 +412,36 @@ def step(
     logits: str = "last",
     tokens: str | None = None,
     name: str | None = None,
+    batch: int | None = None,
 ) -> Function:
-    """The step that computes positions ``[past, past + new)`` of ``forward``'s batch of
-    sequences with ``past`` positions cached (prefill: ``past=0``; decode: ``new=1``; a
-    chunked prefill in between). See the module docstring."""
+    """The step that computes positions ``[past, past + new)`` of a batch of sequences with
+    ``past`` positions cached (prefill: ``past=0``; decode: ``new=1``; a chunked prefill in
+    between). See the module docstring. ``batch``: the number of sequences (None:
+    ``forward``'s batch; another one follows the batch axis through every op)."""
     if logits not in LOGITS:
         raise ServingError(f"logits must be one of {LOGITS}, got {logits!r}")
     past, new = _count("the cached context", past, 0), _count("the new tokens", new, 1)
     a = analyse(forward, tokens=tokens)
+    batch = a.batch if batch is None else _count("batch", batch, 1)
     _check_positions(a, past, new, f"{past} cached + {new} new token(s)")
     default = f"{forward.name}_prefill" if not past else f"{forward.name}_decode"
-    return _Step(a, past, new, logits, name or default).build()
+    return _Step(a, past, new, logits, name or default, batch).build()
 
 
 def prefill_step(
-    forward: Function, prompt_len: int, *, logits: str = "last", tokens: str | None = None
+    forward: Function,
+    prompt_len: int,
+    *,
+    logits: str = "last",
+    tokens: str | None = None,
+    batch: int | None = None,
 ) -> Function:
     """The prefill of a batch of prompts of ``prompt_len`` tokens: inputs the weights,
     ``tokens (B, prompt_len)`` and each layer's empty cache ``past_key_<l>``,
     ``past_value_<l>`` ``(B, kv_heads, 0, head_dim)``; outputs the logits of the last
     position ``(B, 1, V)`` (``logits="all"``: of every position) and each layer's
     ``present_key_<l>``, ``present_value_<l>`` ``(B, kv_heads, prompt_len, head_dim)``: the
-    KV cache, written.
+    KV cache, written. ``batch``: the number of prompts (None: ``forward``'s batch).
 
     >>> import ir
     >>> f = ir.models.llama(2, 32, 64, 8, 100, 2, kv_heads=2, ffn=96)
@@ -408,15 +450,18 @@ def prefill_step(
     [('logits', (2, 1, 100)), ('present_key_0', (2, 2, 12, 8)), ('present_value_0', (2, 2, 12, 8))]
     """
     n = _count("prompt_len", prompt_len, 1)
-    return step(forward, 0, n, logits=logits, tokens=tokens)
+    return step(forward, 0, n, logits=logits, tokens=tokens, batch=batch)
 
 
-def decode_step(forward: Function, context_len: int, *, tokens: str | None = None) -> Function:
+def decode_step(
+    forward: Function, context_len: int, *, tokens: str | None = None, batch: int | None = None
+) -> Function:
     """One decode step of a batch of sequences with ``context_len`` positions cached: inputs
     the weights, ``tokens (B, 1)`` and each layer's ``past_key_<l>``, ``past_value_<l>``
     ``(B, kv_heads, context_len, head_dim)``; outputs the next-token logits ``(B, 1, V)``
     and the caches with the new position appended (``present_key_<l>``, ...,
-    ``context_len + 1`` positions), the next step's inputs.
+    ``context_len + 1`` positions), the next step's inputs. ``batch``: the number of
+    sequences (None: ``forward``'s batch).
 
     >>> import ir
     >>> d = decode_step(ir.models.gpt(2, 32, 64, 8, 100, 2, kv_heads=4), 20)
@@ -424,4 +469,4 @@ def decode_step(forward: Function, context_len: int, *, tokens: str | None = Non
     [('past_key_1', (2, 4, 20, 8)), ('past_value_1', (2, 4, 20, 8))]
     """
     n = _count("context_len", context_len, 1)
-    return step(forward, n, 1, tokens=tokens)
+    return step(forward, n, 1, tokens=tokens, batch=batch)

@@ -8,12 +8,13 @@ communication family's job.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
-from ..registry import Attr, OpDef, TypeContext, register_op
+from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, register_op
 from ..types import DType, TensorType
 from . import _factors as fx
 from ._common import memory_cost, tensor, with_kernel
@@ -37,6 +38,16 @@ def _transpose_types(c: TypeContext):
     return [x.with_shape(tuple(x.shape[p] for p in perm))]
 
 
+def _transpose_cost(c: CostContext) -> Cost:
+    """A copy in the new order; a view when only axes of size 1 move (the elements keep
+    their memory order: a decode step's ``(B, 1, heads, d) -> (B, heads, 1, d)``)."""
+    x = c.input_types[0]
+    perm = _perm(x, c.attributes["perm"])
+    moved = [p for p in perm if x.shape[p] != 1]
+    cost = memory_cost(c)
+    return replace(cost, kernel="view") if moved == sorted(moved) else cost
+
+
 register_op(
     OpDef(
         name="Transpose",
@@ -44,7 +55,7 @@ register_op(
         results=("y",),
         type_rule=_transpose_types,
         kernel=lambda xs, a: [np.transpose(xs[0], a["perm"])],
-        cost_rule=memory_cost,
+        cost_rule=_transpose_cost,
         attributes=(
             Attr(
                 "perm",
@@ -53,7 +64,8 @@ register_op(
                 kind=kinds.optional(kinds.sequence_of(kinds.INT)),
             ),
         ),
-        doc="Permute the axes of x: y.shape[i] = x.shape[perm[i]].",
+        doc="Permute the axes of x: y.shape[i] = x.shape[perm[i]]; a copy, or a view when "
+        "only axes of size 1 move.",
         extra={
             "view": True,  # moves or retypes elements, computes nothing
             "examples": lambda s: [

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..op import Op
 from ..ops.communication import split_sizes
@@ -32,6 +33,7 @@ from ..sharding.errors import PropagationError
 from ..sharding.rules import Choice, Rule, axis_placements, rule_for
 from ..types import TupleType, Type
 from ..value import Value
+from ..verify import attributes_key
 from ._rewrite import is_optimizer
 from ._spmd import M, P, R, RuleResult, S, Shard
 
@@ -93,7 +95,31 @@ def _splits_evenly(op: Op, rule: Rule, factor: str, n: int) -> bool:
 
 def candidates(op: Op, n: int) -> list[Candidate]:
     """The ways ``op`` can run over ``n`` devices, from its record's sharding rule
-    (none for ops without one: they run on whole values)."""
+    (none for ops without one: they run on whole values). They depend on the op's
+    signature only, so a model's repeated layers ask once per signature (memoised by
+    value beside ``rule_for``'s rules; read-only lists)."""
+    key = None
+    if not op.subfunctions:
+        try:
+            types = tuple(v.type for v in (*op.inputs, *op.outputs))
+            key = (op.op_type, types, attributes_key(op.attributes), n)
+            found = _CANDIDATES.get(key)
+        except TypeError:  # an attribute that is not hashable
+            key = found = None
+        if found is not None and found[0] is get_op(op.op_type):
+            return found[1]
+    out = _candidates(op, n)
+    if key is not None:
+        if len(_CANDIDATES) >= 1 << 12:
+            _CANDIDATES.clear()
+        _CANDIDATES[key] = (get_op(op.op_type), out)
+    return out
+
+
+_CANDIDATES: dict[tuple, tuple[Any, list[Candidate]]] = {}
+
+
+def _candidates(op: Op, n: int) -> list[Candidate]:
     try:
         rule = rule_for(op)
     except PropagationError:
