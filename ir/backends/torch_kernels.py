@@ -25,6 +25,7 @@ import torch
 
 from ..errors import ExecutionError
 from ..ops.communication import split_sizes
+from .torch_llama import LLAMA_KERNELS
 
 Kernel = Callable[[list, Mapping[str, Any]], list]
 
@@ -533,6 +534,7 @@ TORCH_KERNELS: dict[str, Kernel] = {
     "Sum": _sum,
     "MakeTuple": lambda xs, a: [tuple(xs)],
     "TupleGet": lambda xs, a: [xs[0][a["index"]]],
+    **LLAMA_KERNELS,  # RMSNorm, Rotary, SwiGLU, their gradients, CacheAppend
 }
 
 

@@ -98,6 +98,15 @@ class _Analysis:
             if any(v in self.label for v in op.inputs):
                 self._label(op)
         kept = [v for v in f.outputs if v in self.label and self.label[v].axis is not None]
+        mixed = [self.label[v].mixer for v in f.outputs if v in self.label]
+        if not kept and any(mixed):
+            op = next(op for op in mixed if op is not None)
+            raise ServingError(
+                f"the outputs of {f.name} ({[v.name for v in f.outputs]}) lose the positions "
+                f"axis where an op mixes every position of the sequence (only a causal fused "
+                f"Attention may: build the model with attention='fused')\n  in: "
+                f"{describe_op(op)}"
+            )
         if not kept:
             raise ServingError(
                 f"no output of {f.name} has a result per position (its outputs: "
