@@ -7,11 +7,13 @@ what they cost (time to first token, time per output token, memory, batch).
 * :class:`ServingStrategy`, :func:`parallel_step` (:mod:`ir.inference.strategies`):
   tensor parallelism, a pipeline over layers and replicas, built by ``ir.transforms.megatron``.
 * :func:`serving_metrics` (:mod:`ir.inference.metrics`): simulated TTFT, TPOT, throughput,
-  KV-cache memory and the largest batch.
+  KV-cache memory and the largest batch; :func:`serving_front` (:mod:`ir.inference.front`):
+  the latency/throughput front over strategies and batches, with an SLA filter.
 """
 
 from __future__ import annotations
 
+from .front import SLA_TPOT_S, ServingFront, fitting_strategies, serving_front
 from .metrics import DeviceMemory, RequestMix, ServingMetrics, serving_metrics
 from .steps import (
     CacheLayer,
@@ -31,19 +33,23 @@ from .strategies import (
 )
 
 __all__ = [
+    "SLA_TPOT_S",
     "CacheLayer",
     "DeviceMemory",
     "RequestMix",
     "ServingError",
+    "ServingFront",
     "ServingMetrics",
     "ServingStrategy",
     "analyse",
     "cache_layers",
     "check_strategy",
     "decode_step",
+    "fitting_strategies",
     "microbatches",
     "parallel_step",
     "prefill_step",
+    "serving_front",
     "serving_metrics",
     "step",
     "strategies",

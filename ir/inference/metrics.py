@@ -41,7 +41,7 @@ from ..hardware import CUDA_GRAPH_HOST, with_host
 from ..sim import SimResult, simulate
 from ..types import TensorType, TupleType, Type
 from .steps import ServingError, analyse, decode_step, prefill_step
-from .strategies import ServingStrategy, check_strategy, parallel_step
+from .strategies import ServingStrategy, check_strategy, microbatches, parallel_step
 
 
 @dataclass(frozen=True)
@@ -97,6 +97,14 @@ def _is_weight(name: str) -> bool:
     return name != "tokens" and not _is_cache(name)
 
 
+def _bandwidth(device: Any) -> tuple[float, float]:
+    """A device's achieved and datasheet HBM bandwidth (achieved: the kernel model's
+    share; the datasheet's on an ideal preset)."""
+    peak = device.mem_bandwidth_bytes_per_s
+    k = device.kernels
+    return (peak if k is None else peak * k.memory_efficiency), peak
+
+
 def _span_s(result: SimResult, device: int) -> float:
     events = result.events_on(device)
     if not events:
@@ -106,6 +114,11 @@ def _span_s(result: SimResult, device: int) -> float:
 
 def round_up(tokens: int, block_tokens: int) -> int:
     return -(-tokens // block_tokens) * block_tokens
+
+
+#: The batch a device holds when it keeps no cache and no per-sequence workspace (a
+#: pipeline stage with the embedding only): other devices bound the replica's batch.
+UNBOUNDED = 2**62
 
 
 @dataclass(frozen=True)
@@ -122,12 +135,14 @@ class DeviceMemory:
     def max_batch(self, context: int) -> int:
         """The most sequences of ``context`` cached positions that fit (see the module)."""
         room = self.capacity_bytes - self.weights_bytes
-        per_seq = context * self.kv_bytes_per_token
-        if room <= self.prefill_workspace_bytes or per_seq <= 0:
+        if room <= self.prefill_workspace_bytes:
             return 0
-        by_prefill = (room - self.prefill_workspace_bytes) / per_seq
-        by_decode = room / (per_seq + self.decode_workspace_bytes)
-        return max(0, math.floor(min(by_prefill, by_decode)))
+        cache = context * self.kv_bytes_per_token
+        per_seq = cache + self.decode_workspace_bytes
+        by_prefill = (room - self.prefill_workspace_bytes) / cache if cache > 0 else math.inf
+        by_decode = room / per_seq if per_seq > 0 else math.inf
+        most = min(by_prefill, by_decode)
+        return UNBOUNDED if most >= UNBOUNDED else math.floor(most)
 
 
 @dataclass(frozen=True)
@@ -147,6 +162,27 @@ class ServingMetrics:
     decode: SimResult = field(repr=False, compare=False)
     prefill_program: Function = field(repr=False, compare=False)
     decode_program: Function = field(repr=False, compare=False)
+    # per device of a replica: the bytes a decode step (a pipeline cycle) must read, and
+    # the HBM bandwidth it reads them at (achieved, datasheet)
+    decode_read_bytes: Mapping[int, float] = field(default_factory=dict, repr=False)
+    bandwidth: Mapping[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+
+    @property
+    def decode_floor_s(self) -> float:
+        """The memory floor of a decode step (of a pipeline cycle with ``pp > 1``): the
+        busiest device's bytes that must be read, its weights (but the embedding table, of
+        which a step reads one row per sequence; once per microbatch) and its KV cache, at
+        the achieved HBM bandwidth (``ir.hardware``; the datasheet's on an ideal preset).
+        The simulated TPOT is never below it."""
+        return max(b / self.bandwidth[d][0] for d, b in self.decode_read_bytes.items())
+
+    @property
+    def memory_bandwidth_utilization(self) -> float:
+        """MBU: the bytes a decode step must read per TPOT over the datasheet bandwidth of
+        the busiest device (the figure serving benchmarks report)."""
+        return max(b / self.bandwidth[d][1] for d, b in self.decode_read_bytes.items()) / (
+            self.tpot_s
+        )
 
     @property
     def tokens_per_s_per_replica(self) -> float:
@@ -227,6 +263,15 @@ def _device_memory(
     return out
 
 
+def simulated_prefill(
+    forward: Function, topology: Topology, strategy: ServingStrategy, mix: RequestMix
+) -> tuple[Function, SimResult]:
+    """The strategy's prefill of ``mix.prefill_batch`` prompts and its simulation (eager)."""
+    step = prefill_step(forward, mix.prompt_len, batch=mix.prefill_batch)
+    program = parallel_step(step, strategy, replicas=False)
+    return program, simulate(program, topology)
+
+
 def serving_metrics(
     forward: Function,
     topology: Topology,
@@ -236,12 +281,15 @@ def serving_metrics(
     cuda_graphs: bool = True,
     memory_fraction: float = 0.9,
     block_tokens: int = 16,
+    prefill: tuple[Function, SimResult] | None = None,
 ) -> ServingMetrics:
     """Simulated TTFT, TPOT, throughput and memory of ``forward`` served by ``strategy``
     (default: one GPU) on ``topology`` for ``mix`` (see the module docstring).
     ``memory_fraction``: the share of each GPU's memory the engine uses (vLLM's
-    ``gpu_memory_utilization``, 0.9 by default). Raises a :class:`ServingError` when the
-    strategy does not fit the model or the topology, or nothing fits in memory."""
+    ``gpu_memory_utilization``, 0.9 by default). ``prefill``: the parallel prefill step of
+    this strategy and mix and its simulation, when already made (a front of several decode
+    batches shares one). Raises a :class:`ServingError` when the strategy does not fit the
+    model or the topology, or nothing fits in memory."""
     strategy = strategy or ServingStrategy()
     mix = mix or RequestMix()
     if not 0 < memory_fraction <= 1:
@@ -261,23 +309,29 @@ def serving_metrics(
             f"{mix.final_context}, beyond the model's {a.positions} positions by "
             f"{mix.final_context - a.positions}"
         )
-    prefill = parallel_step(
-        prefill_step(forward, mix.prompt_len, batch=mix.prefill_batch), strategy, replicas=False
-    )
+    if prefill is None:
+        prefill = simulated_prefill(forward, topology, strategy, mix)
+    prefill_program, prefill_result = prefill
     context = mix.mean_context
-    decode = parallel_step(decode_step(forward, context, batch=mix.batch), strategy, replicas=False)
-    prefill_result = simulate(prefill, topology)
+    decode_plain = decode_step(forward, context, batch=mix.batch)
+    decode = parallel_step(decode_plain, strategy, replicas=False)
     graphs = with_host(topology, CUDA_GRAPH_HOST) if cuda_graphs else topology
     decode_result = simulate(decode, graphs)
     if strategy.pp > 1:  # steady state: pp microbatches in flight, one cycle per token
         tpot = max(_span_s(decode_result, d) for d in decode_result.devices)
     else:
         tpot = decode_result.step_time_s
+    tables = {op.inputs[0].name for op in decode_plain.ops if op.op_type == "Embedding"}
+    m = microbatches(strategy, mix.batch, decode=True)
+    weights_read = input_bytes(decode, lambda n: _is_weight(n) and n not in tables)
+    kv_read = input_bytes(decode, _is_cache)
+    read = {d: m * w + kv_read.get(d, 0.0) for d, w in weights_read.items()}
+    bandwidth = {d: _bandwidth(topology.device(d)) for d in read}
     memory = _device_memory(
         topology,
         decode,
         decode_result,
-        prefill,
+        prefill_program,
         prefill_result,
         mix.batch,
         context,
@@ -297,8 +351,10 @@ def serving_metrics(
         cuda_graphs,
         prefill_result,
         decode_result,
-        prefill,
+        prefill_program,
         decode,
+        read,
+        bandwidth,
     )
     if metrics.max_batch() < 1:
         raise ServingError(_nothing_fits(metrics, memory_fraction))
