@@ -87,7 +87,7 @@ def check_strategy(forward: Function, strategy: ServingStrategy) -> None:
     tp = strategy.tp
     for op, layer in zip(a.attention, a.layers):
         heads = op.inputs[0].type.shape[1]  # type: ignore[union-attr]
-        for what, n in (("attention heads", heads), ("key/value heads", layer.kv_heads)):
+        for what, n in (("key/value heads", layer.kv_heads), ("attention heads", heads)):
             if what.startswith("key") and n == 1:
                 continue  # one kv head (MQA): every device keeps it
             if n % tp:
