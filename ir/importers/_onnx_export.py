@@ -360,6 +360,12 @@ EXPORTS: dict[str, Callable[..., None]] = {
 }
 
 
+from ._onnx_llama import LLAMA_EXPORTS, LLAMA_OPSET  # noqa: E402  (RMSNorm, Rotary, ...)
+
+EXPORTS.update(LLAMA_EXPORTS)
+NEEDS_OPSET.update(LLAMA_OPSET)
+
+
 def export_op(em: Emitter, op) -> None:
     ins = [em.name_of(v) for v in op.inputs]
     outs = [em.name_of(v) for v in op.outputs]

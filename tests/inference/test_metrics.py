@@ -204,7 +204,7 @@ def test_limits_are_refused_naming_the_limit_and_by_how_much():
     topology = ir.Topology.preset("a100-hgx", 8)
     with pytest.raises(ServingError, match=r"does not divide the 8 key/value heads .* 2 left over"):
         serving_metrics(f, topology, ServingStrategy(3))
-    with pytest.raises(ServingError, match="needs 16 GPUs; a100-hgx-8 has 8 .8 short"):
+    with pytest.raises(ServingError, match=r"needs 16 GPUs; a100-hgx-8 has 8 \(8 short"):
         serving_metrics(f, topology, ServingStrategy(8, replicas=2))
     with pytest.raises(ServingError, match="beyond the model's 8192 positions by 808"):
         serving_metrics(f, topology, ServingStrategy(8), RequestMix(8000, 1000))
