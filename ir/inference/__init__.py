@@ -9,10 +9,13 @@ what they cost (time to first token, time per output token, memory, batch).
 * :func:`serving_metrics` (:mod:`ir.inference.metrics`): simulated TTFT, TPOT, throughput,
   KV-cache memory and the largest batch; :func:`serving_front` (:mod:`ir.inference.front`):
   the latency/throughput front over strategies and batches, with an SLA filter.
+* :func:`annotated_step` (:mod:`ir.inference.annotations`): a strategy as seed 001's
+  sharding specs and pipeline stages, for ``ir.sharding.propagate`` and ``ir.to_onnx``.
 """
 
 from __future__ import annotations
 
+from .annotations import annotated_step, op_stages, serving_annotations
 from .front import SLA_TPOT_S, ServingFront, fitting_strategies, serving_front
 from .metrics import DeviceMemory, RequestMix, ServingMetrics, serving_metrics
 from .steps import (
@@ -42,13 +45,16 @@ __all__ = [
     "ServingMetrics",
     "ServingStrategy",
     "analyse",
+    "annotated_step",
     "cache_layers",
     "check_strategy",
     "decode_step",
     "fitting_strategies",
     "microbatches",
+    "op_stages",
     "parallel_step",
     "prefill_step",
+    "serving_annotations",
     "serving_front",
     "serving_metrics",
     "step",
