@@ -44,7 +44,7 @@ from ..op import Op
 from ..registry import get_op
 from ..sharding.errors import PropagationError
 from ..sharding.rules import rule_for
-from ..types import TensorType
+from ..types import TensorType, TupleType
 from ..value import Value
 from ..verify import describe_op
 
@@ -94,18 +94,26 @@ class _Analysis:
         self.tables: dict[tuple[Op, int], int] = {}  # (op, operand) -> positions axis
         self.batched: list[Value] = []  # token-free values the batch axis runs through
         self.attention: list[Op] = []
+        self.passthrough: dict[Op, int] = {}  # ops whose result is one of their operands
+        # each attention's (key, value) cache: the value cached and the ops that repeat it
+        self.sources: dict[Op, tuple[tuple[Value, tuple[Op, ...]], ...]] = {}
         for op in f.ops:
             if any(v in self.label for v in op.inputs):
                 self._label(op)
-        kept = [v for v in f.outputs if v in self.label and self.label[v].axis is not None]
+        # an exported cache (the attention's keys and values as outputs) is the step's own
+        cached = {self._same(v) for op in self.attention for v in op.inputs[1:3]}
+        cached |= {self._same(src) for pair in self.sources.values() for src, _ in pair}
+        kept = [
+            v
+            for v in f.outputs
+            if v in self.label and self.label[v].axis is not None and self._same(v) not in cached
+        ]
         mixed = [self.label[v].mixer for v in f.outputs if v in self.label]
         if not kept and any(mixed):
             op = next(op for op in mixed if op is not None)
             raise ServingError(
                 f"the outputs of {f.name} ({[v.name for v in f.outputs]}) lose the positions "
-                f"axis where an op mixes every position of the sequence (only a causal fused "
-                f"Attention may: build the model with attention='fused')\n  in: "
-                f"{describe_op(op)}"
+                f"axis where {_mixing(op)}\n  in: {describe_op(op)}"
             )
         if not kept:
             raise ServingError(
@@ -118,8 +126,8 @@ class _Analysis:
             lab = self.label.get(v)
             if lab is not None and lab.axis is None and lab.mixer is not None:
                 raise ServingError(
-                    f"{v.name!r} sums or mixes every position of the sequence, which a "
-                    f"step over new positions cannot compute\n  in: {describe_op(lab.mixer)}"
+                    f"{v.name!r} loses the positions axis where {_mixing(lab.mixer)}: a step "
+                    f"over new positions cannot compute it\n  in: {describe_op(lab.mixer)}"
                 )
         if not self.attention:
             raise ServingError(f"{f.name} has no causal Attention op: there is no KV cache")
@@ -135,6 +143,8 @@ class _Analysis:
             return
         if opdef.name == "Attention":
             self._attention(op, derived)
+            return
+        if self._appends_nothing(op, derived):
             return
         if op.op_type == "Dropout" and op.attributes.get("p"):
             raise ServingError(
@@ -178,12 +188,13 @@ class _Analysis:
 
     def _attention(self, op: Op, derived: list[tuple[int, _Label]]) -> None:
         where = describe_op(op)
-        if not op.attributes.get("causal"):
-            raise ServingError(f"a KV-cached step needs causal attention\n  in: {where}")
-        if len(op.inputs) > 3:
+        mask = op.inputs[3] if len(op.inputs) > 3 else None
+        if mask is not None:
+            self._mask(op, mask)
+        elif not op.attributes.get("causal"):
             raise ServingError(
-                f"an attention mask (padding, a bias) is not supported in a KV-cached step: "
-                f"serve equal-length sequences with causal=True and no mask\n  in: {where}"
+                f"a KV-cached step needs causal attention (causal=True, or a mask over "
+                f"positions that says which keys each query sees)\n  in: {where}"
             )
         if [i for i, _ in derived] != [0, 1, 2] or any(lab.axis != 2 for _, lab in derived):
             raise ServingError(
@@ -196,6 +207,86 @@ class _Analysis:
             )
         self.attention.append(op)
         self.label[op.outputs[0]] = _Label(2, batch=0)
+        self.sources[op] = (self._source(op.inputs[1]), self._source(op.inputs[2]))
+
+    def _source(self, v: Value) -> tuple[Value, tuple[Op, ...]]:
+        """What a layer caches for its attention's key (or value) operand ``v``: ``v``, or,
+        when ``v`` repeats kv heads for grouped-query attention (views and a ``BroadcastTo``,
+        as Hugging Face's ``repeat_kv`` before torch's attention), the value before the
+        repetition and the ops that repeat it (replayed on the whole cache each step), so
+        the cache keeps the model's kv heads."""
+        chain: list[Op] = []
+        at = v
+        producers = self.f.producers
+        while True:
+            op = producers.get(at)
+            if op in self.passthrough:
+                at = op.inputs[self.passthrough[op]]
+                continue
+            if op is None or len(op.inputs) != 1 or at is not op.outputs[0]:
+                break
+            if not (get_op(op.op_type).extra.get("view") or op.op_type == "BroadcastTo"):
+                break
+            lab = self.label.get(op.inputs[0])
+            if lab is None or lab.axis is None:
+                break
+            chain.insert(0, op)
+            at = op.inputs[0]
+        # cache the latest (batch, kv heads, positions, dim) value before the first broadcast
+        first = next((i for i, op in enumerate(chain) if op.op_type == "BroadcastTo"), None)
+        for j in range(first or 0, -1, -1):
+            if first is None:
+                break
+            src = chain[j].inputs[0]
+            t, lab = src.type, self.label[src]
+            if isinstance(t, TensorType) and t.rank == 4 and (lab.axis, lab.batch) == (2, 0):
+                return src, tuple(chain[j:])
+        return v, ()
+
+    def _same(self, v: Value) -> Value:
+        """``v``, or the value a pass-through op made it from."""
+        op = self.f.producers.get(v)
+        while op in self.passthrough:
+            v = op.inputs[self.passthrough[op]]
+            op = self.f.producers.get(v)
+        return v
+
+    def _appends_nothing(self, op: Op, derived: list[tuple[int, _Label]]) -> bool:
+        """A ``Concat`` of a token-derived value with empty ones along its positions axis
+        (an exported model's cache with no positions yet, ``torch.cat([past, k])``): the
+        value itself, passed through."""
+        if op.op_type != "Concat" or len(derived) != 1 or isinstance(op.inputs[0].type, TupleType):
+            return False
+        i, lab = derived[0]
+        rank = op.inputs[i].type.rank  # type: ignore[union-attr]
+        dim = op.attributes["dim"] % rank
+        others = [v for j, v in enumerate(op.inputs) if j != i]
+        if lab.axis != dim or any(v.type.shape[dim] for v in others):  # type: ignore[union-attr]
+            return False
+        self.passthrough[op] = i
+        self.label[op.outputs[0]] = lab
+        return True
+
+    def _mask(self, op: Op, mask: Value) -> None:
+        """A mask the step can slice: made from no token (a table over query and key positions,
+        as a causal mask an importer folded), each of its last two axes one per position or
+        broadcast."""
+        t = mask.type
+        where = describe_op(op)
+        if mask in self.label:
+            raise ServingError(
+                f"the attention mask {mask.name!r} depends on the tokens (padding); a KV-cached "
+                f"step serves equal-length sequences: drop the attention mask\n  in: {where}"
+            )
+        if (
+            not isinstance(t, TensorType)
+            or t.rank < 2
+            or any(n not in (1, self.positions) for n in t.shape[-2:])
+        ):
+            raise ServingError(
+                f"the attention mask {mask.name!r} {t} must have one row per query position and "
+                f"one column per key position ({self.positions}, or 1 to broadcast)\n  in: {where}"
+            )
 
     def check_rebatch(self) -> None:
         """Refuse another batch size where the batch axis is not followed through."""
@@ -217,9 +308,24 @@ class _Analysis:
                     )
 
     def _layer(self, index: int, op: Op) -> CacheLayer:
-        k, v = op.inputs[1].type, op.inputs[2].type
+        (k, _), (v, _) = self.sources[op]
+        k, v = k.type, v.type
         assert isinstance(k, TensorType) and isinstance(v, TensorType)
         return CacheLayer(index, k.shape[1], k.shape[3], v.shape[3], k.dtype.itemsize_bytes)
+
+
+def _mixing(op: Op) -> str:
+    """Why ``op`` loses the positions axis, in words."""
+    if get_op(op.op_type).extra.get("view"):
+        return (
+            f"a {op.op_type} merges it with another axis (a (batch x positions, features) view, "
+            "as torch's Linear on 3-D inputs exports it): import the model with batch 1, or "
+            "keep the axes apart"
+        )
+    return (
+        "an op mixes every position of the sequence (only a causal fused Attention, or one "
+        "with a mask over positions, may: build the model with attention='fused')"
+    )
 
 
 def _token_input(f: Function, name: str | None) -> Value:
@@ -283,19 +389,34 @@ class _Step:
         self.past_kv: list[tuple[Value, Value]] = []
         for op, layer in zip(a.attention, a.layers):
             shape = (batch, layer.kv_heads, past)
-            k, v = op.inputs[1].type, op.inputs[2].type
+            (k, _), (v, _) = a.sources[op]
+            k, v = k.type, v.type
             assert isinstance(k, TensorType) and isinstance(v, TensorType)
             pk = b.input(f"past_key_{layer.layer}", k.with_shape((*shape, layer.key_dim)))
             pv = b.input(f"past_value_{layer.layer}", v.with_shape((*shape, layer.value_dim)))
             self.past_kv.append((pk, pv))
         last_attention = max(f.ops.index(op) for op in a.attention)
         self.late = set(f.ops[last_attention + 1 :]) if logits == "last" else set()
-        self.present: list[tuple[Value, Value]] = []
+        self.present: list[Value] = []  # key, value of each layer
         self._cuts: dict[tuple, Value] = {}  # each operand cut to a window once
+        # the ops repeating kv heads run on the whole cache, in _attention, not on the window
+        replayed = {c for pair in a.sources.values() for _, chain in pair for c in chain}
+        readers: dict[Value, set[Op]] = {}
+        for op in a.needed:
+            for v in op.inputs:
+                readers.setdefault(v, set()).add(op)
+        self.replayed = {
+            c for c in replayed if readers.get(c.outputs[0], set()) <= replayed | set(a.attention)
+        }
 
     def build(self) -> Function:
         for op in self.a.needed:
-            if op.op_type == "Attention" and op in self.a.attention:
+            if op in self.a.passthrough:
+                v = op.inputs[self.a.passthrough[op]]
+                self.env[op.outputs[0]], self.window[op.outputs[0]] = self.env[v], self.window[v]
+            elif op in self.replayed:
+                continue
+            elif op.op_type == "Attention" and op in self.a.attention:
                 self._attention(op)
             elif any(v in self.a.label for v in op.inputs):
                 self._windowed(op)
@@ -303,8 +424,7 @@ class _Step:
                 outs = self.b.add_op_like(op, [self.env[v] for v in op.inputs], self._names(op))
                 self.env.update(zip(op.outputs, outs.outputs))
         logits = [self.env[v] for v in self.a.outputs]
-        caches = [v for pair in self.present for v in pair]
-        return self.b.finish([*logits, *caches])
+        return self.b.finish([*logits, *self.present])
 
     def _names(self, op: Op) -> list[str]:
         return [v.name for v in op.outputs]
@@ -360,6 +480,35 @@ class _Step:
             self.env[v] = x
             self.window[v] = target
 
+    def _operand_value(self, v: Value, target: tuple[int, int]) -> Value:
+        """Token-derived ``v`` (already built) cut to the ``target`` positions."""
+        x = self.env[v]
+        lo, hi = self.window[v]
+        if (lo, hi) == target:
+            return x
+        axis = self.a.label[v].axis
+        start = target[0] - lo
+        end = start + target[1] - target[0]
+        return self.b.call("Slice", x, axis=axis, start=start, end=end, name=f"{v.name}_at")
+
+    def _replay(self, op: Op, x: Value, target: tuple[int, int]) -> Value:
+        """``op`` (a view or broadcast of one operand) on ``x``, positions ``target``."""
+        attrs = dict(op.attributes)
+        rule = rule_for(op)
+        if rule.local_attributes is not None:
+            outs = [self._local_type(v, target) for v in op.outputs]
+            attrs = dict(rule.local_attributes(attrs, [x.type], outs))
+        return self.b.add_op(op.op_type, [x], attrs, names=self._names(op)).outputs[0]
+
+    def _mask_rows(self, mask: Value, target: tuple[int, int]) -> Value:
+        """The mask's rows of the window's queries and its columns of every key so far."""
+        x = self.env[mask]
+        rank = mask.type.rank  # type: ignore[union-attr]
+        for axis, (lo, hi) in ((rank - 2, target), (rank - 1, (0, target[1]))):
+            if x.type.shape[axis] != 1 and (lo, hi) != (0, x.type.shape[axis]):  # type: ignore[union-attr]
+                x = self.b.call("Slice", x, axis=axis, start=lo, end=hi, name=f"{mask.name}_at")
+        return x
+
     def _local_type(self, v: Value, target: tuple[int, int]) -> TensorType:
         t = v.type
         lab = self.a.label[v]
@@ -373,13 +522,21 @@ class _Step:
 
     def _attention(self, op: Op) -> None:
         target = self._target(op)
-        q, k, v = (self._operand(op, i, target) for i in range(3))
+        q = self._operand(op, 0, target)
+        mask = [self._mask_rows(op.inputs[3], target)] if len(op.inputs) > 3 else []
         layer = self.a.attention.index(op)
-        pk, pv = self.past_kv[layer]
-        k = self.b.call("CacheAppend", pk, k, axis=2, name=f"present_key_{layer}")
-        v = self.b.call("CacheAppend", pv, v, axis=2, name=f"present_value_{layer}")
-        self.present.append((k, v))
-        new = self.b.add_op_like(op, [q, k, v], [x.name for x in op.outputs])
+        full = []
+        for i, past, (src, chain), which in zip(
+            (1, 2), self.past_kv[layer], self.a.sources[op], ("key", "value")
+        ):
+            # the value before the kv heads are repeated, if they are: the cache holds that
+            x = self._operand_value(src, target) if chain else self._operand(op, i, target)
+            present = self.b.call("CacheAppend", past, x, axis=2, name=f"present_{which}_{layer}")
+            self.present.append(present)
+            for c in chain:  # the repetition, on every position so far
+                present = self._replay(c, present, (0, target[1]))
+            full.append(present)
+        new = self.b.add_op_like(op, [q, *full, *mask], [x.name for x in op.outputs])
         self.env[op.outputs[0]] = new.outputs[0]
         self.window[op.outputs[0]] = target
 

@@ -123,3 +123,50 @@ def test_onnx_prefill_and_decode_run_in_onnxruntime_equal_to_torch(pair, tmp_pat
             np.testing.assert_allclose(g, x, rtol=1e-4, atol=1e-5)
         np.testing.assert_allclose(got[0][:, 0], full[:, window.stop - 1], rtol=1e-3, atol=1e-4)
         cache = got[1:]
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_an_imported_llama_serves_equal_to_torch(use_cache):
+    """``ir.from_torch`` of a Hugging Face Llama (its causal mask and rotary tables folded
+    into constant inputs, its projections on (positions, features) views; with
+    ``use_cache=True`` its own cache as extra outputs): prefill then decode give torch's
+    logits. A batch of several sequences merges batch and positions in those views: refused,
+    saying to import with batch 1."""
+    cfg = transformers.LlamaConfig(
+        vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+        tie_word_embeddings=False, use_cache=use_cache,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    hf = transformers.LlamaForCausalLM(cfg).eval()
+    ids = torch.randint(0, 50, (1, 10))
+    f, args = ir.from_torch(hf, (ids,))
+    values = {v.name: a for v, a in zip(f.inputs, args)}
+    with torch.no_grad():
+        full = hf(ids).logits.numpy()
+    tokens, prompt = ids.numpy(), 4
+    p = prefill_step(f, prompt, tokens="input_ids")
+    # the cache keeps the model's 2 kv heads (before Hugging Face's repeat_kv), and the
+    # step's outputs are the logits and its own cache (not the export's)
+    assert {v.type.shape[1] for v in p.inputs if v.name.startswith("past_")} == {2}
+    assert [v.name for v in p.outputs][1:] == [
+        v.name.replace("past", "present") for v in p.inputs[-4:]
+    ]
+    logits, *cache = ir.execute(p, _named(p, values, tokens[:, :prompt], empty_cache(p)))
+    np.testing.assert_allclose(logits[:, 0], full[:, prompt - 1], rtol=1e-4, atol=1e-5)
+    for c in range(prompt, 10):
+        d = decode_step(f, c, tokens="input_ids")
+        logits, *cache = ir.execute(d, _named(d, values, tokens[:, c : c + 1], cache))
+        np.testing.assert_allclose(logits[:, 0], full[:, c], rtol=1e-4, atol=1e-5)
+    two, _ = ir.from_torch(hf, (torch.randint(0, 50, (2, 10)),))
+    with pytest.raises(ir.inference.ServingError, match="import the model with batch 1"):
+        decode_step(two, 4, tokens="input_ids")
+
+
+def _named(step, values, tokens, cache) -> list:
+    cache = iter(cache)
+    return [
+        tokens if v.name == "input_ids" else next(cache) if v.name.startswith("past_")
+        else values[v.name]
+        for v in step.inputs
+    ]  # fmt: skip
