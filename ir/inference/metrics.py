@@ -166,6 +166,11 @@ class ServingMetrics:
     # the HBM bandwidth it reads them at (achieved, datasheet)
     decode_read_bytes: Mapping[int, float] = field(default_factory=dict, repr=False)
     bandwidth: Mapping[int, tuple[float, float]] = field(default_factory=dict, repr=False)
+    positions: int = 0  # the longest context the model takes
+
+    def rounded(self, context: int) -> int:
+        """``context`` in whole cache blocks (tokens)."""
+        return round_up(context, self.block_tokens)
 
     @property
     def decode_floor_s(self) -> float:
@@ -355,6 +360,7 @@ def serving_metrics(
         decode,
         read,
         bandwidth,
+        a.positions,
     )
     if metrics.max_batch() < 1:
         raise ServingError(_nothing_fits(metrics, memory_fraction))

@@ -1,0 +1,203 @@
+"""The workbench's serving mode, as plain Python: a model, a topology, a request mix and a
+serving strategy; what the dashboard's serving panel and the static report show.
+
+A :class:`ServingSession` holds them and answers with ``ir.inference``: the strategy's
+metrics (TTFT, TPOT, throughput, memory, the largest batch), the latency/throughput front
+over every strategy (on demand: it simulates many programs), and the decode step as the
+seeds' annotations: :meth:`ServingSession.annotate` places one value (a weight or a cache)
+by hand, propagates the annotations over the decode step, lowers nothing, simulates it and
+gives the new TPOT (the RFC's flow; "click a sharding annotation and see TPOT change").
+Views are the pure functions of ``widgets.serving`` and ``widgets.gantt``;
+:meth:`ServingSession.payload` is what a view draws and :meth:`report_html` the report's
+section.
+
+>>> import ir
+>>> from ir.inference import RequestMix, ServingStrategy
+>>> f = ir.models.llama(1, 512, 256, 8, 1000, 2, kv_heads=4, ffn=512, dtype="bfloat16")
+>>> s = ServingSession(f, ir.Topology.preset("a100-hgx", 2), RequestMix(128, 32, 4))
+>>> s.set_strategy(tp=2).strategy
+ServingStrategy('tp2')
+>>> s.annotated().tpot_s == s.metrics.tpot_s or s.annotated().tpot_s > 0
+True
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ir.device import Topology
+from ir.function import Function
+from ir.hardware import CUDA_GRAPH_HOST, with_host
+from ir.inference import (
+    RequestMix,
+    ServingError,
+    ServingFront,
+    ServingMetrics,
+    ServingStrategy,
+    decode_step,
+    serving_annotations,
+    serving_front,
+    serving_metrics,
+)
+from ir.sharding import propagate
+from ir.sharding.annotations import AnnotationLike
+from ir.sim import SimResult, simulate
+
+__all__ = ["AnnotatedDecode", "ServingSession"]
+
+
+@dataclass(frozen=True)
+class AnnotatedDecode:
+    """The decode step as annotated, propagated and simulated (CUDA graphs as the metrics)."""
+
+    annotations: dict[str, Any]
+    program: Function
+    result: SimResult
+    report: Any  # the propagation report: which redistributions it inserted, and why
+
+    @property
+    def tpot_s(self) -> float:
+        return self.result.step_time_s
+
+
+class ServingSession:
+    """See the module docstring. ``cuda_graphs``: decode replayed from a CUDA graph."""
+
+    def __init__(
+        self,
+        forward: Function,
+        topology: Topology,
+        mix: RequestMix | None = None,
+        strategy: ServingStrategy | None = None,
+        *,
+        cuda_graphs: bool = True,
+    ) -> None:
+        self.forward, self.topology = forward, topology
+        self.mix = mix or RequestMix()
+        self.cuda_graphs = cuda_graphs
+        self._strategy = strategy or ServingStrategy()
+        self._metrics: dict[tuple, ServingMetrics] = {}
+        self._front: ServingFront | None = None
+        self._hand: dict[str, AnnotationLike] = {}  # values placed by hand, by name
+        self._annotated: AnnotatedDecode | None = None
+
+    # -- choices -----------------------------------------------------------------------
+
+    @property
+    def strategy(self) -> ServingStrategy:
+        return self._strategy
+
+    def set_strategy(self, tp: int = 1, pp: int = 1, replicas: int = 1) -> ServingSession:
+        """Serve by ``tp`` x ``pp`` x ``replicas`` (refused, the session unchanged, when the
+        model or the topology cannot take it); hand annotations are dropped."""
+        strategy = ServingStrategy(tp, pp, replicas)
+        self._metrics_for(strategy, self.mix)  # raises before anything changes
+        self._strategy, self._hand, self._annotated = strategy, {}, None
+        return self
+
+    def set_mix(self, **fields: int) -> ServingSession:
+        """Change the request mix (``prompt_len``, ``output_len``, ``batch``,
+        ``prefill_batch``); the front is recomputed on demand."""
+        mix = replace(self.mix, **fields)
+        self._metrics_for(self._strategy, mix)
+        self.mix, self._front, self._annotated = mix, None, None
+        return self
+
+    # -- answers -------------------------------------------------------------------------
+
+    def _metrics_for(self, strategy: ServingStrategy, mix: RequestMix) -> ServingMetrics:
+        key = (strategy, mix)
+        if key not in self._metrics:
+            self._metrics[key] = serving_metrics(
+                self.forward, self.topology, strategy, mix, cuda_graphs=self.cuda_graphs
+            )
+        return self._metrics[key]
+
+    @property
+    def metrics(self) -> ServingMetrics:
+        """The strategy's figures for the request mix (simulated once per choice)."""
+        return self._metrics_for(self._strategy, self.mix)
+
+    def front(self, batches: tuple[int, ...] | None = None, progress: bool = False) -> ServingFront:
+        """Every strategy of the topology's GPUs at several batches (kept until the mix
+        changes)."""
+        if self._front is None or batches is not None:
+            self._front = serving_front(
+                self.forward,
+                self.topology,
+                self.mix,
+                batches=batches,
+                progress=progress,
+                cuda_graphs=self.cuda_graphs,
+            )
+        return self._front
+
+    def decode(self) -> Function:
+        """The decode step the metrics time: ``batch`` sequences at the mean context."""
+        return decode_step(self.forward, self.mix.mean_context, batch=self.mix.batch)
+
+    def annotations(self) -> dict[str, Any]:
+        """The decode step's annotations: the strategy's placements (one replica, tensor
+        parallel), with the values placed by hand over them."""
+        if self._strategy.pp > 1 or self._strategy.replicas > 1:
+            raise ServingError(
+                f"annotations place one tensor-parallel replica; {self._strategy.label} has a "
+                "pipeline or replicas: choose tp only to edit placements"
+            )
+        return {**serving_annotations(self.decode(), self._strategy), **self._hand}
+
+    def annotate(self, name: str, layout: AnnotationLike) -> AnnotatedDecode:
+        """Place the decode step's value ``name`` (a weight or a cache) by hand, propagate,
+        simulate: the new TPOT. A placement propagation refuses leaves the session as it
+        was."""
+        hand = {**self._hand, name: layout}
+        annotated = self._propagated({**self.annotations(), name: layout})
+        self._hand, self._annotated = hand, annotated
+        return annotated
+
+    def annotated(self) -> AnnotatedDecode:
+        """The decode step with the current annotations, propagated and simulated."""
+        if self._annotated is None:
+            self._annotated = self._propagated(self.annotations())
+        return self._annotated
+
+    def _propagated(self, annotations: dict[str, Any]) -> AnnotatedDecode:
+        program, report = propagate(self.decode(), annotations)
+        graphs = with_host(self.topology, CUDA_GRAPH_HOST) if self.cuda_graphs else self.topology
+        return AnnotatedDecode(dict(annotations), program, simulate(program, graphs), report)
+
+    # -- views -------------------------------------------------------------------------
+
+    def payload(self, *, front: bool = False) -> dict[str, Any]:
+        """What the serving panel draws: the summary rows, the KV-cache memory curve, the
+        decode step's Gantt and, with ``front`` (or once computed), the front."""
+        from widgets.gantt import gantt_spec
+        from widgets.serving import front_spec, kv_memory_spec, summary_rows
+
+        m = self.metrics
+        out: dict[str, Any] = {
+            "summary": summary_rows(m),
+            "kv_memory": kv_memory_spec(m),
+            "decode_gantt": gantt_spec(m.decode, m.decode_program, title="decode step"),
+        }
+        if front or self._front is not None:
+            out["front"] = front_spec(self.front())
+        return out
+
+    def report_html(self, *, front: bool = True) -> str:
+        """The report's serving section: the summary, the memory curve, the decode step's
+        Gantt and the front (plotly figures without plotly.js: the page includes it once)."""
+        import plotly.graph_objects as go
+
+        from widgets.live import TEMPLATE
+        from widgets.serving import summary_html
+
+        parts = [f"<h2>Serving: {self.forward.name}</h2>", summary_html(self.metrics)]
+        payload = self.payload(front=front)
+        for key in ("kv_memory", "decode_gantt", "front"):
+            if key in payload:
+                traces, layout = payload[key]
+                figure = go.Figure(data=traces, layout={**layout, "template": TEMPLATE})
+                parts.append(figure.to_html(full_html=False, include_plotlyjs=False))
+        return "\n".join(parts)
