@@ -65,13 +65,16 @@ def serving_annotations(
     program = parallel_step(step, strategy, replicas=False)
     layouts = dict(zip((v.name for v in program.inputs), program.input_layouts or ()))
     stages = op_stages(step, strategy.pp)
+    # a vocabulary-parallel lookup is T.megatron's own plan (masked lookups, one all-reduce),
+    # not a sharding rule propagation can follow: the annotations keep the table whole
+    tables = {op.inputs[0].name for op in step.ops if op.op_type == "Embedding"}
     out: dict[str, tuple] = {}
     for v in step.inputs:
         if v.name == "tokens":
             continue
         first = stages.get(v.name, 0) * strategy.tp if stage_devices else 0
         mesh = Mesh((strategy.tp,), tuple(range(first, first + strategy.tp)))
-        axis = _tp_level(layouts[v.name]) if v.name in layouts else None
+        axis = _tp_level(layouts[v.name]) if v.name in layouts and v.name not in tables else None
         out[v.name] = (mesh, [R if axis is None else S(axis)])
     return out
 
