@@ -4,6 +4,7 @@ Public entry points: ``FunctionBuilder`` to build programs, ``parse`` and
 ``format`` for the text format, ``execute`` for the numpy reference executor,
 ``Topology`` for hardware (``calibrate`` measures this machine), ``ir.models``
 for ready-made models, ``ir.search.search`` to rank parallel strategies,
+``ir.inference`` for serving (prefill and decode steps with the KV cache, their metrics),
 ``from_torch`` to import a PyTorch module, and ``to_onnx``/``from_onnx`` for ONNX
 files with seed 001's annotations.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from . import (  # `import ir` is enough for ir.models.mlp(...)
     hardware,
+    inference,
     models,
     search,
     sharding,
@@ -118,6 +120,7 @@ __all__ = [
     "from_torch",
     "get_op",
     "hardware",
+    "inference",
     "models",
     "parse",
     "random_inputs",

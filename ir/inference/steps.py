@@ -162,6 +162,12 @@ class _Analysis:
                 )
             self.label[op.outputs[0]] = _Label(lab.axis, batch=lab.batch)
             return
+        if op.op_type == "Reshape":
+            ((_, lab),) = derived
+            x, y = op.inputs[0].type, op.outputs[0].type
+            axis, batch = (_reshaped(x.shape, y.shape, a) for a in (lab.axis, lab.batch))  # type: ignore[union-attr]
+            self.label[op.outputs[0]] = _Label(axis, None if axis is not None else op, batch)
+            return
         try:
             rule = rule_for(op)
         except PropagationError:
@@ -184,7 +190,9 @@ class _Analysis:
                 self.batched.append(v)
         for v, names in zip(op.outputs, rule.results):
             axis = names.index(f) if f in names else None
-            self.label[v] = _Label(axis, op, names.index(fb) if fb in names else None)
+            self.label[v] = _Label(
+                axis, op, names.index(fb) if fb is not None and fb in names else None
+            )
 
     def _attention(self, op: Op, derived: list[tuple[int, _Label]]) -> None:
         where = describe_op(op)
@@ -201,7 +209,9 @@ class _Analysis:
                 "a KV-cached attention needs q, k and v computed from the tokens, positions "
                 f"on axis 2\n  in: {where}"
             )
-        if any(lab.batch != 0 for _, lab in derived):
+        if any(
+            lab.batch != 0 and not (lab.batch is None and self.batch == 1) for _, lab in derived
+        ):
             raise ServingError(
                 f"a KV-cached attention needs its batch of sequences on axis 0\n  in: {where}"
             )
@@ -239,7 +249,8 @@ class _Analysis:
                 break
             src = chain[j].inputs[0]
             t, lab = src.type, self.label[src]
-            if isinstance(t, TensorType) and t.rank == 4 and (lab.axis, lab.batch) == (2, 0):
+            batch_ok = lab.batch == 0 or (lab.batch is None and self.batch == 1)
+            if isinstance(t, TensorType) and t.rank == 4 and lab.axis == 2 and batch_ok:
                 return src, tuple(chain[j:])
         return v, ()
 
@@ -312,6 +323,36 @@ class _Analysis:
         k, v = k.type, v.type
         assert isinstance(k, TensorType) and isinstance(v, TensorType)
         return CacheLayer(index, k.shape[1], k.shape[3], v.shape[3], k.dtype.itemsize_bytes)
+
+
+def _reshaped(a: tuple[int, ...], b: tuple[int, ...], axis: int | None) -> int | None:
+    """Where axis ``axis`` of shape ``a`` lands in shape ``b`` under a row-major reshape: the
+    axis of ``b`` that it alone makes (axes of size 1 aside), or None when the reshape merges
+    or splits it."""
+    if axis is None:
+        return None
+    if a[axis] == 1:  # a batch of one: still the leading axis if both shapes lead with a 1
+        return 0 if axis == 0 and b[:1] == (1,) else None
+    ia = [i for i, n in enumerate(a) if n != 1]
+    ib = [j for j, n in enumerate(b) if n != 1]
+    i = j = 0
+    while i < len(ia) and j < len(ib):
+        gi, gj, pa, pb = [ia[i]], [ib[j]], a[ia[i]], b[ib[j]]
+        i, j = i + 1, j + 1
+        while pa != pb:
+            if pa < pb and i < len(ia):
+                pa *= a[ia[i]]
+                gi.append(ia[i])
+                i += 1
+            elif pb < pa and j < len(ib):
+                pb *= b[ib[j]]
+                gj.append(ib[j])
+                j += 1
+            else:
+                return None
+        if axis in gi:
+            return gj[0] if len(gi) == len(gj) == 1 else None
+    return None
 
 
 def _mixing(op: Op) -> str:

@@ -192,28 +192,34 @@ def _transpose_sharding(c: TypeContext) -> dict:
 
 
 def _reshape_groups(a: tuple[int, ...], b: tuple[int, ...]):
-    """Pairs of index lists (of a, of b) whose sizes multiply to the same number, over the
-    axes longer than 1 (an axis of size 1 belongs to no group: a decode step's one
-    position must not glue its batch and hidden axes into one group)."""
-    ia = [i for i, n in enumerate(a) if n != 1]
-    ib = [j for j, n in enumerate(b) if n != 1]
+    """Pairs of index lists (of a, of b) whose sizes multiply to the same number. An axis of
+    size 1 on both sides at once is a group of its own (a decode step's one position keeps
+    its batch and hidden axes apart); a 1 on one side only joins its neighbours' group."""
     i = j = 0
     groups = []
-    while i < len(ia) or j < len(ib):
+    while i < len(a) or j < len(b):
+        if i < len(a) and j < len(b) and a[i] == 1 and b[j] == 1:
+            groups.append(([i], [j]))
+            i, j = i + 1, j + 1
+            continue
         gi, gj = [], []
         pa = pb = 1
         while True:
-            if pa <= pb and i < len(ia):
-                pa *= a[ia[i]]
-                gi.append(ia[i])
+            if pa <= pb and i < len(a):
+                pa *= a[i]
+                gi.append(i)
                 i += 1
-            elif j < len(ib):
-                pb *= b[ib[j]]
-                gj.append(ib[j])
+            elif j < len(b):
+                pb *= b[j]
+                gj.append(j)
                 j += 1
             else:
                 break
-            if pa == pb:
+            if pa != pb:
+                continue
+            next_a = a[i] if i < len(a) else None
+            next_b = b[j] if j < len(b) else None
+            if (next_a != 1 and next_b != 1) or (next_a == 1 and next_b == 1):
                 break
         groups.append((gi, gj))
     return groups

@@ -115,8 +115,9 @@ def resident_state(f: Function) -> tuple[list[Value], set[Value]]:
 
 def _check_heads(plan: _Plan, degree: int) -> None:
     """Refuse an op that splits by heads (its record's ``extra["heads_limit"]``: the fused
-    ``Attention``) left whole because ``degree`` does not divide its heads: replicating it
-    on every device would be a silent, slower program."""
+    ``Attention``) left whole, because ``degree`` does not divide its heads or because the
+    plan could not split it: replicating it on every device would be a silent, slower
+    program."""
     for step in plan.steps:
         if step.op is None:
             continue
@@ -126,6 +127,13 @@ def _check_heads(plan: _Plan, degree: int) -> None:
         problem = limit(tuple(v.type for v in step.op.inputs), degree)
         if problem:
             raise TensorReplicationError(f"{problem}\n  in: {describe_op(step.op)}")
+        raise TensorReplicationError(
+            f"tensor parallelism of degree {degree} divides this attention's heads, but the "
+            "tensor plan left it whole on every device (its query, key or value projection "
+            "split along another axis than the heads: a single key/value head's channels); "
+            "use allow_replication=True to build it replicated anyway\n  in: "
+            f"{describe_op(step.op)}"
+        )
 
 
 def _check_split(f: Function, plan: _Plan, degree: int) -> None:

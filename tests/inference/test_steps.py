@@ -11,7 +11,14 @@ from _serving import empty_cache, forward_values, gpt, llama, step_inputs
 
 import ir
 from ir import transforms
-from ir.inference import ServingError, decode_step, prefill_step, step
+from ir.inference import (
+    ServingError,
+    ServingStrategy,
+    decode_step,
+    parallel_step,
+    prefill_step,
+    step,
+)
 
 MODELS = {"llama-gqa": llama, "gpt-gqa": gpt, "llama-mqa": lambda **k: llama(kv_heads=1, **k)}
 
@@ -137,3 +144,16 @@ def test_bad_counts_are_project_errors():
         prefill_step(f, 3, logits="first")
     with pytest.raises(ServingError, match="no input 'ids'"):
         prefill_step(f, 3, tokens="ids")
+
+
+def test_a_single_kv_head_under_tensor_parallelism_is_refused_not_replicated():
+    """Multi-query attention's decode step: its key/value projection splits along the head's
+    channels, which attention cannot take, so the tensor plan would leave the attention whole
+    on every device. That is refused (a TensorReplicationError as a ServingError), never a
+    silent replication; its prefill splits the query heads and keeps the kv head whole."""
+    f = llama(batch=4, kv_heads=1)
+    with pytest.raises(ServingError, match="left it whole on every device"):
+        parallel_step(decode_step(f, 5), ServingStrategy(2))
+    g = parallel_step(prefill_step(f, 5), ServingStrategy(2))
+    layouts = dict(zip((v.name for v in g.inputs), g.input_layouts))
+    assert layouts["h0_attn_wq"][-1] == "S(1)@2" and layouts["h0_attn_wk"][-1] == "R@2"
