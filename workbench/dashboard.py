@@ -50,6 +50,7 @@ from .payloads import (
     summary_html,
 )
 from .search_panel import SearchPanel
+from .serving_panel import ServingPanel
 from .session import (
     Annotation,
     Derived,
@@ -157,20 +158,30 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
             layout={"width": "36%", "min_width": "330px"},
         )
         main = w.VBox([self.view, self.graph], layout={"width": "63%"})
-        super().__init__(
-            [
-                self.summary,
-                self.activity,
-                w.HBox([main, side]),
-                self.gantt_box,
-                self.breakdown,
-                self.memory_box,
-                self.compare_box,
-                self.measure_panel,
-                self.search_box,
+        self.mode = w.ToggleButtons(
+            options=[("training step", "training"), ("serving", "serving")],
+            value="training",
+            tooltips=[
+                "the program's step: graph, sharding, ready transforms, Gantt, memory",
+                "serve a model: prefill and decode, TTFT/TPOT, KV cache, the front",
             ],
-            layout={"width": "100%"},
+            style={"button_width": "110px"},
         )
+        self.mode.add_class("distir-mode")
+        self.serving: ServingPanel | None = None  # made when serving is first chosen
+        self._training_views = [
+            self.summary,
+            self.activity,
+            w.HBox([main, side]),
+            self.gantt_box,
+            self.breakdown,
+            self.memory_box,
+            self.compare_box,
+            self.measure_panel,
+            self.search_box,
+        ]
+        super().__init__([self.mode, *self._training_views], layout={"width": "100%"})
+        self.mode.observe(lambda _c: self._show_mode(), names="value")
         self.add_class("distir-workbench")
         self.arguments: dict[str, Any] = {}  # arrays by input name, for imported models
         self.weight_names: tuple[str, ...] = ()  # the arguments that are weights
@@ -217,6 +228,31 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
 
         weights = {n: self.arguments[n] for n in self.weight_names} if with_weights else None
         return save_onnx(self.session, path, weights)
+
+    # -- serving mode -----------------------------------------------------------------
+
+    def serve(self, **choices: Any) -> ServingPanel:
+        """Switch to the serving mode (see :class:`workbench.serving_panel.ServingPanel`)
+        and make ``choices`` as Apply does (``model``, ``preset``, ``gpus``, ``prompt_len``,
+        ``output_len``, ``batch``, ``tp``, ``pp``, ``replicas``); the panel, whose
+        ``status`` says why a choice was refused."""
+        self.mode.value = "serving"
+        panel = self._serving_panel()
+        if choices:
+            panel.choose(**choices)
+        return panel
+
+    def _serving_panel(self) -> ServingPanel:
+        if self.serving is None:
+            with self.activity.working("simulating the serving steps…"):
+                self.serving = ServingPanel(working=self.activity.working)
+        return self.serving
+
+    def _show_mode(self) -> None:
+        if self.mode.value == "serving":
+            self.children = [self.mode, self.activity, self._serving_panel()]
+        else:
+            self.children = [self.mode, *self._training_views]
 
     # -- driving it from code ---------------------------------------------------------
 
@@ -344,6 +380,7 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
             self.measure_panel.button,
             self.measure_panel.trace_button,
             self.export_panel.button,
+            *(self.serving.buttons() if self.serving is not None else ()),
         ]
 
     def _restore_buttons(self) -> None:

@@ -23,6 +23,7 @@ True
 
 from __future__ import annotations
 
+import html
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -39,12 +40,47 @@ from ir.inference import (
     serving_annotations,
     serving_front,
     serving_metrics,
+    strategies,
 )
+from ir.models_llama import llama_preset
 from ir.sharding import propagate
 from ir.sharding.annotations import AnnotationLike
 from ir.sim import SimResult, simulate
 
-__all__ = ["AnnotatedDecode", "ServingSession"]
+__all__ = [
+    "FRONT_BATCHES",
+    "AnnotatedDecode",
+    "ServingSession",
+    "decode_title",
+    "serving_model",
+    "widest",
+]
+
+FRONT_BATCHES = (1, 8, 64)  # the decode batches the views' front simulates (those that fit)
+
+
+def serving_model(name: str) -> Function:
+    """The forward program of a model name the serving views offer: a published Llama
+    shape (:data:`ir.models_llama.LLAMA_SHAPES`), bfloat16, its full context."""
+    return llama_preset(name)
+
+
+def decode_title(result: SimResult, mix: RequestMix, how: str = "") -> str:
+    """The decode step's Gantt title: its time, devices and batch (``how``: e.g. the
+    placement that made it)."""
+    from widgets.units import format_time
+
+    text = (
+        f"decode step {format_time(result.step_time_s)} on {len(result.devices)} devices: "
+        f"{mix.batch} sequences at context {mix.mean_context}"
+    )
+    return f"{text} · {how}" if how else text
+
+
+def widest(forward: Function, gpus: int) -> ServingStrategy:
+    """The most tensor parallelism ``forward``'s heads allow on ``gpus`` GPUs, the rest
+    replicas (no pipeline): the lowest latency a replica of one node gets."""
+    return max((s for s in strategies(forward, gpus) if s.pp == 1), key=lambda s: s.tp)
 
 
 @dataclass(frozen=True)
@@ -179,25 +215,50 @@ class ServingSession:
         out: dict[str, Any] = {
             "summary": summary_rows(m),
             "kv_memory": kv_memory_spec(m),
-            "decode_gantt": gantt_spec(m.decode, m.decode_program, title="decode step"),
+            "decode_gantt": gantt_spec(
+                m.decode, m.decode_program, title=decode_title(m.decode, m.mix)
+            ),
         }
         if front or self._front is not None:
             out["front"] = front_spec(self.front())
         return out
 
+    def report_parts(
+        self,
+        *,
+        front: bool = True,
+        batches: tuple[int, ...] | None = None,
+        name: str | None = None,
+    ) -> list[tuple[str, Any]]:
+        """The report's serving section as (heading, part) pairs for
+        :func:`widgets.static_html.page_html`: the summary, the memory curve, the decode
+        step's Gantt and, with ``front``, the front (``batches``: its decode batches);
+        ``name``: the model's (default: the forward program's)."""
+        from widgets.gantt import gantt_figure
+        from widgets.serving import front_figure, kv_memory_figure, summary_html
+
+        m = self.metrics
+        where = f"{name or self.forward.name}, {m.strategy.label} on {self.topology.name}"
+        parts: list[tuple[str, Any]] = [
+            (f"Serving {where}", summary_html(m)),
+            ("KV cache memory against context", kv_memory_figure(m)),
+            (
+                "The decode step",
+                gantt_figure(m.decode, m.decode_program, title=decode_title(m.decode, m.mix)),
+            ),
+        ]
+        if front:
+            parts.append(("Latency against throughput", front_figure(self.front(batches))))
+        return parts
+
     def report_html(self, *, front: bool = True) -> str:
-        """The report's serving section: the summary, the memory curve, the decode step's
-        Gantt and the front (plotly figures without plotly.js: the page includes it once)."""
-        import plotly.graph_objects as go
-
-        from widgets.live import TEMPLATE
-        from widgets.serving import summary_html
-
-        parts = [f"<h2>Serving: {self.forward.name}</h2>", summary_html(self.metrics)]
-        payload = self.payload(front=front)
-        for key in ("kv_memory", "decode_gantt", "front"):
-            if key in payload:
-                traces, layout = payload[key]
-                figure = go.Figure(data=traces, layout={**layout, "template": TEMPLATE})
-                parts.append(figure.to_html(full_html=False, include_plotlyjs=False))
-        return "\n".join(parts)
+        """The report's serving section as an HTML fragment (plotly figures without
+        plotly.js: the page includes it once)."""
+        out = []
+        for heading, part in self.report_parts(front=front):
+            out.append(f"<h2>{html.escape(heading)}</h2>")
+            if isinstance(part, str):
+                out.append(part)
+            else:
+                out.append(part.to_html(full_html=False, include_plotlyjs=False))
+        return "\n".join(out)

@@ -1,0 +1,87 @@
+"""The dashboard's serving mode as widgets (the browser test draws them): a choice gives
+new figures and views, a choice the model or the GPUs cannot take is said in the status
+line and changes nothing, a placement chosen on the decode step changes TPOT, and the
+Workbench switches between its training step and serving."""
+
+from __future__ import annotations
+
+import pytest
+
+import ir
+from ir.inference import RequestMix, ServingStrategy
+from workbench import Workbench
+from workbench.serving import ServingSession
+from workbench.serving_panel import ServingPanel
+
+
+@pytest.fixture
+def panel() -> ServingPanel:
+    f = ir.models.llama(1, 1024, 512, 8, 1000, 2, kv_heads=4, ffn=1024, dtype="bfloat16")
+    topology = ir.Topology.preset("a100-hgx", 4)
+    session = ServingSession(f, topology, RequestMix(256, 64, 8), ServingStrategy(tp=4))
+    return ServingPanel(session)
+
+
+def test_the_views_show_the_session_and_follow_a_choice(panel: ServingPanel) -> None:
+    assert "tp4 on a100-hgx-4" in panel.summary.value
+    assert "decode step" in panel.gantt.figure["layout"]["title"]["text"]
+    assert "on 4 devices" in panel.gantt.figure["layout"]["title"]["text"]
+    assert panel.memory.figure["layout"]["title"]["text"].startswith("KV cache on GPU")
+    tpot = panel.session.metrics.tpot_s
+    assert panel.choose(tp=2, replicas=2, batch=16)
+    assert panel.session.strategy == ServingStrategy(2, 1, 2)
+    assert panel.session.metrics.tpot_s != tpot and "tp2 x2" in panel.summary.value
+    assert (panel.degree_boxes["tp"].value, panel.mix_boxes["batch"].value) == (2, 16)
+    assert "on 2 devices" in panel.gantt.figure["layout"]["title"]["text"]  # one replica
+
+
+@pytest.mark.parametrize(
+    ("choice", "said"),
+    [
+        ({"tp": 3}, "does not divide the 4 key/value heads (layer 0: 4 = 1 x 3 + 1, 1 left over)"),
+        ({"prompt_len": 1000, "output_len": 100}, "beyond the model's 1024 positions by 76"),
+        ({"tp": 8}, "needs 8 GPUs; a100-hgx-4 has 4 (4 short"),
+        ({"batch": 10**6}, r"does not fit tp4 on a100-hgx-4: the largest is"),
+        ({"model": "llama-9"}, "unknown Llama shape 'llama-9'"),
+    ],
+)
+def test_a_choice_that_cannot_be_served_is_said_and_changes_nothing(panel, choice, said) -> None:
+    before = panel.session
+    assert not panel.choose(**choice)
+    assert panel.session is before
+    assert said in panel.status.value.replace("&#x27;", "'"), panel.status.value
+    assert panel.degree_boxes["tp"].value == 4 and panel.mix_boxes["batch"].value == 8
+
+
+def test_a_placement_on_the_decode_step_changes_tpot(panel: ServingPanel) -> None:
+    values = dict((v, label) for label, v in panel.placement_list.options)
+    assert values["h0_mlp_w_gate"] == "h0_mlp_w_gate: S(1)"
+    assert values["past_key_0"].startswith("past_key_0: S(")  # the cache split by kv heads
+    base = panel.session.annotated().tpot_s
+    panel.placement_list.value = "h0_mlp_w_gate"
+    assert panel.placement_choice.options == ("R", "S(0)", "S(1)")
+    panel.placement_choice.value = "R"  # what a click does
+    after = panel.session.annotated().tpot_s
+    assert after > base  # every GPU reads the whole weight
+    assert "TPOT" in panel.placement_note.value and "distir-serving-tpot-after" in (
+        panel.placement_note.value
+    )
+    assert "h0_mlp_w_gate R" in panel.gantt.figure["layout"]["title"]["text"]
+    assert dict((v, label) for label, v in panel.placement_list.options)["h0_mlp_w_gate"] == (
+        "h0_mlp_w_gate: R"
+    )
+    assert not panel.place("past_key_0", "S(7)")  # the cache has 4 axes
+    assert panel.session.annotated().tpot_s == pytest.approx(after)
+
+
+def test_the_workbench_switches_to_serving_and_back() -> None:
+    wb = Workbench(ir.models.mlp(8, 16, 32, 4), ir.Topology.preset("a100-hgx", 4))
+    training = list(wb.children)
+    panel = wb.serve(tp=4, batch=4)
+    assert wb.mode.value == "serving" and panel in wb.children and wb.gantt_box not in wb.children
+    assert panel.model_name == "llama-3-8b" and panel.session.strategy == ServingStrategy(tp=4)
+    assert len(panel.session.topology.devices) == 8  # the panel's GPUs, not the step's
+    assert panel.apply_button in wb._action_buttons()
+    wb.mode.value = "training"
+    assert list(wb.children) == training
+    assert wb.serve() is panel  # made once
