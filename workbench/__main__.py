@@ -251,7 +251,16 @@ def run_report(args: argparse.Namespace) -> int:
         strategies=tuple(args.strategy or DEFAULT_STRATEGIES),
         search=args.search,
         measure=args.measure,
+        serving=args.serving or "",
     )
+    from ir.models_llama import LLAMA_SHAPES
+
+    if config.serving and config.serving not in LLAMA_SHAPES:
+        known = ", ".join(LLAMA_SHAPES)
+        print(
+            f"error: --serving {config.serving}: not a Llama shape; known: {known}", file=sys.stderr
+        )
+        return 1
     out = Path(args.out)
     problem = _unwritable(out)
     if problem:  # said before minutes of simulation, not after
@@ -383,6 +392,14 @@ def parser(prog: str | None = None) -> argparse.ArgumentParser:
         "and show its measured timeline over the simulated one, with the errors (small "
         "models only, e.g. --model mlp --devices 2 --strategy dp=2; calibrates this machine "
         "first, about 10 s; default off)",
+    )
+    rep.add_argument(
+        "--serving",
+        metavar="LLAMA",
+        help="also serve a published Llama shape (llama-2-7b, llama-2-70b, llama-3-8b, "
+        "llama-3-70b) on the same GPUs (most tensor parallelism, "
+        "the rest replicas): TTFT, TPOT, the KV cache, the decode step's timeline and the "
+        "latency/throughput front, as the dashboard's serving mode shows them",
     )
     rep.add_argument("--out", default="report.html", help="output file (default report.html)")
     rep.add_argument("--quiet", action="store_true", help="no progress bar")

@@ -152,12 +152,14 @@ def report_html(
     graph_options: GraphOptions | None = None,
     search: SearchResult | str | None = None,
     measured: Sequence[tuple[str, Part]] = (),
+    serving: Sequence[tuple[str, Part]] = (),
 ) -> str:
     """The report page (a complete HTML document with plotly.js inlined).
 
     The summary table comes first; ``search`` (a search's result, or why it failed)
     adds its Pareto front, ``measured`` (:func:`workbench.measuring.measure_part`) the
-    measured-against-simulated section. Each strategy's program is drawn as its logical graph
+    measured-against-simulated section, ``serving`` (:func:`serving_parts`) the serving
+    section. Each strategy's program is drawn as its logical graph
     (one node per pmap, collective or send, whatever the number of devices), the
     sequential program op by op with repeated layers folded.
     """
@@ -171,6 +173,7 @@ def report_html(
     if search is not None:
         parts += search_part(search, topology)
     parts += measured
+    parts += serving
     done = [o for o in outcomes if o.derived is not None]
     if len(done) >= 2:
         a, b = done[0].derived, done[1].derived
@@ -233,6 +236,7 @@ def write_report(
 
         steps = [(o.label, o.derived.function) for o in outcomes if o.derived is not None]
         measured = measure_part(function, steps, measure_topology)
+    serving = serving_parts(config.serving, topology) if config.serving else []
     with tqdm(total=1, desc="drawing the report", disable=not progress) as bar:
         page = report_html(
             function,
@@ -242,11 +246,24 @@ def write_report(
             description=config.describe_model(),
             search=found,
             measured=measured,
+            serving=serving,
         )
         bar.update(1)
     path = Path(path)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+def serving_parts(model: str, topology: Topology) -> list[tuple[str, Part]]:
+    """The report's serving section: ``model`` (a published Llama shape, e.g.
+    ``"llama-3-8b"``) served on ``topology``'s GPUs by the most tensor parallelism its
+    heads allow, the rest replicas (:func:`workbench.serving.widest`), with the front over
+    every strategy (what the dashboard's serving mode shows)."""
+    from .serving import FRONT_BATCHES, ServingSession, serving_model, widest
+
+    forward = serving_model(model)
+    session = ServingSession(forward, topology, strategy=widest(forward, len(topology.devices)))
+    return session.report_parts(batches=FRONT_BATCHES, name=model)
 
 
 def session_report(session: Any, path: Path) -> Path:
@@ -273,6 +290,7 @@ __all__ = [
     "report_html",
     "search_part",
     "search_strategies",
+    "serving_parts",
     "session_report",
     "simulate_strategies",
     "summary_table",

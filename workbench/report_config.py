@@ -27,7 +27,9 @@ class ReportConfig:
     power-of-two microbatches; see :func:`ir.search.search`) and show its Pareto front.
     ``measure``: also run each strategy over at most 4 devices on gloo processes of this
     CPU and show it against the simulator (:func:`workbench.measuring.measure_part`;
-    small models only).
+    small models only). ``serving``: a published Llama shape (e.g. ``"llama-3-8b"``)
+    served on the same GPUs: TTFT, TPOT, the KV cache, the decode step and the front
+    (:func:`workbench.report.serving_parts`).
     """
 
     model: str = "gpt"
@@ -46,6 +48,7 @@ class ReportConfig:
     strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     search: bool = True
     measure: bool = False
+    serving: str = ""
 
     @property
     def is_file(self) -> bool:

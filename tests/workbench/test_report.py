@@ -166,3 +166,23 @@ def test_measure_adds_the_measured_section_for_the_strategies_that_fit(tmp_path:
     plain = replace(config, measure=False)
     page = write_report(tmp_path / "p.html", build_model(plain), plain).read_text()
     assert "Measured on this machine" not in page
+
+
+def test_serving_adds_the_serving_section_and_refuses_an_unknown_model(tmp_path: Path, capsys):
+    out = tmp_path / "r.html"
+    argv = ["report", "--model", "mlp", "--devices", "2", "--strategy", "dp=2", "--quiet"]
+    assert main([*argv, "--no-search", "--serving", "llama-2-7b", "--out", str(out)]) == 0
+    page = out.read_text()
+    headings = _headings(page)
+    serving = [h for h in headings if h.startswith("Serving")]
+    # Llama-2-7B has 32 kv heads: tensor parallelism over both GPUs, one replica
+    assert serving == ["Serving llama-2-7b, tp2 on a100-hgx-2"], headings
+    i = headings.index(serving[0])
+    assert headings[i + 1 : i + 4] == [
+        "KV cache memory against context",
+        "The decode step",
+        "Latency against throughput",
+    ]
+    assert "time per output token" in page and "decode step" in page
+    assert main([*argv, "--no-search", "--serving", "llama-9", "--out", str(out)]) == 1
+    assert "--serving llama-9: not a Llama shape; known: llama-2-7b" in capsys.readouterr().err
