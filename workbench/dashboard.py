@@ -245,7 +245,7 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
     def _serving_panel(self) -> ServingPanel:
         if self.serving is None:
             with self.activity.working("simulating the serving steps…"):
-                self.serving = ServingPanel(working=self.activity.working)
+                self.serving = ServingPanel(activity=self.activity)
         return self.serving
 
     def _show_mode(self) -> None:

@@ -24,6 +24,7 @@ True
 from __future__ import annotations
 
 import html
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -155,18 +156,34 @@ class ServingSession:
         """The strategy's figures for the request mix (simulated once per choice)."""
         return self._metrics_for(self._strategy, self.mix)
 
-    def front(self, batches: tuple[int, ...] | None = None, progress: bool = False) -> ServingFront:
+    def front(
+        self,
+        batches: tuple[int, ...] | None = None,
+        progress: bool = False,
+        on_step: Callable[[int, int], None] | None = None,
+    ) -> ServingFront:
         """Every strategy of the topology's GPUs at several batches (kept until the mix
-        changes)."""
+        changes; ``batches`` given: computed again). ``on_step(done, total)`` after each
+        strategy (the dashboard's progress bar)."""
         if self._front is None or batches is not None:
-            self._front = serving_front(
-                self.forward,
-                self.topology,
-                self.mix,
-                batches=batches,
-                progress=progress,
-                cuda_graphs=self.cuda_graphs,
-            )
+            from tqdm.auto import tqdm
+
+            todo = list(strategies(self.forward, len(self.topology.devices)))
+            front = ServingFront([])
+            for i, s in enumerate(tqdm(todo, desc="serving strategies", disable=not progress)):
+                part = serving_front(
+                    self.forward,
+                    self.topology,
+                    self.mix,
+                    candidates=[s],
+                    batches=batches,
+                    cuda_graphs=self.cuda_graphs,
+                )
+                front.points += part.points
+                front.refused.update(part.refused)
+                if on_step is not None:
+                    on_step(i + 1, len(todo))
+            self._front = front
         return self._front
 
     def decode(self) -> Function:

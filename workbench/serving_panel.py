@@ -18,8 +18,8 @@ said in the panel's status line, naming the limit and by how much, and changes n
 from __future__ import annotations
 
 import html
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ipywidgets as w
@@ -27,7 +27,13 @@ import ipywidgets as w
 from ir.device import Topology
 from ir.errors import DistIRError
 from ir.function import Function
-from ir.inference import RequestMix, ServingError, ServingMetrics, ServingStrategy
+from ir.inference import (
+    RequestMix,
+    ServingError,
+    ServingFront,
+    ServingMetrics,
+    ServingStrategy,
+)
 from ir.models_llama import LLAMA_SHAPES
 from ir.sharding import Mesh, R, S
 from ir.sharding.mesh import Placement, Shard
@@ -37,6 +43,7 @@ from widgets.serving import summary_rows
 from widgets.units import format_time
 
 from .serving import FRONT_BATCHES, ServingSession, decode_title, serving_model, widest
+from .tasks import Activity, Task
 
 __all__ = ["DEFAULT_MODEL", "ServingPanel"]
 
@@ -55,18 +62,19 @@ def _placement_label(placements: list[Placement]) -> str:
 
 class ServingPanel(w.VBox):
     """See the module docstring. ``session``: what to show (default: ``model``, a published
-    Llama shape, default Llama-3-8B, on 8 A100s by tensor parallelism); ``working(what)``:
-    the dashboard's activity line (a context manager that says what runs and disables the
-    buttons meanwhile)."""
+    Llama shape, default Llama-3-8B, on 8 A100s by tensor parallelism); ``activity``: the
+    dashboard's activity line (says what runs, disables the buttons meanwhile, runs the
+    front as a task with progress and Cancel)."""
 
     def __init__(
         self,
         session: ServingSession | None = None,
         *,
         model: str | None = None,
-        working: Callable[[str], AbstractContextManager[None]] | None = None,
+        activity: Activity | None = None,
     ) -> None:
-        self._working = working or _quietly
+        self.activity = activity
+        self._working = activity.working if activity is not None else _quietly
         self.model_name = model or ""  # the Llama shape served; "" for another program
         if session is None:
             self.model_name = model or DEFAULT_MODEL
@@ -249,17 +257,38 @@ class ServingPanel(w.VBox):
         self._show_placements(keep=value_name)
         return True
 
-    def show_front(self) -> None:
-        """The latency/throughput front over every strategy of the GPUs (simulates many
-        programs: a few seconds)."""
-        from widgets.serving import front_spec
-
-        with self._working("simulating every serving strategy…"):
+    def show_front(self) -> Task | None:
+        """The latency/throughput front over every strategy of the GPUs. It simulates many
+        programs (seconds to a minute): in the dashboard a task with a progress bar and
+        Cancel (returned, to join), else at once (None)."""
+        session = self.session
+        if self.activity is None:
             try:
-                spec = front_spec(self.session.front(FRONT_BATCHES))
+                self._draw_front(session.front(FRONT_BATCHES))
             except DistIRError as e:
                 self._say(str(e), error=True)
-                return
+            return None
+        activity = self.activity
+
+        def work() -> ServingFront:
+            return session.front(FRONT_BATCHES, on_step=lambda i, n: activity.step(i, n))
+
+        def done(front: ServingFront | None, error: BaseException | None) -> None:
+            if isinstance(error, KeyboardInterrupt):
+                self._say("the front was cancelled: Front again computes it")
+            elif isinstance(error, DistIRError):
+                self._say(str(error), error=True)
+            elif error is not None:
+                raise error
+            elif front is not None and session is self.session:
+                self._draw_front(front)
+
+        return activity.run("simulating every serving strategy…", work, done)
+
+    def _draw_front(self, front: ServingFront) -> None:
+        from widgets.serving import front_spec
+
+        spec = front_spec(front)
         if self.front is None:
             self.front = Chart(*spec)
             self.front_box.children = [self.front]

@@ -12,6 +12,7 @@ from ir.inference import RequestMix, ServingStrategy
 from workbench import Workbench
 from workbench.serving import ServingSession
 from workbench.serving_panel import ServingPanel
+from workbench.tasks import Activity
 
 
 @pytest.fixture
@@ -85,3 +86,34 @@ def test_the_workbench_switches_to_serving_and_back() -> None:
     wb.mode.value = "training"
     assert list(wb.children) == training
     assert wb.serve() is panel  # made once
+
+
+def test_the_front_runs_as_a_task_with_progress_and_cancel() -> None:
+    f = ir.models.llama(1, 1024, 512, 8, 1000, 2, kv_heads=4, ffn=1024, dtype="bfloat16")
+    session = ServingSession(f, ir.Topology.preset("a100-hgx", 2), RequestMix(256, 64, 8))
+    panel: ServingPanel | None = None
+    activity = Activity(lambda: panel.buttons() if panel else [], lambda: None)
+    panel = ServingPanel(session, activity=activity)
+    seen: list[tuple[int, int, bool]] = []
+    activity.progress.observe(
+        lambda c: seen.append((c["new"], activity.progress.max, panel.front_button.disabled)),
+        names="value",
+    )
+    task = panel.show_front()
+    assert task is not None
+    task.join(120)
+    assert not task.running and task.error is None
+    labels = {m.strategy.label for m in session.front().points}
+    assert labels == {"tp1 x2", "tp1 pp2", "tp2"}  # every strategy of 2 GPUs
+    assert seen and seen[-1][:2] == (3, 3) and all(disabled for *_, disabled in seen)
+    assert not panel.front_button.disabled  # given back when it ended
+    traces = panel.front.figure["data"]
+    assert {t.get("name") for t in traces} >= {"tp1 x2", "tp2"}
+
+    # a new mix forgets the front; Cancel stops the next one with what it says
+    assert panel.choose(batch=4) and panel.front is None
+    task = panel.show_front()
+    activity.cancel()
+    task.join(120)
+    assert isinstance(task.error, KeyboardInterrupt)
+    assert "cancelled" in panel.status.value and panel.front is None
