@@ -209,7 +209,7 @@ class ServingPanel(w.VBox):
                     forward = serving_model(model)
                 topology = s.topology
                 preset = preset or _preset_of(topology)
-                gpus = gpus or len(topology.devices)
+                gpus = len(topology.devices) if gpus is None else gpus
                 if (preset, gpus) != (_preset_of(topology), len(topology.devices)):
                     topology = Topology.preset(preset, gpus)
                 new = ServingSession(
