@@ -186,6 +186,23 @@ class ServingSession:
             self._front = front
         return self._front
 
+    @property
+    def computed_front(self) -> ServingFront | None:
+        """The front if computed (:meth:`front`), else None."""
+        return self._front
+
+    def keep_front_of(self, other: ServingSession) -> None:
+        """Take ``other``'s computed front when it is this session's too: the same model,
+        GPUs, prompts and outputs (the front covers every strategy and batch)."""
+        same = (
+            other.forward is self.forward
+            and other.topology == self.topology
+            and other.cuda_graphs == self.cuda_graphs
+            and replace(other.mix, batch=self.mix.batch) == self.mix
+        )
+        if same and other._front is not None:
+            self._front = other._front
+
     def decode(self) -> Function:
         """The decode step the metrics time: ``batch`` sequences at the mean context."""
         return decode_step(self.forward, self.mix.mean_context, batch=self.mix.batch)

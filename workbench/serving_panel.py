@@ -224,6 +224,7 @@ class ServingPanel(w.VBox):
                 self._say(str(e), error=True)
                 self._show_controls()
                 return False
+            new.keep_front_of(s)
             self.session = new
             if forward is not s.forward:
                 self.model_name = str(model)
@@ -291,9 +292,19 @@ class ServingPanel(w.VBox):
         spec = front_spec(front)
         if self.front is None:
             self.front = Chart(*spec)
+            self.front.on_click(self._on_front_click)
             self.front_box.children = [self.front]
         else:
             self.front.show(*spec)
+
+    def _on_front_click(self, _trace: int, point: int, trace: dict[str, Any]) -> None:
+        """A click on a point of the front serves by its strategy and batch."""
+        data = trace.get("customdata") or []
+        if not 0 <= point < len(data):
+            return
+        label, batch = data[point]
+        s = ServingStrategy.parse(label)
+        self.choose(tp=s.tp, pp=s.pp, replicas=s.replicas, batch=int(batch))
 
     # -- drawing -------------------------------------------------------------------------
 
@@ -308,7 +319,10 @@ class ServingPanel(w.VBox):
         self._show_controls()
         self._show_placements()
         self.placement_note.value = ""
-        if self.front is not None:
+        front = self.session.computed_front
+        if front is not None:  # another strategy or batch of the same front
+            self._draw_front(front)
+        elif self.front is not None:
             self.front_box.children, self.front = [], None
 
     def _show_gantt(self, result: SimResult, program: Function, how: str = "") -> None:

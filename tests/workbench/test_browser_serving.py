@@ -2,7 +2,8 @@
 dashboard, switches to serving, sees the decode step's Gantt chart, the KV-cache memory
 curve and the figures (TTFT, TPOT), clicks a placement of the decode step and sees TPOT
 change, is told why a tensor-parallel degree that does not divide the key/value heads is
-refused, and draws the latency/throughput front; the console stays silent."""
+refused, draws the latency/throughput front and serves by a point clicked on it; the
+console stays silent."""
 
 from __future__ import annotations
 
@@ -211,6 +212,22 @@ def test_serving_mode_draws_its_views_and_a_placement_changes_tpot(page) -> None
     title = page.locator(".distir-serving-front .gtitle").first.text_content() or ""
     assert "TPOT" in title or "front" in title.lower(), title
     assert page.locator(".distir-serving-front .scatterlayer .point").count() > 3
+
+    # a click on a point of the front serves by its strategy and batch (the hover says which)
+    point = page.locator(".distir-serving-front .scatterlayer .trace").first.locator(".point").last
+    page.locator(".distir-serving-front .main-svg").first.scroll_into_view_if_needed()
+    page.wait_for_timeout(300)
+    box = point.bounding_box()
+    assert box is not None
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    hover = page.locator(".distir-serving-front .hovertext").first
+    hover.wait_for(timeout=10_000)
+    label, batch = re.match(r"(.+?), batch (\d+)", hover.text_content() or "").groups()
+    page.mouse.click(x, y)
+    page.locator(".distir-serving-strategy", has_text=f"{label} on").wait_for(timeout=120_000)
+    page.locator(".distir-serving-requests", has_text=f"batch {batch}").wait_for(timeout=10_000)
+    assert page.locator(".distir-serving-front .main-svg").count() > 0  # the front stays
 
     # back to the training step: its views are still there
     page.locator(".distir-mode button", has_text="training").click()

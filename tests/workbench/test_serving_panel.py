@@ -110,8 +110,19 @@ def test_the_front_runs_as_a_task_with_progress_and_cancel() -> None:
     traces = panel.front.figure["data"]
     assert {t.get("name") for t in traces} >= {"tp1 x2", "tp2"}
 
-    # a new mix forgets the front; Cancel stops the next one with what it says
-    assert panel.choose(batch=4) and panel.front is None
+    # a click on a point serves by its strategy and batch; the front stays (it covers both)
+    i = next(k for k, t in enumerate(traces) if t.get("name") == "tp2")
+    label, batch = traces[i]["customdata"][-1]
+    panel.front.clicked = {"trace": i, "point": len(traces[i]["customdata"]) - 1, "n": 1}
+    assert (panel.session.strategy.label, panel.session.mix.batch) == (label, batch) == (
+        "tp2",
+        panel.session.mix.batch,
+    )
+    assert panel.mix_boxes["batch"].value == batch and batch > 8
+    assert panel.front is not None and panel.session.computed_front is not None
+
+    # new prompts forget the front; Cancel stops the next one with what it says
+    assert panel.choose(prompt_len=128) and panel.front is None
     task = panel.show_front()
     activity.cancel()
     task.join(120)
