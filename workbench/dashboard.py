@@ -50,7 +50,7 @@ from .payloads import (
     summary_html,
 )
 from .search_panel import SearchPanel
-from .serving_panel import ServingPanel
+from .serving_panel import ServingPanel, serving_panel_for
 from .session import (
     Annotation,
     Derived,
@@ -245,7 +245,9 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
     def _serving_panel(self) -> ServingPanel:
         if self.serving is None:
             with self.activity.working("simulating the serving steps…"):
-                self.serving = ServingPanel(activity=self.activity)
+                self.serving = serving_panel_for(
+                    self.session.base, self.session.topology, self.activity
+                )
         return self.serving
 
     def _show_mode(self) -> None:

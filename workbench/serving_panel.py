@@ -33,6 +33,7 @@ from ir.inference import (
     ServingFront,
     ServingMetrics,
     ServingStrategy,
+    analyse,
 )
 from ir.models_llama import LLAMA_SHAPES
 from ir.sharding import Mesh, R, S
@@ -45,9 +46,10 @@ from widgets.units import format_time
 from .serving import FRONT_BATCHES, ServingSession, decode_title, serving_model, widest
 from .tasks import Activity, Task
 
-__all__ = ["DEFAULT_MODEL", "ServingPanel"]
+__all__ = ["DEFAULT_MODEL", "PROGRAM", "ServingPanel", "serving_panel_for"]
 
 DEFAULT_MODEL = "llama-3-8b"
+PROGRAM = "program"  # the model choice that serves the session's own program
 DEFAULT_PRESET = "a100-hgx"
 
 
@@ -61,8 +63,9 @@ def _placement_label(placements: list[Placement]) -> str:
 
 
 class ServingPanel(w.VBox):
-    """See the module docstring. ``session``: what to show (default: ``model``, a published
-    Llama shape, default Llama-3-8B, on 8 A100s by tensor parallelism); ``activity``: the
+    """See the module docstring. ``session``: what to show, its program offered as "this
+    program" beside the Llama shapes (default: ``model``, a published Llama shape, default
+    Llama-3-8B, on 8 A100s by tensor parallelism); ``activity``: the
     dashboard's activity line (says what runs, disables the buttons meanwhile, runs the
     front as a task with progress and Cancel)."""
 
@@ -75,12 +78,15 @@ class ServingPanel(w.VBox):
     ) -> None:
         self.activity = activity
         self._working = activity.working if activity is not None else _quietly
-        self.model_name = model or ""  # the Llama shape served; "" for another program
+        self.model_name = model or PROGRAM  # the Llama shape served, or PROGRAM
+        self.program: Function | None = None  # the session's own program, when given one
         if session is None:
             self.model_name = model or DEFAULT_MODEL
             topology = Topology.preset(DEFAULT_PRESET, 8)
             forward = serving_model(self.model_name)
             session = ServingSession(forward, topology, RequestMix(), widest(forward, 8))
+        elif model is None:
+            self.program = session.forward
         self.session = session
         self.status = w.HTML()
         self.status.add_class("distir-serving-status")
@@ -130,10 +136,9 @@ class ServingPanel(w.VBox):
     def _make_controls(self) -> w.VBox:
         s, mix = self.session, self.session.mix
         names = list(LLAMA_SHAPES)
+        own = [] if self.program is None else [(f"this program ({self.program.name})", PROGRAM)]
         self.model = w.Dropdown(
-            options=names if self.model_name else [s.forward.name, *names],
-            value=self.model_name or s.forward.name,
-            description="model",
+            options=[*own, *((n, n) for n in names)], value=self.model_name, description="model"
         )
         self.preset = w.Dropdown(
             options=list(Topology.presets()), value=_preset_of(s.topology), description="GPUs"
@@ -205,7 +210,11 @@ class ServingPanel(w.VBox):
                     s.strategy.replicas if replicas is None else replicas,
                 )
                 forward = s.forward
-                if model is not None and model != (self.model_name or s.forward.name):
+                if model == PROGRAM and self.program is None:
+                    raise ServingError("this panel was not given a program of its own to serve")
+                if model == PROGRAM:
+                    forward = self.program
+                elif model is not None and model != self.model_name:
                     forward = serving_model(model)
                 topology = s.topology
                 preset = preset or _preset_of(topology)
@@ -333,7 +342,7 @@ class ServingPanel(w.VBox):
 
     def _show_controls(self) -> None:
         s = self.session
-        self.model.value = self.model_name or s.forward.name
+        self.model.value = self.model_name
         self.preset.value = _preset_of(s.topology)
         self.gpus.value = len(s.topology.devices)
         for k, box in self.mix_boxes.items():
@@ -388,6 +397,27 @@ class ServingPanel(w.VBox):
     def _say(self, text: str, error: bool = False) -> None:
         cls = "distir-error" if error else ""
         self.status.value = f"<span class='{cls}'>{html.escape(text)}</span>" if text else ""
+
+
+def serving_panel_for(
+    program: Function, topology: Topology, activity: Activity | None = None
+) -> ServingPanel:
+    """The dashboard's serving panel: ``program`` on ``topology`` when it is a causal
+    forward a step can be built from (the most tensor parallelism its heads allow, a
+    request mix within its positions), else the default Llama (the reason in the status)."""
+    why = ""
+    try:
+        positions = analyse(program).positions
+        mix = RequestMix(max(1, positions * 3 // 4), max(1, positions // 4), 8)
+        session = ServingSession(program, topology, mix, widest(program, len(topology.devices)))
+        _check_fits(session.metrics)
+    except DistIRError as e:
+        why = f"{program.name} is not served ({e}): serving {DEFAULT_MODEL} instead"
+    else:
+        return ServingPanel(session, activity=activity)
+    panel = ServingPanel(activity=activity)
+    panel._say(why)
+    return panel
 
 
 def _summary_html(metrics: ServingMetrics) -> str:

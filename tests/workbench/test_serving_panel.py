@@ -11,7 +11,7 @@ import ir
 from ir.inference import RequestMix, ServingStrategy
 from workbench import Workbench
 from workbench.serving import ServingSession
-from workbench.serving_panel import ServingPanel
+from workbench.serving_panel import PROGRAM, ServingPanel
 from workbench.tasks import Activity
 
 
@@ -75,6 +75,27 @@ def test_a_placement_on_the_decode_step_changes_tpot(panel: ServingPanel) -> Non
     assert panel.session.annotated().tpot_s == pytest.approx(after)
 
 
+def test_the_workbench_serves_its_own_forward_program_or_else_a_llama() -> None:
+    gpt = ir.models.gpt(2, 64, 64, 4, 100, 2, dtype="bfloat16")
+    wb = Workbench(gpt, ir.Topology.preset("a100-hgx", 4))
+    panel = wb.serve()
+    assert panel.session.forward is gpt and panel.model.value == PROGRAM
+    assert panel.session.strategy == ServingStrategy(tp=4)  # its 4 heads over the 4 GPUs
+    assert (panel.session.mix.prompt_len, panel.session.mix.output_len) == (48, 16)
+    assert "this program (gpt)" in [label for label, _ in panel.model.options]
+    assert panel.choose(model="llama-2-7b", tp=4) and panel.model.value == "llama-2-7b"
+    assert panel.choose(model=PROGRAM, prompt_len=32)
+    assert panel.session.forward is gpt and panel.model.value == PROGRAM
+    # a training step is no forward program: the default Llama, and the reason
+    wb = Workbench(ir.models.mlp(8, 16, 32, 4), ir.Topology.preset("a100-hgx", 4))
+    panel = wb.serve()
+    assert panel.model.value == "llama-3-8b" and PROGRAM not in dict(panel.model.options).values()
+    assert "mlp is not served (cannot tell the token ids" in panel.status.value
+    assert (
+        not panel.choose(model=PROGRAM) and "not given a program of its own" in panel.status.value
+    )
+
+
 def test_the_workbench_switches_to_serving_and_back() -> None:
     wb = Workbench(ir.models.mlp(8, 16, 32, 4), ir.Topology.preset("a100-hgx", 4))
     training = list(wb.children)
@@ -114,9 +135,13 @@ def test_the_front_runs_as_a_task_with_progress_and_cancel() -> None:
     i = next(k for k, t in enumerate(traces) if t.get("name") == "tp2")
     label, batch = traces[i]["customdata"][-1]
     panel.front.clicked = {"trace": i, "point": len(traces[i]["customdata"]) - 1, "n": 1}
-    assert (panel.session.strategy.label, panel.session.mix.batch) == (label, batch) == (
-        "tp2",
-        panel.session.mix.batch,
+    assert (
+        (panel.session.strategy.label, panel.session.mix.batch)
+        == (label, batch)
+        == (
+            "tp2",
+            panel.session.mix.batch,
+        )
     )
     assert panel.mix_boxes["batch"].value == batch and batch > 8
     assert panel.front is not None and panel.session.computed_front is not None
