@@ -52,7 +52,9 @@ __all__ = [
     "FRONT_BATCHES",
     "AnnotatedDecode",
     "ServingSession",
+    "check_fits",
     "decode_title",
+    "mix_fields",
     "serving_model",
     "widest",
 ]
@@ -96,6 +98,27 @@ class AnnotatedDecode:
     @property
     def tpot_s(self) -> float:
         return self.result.step_time_s
+
+
+def check_fits(m: ServingMetrics) -> None:
+    """Refuse a decode batch the strategy's GPUs cannot hold, by how much."""
+    if not m.fits:
+        most = m.max_batch()
+        raise ServingError(
+            f"a batch of {m.mix.batch} sequences of {m.mix.final_context} positions does not fit "
+            f"{m.strategy.label} on {m.topology}: the largest is {most}, {m.mix.batch - most} "
+            "over; lower the batch or the lengths, or serve on more GPUs"
+        )
+
+
+def mix_fields(mix: RequestMix) -> dict[str, int]:
+    """The request mix's fields by name (to change some with ``RequestMix(**...)``)."""
+    return {
+        "prompt_len": mix.prompt_len,
+        "output_len": mix.output_len,
+        "batch": mix.batch,
+        "prefill_batch": mix.prefill_batch,
+    }
 
 
 class ServingSession:

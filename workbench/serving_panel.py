@@ -43,7 +43,15 @@ from widgets.chart import Chart
 from widgets.serving import summary_rows
 from widgets.units import format_time
 
-from .serving import FRONT_BATCHES, ServingSession, decode_title, serving_model, widest
+from .serving import (
+    FRONT_BATCHES,
+    ServingSession,
+    check_fits,
+    decode_title,
+    mix_fields,
+    serving_model,
+    widest,
+)
 from .tasks import Activity, Task
 
 __all__ = ["DEFAULT_MODEL", "PROGRAM", "ServingPanel", "serving_panel_for"]
@@ -224,11 +232,11 @@ class ServingPanel(w.VBox):
                 new = ServingSession(
                     forward,
                     topology,
-                    RequestMix(**{**_mix_fields(s.mix), **mix}),
+                    RequestMix(**{**mix_fields(s.mix), **mix}),
                     strategy,
                     cuda_graphs=s.cuda_graphs,
                 )
-                _check_fits(new.metrics)  # simulates; raises what the choice cannot take
+                check_fits(new.metrics)  # simulates; raises what the choice cannot take
             except DistIRError as e:
                 self._say(str(e), error=True)
                 self._show_controls()
@@ -410,7 +418,7 @@ def serving_panel_for(
         positions = analyse(program).positions
         mix = RequestMix(max(1, positions * 3 // 4), max(1, positions // 4), 8)
         session = ServingSession(program, topology, mix, widest(program, len(topology.devices)))
-        _check_fits(session.metrics)
+        check_fits(session.metrics)
     except DistIRError as e:
         why = f"{program.name} is not served ({e}): serving {DEFAULT_MODEL} instead"
     else:
@@ -432,26 +440,6 @@ def _summary_html(metrics: ServingMetrics) -> str:
 def _slug(text: str) -> str:
     """``"time per output token"`` as ``"time-per-output-token"`` (a CSS class)."""
     return "-".join(text.replace(",", "").split())
-
-
-def _check_fits(m: ServingMetrics) -> None:
-    """Refuse a decode batch the strategy's GPUs cannot hold, by how much."""
-    if not m.fits:
-        most = m.max_batch()
-        raise ServingError(
-            f"a batch of {m.mix.batch} sequences of {m.mix.final_context} positions does not fit "
-            f"{m.strategy.label} on {m.topology}: the largest is {most}, {m.mix.batch - most} "
-            "over; lower the batch or the lengths, or serve on more GPUs"
-        )
-
-
-def _mix_fields(mix: RequestMix) -> dict[str, int]:
-    return {
-        "prompt_len": mix.prompt_len,
-        "output_len": mix.output_len,
-        "batch": mix.batch,
-        "prefill_batch": mix.prefill_batch,
-    }
 
 
 def _preset_of(topology: Topology) -> str:
