@@ -44,6 +44,7 @@ from widgets.serving import summary_rows
 from widgets.units import format_time
 
 from .serving import (
+    DECODE_BLOCKS_ABOVE,
     FRONT_BATCHES,
     ServingSession,
     check_fits,
@@ -146,11 +147,19 @@ class ServingPanel(w.VBox):
         names = list(LLAMA_SHAPES)
         own = [] if self.program is None else [(f"this program ({self.program.name})", PROGRAM)]
         self.model = w.Dropdown(
-            options=[*own, *((n, n) for n in names)], value=self.model_name, description="model"
+            options=[*own, *((n, n) for n in names)],
+            value=self.model_name,
+            description="model",
+            layout={"width": "230px"},
         )
+        self.model.add_class("distir-serving-model")
         self.preset = w.Dropdown(
-            options=list(Topology.presets()), value=_preset_of(s.topology), description="GPUs"
+            options=list(Topology.presets()),
+            value=_preset_of(s.topology),
+            description="hardware",
+            layout={"width": "230px"},
         )
+        self.preset.add_class("distir-serving-preset")
         self.gpus = w.BoundedIntText(value=len(s.topology.devices), min=1, max=4096)
         boxes = {
             "prompt_len": w.BoundedIntText(value=mix.prompt_len, min=1, max=1 << 20),
@@ -163,7 +172,8 @@ class ServingPanel(w.VBox):
         }
         for key, box in [("gpus", self.gpus), *boxes.items(), *degrees.items()]:
             box.layout.width = "150px"
-            box.description = {"prompt_len": "prompt", "output_len": "output"}.get(key, key)
+            labels = {"prompt_len": "prompt", "output_len": "output", "gpus": "GPUs"}
+            box.description = labels.get(key, key)
             box.add_class(f"distir-serving-{key}")
         self.mix_boxes, self.degree_boxes = boxes, degrees
         self.apply_button = w.Button(description="Apply", button_style="primary")
@@ -174,9 +184,11 @@ class ServingPanel(w.VBox):
         self.front_button.on_click(lambda _b: self.show_front())
         return w.VBox(
             [
-                w.HBox([self.model, self.preset, self.gpus]),
+                self.model,
+                w.HBox([self.preset, self.gpus]),
                 w.HBox(list(boxes.values())),
-                w.HBox([*degrees.values(), self.apply_button, self.front_button]),
+                w.HBox(list(degrees.values())),
+                w.HBox([self.apply_button, self.front_button]),
             ]
         )
 
@@ -334,8 +346,8 @@ class ServingPanel(w.VBox):
         self._show_gantt(m.decode, m.decode_program)
         self.memory.show(*kv_memory_spec(m))
         self._show_controls()
-        self._show_placements()
         self.placement_note.value = ""
+        self._show_placements()
         front = self.session.computed_front
         if front is not None:  # another strategy or batch of the same front
             self._draw_front(front)
@@ -346,7 +358,8 @@ class ServingPanel(w.VBox):
         from widgets.gantt import gantt_spec
 
         title = decode_title(result, self.session.mix, how)
-        self.gantt.show(*gantt_spec(result, program, title=title))
+        spec = gantt_spec(result, program, title=title, blocks_above=DECODE_BLOCKS_ABOVE)
+        self.gantt.show(*spec)
 
     def _show_controls(self) -> None:
         s = self.session
@@ -367,9 +380,10 @@ class ServingPanel(w.VBox):
                 annotations = self.session.annotations()
             except DistIRError as e:
                 self.placement_list.options = []
-                self.placement_choice.options = []
+                self.placement_choice.layout.display = "none"
                 self.placement_note.value = f"<small>{html.escape(str(e))}</small>"
                 return
+            self.placement_choice.layout.display = None
             self._ranks = {
                 v.name: len(v.type.shape)  # type: ignore[union-attr]
                 for v in self.session.decode().inputs

@@ -3,7 +3,7 @@ dashboard, switches to serving, sees the decode step's Gantt chart, the KV-cache
 curve and the figures (TTFT, TPOT), clicks a placement of the decode step and sees TPOT
 change, is told why a tensor-parallel degree that does not divide the key/value heads is
 refused, draws the latency/throughput front and serves by a point clicked on it; the
-console stays silent."""
+console stays silent. A screenshot of the panel goes to ``artifacts/serving.png``."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
+ARTIFACTS = ROOT / "artifacts"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SOURCE = (
     "import ir\n"
@@ -228,6 +229,15 @@ def test_serving_mode_draws_its_views_and_a_placement_changes_tpot(page) -> None
     page.locator(".distir-serving-strategy", has_text=f"{label} on").wait_for(timeout=120_000)
     page.locator(".distir-serving-requests", has_text=f"batch {batch}").wait_for(timeout=10_000)
     assert page.locator(".distir-serving-front .main-svg").count() > 0  # the front stays
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.set_viewport_size({"width": 1280, "height": 2000})
+    page.wait_for_timeout(1000)  # the charts refit to the window
+    page.evaluate("document.querySelector('.distir-mode').scrollIntoView()")
+    page.wait_for_timeout(300)
+    board = page.locator(".distir-workbench").bounding_box()
+    assert board is not None and board["width"] > 800
+    page.screenshot(path=str(ARTIFACTS / "serving.png"), clip=board)
+    page.set_viewport_size({"width": 1280, "height": 1000})
 
     # back to the training step: its views are still there
     page.locator(".distir-mode button", has_text="training").click()

@@ -34,6 +34,14 @@ def test_the_views_show_the_session_and_follow_a_choice(panel: ServingPanel) -> 
     assert panel.session.metrics.tpot_s != tpot and "tp2 x2" in panel.summary.value
     assert (panel.degree_boxes["tp"].value, panel.mix_boxes["batch"].value) == (2, 16)
     assert "on 2 devices" in panel.gantt.figure["layout"]["title"]["text"]  # one replica
+    # the placements are one replica's, a value split over its 2 GPUs
+    assert ("h0_mlp_w_gate: S(1)", "h0_mlp_w_gate") in panel.placement_list.options
+    assert panel.session.annotations()["h0_mlp_w_gate"][0].shape == (2,)
+    # a pipeline's stages are not placed here: said, and no choice offered
+    assert panel.choose(tp=2, pp=2, replicas=1)
+    assert panel.placement_list.options == () and "choose pp = 1" in panel.placement_note.value
+    assert panel.placement_choice.layout.display == "none"
+    assert panel.choose(pp=1, replicas=2) and panel.placement_choice.layout.display is None
 
 
 @pytest.mark.parametrize(
@@ -104,6 +112,10 @@ def test_the_workbench_switches_to_serving_and_back() -> None:
     assert panel.model_name == "llama-3-8b" and panel.session.strategy == ServingStrategy(tp=4)
     assert len(panel.session.topology.devices) == 8  # the panel's GPUs, not the step's
     assert panel.apply_button in wb._action_buttons()
+    # the decode step's ops, not one bar per device (it is one task a device)
+    layout = panel.gantt.figure["layout"]
+    assert "bar per task" not in str(layout.get("title")), layout["title"]
+    assert len(panel.session.metrics.decode.events) > 600
     wb.mode.value = "training"
     assert list(wb.children) == training
     assert wb.serve() is panel  # made once
