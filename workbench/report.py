@@ -236,7 +236,7 @@ def write_report(
 
         steps = [(o.label, o.derived.function) for o in outcomes if o.derived is not None]
         measured = measure_part(function, steps, measure_topology)
-    serving = serving_parts(config.serving, topology) if config.serving else []
+    serving = serving_parts(config.serving, topology, progress=progress) if config.serving else []
     with tqdm(total=1, desc="drawing the report", disable=not progress) as bar:
         page = report_html(
             function,
@@ -254,7 +254,9 @@ def write_report(
     return path
 
 
-def serving_parts(model: str, topology: Topology) -> list[tuple[str, Part]]:
+def serving_parts(
+    model: str, topology: Topology, *, progress: bool = False
+) -> list[tuple[str, Part]]:
     """The report's serving section: ``model`` (a published Llama shape, e.g.
     ``"llama-3-8b"``) served on ``topology``'s GPUs by the most tensor parallelism its
     heads allow, the rest replicas (:func:`workbench.serving.widest`), with the front over
@@ -263,7 +265,7 @@ def serving_parts(model: str, topology: Topology) -> list[tuple[str, Part]]:
 
     forward = serving_model(model)
     session = ServingSession(forward, topology, strategy=widest(forward, len(topology.devices)))
-    return session.report_parts(batches=FRONT_BATCHES, name=model)
+    return session.report_parts(batches=FRONT_BATCHES, name=model, progress=progress)
 
 
 def session_report(session: Any, path: Path) -> Path:

@@ -296,11 +296,13 @@ class ServingSession:
         front: bool = True,
         batches: tuple[int, ...] | None = None,
         name: str | None = None,
+        progress: bool = False,
     ) -> list[tuple[str, Any]]:
         """The report's serving section as (heading, part) pairs for
         :func:`widgets.static_html.page_html`: the summary, the memory curve, the decode
         step's Gantt and, with ``front``, the front (``batches``: its decode batches);
-        ``name``: the model's (default: the forward program's)."""
+        ``name``: the model's (default: the forward program's); ``progress``: a bar over
+        the front's strategies."""
         from widgets.gantt import gantt_figure
         from widgets.serving import front_figure, kv_memory_figure, summary_html
 
@@ -320,7 +322,8 @@ class ServingSession:
             ),
         ]
         if front:
-            parts.append(("Latency against throughput", front_figure(self.front(batches))))
+            front_of = self.front(batches, progress=progress)
+            parts.append(("Latency against throughput", front_figure(front_of)))
         return parts
 
     def report_html(self, *, front: bool = True) -> str:
