@@ -11,8 +11,9 @@ its mode is "serving"; it works on its own too::
     panel.place("h0_mlp_w_gate", "R")               # what a click on a placement does
 
 Every choice the model or the GPUs cannot take (a tensor-parallel degree that does not
-divide the key/value heads, a context beyond the positions, a batch that fits nowhere) is
-said in the panel's status line, naming the limit and by how much, and changes nothing.
+divide the key/value heads, a context beyond the positions, more GPUs than the hardware
+has, a batch the strategy's GPUs cannot hold) is said in the panel's status line, naming
+the limit and by how much, and changes nothing.
 """
 
 from __future__ import annotations
@@ -265,11 +266,12 @@ class ServingPanel(w.VBox):
         """What a click on a placement does: place the decode step's ``value_name`` (a
         weight or a cache) ``"R"`` (whole on every GPU) or ``"S(i)"`` (split on axis i)
         over the tensor-parallel GPUs, propagate and simulate; the TPOT before and after
-        in the panel. False, nothing changed, when propagation refuses it."""
-        before = self.session.annotated().tpot_s
+        in the panel. False, nothing changed, when propagation refuses it (or the strategy
+        has a pipeline, whose stages are not placed here)."""
         mesh = Mesh((self.session.strategy.tp,))
         with self._working(f"placing {value_name}…"):
             try:
+                before = self.session.annotated().tpot_s
                 layout = R if placement == "R" else S(int(placement.strip("S()")))
                 after = self.session.annotate(value_name, (mesh, [layout])).tpot_s
             except (DistIRError, ValueError) as e:

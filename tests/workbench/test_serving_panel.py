@@ -41,6 +41,7 @@ def test_the_views_show_the_session_and_follow_a_choice(panel: ServingPanel) -> 
     assert panel.choose(tp=2, pp=2, replicas=1)
     assert panel.placement_list.options == () and "choose pp = 1" in panel.placement_note.value
     assert panel.placement_choice.layout.display == "none"
+    assert not panel.place("h0_mlp_w_gate", "R") and "choose pp = 1" in panel.placement_note.value
     assert panel.choose(pp=1, replicas=2) and panel.placement_choice.layout.display is None
 
 
