@@ -145,6 +145,7 @@ class ServingSession:
         self._metrics: dict[tuple, ServingMetrics] = {}
         self._front: ServingFront | None = None
         self._hand: dict[str, AnnotationLike] = {}  # values placed by hand, by name
+        self._placed: dict[tuple, dict[str, Any]] = {}  # the strategy's, for the last choice
         self._annotated: AnnotatedDecode | None = None
 
     # -- choices -----------------------------------------------------------------------
@@ -244,8 +245,11 @@ class ServingSession:
                 f"annotations here place one tensor-parallel replica; {self._strategy.label} "
                 "has a pipeline: choose pp = 1 to edit placements"
             )
-        replica = ServingStrategy(tp=self._strategy.tp)
-        return {**serving_annotations(self.decode(), replica), **self._hand}
+        key = (self._strategy.tp, self.mix)
+        if key not in self._placed:  # the step's own placements, once per choice
+            replica = ServingStrategy(tp=self._strategy.tp)
+            self._placed = {key: serving_annotations(self.decode(), replica)}
+        return {**self._placed[key], **self._hand}
 
     def annotate(self, name: str, layout: AnnotationLike) -> AnnotatedDecode:
         """Place the decode step's value ``name`` (a weight or a cache) by hand, propagate,

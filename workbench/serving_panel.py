@@ -374,8 +374,8 @@ class ServingPanel(w.VBox):
             box.value = getattr(s.strategy, k)
 
     def _show_placements(self, keep: str | None = None) -> None:
-        """The decode step's placements (one tensor-parallel replica); none with a
-        pipeline or replicas, which place whole stages."""
+        """The decode step's placements (one replica, tensor parallel); none under a
+        pipeline, whose stages are not placed here."""
         self._changing = True
         try:
             try:
