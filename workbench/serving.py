@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+from ir import interrupt
 from ir.device import Topology
 from ir.function import Function
 from ir.hardware import CUDA_GRAPH_HOST, with_host
@@ -193,13 +194,15 @@ class ServingSession:
     ) -> ServingFront:
         """Every strategy of the topology's GPUs at several batches (kept until the mix
         changes; ``batches`` given: computed again). ``on_step(done, total)`` after each
-        strategy (the dashboard's progress bar)."""
+        strategy (the dashboard's progress bar); a cancelled task stops between strategies
+        (``ir.interrupt``)."""
         if self._front is None or batches is not None:
             from tqdm.auto import tqdm
 
             todo = list(strategies(self.forward, len(self.topology.devices)))
             front = ServingFront([])
             for i, s in enumerate(tqdm(todo, desc="serving strategies", disable=not progress)):
+                interrupt.check()  # a dashboard's Cancel stops here, between strategies
                 part = serving_front(
                     self.forward,
                     self.topology,
