@@ -17,6 +17,7 @@ from . import (  # noqa: F401
     embedding,
     linalg,
     loss,
+    moe,
     nn,
     optim,
     p2p,

@@ -57,6 +57,7 @@ class Item:
     dst: Shard = R
     grads: list[Value] = field(default_factory=list)  # summed keys this item completes
     regather: bool = False  # a forward all-gather of token slices made again for backward
+    level: str = "tp"  # the mesh axis a conversion runs over (see :meth:`MegatronPlan.groups`)
 
 
 class TensorSplitError(TransformError):
@@ -112,6 +113,10 @@ class MegatronPlan:
             self.t = vocabulary_form(source, tp, keep=whole)
             self._analyse(schedule)
         self._plan_zero()
+        if self.zero == 3:
+            from ._megatron_zero3 import plan_zero3
+
+            plan_zero3(self)
 
     # -- analysis --------------------------------------------------------------------------
 
@@ -386,6 +391,13 @@ class MegatronPlan:
         rank = stage % self.pp
         first = self.base + rank * self.n
         return list(range(first, first + self.n))
+
+    def groups(self, level: str) -> list[list[int]]:
+        """The positions (in a stage's device tuple) of each group of mesh axis ``level``:
+        ``"tp"`` or ``"dp"``."""
+        if level == "dp":
+            return self.dp_groups()
+        return self.tp_groups()
 
     def tp_groups(self) -> list[list[int]]:
         return [[i * self.tp + j for j in range(self.tp)] for i in range(self.dp)]

@@ -78,6 +78,8 @@ class StageEmission(MegatronPlan):
                 local = self._local_type(v.type, state, stage)
                 dp_level = f"R@{self.dp}"
                 zd = self._zero_axis(self.state_of.get(v)) if p is None else None
+                if self.zero == 3 and p is not None:  # ZeRO-3: the replicas split the weight
+                    zd = self._zero_axis(v)
                 if zd is not None:  # ZeRO: the replicas split the optimizer state
                     shape = list(local.shape)
                     shape[zd] //= self.dp
@@ -87,6 +89,7 @@ class StageEmission(MegatronPlan):
                 self.layouts[v.name] = (dp_level, level(state, self.tp))
                 self.weight_input[v] = x
                 if p is not None:
+                    p = getattr(self, "zero3_shard", {}).get(p, p)  # ZeRO-3: its part
                     for mb in range(self.m):
                         self._put(p, mb, stage, x)
             else:
@@ -266,7 +269,7 @@ class StageEmission(MegatronPlan):
         piece_value = self._piece_of_final.get(v)
         if piece_value is None or piece_value not in self.summed:
             return
-        if self.zero == 2:  # ZeRO-2: each microbatch's gradient reduce-scattered as made
+        if self.zero >= 2:  # ZeRO-2 and 3: each microbatch's gradient reduce-scattered as made
             zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
             if zd is not None:
                 attributes = {"dim": zd, "op": "sum", "groups": self.dp_groups()}
@@ -319,7 +322,7 @@ class StageEmission(MegatronPlan):
         src, dst = item.src, item.dst
         xs = self.value(item.keys[0], mb, s)
         names = [f"{item.outputs[0].name}_mb{mb}"]
-        groups = self.tp_groups()
+        groups = self.groups(item.level)
         if dst == R and src.kind == "S":
             op_type, attributes = "AllGather", {"dim": src.dim, "groups": groups}
         elif dst == R and src.kind in ("P", "M"):  # partial sums, or maxima (M)

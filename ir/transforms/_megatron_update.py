@@ -56,7 +56,7 @@ class Megatron3D(StageEmission):
         for v in t.inputs:
             if v in self.weight_input:
                 glob[v] = self.weight_input[v]
-                zd = self._zero_axis(v)
+                zd = self._zero_axis(v) if self.zero < 3 else None
                 if zd is not None:  # ZeRO: each replica updates its part of the weight
                     glob[v] = self.b.call(
                         "KeepShard", glob[v], dim=zd, groups=self.dp_groups(), name=f"{v.name}_z"
@@ -92,7 +92,7 @@ class Megatron3D(StageEmission):
             )
             glob.update(zip(results, pm.outputs))
             for op in ops:  # ZeRO: the replicas gather the updated parts of each weight
-                zd = self._zero_axis(self.post_keys[op][0])
+                zd = self._zero_axis(self.post_keys[op][0]) if self.zero < 3 else None
                 if zd is not None:
                     w1 = op.outputs[0]
                     glob[w1] = self.b.call(

@@ -203,7 +203,12 @@ class Plan:
             result = RuleResult([R] * len(op.outputs))
             if any(s != R for s in states):
                 result = self.rule(op, states)
-        if result is None:  # first make the activations whole, keeping the weights' layout
+        if result is None and P in states:  # first reduce pending sums, keeping the splits
+            summed = [self.convert(k, R) if s == P else k for k, s in zip(keys, states)]
+            retry = self.rule(op, [self.state[k] for k in summed])
+            if retry is not None:
+                keys, result = summed, retry
+        if result is None:  # then make the activations whole, keeping the weights' layout
             inputs = set(self.f.inputs)
             whole = [
                 self.convert(k, R) if k not in inputs and s not in (R, None) else k

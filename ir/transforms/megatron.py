@@ -160,8 +160,8 @@ def megatron(
     base = ids[0]
     if list(ids) != list(range(base, base + total)):
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
-    if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2):
-        raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
+    if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2, 3):
+        raise TransformError(f"zero must be 0, 1, 2 or 3 (the ZeRO stage), got {zero!r}")
     if recompute is not None:
         from .recompute import mode_activations
         from .recompute import recompute as replay
