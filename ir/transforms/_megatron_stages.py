@@ -51,7 +51,7 @@ class StageEmission(MegatronPlan):
         self.inputs: dict[Value, Value] = {}
         self.weight_input: dict[Value, Value] = {}
         self.batch_split: dict[Value, Value] = {}
-        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        piece_inputs = self.piece_inputs()
         self._items_reading: dict[Value, list[Item]] = {}
         for item in self.items:
             for k in item.keys:
@@ -75,18 +75,26 @@ class StageEmission(MegatronPlan):
                 for op in updating.get(v, ()):
                     self.stage_of_post[op] = stage
                 state = hplan.state.get(p, R) if p is not None else post_states.get(v, R)
-                local = self._local_type(v.type, state, stage)
-                dp_level = f"R@{self.dp}"
+                w = v if p is not None else self.state_of.get(v, v)  # its weight
+                if w is v and p is None:
+                    local = self._local_type(v.type, state, stage)
+                else:  # as its weight is split (tensor ranks, expert group)
+                    local = TensorType(self.weight_local(w).shape, v.type.dtype)
+                dp_level = "R"
                 zd = self._zero_axis(self.state_of.get(v)) if p is None else None
                 if self.zero == 3 and p is not None:  # ZeRO-3: the replicas split the weight
                     zd = self._zero_axis(v)
+                group = self.weight_group.get(w, "dp")
                 if zd is not None:  # ZeRO: the replicas split the optimizer state
                     shape = list(local.shape)
-                    shape[zd] //= self.dp
+                    shape[zd] //= self.group_size(group)
                     local = local.with_shape(tuple(shape))
-                    dp_level = f"S({zd})@{self.dp}"
+                    dp_level = f"S({zd})"
                 x = b.input(v.name, self.flat_type(local, stage))
-                self.layouts[v.name] = (dp_level, level(state, self.tp))
+                cp_level = dp_level if group.endswith("cp") else "R"
+                self.layouts[v.name] = self.weight_layout(
+                    dp_level, level(state, self.tp), self.is_expert(w), cp_level
+                )
                 self.weight_input[v] = x
                 if p is not None:
                     p = getattr(self, "zero3_shard", {}).get(p, p)  # ZeRO-3: its part
@@ -98,7 +106,7 @@ class StageEmission(MegatronPlan):
                 local = hplan.local.value(p).type.with_device(None)
                 per_mb = self.flat_type(local, stage)
                 x = b.input(v.name, TupleType((per_mb,) * self.m))
-                self.layouts[v.name] = ("S(0)", f"S(0)@{self.dp}", level(state, self.tp))
+                self.layouts[v.name] = self.batch_layout(level(state, self.tp))
                 for mb in range(self.m):
                     split = b.call("TupleGet", x, index=mb, name=f"{v.name}_mb{mb}")
                     self._put(p, mb, stage, split)
@@ -272,7 +280,8 @@ class StageEmission(MegatronPlan):
         if self.zero >= 2:  # ZeRO-2 and 3: each microbatch's gradient reduce-scattered as made
             zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
             if zd is not None:
-                attributes = {"dim": zd, "op": "sum", "groups": self.dp_groups()}
+                groups = self.groups(self.grad_group(piece_value))
+                attributes = {"dim": zd, "op": "sum", "groups": groups}
                 names = [f"{v.name}_mb{mb}_dp"]
                 (out,) = self._add(("zero2", v), "ReduceScatter", [out], attributes, names)
         prev = self.acc.get(v)
@@ -300,18 +309,26 @@ class StageEmission(MegatronPlan):
         ZeRO-2 has reduce-scattered every microbatch's already)."""
         piece_value = self._piece_of_final[v]  # each piece output has its own final value
         source = self.dplan_source(piece_value)
-        if source is None or self.dp == 1:
+        group = self.grad_group(piece_value)
+        if source is None or self.group_size(group) == 1:
             return
         zd = self._zero_axis(self.weight_of_grad.get(source))
+        groups = self.groups(group)
         if zd is None:
             self.acc[v] = self.b.call(
-                "AllReduce", self.acc[v], op="sum", groups=self.dp_groups(), name=f"{v.name}_dp"
+                "AllReduce", self.acc[v], op="sum", groups=groups, name=f"{v.name}_dp"
             )
         elif self.zero == 1:
-            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp")
+            self.acc[v] = self.b.call(
+                "ReduceScatter", self.acc[v], dim=zd, op="sum", groups=groups, name=f"{v.name}_dp"
+            )
 
-    def _reduce_scatter(self, x: Value, zd: int, name: str) -> Value:
-        return self.b.call("ReduceScatter", x, dim=zd, op="sum", groups=self.dp_groups(), name=name)
+    def grad_group(self, piece_value: Value) -> str:
+        """The group summing a piece output's gradient (that of its weight, if any)."""
+        w = self.weight_of_grad.get(self.dplan_source(piece_value))
+        if w is not None and w in self.weight_group:
+            return self.weight_group[w]
+        return self.grad_level(piece_value)
 
     def dplan_source(self, piece_value: Value) -> Value | None:
         """The data-plan key a piece output stands for, if it is converted (a gradient)."""
@@ -323,7 +340,10 @@ class StageEmission(MegatronPlan):
         xs = self.value(item.keys[0], mb, s)
         names = [f"{item.outputs[0].name}_mb{mb}"]
         groups = self.groups(item.level)
-        if dst == R and src.kind == "S":
+        if dst.kind == "S" and src.kind == "S":  # from one split to another: all-to-all
+            op_type = "AllToAll"
+            attributes = {"split_dim": dst.dim, "concat_dim": src.dim, "groups": groups}
+        elif dst == R and src.kind == "S":
             op_type, attributes = "AllGather", {"dim": src.dim, "groups": groups}
         elif dst == R and src.kind in ("P", "M"):  # partial sums, or maxima (M)
             op_type, attributes = (

@@ -55,10 +55,11 @@ def plan_zero3(plan: MegatronPlan) -> None:
     ``plan.zero3_shard`` maps each gathered piece input to the key of its part."""
     from ._megatron_plan import Item
 
-    piece_inputs = {plan.source_of[p]: p for p in plan.piece.inputs}
+    piece_inputs = plan.piece_inputs()
     local = plan.hplan.local
     plan.zero3_shard: dict[Value, Value] = {}
     shard_dim: dict[Value, int] = {}
+    group_of: dict[Value, str] = {}  # piece input -> the group splitting it
     for w, zd in plan.zero_dim.items():
         p = piece_inputs.get(w)
         if zd is None or p is None:
@@ -66,7 +67,8 @@ def plan_zero3(plan: MegatronPlan) -> None:
         whole = local.value(p).type
         assert isinstance(whole, TensorType)
         shape = list(whole.shape)
-        shape[zd] //= plan.dp
+        group_of[p] = plan.weight_group[w]
+        shape[zd] //= plan.group_size(group_of[p])
         shard = Value(f"{p.name}_part", p.type)
         local.env[shard] = local.b.input(shard.name, whole.with_shape(tuple(shape)))
         plan.zero3_shard[p] = shard
@@ -92,8 +94,8 @@ def plan_zero3(plan: MegatronPlan) -> None:
         before: dict[int, list[Item]] = {}
 
         def gather(p: Value, key: Value, s: int = s, phase: str = phase) -> Item:
-            zd = shard_dim[p]
-            return Item(-1, None, (key,), (p,), s, phase, S(zd), R, regather=True, level="dp")
+            zd, group = shard_dim[p], group_of[p]
+            return Item(-1, None, (key,), (p,), s, phase, S(zd), R, regather=True, level=group)
 
         for k, u in enumerate(order):
             if k < 2:
