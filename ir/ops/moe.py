@@ -356,6 +356,10 @@ register_op(
             "value_ranges": _slot_range,
             "nondiff_operands": (1,),
             "examples": _dispatch_examples,
+            # under sequence parallelism it reads the tokens whole (gathered), as the
+            # column-parallel experts after it do: its buffer is then whole on every tensor
+            # rank, not a partial sum of the buffer's size
+            "whole_tokens": True,
         },
     )
 )

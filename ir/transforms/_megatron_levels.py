@@ -101,13 +101,18 @@ def plan_level(
         src, dst = st.keys
         if st.link is not None:  # an outer level's conversion: its input here
             new_links[value_of[dst]] = Link(
-                env[local.env[src]], st.link.level, st.link.src_state, st.link.dst_state
+                env[local.env[src]],
+                st.link.level,
+                st.link.src_state,
+                st.link.dst_state,
+                st.link.whole,
             )
             continue
         x = b.input(dst.name, local.env[dst].type)
         env[local.env[dst]] = x
         value_of[dst] = x
-        new_links[x] = Link(env[local.env[src]], name, st.src, st.dst)
+        # an expert group's all-to-all moves whole buffers (see StageEmission)
+        new_links[x] = Link(env[local.env[src]], name, st.src, st.dst, whole=name == "ep")
     outs = [env[local.env[k]] for k in ends]
     states = [plan.state[k] or R for k in ends]
     for v, k in zip(f.outputs, ends):

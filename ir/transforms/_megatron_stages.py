@@ -339,6 +339,9 @@ class StageEmission(MegatronPlan):
         src, dst = item.src, item.dst
         xs = self.value(item.keys[0], mb, s)
         names = [f"{item.outputs[0].name}_mb{mb}"]
+        if item.level == "ep" and self._split_exchange(item):
+            self._exchange_split(item, xs, s, mb)
+            return
         groups = self.groups(item.level)
         if dst.kind == "S" and src.kind == "S":  # from one split to another: all-to-all
             op_type = "AllToAll"
@@ -359,6 +362,34 @@ class StageEmission(MegatronPlan):
                 f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
             )
         (out,) = self._add(("conversion", item, s), op_type, [xs], attributes, names)
+        self._made(item.outputs[0], mb, s, out)
+
+    def _split_exchange(self, item: Item) -> bool:
+        """An expert group's all-to-all of a buffer every tensor rank holds whole is sent a
+        1/tp slice per tensor rank (of the hidden axis) and all-gathered over the tensor
+        ranks after, as Megatron-Core's dispatcher sends each tensor rank's own tokens:
+        the expert group's links (often between nodes) carry each token once."""
+        if self.tp == 1 or self.hplan.state.get(item.keys[0]) != R:
+            return False
+        t = self.hplan.local.value(item.keys[0]).type
+        dims = {item.src.dim, item.dst.dim}
+        return (
+            isinstance(t, TensorType)
+            and t.rank == 3
+            and 2 not in dims
+            and t.shape[2] % self.tp == 0
+        )
+
+    def _exchange_split(self, item: Item, xs: Value, s: int, mb: int) -> None:
+        name, tp = item.outputs[0].name, self.groups("tp")
+        a = {"split_dim": item.dst.dim, "concat_dim": item.src.dim, "groups": self.groups("ep")}
+        (part,) = self._add(
+            ("keep", item, s), "KeepShard", [xs], {"dim": 2, "groups": tp}, [f"{name}_part_mb{mb}"]
+        )
+        (moved,) = self._add(("a2a", item, s), "AllToAll", [part], a, [f"{name}_moved_mb{mb}"])
+        (out,) = self._add(
+            ("gather", item, s), "AllGather", [moved], {"dim": 2, "groups": tp}, [f"{name}_mb{mb}"]
+        )
         self._made(item.outputs[0], mb, s, out)
 
     def flat_type(self, local: TensorType, stage: int) -> TupleType:

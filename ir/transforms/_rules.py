@@ -316,7 +316,7 @@ class SequenceParallelRule:
             found = self._on_tokens(op, st, token, sliced_weight=True)
             if found is not None:
                 return found
-        if self.splits_weight(op):
+        if self.splits_weight(op) or get_op(op.op_type).extra.get("whole_tokens"):
             # a tensor-parallel op reads whole activations: gather the token slices first
             if not any(tokens):
                 return self.inner(op, st)

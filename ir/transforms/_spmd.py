@@ -116,6 +116,7 @@ class Link:
     level: str
     src_state: Shard
     dst_state: Shard
+    whole: bool = False  # the source's pending sums are reduced here first
 
 
 class LocalProgram:
@@ -220,6 +221,8 @@ class Plan:
         src = self.current[link.src]
         if self.state[src] is None:
             self._decide(src, R, frozenset())
+        if link.whole and self.state[src] in (P, M):
+            src = self.convert(src, R)
         self.state[key], self.prov[key] = self.state[src], self.prov[src]
         self.steps.append(Step(None, (src, key), self.state[src], self.state[src], link))
 
