@@ -7,6 +7,7 @@ from . import (  # noqa: F401
     attention,
     communication,
     compare,
+    context,
     control,
     conv,
     conv_grad,

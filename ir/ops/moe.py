@@ -183,19 +183,27 @@ register_op(
 
 def _slots_types(c: TypeContext):
     index = _ints(c, 0, "expert")
+    if len(c.input_types) > 1:
+        order = tensor(c, 1, "positions")
+        if order.dtype not in _INTS or order.shape != (index.shape[1],):
+            raise TypeRuleError(f"positions must be {index.shape[1]} ints, got {order}")
     return [TensorType(index.shape, DType.int64, index.device)]
 
 
-def moe_slots(expert: np.ndarray, experts: int, capacity: int) -> np.ndarray:
+def moe_slots(
+    expert: np.ndarray, experts: int, capacity: int, positions: np.ndarray | None = None
+) -> np.ndarray:
     """Each (token, choice) of ``expert (B, S, k)`` its place ``e * C + c`` in its expert's
     buffer, or -1 past the capacity: choices in GShard's priority (every token's first,
-    then every token's second, ...), counted per sequence."""
+    then every token's second, ...), counted per sequence; tokens in the order of their
+    ``positions`` (default: as they come)."""
     b, s, k = expert.shape
     out = np.full((b, s, k), -1, dtype=np.int64)
+    order = range(s) if positions is None else np.argsort(positions, kind="stable")
     for row in range(b):
         count = np.zeros(experts, dtype=np.int64)
         for j in range(k):
-            for pos in range(s):
+            for pos in order:
                 e = int(expert[row, pos, j])
                 if 0 <= e < experts and count[e] < capacity:
                     out[row, pos, j] = e * capacity + count[e]
@@ -206,10 +214,13 @@ def moe_slots(expert: np.ndarray, experts: int, capacity: int) -> np.ndarray:
 register_op(
     OpDef(
         name="MoESlots",
-        operands=("expert",),
+        operands=("expert", "positions"),
         results=("slot",),
         type_rule=_slots_types,
-        kernel=lambda xs, a: [moe_slots(xs[0], a["experts"], a["capacity"])],
+        kernel=lambda xs, a: [
+            moe_slots(xs[0], a["experts"], a["capacity"], xs[1] if len(xs) > 1 else None)
+        ],
+        variadic=True,
         cost_rule=lambda c: Cost(
             float(c.input_types[0].num_elements),
             c.input_types[0].size_bytes,
@@ -218,12 +229,31 @@ register_op(
         attributes=(_EXPERTS, _CAPACITY),
         doc="Places in the experts' buffers (e * capacity + c) of each token's choices "
         "(batch, seq, k) in GShard's priority, counted per sequence; -1: dropped (the "
-        "expert is full).",
+        "expert is full). With positions (seq,), tokens are taken in their order (context "
+        "parallelism's permuted sequences keep the places of the sequential program).",
         extra={
-            "value_ranges": lambda op: {0: (0, op.attributes["experts"])},
+            # over a sequence in another order (context parallelism): the tokens taken in
+            # the order of their positions
+            "context_form": lambda b, op, ins, ctx: (
+                None
+                if len(ins) > 1
+                else b.add_op(
+                    op.op_type, [*ins, ctx.positions()], op.attributes, names=[op.outputs[0].name]
+                ).outputs
+            ),
+            "value_ranges": lambda op: {
+                0: (0, op.attributes["experts"]),
+                **({1: (0, op.inputs[0].type.shape[1])} if len(op.inputs) > 1 else {}),
+            },
             "examples": lambda s: [
                 ctx(t(2, 3 * s, 2, dtype=DType.int64), experts=3, capacity=s),
                 ctx(t(1, 2 * s, 1, dtype=DType.int64), experts=2, capacity=2 * s),
+                ctx(
+                    t(2, 2 * s, 2, dtype=DType.int64),
+                    t(2 * s, dtype=DType.int64),
+                    experts=3,
+                    capacity=s,
+                ),
             ],
         },
     )
@@ -360,6 +390,7 @@ register_op(
             # column-parallel experts after it do: its buffer is then whole on every tensor
             # rank, not a partial sum of the buffer's size
             "whole_tokens": True,
+            "expert_buffer": "made",  # expert parallelism splits its result by experts
         },
     )
 )
@@ -376,6 +407,7 @@ register_op(
         doc="Each token's sum over its choices j of weights[b, s, j] (1 if not given) times "
         "the buffer row slot[b, s, j] names; dropped choices (-1) add nothing.",
         extra={
+            "expert_buffer": "read",  # reads places back (by token)
             "value_ranges": _slot_range,
             "nondiff_operands": (1,),
             "examples": _combine_examples,
@@ -394,6 +426,7 @@ register_op(
         doc="(batch, seq, k): the dot product of each token x[b, s] with the buffer row of "
         "each of its choices (0 where dropped): the gradient of MoECombine's weights.",
         extra={
+            "expert_buffer": "read",  # reads places back (by token)
             "value_ranges": _slot_range,
             "nondiff_operands": (2,),
             "examples": lambda s: [
@@ -518,7 +551,10 @@ fx.attach(
     "MoETopKGrad",
     lambda c: fx.rule([(*_lead(c), None)] * 2, [(*_lead(c), None)], linear=[(1,)]),
 )
-fx.attach("MoESlots", lambda c: fx.rule([("b", None, None)], [("b", None, None)]))
+fx.attach(
+    "MoESlots",
+    lambda c: fx.rule([("b", None, None), (None,)][: len(c.input_types)], [("b", None, None)]),
+)
 # the loss sums over rows (a partial sum when they split); a row's fraction and mean
 # probability multiply, so its tokens stay together
 fx.attach(
@@ -619,7 +655,7 @@ attach_rule("MoETopK", "gradient_rule", _topk_gradient)
 attach_rule("MoEDispatch", "gradient_rule", _dispatch_gradient)
 attach_rule("MoECombine", "gradient_rule", _combine_gradient)
 attach_rule("MoESlotDot", "gradient_rule", _slot_dot_gradient)
-attach_rule("MoESlots", "gradient_rule", lambda b, op, ins, outs, dys: [None])
+attach_rule("MoESlots", "gradient_rule", lambda b, op, ins, outs, dys: [None] * len(ins))
 
 
 def _aux_gradient(b, op, ins, outs, dys):

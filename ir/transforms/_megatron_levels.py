@@ -31,15 +31,13 @@ from functools import partial
 from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
+from ..registry import get_op
 from ..types import TensorType
 from ..value import Value
 from ._rewrite import TransformError, is_optimizer
 from ._rules import Candidate, candidates, data_rule
 from ._spmd import Link, P, R, RuleResult, S, Shard
 from ._spmd import Plan as _Plan
-
-EXPERT_OPS = ("MoEDispatch",)  # ops whose result is the experts' buffer (E, places, H)
-EXPERT_END = ("MoECombine", "MoESlotDot")  # ops that read a token's places back
 
 
 @dataclass
@@ -70,10 +68,12 @@ def plan_level(
     links: Mapping[Value, Link],
     var: str,
     finish: Finish | None = None,
+    after: Callable[[_Plan, Op], None] | None = None,
 ) -> Level:
     """Plan ``f`` over a group of ``n`` (the level ``name``) and rebuild its local program.
-    ``finish(i, output, state)``: the state output ``i`` must end in (None: as it is)."""
-    plan = _Plan(f, n, dict(input_states), rule, var, links)
+    ``finish(i, output, state)``: the state output ``i`` must end in (None: as it is);
+    ``after(plan, op)``: called once each op is planned (to convert its results)."""
+    plan = _HookedPlan(f, n, dict(input_states), rule, var, links, after=after)
     ends = [plan.current[v] for v in f.outputs]
     if finish is not None:
         for i, v in enumerate(f.outputs):
@@ -120,12 +120,26 @@ def plan_level(
     return Level(name, n, b.finish(outs), value_of, new_links, states, origin)
 
 
+class _HookedPlan(_Plan):
+    """An SPMD plan that calls ``after(plan, op)`` once each op is planned."""
+
+    def __init__(self, *args, after: Callable[[_Plan, Op], None] | None = None) -> None:
+        self._after = after
+        super().__init__(*args)
+
+    def _plan_op(self, op: Op) -> None:
+        super()._plan_op(op)
+        if self._after is not None:
+            self._after(self, op)
+
+
 # -- expert parallelism ----------------------------------------------------------------------
 
 
 def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value], int]:
-    """The inputs of ``f`` an expert computation reads (``(E, ...)`` weights between a
-    ``MoEDispatch`` and the ops reading its places back), and ``E``; ``([], 0)`` for a
+    """The inputs of ``f`` an expert computation reads (``(E, ...)`` weights between an op
+    making the experts' buffer and the ops reading its places back: their records'
+    ``extra["expert_buffer"]``, ``"made"`` or ``"read"``), and ``E``; ``([], 0)`` for a
     model without experts."""
     inputs = set(f.inputs)
     derived: set[Value] = set()
@@ -133,12 +147,13 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
     found: dict[Value, None] = {}
     made_from = {dst: link.src for dst, link in links.items()}
     for op in f.ops:
-        if op.op_type in EXPERT_OPS:
-            experts = max(experts, op.attributes["experts"])
+        buffer = get_op(op.op_type).extra.get("expert_buffer")
+        if buffer == "made":
+            experts = max(experts, op.outputs[0].type.shape[0])  # type: ignore[union-attr]
             derived.update(op.outputs)
             continue
         reads = [made_from.get(v, v) for v in op.inputs]
-        if op.op_type in EXPERT_END or not any(v in derived for v in reads):
+        if buffer == "read" or not any(v in derived for v in reads):
             continue
         derived.update(op.outputs)
         for v in op.inputs:
@@ -152,6 +167,14 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
     return list(found), experts
 
 
+def _optimizer_rule(op, st: list[Shard | None]) -> RuleResult:
+    """An optimizer step inside a level (a one-piece step: no data-parallel level after
+    it) runs where its parameter is: its other operands are brought to that state."""
+    target = st[0] or R
+    results = [target] * len(op.outputs)
+    return RuleResult(results, convert={i: target for i, s in enumerate(st) if (s or R) != target})
+
+
 class ExpertRule:
     """The expert level's policy: data parallelism over the group's rows, except where an
     op's operands are split along different factors (an expert product whose weight is
@@ -163,8 +186,10 @@ class ExpertRule:
         self.n, self.weights = n, weights
 
     def __call__(self, op, st: list[Shard | None]):
+        if is_optimizer(op):
+            return _optimizer_rule(op, st)
         split = {i: s for i, s in enumerate(st) if s is not None and s.kind == "S"}
-        if len(split) < 2 or P in st or is_optimizer(op):
+        if len(split) < 2 or P in st:
             return data_rule(op, st, self.n)
         shards = [c for c in candidates(op, self.n) if c.choice[0] == "shard"]
         if any(all(c.operands[i] == s for i, s in split.items()) for c in shards):
@@ -228,7 +253,19 @@ def sequence_rule(n: int):
 
 
 def _sequence_rule(op, st: list[Shard | None], n: int):
+    if is_optimizer(op):
+        return _optimizer_rule(op, st)
     split = {i: s for i, s in enumerate(st) if s is not None and s.kind == "S"}
+    if P in st and split and not is_optimizer(op):
+        # a pending sum beside split operands: reduce-scattered into their split (a key
+        # projection's gradient from an attention's keys, summed over the group's queries)
+        for c in candidates(op, n):
+            if c.choice[0] != "shard" or any(c.operands[i] != s for i, s in split.items()):
+                continue
+            if all(c.operands[i].kind == "S" for i, s in enumerate(st) if s == P):
+                convert = {i: c.operands[i] for i, s in enumerate(st) if s == P}
+                convert.update(_slices_of(c, st))
+                return RuleResult(list(c.results), convert=convert)
     if not split or P in st or is_optimizer(op):
         return data_rule(op, st, n)
     shards = [c for c in candidates(op, n)]
@@ -249,6 +286,11 @@ def _sequence_rule(op, st: list[Shard | None], n: int):
         return None
     convert = {i: best.operands[i] for i, s in enumerate(st) if (s or R) != best.operands[i]}
     return RuleResult(list(best.results), convert=convert)
+
+
+def _slices_of(c: Candidate, st: list[Shard | None]) -> dict[int, Shard]:
+    """The replicated operands ``c`` takes split: sliced where they are."""
+    return {i: w for i, (w, s) in enumerate(zip(c.operands, st)) if s in (R, None) and w != R}
 
 
 __all__ = ["ExpertRule", "Level", "expert_level", "expert_weights", "plan_level", "sequence_rule"]

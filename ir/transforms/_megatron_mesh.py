@@ -135,33 +135,40 @@ class StageMesh:
 
     def grad_level(self, piece_value: Value) -> str:
         """The group over which a weight gradient (a piece output) is summed: the data
-        replicas, only those holding the same experts for an expert weight's (split over
-        the expert group), and the context ranks where it is a partial sum over them."""
-        expert = self.level_state("ep", piece_value).kind == "S"
+        replicas, but only those holding the same experts for an expert weight's (split
+        over the expert group) or one the expert level has summed already, and the
+        context ranks where it is a partial sum over them."""
         cp = self.level_state("cp", piece_value) == P
-        if expert:
+        if self.ep > 1 and self.level_state("ep", piece_value) != P:
             return "edpcp" if cp else "edp"
         return "dpcp" if cp else "dp"
 
     def weight_layout(
-        self, dp_level: str, tp_level: str, expert: bool, cp_state: str = "R"
+        self, dp_level: str, tp_level: str, group: str, ep_state: str = "R"
     ) -> tuple[str, ...]:
-        """Layout levels of a weight (or its optimizer state) on a stage: ``dp_level`` over
-        the replicas that hold the same part (``R`` or ``S(k)``, ZeRO's), the expert split
-        for an expert weight, ``cp_state`` over the context ranks, ``tp_level`` last."""
-        if expert:
-            edp = self.dp // self.ep
-            out: tuple[str, ...] = (f"{dp_level}@{edp}", f"S(0)@{self.ep}")
+        """Layout levels of a weight (or its optimizer state) on a stage whose gradient
+        ``group`` sums: ``dp_level`` over that group's replicas (``R`` or ZeRO's
+        ``S(k)``), ``ep_state`` over the expert group if the group leaves it out (``S(0)``
+        for an expert weight), the context ranks alike if the group spans them, the tensor
+        ranks' ``tp_level`` last."""
+        cp_state = dp_level if group.endswith("cp") else "R"
+        if group.startswith("edp"):
+            out: tuple[str, ...] = (f"{dp_level}@{self.dp // self.ep}", f"{ep_state}@{self.ep}")
         else:
             out = (f"{dp_level}@{self.dp}",)
         if self.cp > 1:
             out += (f"{cp_state}@{self.cp}",)
         return (*out, tp_level)
 
-    def batch_layout(self, tp_level: str) -> tuple[str, ...]:
-        """Layout of a batch input or output: microbatches, then replicas (and, with
-        context parallelism, each sequence's zigzag chunks: ``_megatron_context``)."""
-        cp = (f"Z(1)@{self.cp}",) if self.cp > 1 else ()
+    def batch_layout(self, tp_level: str, output: Value | None = None) -> tuple[str, ...]:
+        """Layout of a batch input or output (the piece's ``output``): microbatches, then
+        replicas and, with context parallelism, each sequence's zigzag chunks
+        (``_megatron_context``; an output not split along the sequence, a weight a
+        one-piece step updates, as it is over the context ranks)."""
+        cp: tuple[str, ...] = ()
+        if self.cp > 1:
+            state = S(1) if output is None else self.level_state("cp", output)
+            cp = (f"Z({state.dim})@{self.cp}" if state.kind == "S" else f"{state}@{self.cp}",)
         return ("S(0)", f"S(0)@{self.dp}", *cp, tp_level)
 
 

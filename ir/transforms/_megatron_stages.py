@@ -91,9 +91,9 @@ class StageEmission(MegatronPlan):
                     local = local.with_shape(tuple(shape))
                     dp_level = f"S({zd})"
                 x = b.input(v.name, self.flat_type(local, stage))
-                cp_level = dp_level if group.endswith("cp") else "R"
+                ep_state = "S(0)" if self.is_expert(w) else "R"
                 self.layouts[v.name] = self.weight_layout(
-                    dp_level, level(state, self.tp), self.is_expert(w), cp_level
+                    dp_level, level(state, self.tp), group, ep_state
                 )
                 self.weight_input[v] = x
                 if p is not None:

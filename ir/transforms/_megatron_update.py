@@ -116,7 +116,7 @@ class Megatron3D(StageEmission):
             else:
                 per_mb = [self.vals[(h, mb, self.made_on[(h, mb)])] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
-                layouts.append(self.batch_layout(level(hstate, self.tp)))
+                layouts.append(self.batch_layout(level(hstate, self.tp), piece_value))
         return outs, layouts
 
     def _summed_layout(self, piece_value: Value, tp_level: str) -> tuple[str, ...]:
@@ -133,9 +133,8 @@ class Megatron3D(StageEmission):
         w = self.weight_of_grad.get(source)
         zd = self._zero_axis(w)
         dp_level = "R" if zd is None or self.group_size(group) == 1 else f"S({zd})"
-        cp_level = dp_level if group.endswith("cp") else "R"
-        expert = self.level_state("ep", piece_value).kind == "S"
-        return self.weight_layout(dp_level, tp_level, expert, cp_level)
+        ep_state = "S(0)" if self.level_state("ep", piece_value).kind == "S" else "R"
+        return self.weight_layout(dp_level, tp_level, group, ep_state)
 
     def _update_layout(self, key: Value) -> tuple[str, ...] | None:
         """The layout of an optimizer result: that of the input it is the next step's

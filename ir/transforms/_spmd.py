@@ -218,6 +218,8 @@ class Plan:
         """Input ``key`` made by an outer level's conversion of a value of this program:
         it has that value's state here, from the step that records where it is made."""
         link = self.links.pop(key)
+        if link.src in self.links:  # made by another outer conversion: that one first
+            self._made_by_link(link.src)
         src = self.current[link.src]
         if self.state[src] is None:
             self._decide(src, R, frozenset())
