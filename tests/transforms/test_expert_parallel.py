@@ -114,3 +114,14 @@ def test_bad_expert_degrees_are_refused_naming_the_limit() -> None:
         megatron(transforms.training(dense), 2, ep=2)
     with pytest.raises(TransformError, match="positive integer"):
         megatron(t, 2, ep=0)
+
+
+@pytest.mark.parametrize("ep", [1, 2])
+def test_a_pipeline_cut_between_the_router_and_its_experts_runs(ep) -> None:
+    """The experts on the stage after their router (as a cut balancing the weights puts
+    them: they hold most of the bytes): the combine's gradient, which dispatches dy by the
+    router's slots, runs with the experts' gradients, not back on the router's stage
+    (the schedule deadlocked)."""
+    f = models.gpt(4, 8, 16, 4, 32, 2, dtype=F64, experts=4, top_k=2)
+    t = transforms.training(f, optimizer="sgd")
+    _run(t, megatron(t, 2, 1, 2, 2, ep=ep, stage_of={"h0_moe_fc": 1}))
