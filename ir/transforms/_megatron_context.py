@@ -37,6 +37,7 @@ from ..registry import get_op
 from ..types import TensorType
 from ..value import Value
 from ._megatron_levels import Level, plan_level, sequence_rule
+from ._megatron_ring import ring_level
 from ._rewrite import TransformError, is_optimizer
 from ._spmd import Link, P, S
 from ._spmd import Plan as _Plan
@@ -76,6 +77,8 @@ def context_level(
     level = plan_level(
         g, cp, "cp", states, sequence_rule(cp), g_links, var, plan._finish_context, _scatter_kv
     )
+    if plan.ring_attention:
+        level = ring_level(level, cp)
     level.value_of = {v: level.value_of[x] for v, x in value_of.items() if x in level.value_of}
     level.origin = {new: origin[old] for new, old in level.origin.items() if old in origin}
     return level

@@ -25,7 +25,7 @@ and back before the combine, forward and backward alike.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 from ..builder import FunctionBuilder
@@ -100,13 +100,7 @@ def plan_level(
             continue
         src, dst = st.keys
         if st.link is not None:  # an outer level's conversion: its input here
-            new_links[value_of[dst]] = Link(
-                env[local.env[src]],
-                st.link.level,
-                st.link.src_state,
-                st.link.dst_state,
-                st.link.whole,
-            )
+            new_links[value_of[dst]] = replace(st.link, src=env[local.env[src]])
             continue
         x = b.input(dst.name, local.env[dst].type)
         env[local.env[dst]] = x

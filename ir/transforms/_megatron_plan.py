@@ -59,6 +59,7 @@ class Item:
     grads: list[Value] = field(default_factory=list)  # summed keys this item completes
     regather: bool = False  # a forward all-gather of token slices made again for backward
     level: str = "tp"  # the mesh axis a conversion runs over (see :meth:`MegatronPlan.groups`)
+    shift: int = 0  # a ring step: the block of the member this many places back (Link.shift)
 
 
 class TensorSplitError(TransformError):
@@ -95,12 +96,13 @@ class MegatronPlan(StageMesh):
         vocab_parallel: bool = True,
         ep: int = 1,
         cp: int = 1,
+        ring_attention: bool = True,
     ) -> None:
         source, vocabulary = t, vocab_parallel and tp > 1
         if vocabulary:  # embeddings and cross-entropies split by vocabulary
             t = vocabulary_form(t, tp)
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
-        self.ep, self.cp = ep, cp
+        self.ep, self.cp, self.ring_attention = ep, cp, ring_attention
         self.allow_replication = allow_replication
         self.sequence_parallel = sequence_parallel and tp > 1
         self.stage_of = stage_of
@@ -272,7 +274,7 @@ class MegatronPlan(StageMesh):
                 link = st.link
                 keys, outs = (st.keys[0],), (st.keys[1],)
                 item = Item(i, None, keys, outs, src=link.src_state, dst=link.dst_state)
-                item.level = link.level
+                item.level, item.shift = link.level, link.shift
                 self.items.append(item)
             elif st.op is None:
                 self.items.append(

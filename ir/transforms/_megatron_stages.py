@@ -343,7 +343,17 @@ class StageEmission(MegatronPlan):
             self._exchange_split(item, xs, s, mb)
             return
         groups = self.groups(item.level)
-        if dst.kind == "S" and src.kind == "S":  # from one split to another: all-to-all
+        if item.shift:  # a ring step (_megatron_ring): the block of a member s places back
+            if src == R:  # the rank's own part first
+                (xs,) = self._add(
+                    ("keep", item, s),
+                    "KeepShard",
+                    [xs],
+                    {"dim": dst.dim, "groups": groups},
+                    [f"{item.outputs[0].name}_own_mb{mb}"],
+                )
+            op_type, attributes = "RingShift", {"groups": groups, "offset": item.shift}
+        elif dst.kind == "S" and src.kind == "S":  # from one split to another: all-to-all
             op_type = "AllToAll"
             attributes = {"split_dim": dst.dim, "concat_dim": src.dim, "groups": groups}
         elif dst == R and src.kind == "S":

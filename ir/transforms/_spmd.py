@@ -117,6 +117,7 @@ class Link:
     src_state: Shard
     dst_state: Shard
     whole: bool = False  # the source's pending sums are reduced here first
+    shift: int = 0  # ring attention's step: the block of the rank this many places back
 
 
 class LocalProgram:

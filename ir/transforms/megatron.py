@@ -115,6 +115,7 @@ def megatron(
     recompute_layers: int | None = None,
     ep: int = 1,
     cp: int = 1,
+    ring_attention: bool = True,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * cp * tp * pp`` devices (see the module docstring).
@@ -141,13 +142,16 @@ def megatron(
     ``ep`` replicas splits every MoE layer's experts, tokens sent to their experts' ranks
     and back by all-to-alls (``ep`` must divide ``dp`` and the experts). ``cp``: context
     parallelism, each sequence split over ``cp`` devices in zigzag chunks with ring
-    attention (``ir.transforms._megatron_context``). ``zero=3``: ZeRO stage 3 (fully
+    attention (``ir.transforms._megatron_context`` and ``_megatron_ring``;
+    ``ring_attention=False``: the keys and values all-gathered over the group instead,
+    as Llama 3 trains). ``zero=3``: ZeRO stage 3 (fully
     sharded data parallelism: ``ir.transforms._megatron_zero3``).
     """
     check_common("megatron", t, topology, "t")
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     allow_replication = bool_arg("megatron", "allow_replication", allow_replication)
     vocab_parallel = bool_arg("megatron", "vocab_parallel", vocab_parallel)
+    ring_attention = bool_arg("megatron", "ring_attention", ring_attention)
     distributed_optimizer = bool_arg("megatron", "distributed_optimizer", distributed_optimizer)
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
@@ -208,6 +212,7 @@ def megatron(
         vocab_parallel=vocab_parallel,
         ep=ep,
         cp=cp,
+        ring_attention=ring_attention,
     ).run()
 
 

@@ -1,8 +1,9 @@
 """Context parallelism in the 3D step (``megatron(..., cp=)``): each sequence split over
-``cp`` devices in the load-balanced (zigzag) order, executed equal to the sequential step
-on dense and mixture-of-experts models, composed with data, tensor, pipeline and expert
-parallelism and ZeRO-3; its key/value traffic as the closed form says; bad degrees
-refused naming the limit."""
+``cp`` devices in the load-balanced (zigzag) order, attention as a ring (or, with
+``ring_attention=False``, over all-gathered keys and values), executed equal to the
+sequential step on dense and mixture-of-experts models, composed with data, tensor,
+pipeline and expert parallelism and ZeRO-3; its key/value traffic as the closed form
+says; bad degrees refused naming the limit."""
 
 from __future__ import annotations
 
@@ -38,35 +39,50 @@ def _run(t: ir.Function, g: ir.Function, seed: int = 0) -> None:
         np.testing.assert_allclose(o, w, rtol=1e-7, atol=1e-10, err_msg=v.name)
 
 
+@pytest.mark.parametrize("ring", [True, False], ids=["ring", "allgather"])
 @pytest.mark.parametrize("model", [GPT, GQA, MOE], ids=["gpt", "gqa", "moe"])
 @pytest.mark.parametrize(
     ("dp", "tp", "pp", "m", "cp"),
     [(1, 1, 1, 1, 2), (1, 1, 1, 1, 4), (2, 1, 1, 2, 2), (1, 2, 1, 1, 2), (1, 1, 2, 2, 2)],
 )
-def test_context_parallel_steps_equal_the_sequential_step(model, dp, tp, pp, m, cp) -> None:
+def test_context_parallel_steps_equal_the_sequential_step(model, dp, tp, pp, m, cp, ring) -> None:
     t = transforms.training(model, optimizer="adam")
-    g = megatron(t, dp, tp, pp, m, cp=cp)
+    g = megatron(t, dp, tp, pp, m, cp=cp, ring_attention=ring)
     _run(t, g)
     layouts = dict(zip((v.name for v in g.inputs), g.input_layouts))
     assert f"Z(1)@{cp}" in layouts["tokens"]  # each rank holds two chunks of a sequence
-    # the attention's every layer and microbatch: one block at the sequence's positions,
-    # over the keys and values of the whole group, and one gradient
     ops = Counter(op.op_type for op in _all_ops(g))
-    assert ops["AttentionBlock"] == ops["AttentionBlockGrad"] == 2 * m
     assert ops["Attention"] == ops["AttentionGrad"] == 0
+    if ring:
+        # every layer and microbatch: cp blocks of keys, each one's gradient, and no
+        # collective over the whole group's keys
+        assert ops["AttentionBlock"] == ops["AttentionBlockGrad"] == 2 * m * cp
+        assert not [
+            op.outputs[0].name
+            for op in g.ops
+            if op.op_type in ("AllGather", "ReduceScatter")
+            and op.inputs[0].type.elements[0].rank == 4  # (batch, heads, seq, head_dim)
+        ]
+        assert ops["RingShift"] > 0
+    else:
+        # one block at the sequence's positions over the gathered keys, one gradient
+        assert ops["AttentionBlock"] == ops["AttentionBlockGrad"] == 2 * m
+        assert ops["RingShift"] == 0
 
 
+@pytest.mark.parametrize("ring", [True, False], ids=["ring", "allgather"])
 @pytest.mark.parametrize(
     ("dp", "tp", "cp", "ep", "zero"), [(2, 1, 2, 2, 0), (2, 1, 2, 1, 3), (2, 2, 2, 2, 1)]
 )
-def test_context_parallelism_composes_with_experts_and_zero3(dp, tp, cp, ep, zero) -> None:
+def test_context_parallelism_composes_with_experts_and_zero3(dp, tp, cp, ep, zero, ring) -> None:
     t = transforms.training(MOE, optimizer="adam")
-    _run(t, megatron(t, dp, tp, 1, 1, cp=cp, ep=ep, zero=zero))
+    _run(t, megatron(t, dp, tp, 1, 1, cp=cp, ep=ep, zero=zero, ring_attention=ring))
 
 
-def test_dense_zero3_under_context_parallelism() -> None:
+def test_dense_zero3_and_sequence_parallelism_under_context_parallelism() -> None:
     t = transforms.training(GPT, optimizer="sgd")
     _run(t, megatron(t, 2, 1, 1, 2, cp=2, zero=3))
+    _run(t, megatron(t, 1, 2, 1, 1, cp=2, sequence_parallel=True))
 
 
 def _all_ops(f: ir.Function):
@@ -77,19 +93,31 @@ def _all_ops(f: ir.Function):
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])
-def test_key_value_traffic_is_cp_minus_one_blocks_each_way(cp) -> None:
-    """Each rank's keys and values go to the other cp - 1 ranks of its group once in the
-    forward (cp - 1 block exchanges of K and V, as ring attention's cp - 1 steps move),
-    and their gradients come back once in the backward: per rank, per layer and
-    microbatch, 2 (cp - 1) b hkv (s / cp) d bytes each way."""
+def test_ring_attention_exchanges_cp_minus_one_blocks_each_way(cp) -> None:
+    """Ring attention: each rank's keys and values reach the other cp - 1 ranks of its
+    group in cp - 1 point-to-point steps in the forward, and the gradients of the blocks
+    it received go back in cp - 1 steps in the backward: per rank, per layer and
+    microbatch, (cp - 1) blocks of K and of V each way, 2 (cp - 1) b hkv (s / cp) d
+    bytes, as many as the all-gather and the reduce-scatter move; the ring adds only
+    each block's positions ((cp - 1) int64 slices, forward and backward)."""
     b, s, h, heads, kv, layers, m = 2, 32 * cp, 32, 4, 2, 2, 2
     f = models.gpt(b * m, s, h, heads, 64, layers, kv_heads=kv)
-    g = megatron(transforms.training(f), 1, 1, 1, m, cp=cp)
+    t = transforms.training(f)
     block = b * kv * (s // cp) * (h // heads) * 4  # float32
-    sent = traffic_bytes(g)
+    positions = (s // cp) * 8  # int64
+    ring = megatron(t, 1, 1, 1, m, cp=cp)
+    sent = traffic_bytes(ring)
+    assert set(sent) == {"send", "allreduce"}  # the weights' gradients over the group
+    per_layer = 2 * (2 * (cp - 1) * block) + 2 * (cp - 1) * positions
     for d in range(cp):
-        assert sent["allgather"][d] == pytest.approx(layers * m * 2 * (cp - 1) * block)
-        assert sent["reducescatter"][d] == pytest.approx(layers * m * 2 * (cp - 1) * block)
+        assert sent["send"][d] == pytest.approx(layers * m * per_layer)
+    shifts = [op for op in ring.ops if op.op_type == "RingShift"]
+    floats = [op for op in shifts if op.inputs[0].type.elements[0].dtype.is_float]
+    assert len(floats) == layers * m * 4 * (cp - 1)  # K, V forward; dK, dV backward
+    gathered = traffic_bytes(megatron(t, 1, 1, 1, m, cp=cp, ring_attention=False))
+    for d in range(cp):
+        assert gathered["allgather"][d] == pytest.approx(layers * m * 2 * (cp - 1) * block)
+        assert gathered["reducescatter"][d] == pytest.approx(layers * m * 2 * (cp - 1) * block)
 
 
 def test_balanced_order_gives_every_rank_the_same_causal_work() -> None:

@@ -1,0 +1,187 @@
+"""Ring attention in the context level (``megatron(..., cp=)``): the keys and values of the
+context group passed block by block instead of gathered whole.
+
+The context level's plan (:mod:`ir.transforms._megatron_context`) gives each rank's
+queries the group's keys and values by an all-gather, and reduce-scatters their
+gradients back. :func:`ring_level` rewrites its local program as ring attention runs it
+(Liu et al. 2023; Megatron-Core's context parallelism):
+
+* forward, step ``s = 0 .. cp - 1``: the block of the rank ``s`` places back on the
+  ring (its keys, values and positions: step 0 the rank's own, step ``s`` one
+  point-to-point ``RingShift`` by ``s``), attended by ``AttentionBlock`` and merged into
+  the steps so far by the online softmax (its ``out_prev, lse_prev``);
+* backward: each block's ``AttentionBlockGrad`` (from the whole attention's ``out`` and
+  ``lse``), the query gradients summed on the rank, each block's key and value gradients
+  sent back to the rank holding the block (``RingShift`` by ``-s``) and summed there.
+
+Each rank sends and receives ``cp - 1`` blocks of keys and of values in the forward, and
+``cp - 1`` of their gradients in the backward: the all-gather's and the reduce-scatter's
+bytes, in ``cp - 1`` steps that the simulator overlaps with the blocks' compute (step
+``s + 1``'s transfer does not wait for step ``s``'s attention). The blocks received are
+kept for the backward, as the all-gathered keys were (Megatron-Core sends them again).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+
+from ..builder import FunctionBuilder
+from ..op import Op
+from ..value import Value
+from ._megatron_levels import Level
+from ._spmd import Link, R, S, Shard
+
+
+def ring_level(level: Level, cp: int) -> Level:
+    """``level`` (the context level's local program) with its attention as a ring; the
+    attention blocks whose keys are not a plain all-gather of the group stay as they are."""
+    f, links = level.function, level.links
+    scattered: dict[Value, Value] = {}  # a gradient (pending sum) -> its reduce-scatter input
+    for x, link in links.items():
+        if link.level == "cp" and link.src_state.kind == "P" and link.dst_state == S(2):
+            scattered[link.src] = x
+    readers: dict[Value, int] = {}
+    for op in f.ops:
+        for v in op.inputs:
+            readers[v] = readers.get(v, 0) + 1
+    for v in f.outputs:
+        readers[v] = readers.get(v, 0) + 1
+
+    def gathered(x: Value) -> Value | None:
+        link = links.get(x)
+        ok = link is not None and link.level == "cp" and link.src_state == S(2)
+        return link.src if ok and link.dst_state == R and not link.whole else None
+
+    def ring_op(op: Op) -> bool:
+        if op.op_type not in ("AttentionBlock", "AttentionBlockGrad"):
+            return False
+        first = 6 if op.op_type == "AttentionBlockGrad" else 3
+        if op.op_type == "AttentionBlock" and len(op.inputs) != 5:
+            return False
+        q_pos = links.get(op.inputs[first])
+        if gathered(op.inputs[1]) is None or gathered(op.inputs[2]) is None or q_pos is None:
+            return False
+        if q_pos.src is not op.inputs[first + 1] or q_pos.dst_state != S(0):
+            return False
+        if op.op_type == "AttentionBlockGrad":  # its key gradients only reduce-scattered
+            return all(
+                op.outputs[i] in scattered and not readers.get(op.outputs[i]) for i in (1, 2)
+            )
+        return True
+
+    rings = [op for op in f.ops if ring_op(op)]
+    if not rings:
+        return level
+    # the inputs the ring makes unneeded: the gathered keys and values no other op reads,
+    # the reduce-scattered key and value gradients
+    in_rings = {v for op in rings for v in op.inputs[1:3]}
+    drop = {
+        x
+        for x in in_rings
+        if sum(1 for op in rings for v in op.inputs[1:3] if v is x) == readers.get(x)
+    }
+    drop |= {
+        scattered[op.outputs[i]]
+        for op in rings
+        if op.op_type == "AttentionBlockGrad"
+        for i in (1, 2)
+    }
+    b = FunctionBuilder(f.name)
+    env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in f.inputs if v not in drop}
+    new_links = {env[x]: link for x, link in links.items() if x in env}
+    origin: dict[Op, Op] = {}
+    shifted: dict[tuple[Value, int], Value] = {}
+
+    def shift(src: Value, s: int, like: Value, src_state: Shard, dst_state: Shard) -> Value:
+        """``src`` (here) of the rank ``s`` places back on the ring (``-s``: on)."""
+        key = (src, s)
+        if key not in shifted:
+            x = b.input(f"{like.name}_ring{s}" if s > 0 else f"{like.name}_back{-s}", like.type)
+            new_links[x] = Link(src, "cp", src_state, dst_state, shift=s)
+            shifted[key] = x
+        return shifted[key]
+
+    for op in f.ops:
+        first_new = len(b.ops)
+        if op not in rings:
+            made = b.add_like(op, [env[v] for v in op.inputs], [v.name for v in op.outputs])
+            env.update(zip(op.outputs, made.outputs))
+        else:
+            _ring(b, op, env, cp, shift, gathered, scattered)
+        for made_op in b.ops[first_new:]:
+            origin[made_op] = level.origin.get(op, op)
+    g = b.finish([env[v] for v in f.outputs])
+    # the sources as rebuilt (the ring's own links have theirs already)
+    new_links = {
+        x: link if link.shift else replace(link, src=env.get(link.src, link.src))
+        for x, link in new_links.items()
+    }
+    value_of = {v: env.get(x, x) for v, x in level.value_of.items()}
+    return Level(level.name, level.n, g, value_of, new_links, level.out_states, origin)
+
+
+def _ring(
+    b: FunctionBuilder,
+    op: Op,
+    env: dict[Value, Value],
+    cp: int,
+    shift: Callable[[Value, int, Value, Shard, Shard], Value],
+    gathered: Callable[[Value], Value | None],
+    scattered: Mapping[Value, Value],
+) -> None:
+    """The ring form of one attention block (forward) or its gradient (backward): its
+    results in ``env``, and the reduce-scatters' results its gradients replace."""
+    ins = [env.get(v) for v in op.inputs]
+    grad = op.op_type == "AttentionBlockGrad"
+    first = 6 if grad else 3
+    k_all, v_all = op.inputs[1:3]
+    k_src, v_src = gathered(k_all), gathered(v_all)
+    assert k_src is not None and v_src is not None
+    k, v = env[k_src], env[v_src]
+    q_pos, whole_pos = ins[first], ins[first + 1]
+
+    def block(s: int) -> tuple[Value, Value, Value]:
+        if s == 0:
+            return k, v, q_pos
+        return (
+            shift(k, s, k, S(2), S(2)),
+            shift(v, s, v, S(2), S(2)),
+            shift(whole_pos, s, q_pos, R, S(0)),
+        )
+
+    a = dict(op.attributes)
+    if not grad:
+        out_name, lse_name = (x.name for x in op.outputs)
+        prev: list[Value] = []
+        for s in range(cp):
+            kb, vb, pb = block(s)
+            last = s == cp - 1
+            names = [out_name, lse_name] if last else [f"{out_name}_{s}", f"{lse_name}_{s}"]
+            made = b.add_op(op.op_type, [ins[0], kb, vb, q_pos, pb, *prev], a, names=names)
+            prev = list(made.outputs)
+        env.update(zip(op.outputs, prev))
+        return
+    fixed = ins[3:6]
+    dq: Value | None = None
+    totals: list[Value | None] = [None, None]
+    for s in range(cp):
+        kb, vb, pb = block(s)
+        names = [f"{x.name}_{s}" for x in op.outputs]
+        made = b.add_op(op.op_type, [ins[0], kb, vb, *fixed, q_pos, pb], a, names=names)
+        dq_s, dk_s, dv_s = made.outputs
+        dq = dq_s if dq is None else b.call("Add", dq, dq_s, name=f"{op.outputs[0].name}_sum{s}")
+        for i, part in ((0, dk_s), (1, dv_s)):
+            home = part if s == 0 else shift(part, -s, part, S(2), S(2))
+            total = totals[i]
+            name = f"{op.outputs[i + 1].name}_sum{s}"
+            totals[i] = home if total is None else b.call("Add", total, home, name=name)
+    assert dq is not None
+    env[op.outputs[0]] = dq
+    for i in (1, 2):
+        total = totals[i - 1]
+        assert total is not None
+        env[scattered[op.outputs[i]]] = total  # read where the reduce-scatter's result was
+
+
+__all__ = ["ring_level"]
