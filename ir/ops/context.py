@@ -371,10 +371,15 @@ register_op(
         doc="Each member of each group (ring) sends its element to the member offset places "
         "on, cyclically: element g[(i + offset) % n] of the result is element g[i].",
         extra={
+            # ring attention's transfers run on their own streams with no host
+            # synchronisation after them (Megatron-Core / Transformer Engine's context
+            # parallelism: isend/irecv on a side stream), unlike a pipeline's
+            # batch_isend_irecv: the simulator lets the host run ahead (ir.sim.engine)
+            "async_p2p": True,
             "examples": lambda s: [
                 ctx(per_device(2 * s, 3)),
                 ctx(per_device(s, 2, devices=(0, 1, 2, 3)), groups=[[0, 2], [1, 3]], offset=-1),
-            ]
+            ],
         },
     )
 )

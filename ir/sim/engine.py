@@ -532,7 +532,7 @@ class Engine:
             for ref in _refs(t):
                 scope[ref]  # raises _UnknownDeviceError for a device the topology lacks
         c = opdef.comm_rule(CostContext(in_types, out_types, op.attributes))
-        ckey = (c.kind, c.size_bytes, c.devices, c.root, c.groups)
+        ckey = (c.kind, c.size_bytes, c.devices, c.root, c.groups, opdef.extra.get("async_p2p"))
         timing = self._comm_cache.get(ckey)
         if timing is None:
             try:
@@ -545,7 +545,11 @@ class Engine:
             if dur is None:
                 dur = c.time_s(self.topology)
             channels = self._channels(c.kind, participants, c.groups)
-            syncs = c.kind == "send" and any(self.host_sync[d] for d in participants)
+            syncs = (
+                c.kind == "send"
+                and not opdef.extra.get("async_p2p")
+                and any(self.host_sync[d] for d in participants)
+            )
             timing = (participants, dur, (0.0, float(c.size_bytes)), channels, syncs)
             self._comm_cache[ckey] = timing
         if key is not None:

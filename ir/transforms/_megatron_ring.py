@@ -93,14 +93,25 @@ def ring_level(level: Level, cp: int) -> Level:
     origin: dict[Op, Op] = {}
     shifted: dict[tuple[Value, int], Value] = {}
 
-    def shift(src: Value, s: int, like: Value, src_state: Shard, dst_state: Shard) -> Value:
-        """``src`` (here) of the rank ``s`` places back on the ring (``-s``: on)."""
+    def shift(src: Value, s: int, like: Value, src_state: Shard) -> Value:
+        """``src`` (here) of the rank ``s`` places back on the ring: passed on one member
+        ``s`` times (a value of state ``R`` has each member's own part passed on)."""
         key = (src, s)
+        if s == 0:
+            return src
         if key not in shifted:
-            x = b.input(f"{like.name}_ring{s}" if s > 0 else f"{like.name}_back{-s}", like.type)
-            new_links[x] = Link(src, "cp", src_state, dst_state, shift=s)
+            prev = shift(src, s - 1, like, src_state)
+            x = b.input(f"{like.name}_ring{s}", like.type)
+            state = src_state if s == 1 else (S(0) if src_state == R else src_state)
+            new_links[x] = Link(prev, "cp", state, S(0) if state == R else state, shift=1)
             shifted[key] = x
         return shifted[key]
+
+    def pass_on(src: Value, name: str) -> Value:
+        """``src`` (a split along the sequence) passed on one member of the ring."""
+        x = b.input(name, src.type)
+        new_links[x] = Link(src, "cp", S(2), S(2), shift=1)
+        return x
 
     for op in f.ops:
         first_new = len(b.ops)
@@ -108,7 +119,7 @@ def ring_level(level: Level, cp: int) -> Level:
             made = b.add_like(op, [env[v] for v in op.inputs], [v.name for v in op.outputs])
             env.update(zip(op.outputs, made.outputs))
         else:
-            _ring(b, op, env, cp, shift, gathered, scattered)
+            _ring(b, op, env, cp, shift, pass_on, gathered, scattered)
         for made_op in b.ops[first_new:]:
             origin[made_op] = level.origin.get(op, op)
     g = b.finish([env[v] for v in f.outputs])
@@ -126,7 +137,8 @@ def _ring(
     op: Op,
     env: dict[Value, Value],
     cp: int,
-    shift: Callable[[Value, int, Value, Shard, Shard], Value],
+    shift: Callable[[Value, int, Value, Shard], Value],
+    pass_on: Callable[[Value, str], Value],
     gathered: Callable[[Value], Value | None],
     scattered: Mapping[Value, Value],
 ) -> None:
@@ -144,11 +156,7 @@ def _ring(
     def block(s: int) -> tuple[Value, Value, Value]:
         if s == 0:
             return k, v, q_pos
-        return (
-            shift(k, s, k, S(2), S(2)),
-            shift(v, s, v, S(2), S(2)),
-            shift(whole_pos, s, q_pos, R, S(0)),
-        )
+        return shift(k, s, k, S(2)), shift(v, s, v, S(2)), shift(whole_pos, s, q_pos, R)
 
     a = dict(op.attributes)
     if not grad:
@@ -162,26 +170,28 @@ def _ring(
             prev = list(made.outputs)
         env.update(zip(op.outputs, prev))
         return
+    # the key and value gradients travel with their block, each rank adding its part:
+    # at step s a rank holds the sums for the block of the rank s places back, and one
+    # more pass after the last step brings each block's sums home
     fixed = ins[3:6]
     dq: Value | None = None
-    totals: list[Value | None] = [None, None]
+    sums: list[Value] = []
     for s in range(cp):
         kb, vb, pb = block(s)
         names = [f"{x.name}_{s}" for x in op.outputs]
         made = b.add_op(op.op_type, [ins[0], kb, vb, *fixed, q_pos, pb], a, names=names)
-        dq_s, dk_s, dv_s = made.outputs
+        dq_s, *parts = made.outputs
         dq = dq_s if dq is None else b.call("Add", dq, dq_s, name=f"{op.outputs[0].name}_sum{s}")
-        for i, part in ((0, dk_s), (1, dv_s)):
-            home = part if s == 0 else shift(part, -s, part, S(2), S(2))
-            total = totals[i]
-            name = f"{op.outputs[i + 1].name}_sum{s}"
-            totals[i] = home if total is None else b.call("Add", total, home, name=name)
+        if s == 0:
+            sums = list(parts)
+            continue
+        for i, part in enumerate(parts):
+            got = pass_on(sums[i], f"{op.outputs[i + 1].name}_ring{s}")
+            sums[i] = b.call("Add", got, part, name=f"{op.outputs[i + 1].name}_sum{s}")
     assert dq is not None
     env[op.outputs[0]] = dq
-    for i in (1, 2):
-        total = totals[i - 1]
-        assert total is not None
-        env[scattered[op.outputs[i]]] = total  # read where the reduce-scatter's result was
+    for i in (1, 2):  # read where the reduce-scatter's result was
+        env[scattered[op.outputs[i]]] = pass_on(sums[i - 1], f"{op.outputs[i].name}_home")
 
 
 __all__ = ["ring_level"]

@@ -7,6 +7,8 @@ says; bad degrees refused naming the limit."""
 
 from __future__ import annotations
 
+import itertools
+import re
 from collections import Counter
 
 import numpy as np
@@ -93,13 +95,14 @@ def _all_ops(f: ir.Function):
 
 
 @pytest.mark.parametrize("cp", [2, 4, 8])
-def test_ring_attention_exchanges_cp_minus_one_blocks_each_way(cp) -> None:
-    """Ring attention: each rank's keys and values reach the other cp - 1 ranks of its
-    group in cp - 1 point-to-point steps in the forward, and the gradients of the blocks
-    it received go back in cp - 1 steps in the backward: per rank, per layer and
-    microbatch, (cp - 1) blocks of K and of V each way, 2 (cp - 1) b hkv (s / cp) d
-    bytes, as many as the all-gather and the reduce-scatter move; the ring adds only
-    each block's positions ((cp - 1) int64 slices, forward and backward)."""
+def test_ring_attention_exchanges_cp_minus_one_blocks_forward(cp) -> None:
+    """Ring attention: each rank's keys and values go round the ring in cp - 1 steps in
+    the forward (each step one block to the next member), and in the backward the key
+    and value gradients travel with their blocks, each rank adding its part, one more
+    step bringing them home: per rank, per layer and microbatch, (cp - 1) blocks of K
+    and of V forward, cp of dK and dV backward (2 (cp - 1) b hkv (s / cp) d bytes
+    forward: the all-gather's), and each block's positions ((cp - 1) int64 slices
+    forward and again backward)."""
     b, s, h, heads, kv, layers, m = 2, 32 * cp, 32, 4, 2, 2, 2
     f = models.gpt(b * m, s, h, heads, 64, layers, kv_heads=kv)
     t = transforms.training(f)
@@ -108,16 +111,45 @@ def test_ring_attention_exchanges_cp_minus_one_blocks_each_way(cp) -> None:
     ring = megatron(t, 1, 1, 1, m, cp=cp)
     sent = traffic_bytes(ring)
     assert set(sent) == {"send", "allreduce"}  # the weights' gradients over the group
-    per_layer = 2 * (2 * (cp - 1) * block) + 2 * (cp - 1) * positions
+    per_layer = 2 * (cp - 1) * block + 2 * cp * block + 2 * (cp - 1) * positions
     for d in range(cp):
         assert sent["send"][d] == pytest.approx(layers * m * per_layer)
     shifts = [op for op in ring.ops if op.op_type == "RingShift"]
+    assert all(op.attributes["offset"] == 1 for op in shifts)  # to the next member only
     floats = [op for op in shifts if op.inputs[0].type.elements[0].dtype.is_float]
-    assert len(floats) == layers * m * 4 * (cp - 1)  # K, V forward; dK, dV backward
+    assert len(floats) == layers * m * (2 * (cp - 1) + 2 * cp)
     gathered = traffic_bytes(megatron(t, 1, 1, 1, m, cp=cp, ring_attention=False))
     for d in range(cp):
         assert gathered["allgather"][d] == pytest.approx(layers * m * 2 * (cp - 1) * block)
         assert gathered["reducescatter"][d] == pytest.approx(layers * m * 2 * (cp - 1) * block)
+
+
+@pytest.mark.parametrize(("devices", "seq", "hidden"), [(8, 32768, True), (16, 16384, False)])
+def test_ring_steps_hide_behind_the_blocks_when_a_block_outlasts_its_transfer(
+    devices, seq, hidden
+) -> None:
+    """The ring's condition: step s + 1's keys and values arrive while step s's block is
+    attended, so the blocks run back to back when a block's compute outlasts the
+    transfer of a key/value block (long sequences, NVLink: 8 ranks, 32k tokens), and
+    otherwise each step waits the difference (16 ranks over InfiniBand, 16k tokens)."""
+    topology = ir.Topology.preset("h100-hgx", devices, ideal=True)
+    f = models.gpt(1, seq, 4096, 32, 32000, 1, dtype="bfloat16", kv_heads=8)
+    g = megatron(transforms.training(f), 1, 1, 1, 1, cp=devices)
+    events = sorted(ir.simulate(g, topology).events_on(0), key=lambda e: e.start_s)
+    blocks = [e for e in events if e.op.op_type == "AttentionBlock"]
+    assert len(blocks) == devices
+    first_step = [  # the forward's first step: keys, values and their positions
+        e
+        for e in events
+        if e.op.op_type == "RingShift" and re.fullmatch(r"h0_\w+_ring1_mb0", e.op.outputs[0].name)
+    ]
+    assert len(first_step) == 3
+    transfer = sum(e.end_s - e.start_s for e in first_step)
+    attend = blocks[1].end_s - blocks[1].start_s
+    gaps = [b.start_s - a.end_s for a, b in itertools.pairwise(blocks[1:])]
+    assert (attend >= transfer) is hidden
+    for gap in gaps:
+        assert gap == pytest.approx(max(0.0, transfer - attend), rel=0.1, abs=1e-7)
 
 
 def test_balanced_order_gives_every_rank_the_same_causal_work() -> None:
