@@ -14,7 +14,8 @@ piece in that order compute what the sequential one does:
   log-sum-exp; under the split each rank's queries attend every rank's keys and values,
   which the plan gathers (and whose gradients it reduce-scatters back): attention by
   all-gather of the keys and values, as Llama 3 trains (Dubey et al. 2024, section
-  3.3.2);
+  3.3.2), which :mod:`ir.transforms._megatron_ring` then runs as a ring (the default;
+  ``ring_attention=False`` keeps the all-gather);
 * a position table added to the tokens (GPT's ``wpe``) is looked up at the positions
   (``Embedding``), its gradient put back where they point (``EmbeddingGrad``);
 * ``MoESlots`` takes the tokens in the order of their positions, so that capacity drops

@@ -1,24 +1,25 @@
 """Ring attention in the context level (``megatron(..., cp=)``): the keys and values of the
-context group passed block by block instead of gathered whole.
+context group passed round a ring block by block instead of gathered whole.
 
 The context level's plan (:mod:`ir.transforms._megatron_context`) gives each rank's
 queries the group's keys and values by an all-gather, and reduce-scatters their
 gradients back. :func:`ring_level` rewrites its local program as ring attention runs it
-(Liu et al. 2023; Megatron-Core's context parallelism):
+(Liu et al. 2023; Megatron-Core / Transformer Engine's context parallelism):
 
-* forward, step ``s = 0 .. cp - 1``: the block of the rank ``s`` places back on the
-  ring (its keys, values and positions: step 0 the rank's own, step ``s`` one
-  point-to-point ``RingShift`` by ``s``), attended by ``AttentionBlock`` and merged into
-  the steps so far by the online softmax (its ``out_prev, lse_prev``);
+* forward, step ``s = 0 .. cp - 1``: the block the rank holds (its own at step 0), its
+  keys, values and positions passed on to the next member (``RingShift``, offset 1)
+  for step ``s + 1``, attended by ``AttentionBlock`` and merged into the steps so far by
+  the online softmax (its ``out_prev, lse_prev``);
 * backward: each block's ``AttentionBlockGrad`` (from the whole attention's ``out`` and
-  ``lse``), the query gradients summed on the rank, each block's key and value gradients
-  sent back to the rank holding the block (``RingShift`` by ``-s``) and summed there.
+  ``lse``), the query gradients summed on the rank; the key and value gradients travel
+  with their block, each rank adding its part, and one pass more brings each block's
+  sums home (``cp`` passes, as ring-flash-attn runs it).
 
-Each rank sends and receives ``cp - 1`` blocks of keys and of values in the forward, and
-``cp - 1`` of their gradients in the backward: the all-gather's and the reduce-scatter's
-bytes, in ``cp - 1`` steps that the simulator overlaps with the blocks' compute (step
-``s + 1``'s transfer does not wait for step ``s``'s attention). The blocks received are
-kept for the backward, as the all-gathered keys were (Megatron-Core sends them again).
+Per rank that is ``cp - 1`` blocks of keys and of values sent in the forward and ``cp``
+blocks of their gradients in the backward, each pass one block over one link, so step
+``s + 1``'s transfer hides behind step ``s``'s block when the block's compute outlasts
+it (``RingShift`` is asynchronous: its record's ``async_p2p``). The blocks received are
+kept for the backward, as the all-gathered keys were (Megatron-Core passes them again).
 """
 
 from __future__ import annotations
