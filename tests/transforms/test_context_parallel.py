@@ -74,7 +74,8 @@ def test_context_parallel_steps_equal_the_sequential_step(model, dp, tp, pp, m, 
 
 @pytest.mark.parametrize("ring", [True, False], ids=["ring", "allgather"])
 @pytest.mark.parametrize(
-    ("dp", "tp", "cp", "ep", "zero"), [(2, 1, 2, 2, 0), (2, 1, 2, 1, 3), (2, 2, 2, 2, 1)]
+    ("dp", "tp", "cp", "ep", "zero"),
+    [(2, 1, 2, 2, 0), (2, 1, 2, 1, 3), (2, 2, 2, 2, 1), (4, 1, 2, 2, 3)],
 )
 def test_context_parallelism_composes_with_experts_and_zero3(dp, tp, cp, ep, zero, ring) -> None:
     t = transforms.training(MOE, optimizer="adam")
