@@ -256,6 +256,10 @@ register_op(
             "examples": _examples,
             "value_ranges": _position_ranges,
             "nondiff_operands": (3, 4),
+            # ring attention (ir.transforms._megatron_ring) runs it block by block, merging
+            # each block into the blocks so far
+            "ring_attention": "block",
+            "positions_operand": 3,
             "heads_limit": heads_limit,
         },
     )
@@ -276,6 +280,9 @@ register_op(
             "examples": lambda s: _examples(s, grad=True),
             "value_ranges": _position_ranges,
             "nondiff_operands": (6, 7),
+            # ring attention runs it once per key block, summing dq and passing dk, dv on
+            "ring_attention": "gradient",
+            "positions_operand": 6,
             "heads_limit": heads_limit,
             # dk, dv: sums over the queries of a context-parallel group, reduce-scattered to
             # the keys' split as they are made (ir.transforms._megatron_context)

@@ -29,6 +29,7 @@ from dataclasses import replace
 
 from ..builder import FunctionBuilder
 from ..op import Op
+from ..registry import get_op
 from ..value import Value
 from ._megatron_levels import Level
 from ._spmd import Link, R, S, Shard
@@ -55,17 +56,18 @@ def ring_level(level: Level, cp: int) -> Level:
         return link.src if ok and link.dst_state == R and not link.whole else None
 
     def ring_op(op: Op) -> bool:
-        if op.op_type not in ("AttentionBlock", "AttentionBlockGrad"):
+        role = _role(op)
+        if role is None:
             return False
-        first = 6 if op.op_type == "AttentionBlockGrad" else 3
-        if op.op_type == "AttentionBlock" and len(op.inputs) != 5:
+        first = _positions_operand(op)
+        if role == "block" and len(op.inputs) != 5:  # no blocks so far: a whole attention
             return False
         q_pos = links.get(op.inputs[first])
         if gathered(op.inputs[1]) is None or gathered(op.inputs[2]) is None or q_pos is None:
             return False
         if q_pos.src is not op.inputs[first + 1] or q_pos.dst_state != S(0):
             return False
-        if op.op_type == "AttentionBlockGrad":  # its key gradients only reduce-scattered
+        if role == "gradient":  # its key gradients only reduce-scattered
             return all(
                 op.outputs[i] in scattered and not readers.get(op.outputs[i]) for i in (1, 2)
             )
@@ -82,12 +84,7 @@ def ring_level(level: Level, cp: int) -> Level:
         for x in in_rings
         if sum(1 for op in rings for v in op.inputs[1:3] if v is x) == readers.get(x)
     }
-    drop |= {
-        scattered[op.outputs[i]]
-        for op in rings
-        if op.op_type == "AttentionBlockGrad"
-        for i in (1, 2)
-    }
+    drop |= {scattered[op.outputs[i]] for op in rings if _role(op) == "gradient" for i in (1, 2)}
     b = FunctionBuilder(f.name)
     env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in f.inputs if v not in drop}
     new_links = {env[x]: link for x, link in links.items() if x in env}
@@ -146,8 +143,8 @@ def _ring(
     """The ring form of one attention block (forward) or its gradient (backward): its
     results in ``env``, and the reduce-scatters' results its gradients replace."""
     ins = [env.get(v) for v in op.inputs]
-    grad = op.op_type == "AttentionBlockGrad"
-    first = 6 if grad else 3
+    grad = _role(op) == "gradient"
+    first = _positions_operand(op)
     k_all, v_all = op.inputs[1:3]
     k_src, v_src = gathered(k_all), gathered(v_all)
     assert k_src is not None and v_src is not None
@@ -193,6 +190,17 @@ def _ring(
     env[op.outputs[0]] = dq
     for i in (1, 2):  # read where the reduce-scatter's result was
         env[scattered[op.outputs[i]]] = pass_on(sums[i - 1], f"{op.outputs[i].name}_home")
+
+
+def _role(op: Op) -> str | None:
+    """``"block"`` or ``"gradient"`` for an op ring attention splits by key blocks (its
+    record's ``extra["ring_attention"]``), else None."""
+    return get_op(op.op_type).extra.get("ring_attention")
+
+
+def _positions_operand(op: Op) -> int:
+    """The operand index of the queries' positions (the keys' follow)."""
+    return get_op(op.op_type).extra["positions_operand"]
 
 
 __all__ = ["ring_level"]

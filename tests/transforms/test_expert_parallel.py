@@ -125,3 +125,9 @@ def test_a_pipeline_cut_between_the_router_and_its_experts_runs(ep) -> None:
     f = models.gpt(4, 8, 16, 4, 32, 2, dtype=F64, experts=4, top_k=2)
     t = transforms.training(f, optimizer="sgd")
     _run(t, megatron(t, 2, 1, 2, 2, ep=ep, stage_of={"h0_moe_fc": 1}))
+
+
+def test_a_top_k_beyond_the_experts_is_refused_when_the_model_is_built() -> None:
+    """No transform sees such a model: the builder names k and the limit."""
+    with pytest.raises(ir.DistIRError, match=r"top_k=3 is more than the 2 experts; choose k <= 2"):
+        models.gpt(4, 8, 16, 4, 32, 1, experts=2, top_k=3)
