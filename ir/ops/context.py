@@ -323,7 +323,11 @@ def attention_context_form(b, op, ins, ctx):
 
 def _shift_types(c: TypeContext):
     (xs,) = c.input_types
-    if not isinstance(xs, TupleType) or not xs.elements:
+    if (
+        not isinstance(xs, TupleType)
+        or not xs.elements
+        or not all(isinstance(e, TensorType) for e in xs.elements)
+    ):
         raise TypeRuleError(f"RingShift takes a tuple of per-device tensors, got {xs}")
     for g in element_groups(c.attributes.get("groups"), len(xs)):
         shapes = {xs.elements[i].shape for i in g}
