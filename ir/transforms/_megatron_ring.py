@@ -10,16 +10,18 @@ gradients back. :func:`ring_level` rewrites its local program as ring attention 
   keys, values and positions passed on to the next member (``RingShift``, offset 1)
   for step ``s + 1``, attended by ``AttentionBlock`` and merged into the steps so far by
   the online softmax (its ``out_prev, lse_prev``);
-* backward: each block's ``AttentionBlockGrad`` (from the whole attention's ``out`` and
-  ``lse``), the query gradients summed on the rank; the key and value gradients travel
-  with their block, each rank adding its part, and one pass more brings each block's
-  sums home (``cp`` passes, as ring-flash-attn runs it).
+* backward: the blocks passed round again (the forward's are not kept: each rank holds
+  one block of keys and values a layer between the passes, where the all-gather keeps
+  the whole sequence's), each block's ``AttentionBlockGrad`` (from the whole
+  attention's ``out`` and ``lse``), the query gradients summed on the rank; the key and
+  value gradients travel with their block, each rank adding its part, and one pass more
+  brings each block's sums home (``cp`` passes, as ring-flash-attn and Megatron-Core
+  run it).
 
-Per rank that is ``cp - 1`` blocks of keys and of values sent in the forward and ``cp``
-blocks of their gradients in the backward, each pass one block over one link, so step
-``s + 1``'s transfer hides behind step ``s``'s block when the block's compute outlasts
-it (``RingShift`` is asynchronous: its record's ``async_p2p``). The blocks received are
-kept for the backward, as the all-gathered keys were (Megatron-Core passes them again).
+Per rank that is ``cp - 1`` blocks of keys and of values sent in the forward and again in
+the backward, and ``cp`` blocks of their gradients, each pass one block over one link, so
+step ``s + 1``'s transfer hides behind step ``s``'s block when the block's compute
+outlasts it (``RingShift`` is asynchronous: its record's ``async_p2p``).
 """
 
 from __future__ import annotations
@@ -89,17 +91,19 @@ def ring_level(level: Level, cp: int) -> Level:
     env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in f.inputs if v not in drop}
     new_links = {env[x]: link for x, link in links.items() if x in env}
     origin: dict[Op, Op] = {}
-    shifted: dict[tuple[Value, int], Value] = {}
+    shifted: dict[tuple[Value, int, str], Value] = {}
 
-    def shift(src: Value, s: int, like: Value, src_state: Shard) -> Value:
+    def shift(src: Value, s: int, like: Value, src_state: Shard, phase: str) -> Value:
         """``src`` (here) of the rank ``s`` places back on the ring: passed on one member
-        ``s`` times (a value of state ``R`` has each member's own part passed on)."""
-        key = (src, s)
+        ``s`` times (a value of state ``R`` has each member's own part passed on); the
+        backward (``phase`` ``"B"``) passes the blocks round again rather than keeping the
+        forward's."""
+        key = (src, s, phase)
         if s == 0:
             return src
         if key not in shifted:
-            prev = shift(src, s - 1, like, src_state)
-            x = b.input(f"{like.name}_ring{s}", like.type)
+            prev = shift(src, s - 1, like, src_state, phase)
+            x = b.input(f"{like.name}_{'ring' if phase == 'F' else 'bring'}{s}", like.type)
             state = src_state if s == 1 else (S(0) if src_state == R else src_state)
             new_links[x] = Link(prev, "cp", state, S(0) if state == R else state, shift=1)
             shifted[key] = x
@@ -135,7 +139,7 @@ def _ring(
     op: Op,
     env: dict[Value, Value],
     cp: int,
-    shift: Callable[[Value, int, Value, Shard], Value],
+    shift: Callable[[Value, int, Value, Shard, str], Value],
     pass_on: Callable[[Value, str], Value],
     gathered: Callable[[Value], Value | None],
     scattered: Mapping[Value, Value],
@@ -151,10 +155,16 @@ def _ring(
     k, v = env[k_src], env[v_src]
     q_pos, whole_pos = ins[first], ins[first + 1]
 
+    phase = "B" if grad else "F"
+
     def block(s: int) -> tuple[Value, Value, Value]:
         if s == 0:
             return k, v, q_pos
-        return shift(k, s, k, S(2)), shift(v, s, v, S(2)), shift(whole_pos, s, q_pos, R)
+        return (
+            shift(k, s, k, S(2), phase),
+            shift(v, s, v, S(2), phase),
+            shift(whole_pos, s, q_pos, R, phase),
+        )
 
     a = dict(op.attributes)
     if not grad:

@@ -98,11 +98,11 @@ def _all_ops(f: ir.Function):
 @pytest.mark.parametrize("cp", [2, 4, 8])
 def test_ring_attention_exchanges_cp_minus_one_blocks_forward(cp) -> None:
     """Ring attention: each rank's keys and values go round the ring in cp - 1 steps in
-    the forward (each step one block to the next member), and in the backward the key
-    and value gradients travel with their blocks, each rank adding its part, one more
-    step bringing them home: per rank, per layer and microbatch, (cp - 1) blocks of K
-    and of V forward, cp of dK and dV backward (2 (cp - 1) b hkv (s / cp) d bytes
-    forward: the all-gather's), and each block's positions ((cp - 1) int64 slices
+    the forward (each step one block to the next member: 2 (cp - 1) b hkv (s / cp) d
+    bytes, the all-gather's), and again in the backward, where the key and value
+    gradients travel with their blocks, each rank adding its part, one more step
+    bringing them home: per rank, per layer and microbatch, (cp - 1) blocks of K and of
+    V each way, cp of dK and dV, and each block's positions ((cp - 1) int64 slices
     forward and again backward)."""
     b, s, h, heads, kv, layers, m = 2, 32 * cp, 32, 4, 2, 2, 2
     f = models.gpt(b * m, s, h, heads, 64, layers, kv_heads=kv)
@@ -112,13 +112,13 @@ def test_ring_attention_exchanges_cp_minus_one_blocks_forward(cp) -> None:
     ring = megatron(t, 1, 1, 1, m, cp=cp)
     sent = traffic_bytes(ring)
     assert set(sent) == {"send", "allreduce"}  # the weights' gradients over the group
-    per_layer = 2 * (cp - 1) * block + 2 * cp * block + 2 * (cp - 1) * positions
+    per_layer = 2 * 2 * (cp - 1) * block + 2 * cp * block + 2 * (cp - 1) * positions
     for d in range(cp):
         assert sent["send"][d] == pytest.approx(layers * m * per_layer)
     shifts = [op for op in ring.ops if op.op_type == "RingShift"]
     assert all(op.attributes["offset"] == 1 for op in shifts)  # to the next member only
     floats = [op for op in shifts if op.inputs[0].type.elements[0].dtype.is_float]
-    assert len(floats) == layers * m * (2 * (cp - 1) + 2 * cp)
+    assert len(floats) == layers * m * (4 * (cp - 1) + 2 * cp)
     gathered = traffic_bytes(megatron(t, 1, 1, 1, m, cp=cp, ring_attention=False))
     for d in range(cp):
         assert gathered["allgather"][d] == pytest.approx(layers * m * 2 * (cp - 1) * block)
@@ -151,6 +151,26 @@ def test_ring_steps_hide_behind_the_blocks_when_a_block_outlasts_its_transfer(
     assert (attend >= transfer) is hidden
     for gap in gaps:
         assert gap == pytest.approx(max(0.0, transfer - attend), rel=0.1, abs=1e-7)
+
+
+def test_the_ring_keeps_one_key_value_block_a_layer_where_the_all_gather_keeps_all() -> None:
+    """The backward passes the blocks round again (as Megatron-Core does) instead of
+    keeping what the forward received: the peak falls by the other ranks' keys and
+    values of every layer, L (cp - 1) / cp of the whole sequence's K and V."""
+    cp, seq, layers, kv_heads, head_dim = 4, 16384, 8, 2, 128
+    f = models.gpt(1, seq, 1024, 8, 256, layers, dtype="bfloat16", kv_heads=kv_heads)
+    t = transforms.training(f, optimizer="sgd")
+    topology = ir.Topology.preset("h100-hgx", cp)
+    peak = {
+        ring: max(
+            ir.simulate(
+                megatron(t, 1, cp=cp, ring_attention=ring), topology
+            ).peak_memory_bytes.values()
+        )
+        for ring in (True, False)
+    }
+    whole_kv = 2 * seq * kv_heads * head_dim * 2  # K and V, bf16
+    assert peak[False] - peak[True] == pytest.approx(layers * whole_kv * (cp - 1) / cp, rel=0.01)
 
 
 def test_balanced_order_gives_every_rank_the_same_causal_work() -> None:
