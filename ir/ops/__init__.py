@@ -25,6 +25,7 @@ from . import (  # noqa: F401
     pieces,
     pointwise,
     reduce,
+    ring,
     shape,
     vocabulary,
 )

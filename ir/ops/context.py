@@ -1,5 +1,6 @@
 """Context parallelism's ops: attention over one block of keys at explicit positions, its
-gradient, the positions themselves, and the ring's shift of a tuple to the next member.
+gradient and the positions themselves (the ring's shift of a tuple to the next member,
+``RingShift``, is in :mod:`ir.ops.ring`).
 
 Context parallelism (``ir.transforms.megatron(..., cp=)``) splits each sequence over a
 group of devices. Causal attention then needs to know where each query and key sits, so
@@ -19,8 +20,6 @@ these ops take the positions as data:
 * ``(dq, dk, dv) = AttentionBlockGrad(q, k, v, out, dout, lse, q_pos, k_pos)``: the part
   of the gradient that one block of keys gives, from the whole attention's ``out`` and
   ``lse`` (FlashAttention-2's backward, one key block at a time).
-* ``RingShift(xs, groups=, offset=1)``: each member of each group sends its element to
-  the member ``offset`` places on (cyclically): the ring's step of ring attention.
 
 Cost: as ``Attention``'s, over the pairs a causal block attends, which the balanced order
 makes exactly half of every block (a rank's chunks ``r`` and ``2 cp - 1 - r`` attend, of
@@ -35,15 +34,13 @@ import math
 import numpy as np
 
 from .. import attr_kinds as kinds
-from ..collectives import Collective
 from ..errors import TypeRuleError
-from ..registry import Attr, Cost, CostContext, OpDef, OpKind, TypeContext, attach_rule, register_op
-from ..types import DType, TensorType, TupleType
+from ..registry import Attr, Cost, CostContext, OpDef, TypeContext, attach_rule, register_op
+from ..types import DType, TensorType
 from . import _factors as fx
 from ._common import memory_cost, tensor
-from ._examples import ctx, per_device, t
+from ._examples import ctx, t
 from .attention import _grouped, _head_operand, _ungrouped, attended_pairs, heads_limit
-from .communication import element_groups
 
 _ATTRIBUTES = (
     Attr("causal", False, "key j is attended by query i iff k_pos[j] <= q_pos[i]", kind=kinds.BOOL),
@@ -318,85 +315,6 @@ def attention_context_form(b, op, ins, ctx):
     return b.add_op("AttentionBlockGrad", [*ins, lse, pos, pos], op.attributes, names=names).outputs
 
 
-# -- RingShift ---------------------------------------------------------------------------------
-
-
-def _shift_types(c: TypeContext):
-    (xs,) = c.input_types
-    if (
-        not isinstance(xs, TupleType)
-        or not xs.elements
-        or not all(isinstance(e, TensorType) for e in xs.elements)
-    ):
-        raise TypeRuleError(f"RingShift takes a tuple of per-device tensors, got {xs}")
-    for g in element_groups(c.attributes.get("groups"), len(xs)):
-        shapes = {xs.elements[i].shape for i in g}
-        dtypes = {xs.elements[i].dtype for i in g}
-        if len(shapes) > 1 or len(dtypes) > 1:
-            raise TypeRuleError(f"the members of group {g} hold different types")
-    return [xs]
-
-
-def _shift(xs, a):
-    parts = xs[0]
-    out = list(parts)
-    for g in element_groups(a.get("groups"), len(parts)):
-        n = len(g)
-        for i, member in enumerate(g):
-            out[g[(i + a["offset"]) % n]] = parts[member]
-    return [tuple(out)]
-
-
-def _shift_comm(c: CostContext) -> Collective:
-    (xs,) = c.input_types
-    pairs = []
-    for g in element_groups(c.attributes.get("groups"), len(xs)):
-        n = len(g)
-        for i, member in enumerate(g):
-            to = g[(i + c.attributes["offset"]) % n]
-            if to != member:
-                pairs.append((xs.elements[member].device, xs.elements[to].device))
-    size = max(e.size_bytes for e in xs.elements)
-    if not pairs:
-        return Collective("local", 0, tuple(e.device for e in xs.elements))
-    return Collective(
-        "send", size, pairs[0], pairs[0][1], groups=tuple(pairs) if len(pairs) > 1 else ()
-    )
-
-
-register_op(
-    OpDef(
-        name="RingShift",
-        operands=("xs",),
-        results=("ys",),
-        type_rule=_shift_types,
-        kernel=_shift,
-        cost_rule=memory_cost,
-        attributes=(
-            Attr(
-                "groups", None, "element positions of each ring; None: one ring", kind=kinds.GROUPS
-            ),
-            Attr("offset", 1, "how many members on each element goes", kind=kinds.INT),
-        ),
-        kind=OpKind.COMMUNICATION,
-        doc="Each member of each group (ring) sends its element to the member offset places "
-        "on, cyclically: element g[(i + offset) % n] of the result is element g[i].",
-        extra={
-            # ring attention's transfers run on their own streams with no host
-            # synchronisation after them (Megatron-Core / Transformer Engine's context
-            # parallelism: isend/irecv on a side stream), unlike a pipeline's
-            # batch_isend_irecv: the simulator lets the host run ahead (ir.sim.engine)
-            "async_p2p": True,
-            "examples": lambda s: [
-                ctx(per_device(2 * s, 3)),
-                ctx(per_device(s, 2, devices=(0, 1, 2, 3)), groups=[[0, 2], [1, 3]], offset=-1),
-            ],
-        },
-    )
-)
-attach_rule("RingShift", "comm_rule", _shift_comm)
-
-
 # -- sharding rules ------------------------------------------------------------------------------
 # Batch and heads split (kv heads with the query heads, in proportion), the queries split with
 # their positions (positions make a causal block's mask independent of where its queries sit);
@@ -475,17 +393,4 @@ def _block_gradient(b, op, ins, outs, dys):
     return [dq, dk, dv, None, None]
 
 
-def _shift_gradient(b, op, ins, outs, dys):
-    from ._grad import gname
-
-    (dy,) = dys
-    if dy is None:
-        return [None]
-    a = op.attributes
-    return [
-        b.call("RingShift", dy, groups=a.get("groups"), offset=-a["offset"], name=gname(ins[0]))
-    ]
-
-
 attach_rule("AttentionBlock", "gradient_rule", _block_gradient)
-attach_rule("RingShift", "gradient_rule", _shift_gradient)
