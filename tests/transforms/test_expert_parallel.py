@@ -131,3 +131,14 @@ def test_a_top_k_beyond_the_experts_is_refused_when_the_model_is_built() -> None
     """No transform sees such a model: the builder names k and the limit."""
     with pytest.raises(ir.DistIRError, match=r"top_k=3 is more than the 2 experts; choose k <= 2"):
         models.gpt(4, 8, 16, 4, 32, 1, experts=2, top_k=3)
+
+
+def test_a_moe_model_is_cut_at_its_layer_boundaries_despite_its_carried_losses() -> None:
+    """Every MoE layer's load-balancing loss is carried to the model's loss: a scalar,
+    not an activation, so the points between layers stay points (a dense first layer
+    and three MoE layers: four stages at the layer boundaries, not sublayers)."""
+    f = models.gpt(8, 8, 16, 4, 32, 4, dtype=F64, experts=4, top_k=2, dense_layers=1)
+    t = transforms.training(f, optimizer="sgd")
+    cut = transforms.pipeline_cut(t, 4)
+    assert cut.at == "layer boundaries", cut
+    _run(t, megatron(t, 2, 1, 4, 4, ep=2))
