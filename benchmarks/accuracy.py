@@ -69,6 +69,10 @@ class Recipe:
     sequence_parallel: bool = False
     master_weights: bool = True  # mixed precision: float32 master weights and moments
     dtype: str = "float16"
+    # Megatron-LM's DDP all-reduces the gradients after the backward of the last
+    # microbatch (v2.x train_step: allreduce_gradients() after forward_backward_func;
+    # Megatron-Core: --overlap-grad-reduce is off by default)
+    overlap_grad_reduce: bool = False
 
 
 MEGATRON_2021 = Recipe()
@@ -178,6 +182,7 @@ def build(case: Case) -> Function:
         case.microbatches,
         case.schedule,
         sequence_parallel=case.recipe.sequence_parallel,
+        overlap_grad_reduce=case.recipe.overlap_grad_reduce,
     )
 
 

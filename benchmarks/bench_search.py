@@ -1,25 +1,41 @@
-"""Strategy search speed: strategies per second end to end, and one strategy at GPT-3 scale.
+"""Strategy search speed: the 35-strategy grid, GPT-3 at scale, and a space of 110,880.
 
-    python benchmarks/bench_search.py [--repeat 3] [--gpt3-microbatches 8] [--skip-gpt3]
+    python benchmarks/bench_search.py [--repeat 3] [--skip-gpt3] [--skip-space]
+                                      [--gpt3-microbatches 64] [--gpt3-dp 16 256]
 
 1. The 35 strategies of a 16-layer MLP (hidden 8192, batch 8192) on 16 A100s: every
-   power-of-two dp x tp x pp, microbatches in {2, 8, 32} when pp > 1, each built by
-   ``T.megatron`` and simulated. Figures: strategies per second with rank classes
-   (each pmap body walked once per class: the default) and without (every device
-   walked: the program-per-device baseline), measured in the same run, each the best of
-   ``--repeat`` passes over the 35 (wall clock, and the CPU time of this process, which
-   other processes on a shared machine disturb less).
-2. A GPT-3 175B-shaped model (96 layers, hidden 12288, 96 heads, sequence 2048,
-   vocab 51200, bfloat16, Adam) on 1,024 GPUs of the ``a100-hgx`` preset at
-   dp x tp x pp = 16 x 8 x 8, microbatch size 1: build and simulate time, and the
-   peak memory Python allocated for it (tracemalloc, in a second run: tracing slows it).
+   power-of-two dp x tp x pp, microbatches in {2, 8, 32} when pp > 1. Figures, best of
+   ``--repeat`` passes (wall clock, and this process's CPU time, which other processes on
+   a shared machine disturb less), all in the same run:
+
+   * every strategy built by ``T.megatron`` and simulated in full (``ir.simulate``: rank
+     classes walked once, pmap bodies scheduled once per device model), peak memory
+     included;
+   * the reference it is tested against: every op of every device walked
+     (``symmetry=False``);
+   * ``ir.search.search`` end to end over the same 35, simulating all of them
+     (``simulate="all"``) and in two tiers (``simulate="front"``: estimated, the event
+     simulation on those that can reach the front), with how many it simulated.
+2. A GPT-3 175B-shaped model (96 layers, hidden 12288, 96 heads, sequence 2048, vocab
+   51200, bfloat16, Adam) at tp 8 x pp 8 and ``--gpt3-microbatches`` microbatches of
+   one sequence, on 1,024 and 16,384 ``a100-hgx`` GPUs (dp 16 and 256): model, build,
+   simulate and memory-curve seconds and the process's peak resident memory (each in a
+   process of its own).
+3. Every knob for the same GPT-3 on 1,024 GPUs (batch 1536): dp x tp x pp, every
+   microbatch count dividing the batch, the three schedules, chunks 1-8, ZeRO 0-2,
+   sequence parallelism and recomputation: 110,880 strategies. Figures: pruning, the
+   estimator's set-up (its analyses of the step) and its rate over the space, and the
+   strategies a two-tier search would then simulate first.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import subprocess
+import sys
 import time
-import tracemalloc
 
 import ir
 from ir import models, transforms
@@ -37,104 +53,191 @@ def mlp_strategies() -> list[tuple[int, int, int, int]]:
     return out
 
 
-def bench_mlp(symmetry: bool, repeat: int = 1) -> tuple[float, float, float]:
-    """(strategies per second, wall seconds, CPU seconds) for the 35 MLP strategies: the
-    best of ``repeat`` passes."""
-    t = transforms.training(models.mlp(8192, 8192, 8192, 8192, layers=16))
-    topology = ir.Topology.preset("a100-hgx", 16)
-    space = mlp_strategies()
-    best_wall = best_cpu = float("inf")
+MLP = models.mlp(8192, 8192, 8192, 8192, layers=16)
+
+
+def _best(repeat: int, run) -> tuple[float, float, object]:
+    wall = cpu = float("inf")
+    out = None
     for _ in range(repeat):
         start, start_cpu = time.perf_counter(), time.process_time()
-        for dp, tp, pp, m in space:
-            g = transforms.megatron(t, dp, tp, pp, m)
-            result = ir.simulate(g, topology, symmetry=symmetry)
-            _ = result.peak_memory_bytes
-        best_wall = min(best_wall, time.perf_counter() - start)
-        best_cpu = min(best_cpu, time.process_time() - start_cpu)
-    return len(space) / best_wall, best_wall, best_cpu
+        out = run()
+        wall = min(wall, time.perf_counter() - start)
+        cpu = min(cpu, time.process_time() - start_cpu)
+    return wall, cpu, out
 
 
-def bench_gpt3(microbatches: int, traced: bool = False) -> dict[str, float]:
-    """Times (without tracing), or with ``traced`` the Python peak (tracing slows it)."""
-    if traced:
-        tracemalloc.start()
+def bench_grid(repeat: int) -> None:
+    t = transforms.training(MLP)
+    topology = ir.Topology.preset("a100-hgx", 16)
+    space = mlp_strategies()
+
+    def simulate_each(symmetry: bool):
+        def run():
+            for dp, tp, pp, m in space:
+                g = transforms.megatron(t, dp, tp, pp, m)
+                _ = ir.simulate(g, topology, symmetry=symmetry).peak_memory_bytes
+
+        return run
+
+    knobs = dict(
+        dp=(1, 2, 4, 8, 16),
+        tp=(1, 2, 4, 8, 16),
+        pp=(1, 2, 4, 8, 16),
+        microbatches=(1, 2, 8, 32),
+        progress=False,
+        optimizer="sgd",
+    )
+
+    def searched(mode: str):
+        return lambda: ir.search.search(MLP, topology, simulate=mode, **knobs)
+
+    simulate_each(True)()  # warm-up: imports, the registry's and types' caches
+    rows = [
+        ("each strategy simulated in full", *_best(repeat, simulate_each(True))),
+        ("every op on every device (reference)", *_best(repeat, simulate_each(False))),
+        ("search, simulate='all'", *_best(repeat, searched("all"))),
+        ("search, two tiers ('front')", *_best(repeat, searched("front"))),
+    ]
+    print(f"35 strategies of a 16-layer MLP (hidden 8192) on 16 A100s (best of {repeat}):")
+    for label, wall, cpu, out in rows:
+        n = 35
+        extra = ""
+        if isinstance(out, ir.search.SearchResult):
+            decided = [r for r in out.rows if r.status != "pruned" or r.strategy.pp == 1]
+            grid = {(d, k, p, m) for d, k, p, m in space}
+            mine = [
+                r
+                for r in out.rows
+                if (r.strategy.dp, r.strategy.tp, r.strategy.pp, r.strategy.microbatches) in grid
+            ]
+            simulated = sum(r.status in ("ok", "over capacity", "error") for r in mine)
+            extra = f"; {simulated} of the 35 simulated, {len(decided) - len(mine)} more pruned"
+        print(
+            f"  {label:<38}: {n / wall:6.1f} strategies/s ({wall:.2f} s; "
+            f"CPU {cpu:.2f} s: {n / cpu:.1f}/s){extra}"
+        )
+
+
+def gpt3(dp: int, microbatches: int) -> dict[str, float]:
+    import resource
+
     t0 = time.perf_counter()
     f = models.gpt(
-        batch=16 * microbatches,
+        batch=dp * microbatches,
         seq=2048,
         hidden=12288,
         heads=96,
         vocab=51200,
         layers=96,
         dtype="bfloat16",
-        attention="unfused",  # the program docs/search.md measured (its op counts)
     )
     t = transforms.training(f, "adam")
     t1 = time.perf_counter()
-    g = transforms.megatron(t, 16, 8, 8, microbatches, "1f1b")
+    g = transforms.megatron(t, dp, 8, 8, microbatches, "1f1b")
     t2 = time.perf_counter()
-    topology = ir.Topology.preset("a100-hgx", 1024)
-    result = ir.simulate(g, topology)
-    peak = max(result.peak_memory_bytes.values())
+    result = ir.simulate(g, ir.Topology.preset("a100-hgx", dp * 64))
     t3 = time.perf_counter()
-    traced_peak = 0.0
-    if traced:
-        _, traced_peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
+    peak = result.totals.max_peak_memory_bytes
+    t4 = time.perf_counter()
     return {
         "model_s": t1 - t0,
         "build_s": t2 - t1,
         "simulate_s": t3 - t2,
-        "logical_ops": g.num_ops(),
-        "walked_ops": result.walked_ops,
-        "represented_ops": result.num_ops,
+        "memory_s": t4 - t3,
+        "top_level_ops": len(g.ops),
         "step_s": result.step_time_s,
         "device_peak_gb": peak / 1e9,
-        "python_peak_gib": traced_peak / 2**30,
+        "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
     }
+
+
+def bench_space() -> None:
+    from ir.search.estimate import Estimator
+    from ir.search.space import ModelFacts, divisors, prune, strategies
+
+    batch = 1536
+    f = models.gpt(batch, 2048, 12288, 96, 51200, 96, dtype="bfloat16")
+    t = transforms.training(f, "adam")
+    topology = ir.Topology.preset("a100-hgx", 1024)
+    cpu = [time.process_time()]
+    start = time.perf_counter()
+    space = strategies(
+        1024,
+        batch,
+        microbatches=divisors(batch),
+        schedules=("1f1b", "gpipe", "interleaved"),
+        chunks=(1, 2, 3, 4, 6, 8),
+        zero=(0, 1, 2),
+        sequence_parallel=(False, True),
+        recompute=(False, True),
+    )
+    capacity = min(d.memory_bytes for d in topology.devices)
+    pruned = prune(space, ModelFacts.of(t, batch), capacity)
+    todo = [s for s in space if s not in pruned]
+    t1 = time.perf_counter()
+    cpu.append(time.process_time())
+    est = Estimator(t, topology, batch, todo)
+    t2 = time.perf_counter()
+    cpu.append(time.process_time())
+    e = est.estimate(todo)
+    t3 = time.perf_counter()
+    cpu.append(time.process_time())
+    est.estimate(todo)  # again: every distinct op, cut and shape known
+    warm = time.process_time() - cpu[-1]
+    c = [b - a for a, b in itertools.pairwise(cpu)]
+    fits = e.known & (e.peak_memory_bytes <= capacity)
+    order = sorted(range(len(todo)), key=lambda i: e.step_time_s[i] if fits[i] else float("inf"))
+    print(f"GPT-3 175B on 1,024 A100s, every knob: {len(space)} strategies")
+    print(
+        f"  enumerated and pruned in {t1 - start:.1f} s (CPU {c[0]:.1f} s; {len(pruned)} "
+        f"pruned by the state's bytes and the batch); estimator set-up (four analyses of "
+        f"the step) {t2 - t1:.1f} s (CPU {c[1]:.1f} s); {len(todo)} estimated in "
+        f"{t3 - t2:.2f} s (CPU {c[2]:.2f} s; each distinct op, stage cut and shape costed "
+        f"once); again {warm:.2f} s CPU ({len(todo) / warm:,.0f} strategies/s); the "
+        f"{len(space)} ranked in {t3 - start:.1f} s (CPU {sum(c):.1f} s)"
+    )
+    print(f"  {int(e.known.sum())} estimable, {int(fits.sum())} estimated to fit; fastest:")
+    for i in order[:3]:
+        print(
+            f"    {todo[i]}: {e.step_time_s[i]:.2f} s, "
+            f"{e.peak_memory_bytes[i] / 2**30:.1f} GiB (estimated)"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="passes; the best is shown")
-    parser.add_argument("--gpt3-microbatches", type=int, default=8)
+    parser.add_argument("--gpt3-microbatches", type=int, default=64)
+    parser.add_argument("--gpt3-dp", type=int, nargs="*", default=[16, 256])
     parser.add_argument("--skip-gpt3", action="store_true")
+    parser.add_argument("--skip-space", action="store_true")
+    parser.add_argument("--gpt3-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-
-    bench_mlp(symmetry=True)  # warm-up: imports, the registry's and types' caches
-    base_rate, base_seconds, base_cpu = bench_mlp(symmetry=False, repeat=args.repeat)
-    rate, seconds, cpu = bench_mlp(symmetry=True, repeat=args.repeat)
-    print(
-        "35 strategies of a 16-layer MLP (hidden 8192) on 16 A100s, build + simulate "
-        f"(best of {args.repeat}):"
-    )
-    print(
-        f"  rank classes walked once : {rate:6.2f} strategies/s ({seconds:.2f} s; "
-        f"CPU {cpu:.2f} s: {35 / cpu:.1f}/s)"
-    )
-    print(
-        f"  every device walked      : {base_rate:6.2f} strategies/s ({base_seconds:.2f} s; "
-        f"CPU {base_cpu:.2f} s: {35 / base_cpu:.1f}/s)"
-    )
-    if args.skip_gpt3:
+    if args.gpt3_one is not None:
+        print(json.dumps(gpt3(args.gpt3_one, args.gpt3_microbatches)))
         return
-    m = args.gpt3_microbatches
-    r = bench_gpt3(m)
-    r["python_peak_gib"] = bench_gpt3(m, traced=True)["python_peak_gib"]
-    print(f"GPT-3 175B shape on 1024 A100s, dp16 x tp8 x pp8, {m} microbatches of 1:")
-    print(
-        f"  build {r['build_s']:.1f} s + simulate {r['simulate_s']:.1f} s "
-        f"= {r['build_s'] + r['simulate_s']:.1f} s (model {r['model_s']:.1f} s)"
-    )
-    print(
-        f"  {r['logical_ops']} logical ops, {r['walked_ops']} walked, standing for "
-        f"{r['represented_ops']} per-device op runs"
-    )
-    print(
-        f"  predicted step {r['step_s']:.2f} s, device peak {r['device_peak_gb']:.1f} GB; "
-        f"Python peak {r['python_peak_gib']:.2f} GiB"
-    )
+    bench_grid(args.repeat)
+    if not args.skip_gpt3:
+        m = args.gpt3_microbatches
+        print(f"GPT-3 175B shape, tp8 x pp8, {m} microbatches of 1 (a process each):")
+        for dp in args.gpt3_dp:
+            out = subprocess.run(
+                [sys.executable, __file__, "--gpt3-one", str(dp), "--gpt3-microbatches", str(m)],
+                capture_output=True,
+                text=True,
+                check=True,
+            )
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            total = r["model_s"] + r["build_s"] + r["simulate_s"] + r["memory_s"]
+            print(
+                f"  {dp * 64:>6} GPUs: model {r['model_s']:.1f} + build {r['build_s']:.1f} + "
+                f"simulate {r['simulate_s']:.1f} + memory {r['memory_s']:.1f} = {total:.1f} s; "
+                f"{r['top_level_ops']} ops; step {r['step_s']:.2f} s, device peak "
+                f"{r['device_peak_gb']:.1f} GB; process peak {r['rss_gib']:.2f} GiB"
+            )
+    if not args.skip_space:
+        bench_space()
 
 
 if __name__ == "__main__":

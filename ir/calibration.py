@@ -36,6 +36,7 @@ import numpy as np
 
 from .device import Device, Topology
 from .errors import DistIRError
+from .interrupt import check
 from .loopback import Rendezvous, loopback_environment
 
 GB = 1e9
@@ -391,13 +392,19 @@ def _gloo(opts: CalibrationOptions) -> list[Sample]:
             )
         outputs = []
         for p in procs:
-            try:
-                outputs.append(p.communicate(timeout=max(0.1, deadline - time.monotonic())))
-            except subprocess.TimeoutExpired:
-                raise CalibrationError(
-                    f"the gloo benchmark did not finish within {opts.timeout_s} s; its "
-                    "processes were killed (a busy machine: raise CalibrationOptions.timeout_s)"
-                ) from None
+            while True:  # in short waits, so that a dashboard's Cancel is heard
+                check()
+                try:
+                    outputs.append(p.communicate(timeout=0.2))
+                    break
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() < deadline:
+                        continue
+                    raise CalibrationError(
+                        f"the gloo benchmark did not finish within {opts.timeout_s} s; its "
+                        "processes were killed (a busy machine: raise "
+                        "CalibrationOptions.timeout_s)"
+                    ) from None
         for p, (_, err) in zip(procs, outputs):
             if p.returncode != 0:
                 raise CalibrationError(

@@ -161,16 +161,17 @@ def node_groups(devices: Sequence[int], topology: Topology) -> tuple[tuple[int, 
     devices = tuple(dict.fromkeys(devices))
     if not topology.nodes:
         return (devices,)
-    wanted = set(devices)
-    groups = []
-    for node in topology.nodes:
-        group = tuple(d for d in devices if d in node)
-        if group:
-            groups.append(group)
-    missing = wanted - {d for g in groups for d in g}
-    if missing:
-        topology.index(min(missing))  # raises a TopologyError naming the device
-    return tuple(groups)
+    # by each device's node (one look-up each, not a pass over every node: grouped
+    # collectives on thousands of nodes ask this for each of their groups)
+    node_of = topology._node_index
+    groups: dict[int, list[int]] = {}
+    for d in devices:
+        k = node_of.get(d)
+        if k is None:  # in no node (as before, left out), or unknown: a TopologyError
+            topology.index(d)
+            continue
+        groups.setdefault(k, []).append(d)
+    return tuple(tuple(groups[k]) for k in sorted(groups))
 
 
 def collective_time_s(

@@ -42,7 +42,7 @@ def _rebuild(op_type, inputs, outputs, attributes, device, subfunctions, name) -
     return Op(op_type, inputs, outputs, freeze_attributes(attributes), device, subfunctions, name)
 
 
-@dataclass(frozen=True, eq=False, init=False)
+@dataclass(frozen=True, eq=False, init=False, slots=True)
 class Op:
     """One application of a registered op type.
 
@@ -70,16 +70,16 @@ class Op:
         subfunctions: tuple[Function, ...] = (),
         name: str = "",
     ) -> None:
-        # Item stores, not a frozen dataclass's object.__setattr__ per field: builders
-        # create an op for every device of every op of a distributed program.
-        d = self.__dict__
-        d["op_type"] = op_type
-        d["inputs"] = inputs
-        d["outputs"] = outputs
-        d["attributes"] = attributes
-        d["device"] = device
-        d["subfunctions"] = subfunctions
-        d["name"] = name
+        # Slot stores, not a frozen dataclass's object.__setattr__ per field, and no
+        # __dict__: builders create an op for every step of every microbatch of a
+        # distributed program, and the cyclic GC scans every object they leave.
+        _set_op_type(self, op_type)
+        _set_inputs(self, inputs)
+        _set_outputs(self, outputs)
+        _set_attributes(self, attributes)
+        _set_device(self, device)
+        _set_subfunctions(self, subfunctions)
+        _set_name(self, name)
 
     def __reduce__(self) -> tuple:
         # read-only attribute mappings do not pickle: send plain dicts, freeze them again
@@ -100,3 +100,18 @@ class Op:
         ins = ", ".join(v.name for v in self.inputs)
         outs = ", ".join(v.name for v in self.outputs)
         return f"Op({outs} = {self.op_type}({ins}))"
+
+
+# the slots' own setters (a frozen dataclass's __setattr__ refuses every store)
+(
+    _set_op_type,
+    _set_inputs,
+    _set_outputs,
+    _set_attributes,
+    _set_device,
+    _set_subfunctions,
+    _set_name,
+) = (
+    Op.__dict__[n].__set__
+    for n in ("op_type", "inputs", "outputs", "attributes", "device", "subfunctions", "name")
+)

@@ -17,6 +17,7 @@ import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cached_property
+from operator import attrgetter
 
 import ml_dtypes
 import numpy as np
@@ -251,6 +252,44 @@ class TupleType:
             )
         object.__setattr__(self, "_nesting", depth)  # not a field: no part of equality
 
+    def __hash__(self) -> int:
+        # Kept once made: the simulator and the transforms key tables by the tuple types of
+        # a distributed program, thousands of elements long, which they look up per op.
+        found = self.__dict__.get("_hash")
+        if found is None:
+            found = hash(self.elements)
+            object.__setattr__(self, "_hash", found)
+        return found
+
+    def __eq__(self, other: object) -> bool:
+        # Equal tuples of a distributed program are often distinct objects (one a transform
+        # made, one a type rule): compare their kept hashes, then their elements' fields
+        # as plain tuples (C-level), not one TensorType.__eq__ call per device.
+        if self is other:
+            return True
+        if not isinstance(other, TupleType):
+            return NotImplemented
+        return hash(self) == hash(other) and self._fields == other._fields
+
+    @property
+    def _fields(self) -> tuple:
+        found = self.__dict__.get("_fields_kept")
+        if found is None:
+            elements = self.elements
+            if all(e.__class__ is TensorType for e in elements):  # C-level: map, zip
+                found = tuple(zip(*(map(attrgetter(f), elements) for f in _TENSOR_FIELDS)))
+            else:
+                found = tuple(
+                    (e.shape, e.dtype, e.device) if e.__class__ is TensorType else e
+                    for e in elements
+                )
+            object.__setattr__(self, "_fields_kept", found)
+        return found
+
+    def __reduce__(self) -> tuple:
+        # elements only: a kept hash (of DTypes, which hash by identity) is this process's
+        return (TupleType, (self.elements,))
+
     @property
     def nesting(self) -> int:
         """How deep tuples nest in this one: 1 for a tuple of tensors."""
@@ -272,6 +311,7 @@ class TupleType:
 
 
 Type = TensorType | TupleType
+_TENSOR_FIELDS = ("shape", "dtype", "device")
 
 _SCALAR_SPELLING = {DType.float32: "Float", DType.int64: "Int", DType.bool: "Bool"}
 

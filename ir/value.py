@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from .types import Type
 
 
-@dataclass(frozen=True, eq=False, init=False)
+@dataclass(frozen=True, eq=False, init=False, slots=True)
 class Value:
     """A value defined once (a function input or an op output).
 
@@ -19,11 +19,14 @@ class Value:
     type: Type
 
     def __init__(self, name: str, type: Type) -> None:
-        # Two item stores, not a frozen dataclass's object.__setattr__ per field: a
-        # distributed program makes a value per device of every result.
-        d = self.__dict__
-        d["name"] = name
-        d["type"] = type
+        # The slots' own setters, not a frozen dataclass's object.__setattr__ per field,
+        # and no __dict__: a distributed program makes a value per device of every
+        # result, and the cyclic GC scans every object a build leaves.
+        _set_name(self, name)
+        _set_type(self, type)
 
     def __repr__(self) -> str:
         return f"Value({self.name!r}: {self.type})"
+
+
+_set_name, _set_type = Value.__dict__["name"].__set__, Value.__dict__["type"].__set__

@@ -11,8 +11,9 @@ is opened: the template drops nbconvert's require.js, MathJax, mermaid and jupyt
 CDN scripts (the notebooks write their formulas in plain text), every plotly figure is
 written as HTML with plotly.js inline (once per page, before the first figure), and every
 widget (the workbench's dashboard, a progress bar) is drawn statically from the widget state
-the run saved, as it was when the notebook finished (``widgets.saved_widget``; a live plotly
-chart inside a widget becomes a note, since its saved state is its first figure).
+the run saved, as it was when the notebook finished (``widgets.saved_widget``), its charts
+included. The exercises are run with their hidden solutions (a wrong one fails the build)
+and shown as the reader gets them: the answer cells blank, the checks not yet run.
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ if str(ROOT) not in sys.path:  # render with this checkout's widgets, as the ker
     sys.path.insert(0, str(ROOT))
 
 from widgets.saved_widget import WIDGET_STATE_MIME, WIDGET_VIEW_MIME, SavedWidgets  # noqa: E402
+from workbench.exercises import SOLUTION_KEY  # noqa: E402
+
+CHECK_NOTE = (
+    "(Run this cell after answering in the cell above, in the notebook: it says right, or "
+    "wrong and why. The course was built with the hidden solutions, and every check passed.)"
+)
 
 NOTEBOOKS = ROOT / "notebooks"
 GLOSSARY = ROOT / "docs" / "glossary.md"
@@ -50,7 +57,8 @@ def _static_outputs(nb: nbformat.NotebookNode) -> tuple[int, int]:
     plotly.js goes inline once, before the first figure. The JSON form of a figure stays for
     Jupyter; the HTML exporter cannot draw it. A widget output keeps only its model id, so its
     HTML is drawn from the saved widget state and replaces the widget view (which needs a
-    kernel); a live plotly chart inside a widget is a note (see ``widgets.saved_widget``).
+    kernel); a chart inside a widget is drawn from its saved state, its latest figure (see
+    ``widgets.saved_widget``).
     """
     state = nb.metadata.get("widgets", {}).get(WIDGET_STATE_MIME, {}).get("state", {})
     saved = SavedWidgets(state)
@@ -60,8 +68,9 @@ def _static_outputs(nb: nbformat.NotebookNode) -> tuple[int, int]:
             data = out.get("data", {})
             if PLOTLY_MIME in data:
                 data["text/html"] = pio.to_html(
-                    data[PLOTLY_MIME], include_plotlyjs=figures == 0, full_html=False
+                    data[PLOTLY_MIME], include_plotlyjs=not saved.plotly_on_page, full_html=False
                 )
+                saved.plotly_on_page = True
                 figures += 1
             elif WIDGET_VIEW_MIME in data:
                 view = data.pop(WIDGET_VIEW_MIME)
@@ -69,6 +78,34 @@ def _static_outputs(nb: nbformat.NotebookNode) -> tuple[int, int]:
                 widgets += 1
     nb.metadata.pop("widgets", None)  # drawn: the state (MBs for a dashboard) stays out
     return figures, widgets
+
+
+def _with_solutions(nb: nbformat.NotebookNode) -> dict[int, str]:
+    """Put each exercise's hidden solution in its answer cell, so that the run checks it
+    (a wrong solution fails the build); the blanks, by cell index."""
+    blanks = {}
+    for i, cell in enumerate(nb.cells):
+        if _is_answer(cell) and SOLUTION_KEY in cell.metadata:
+            blanks[i] = cell.source
+            cell.source = cell.metadata[SOLUTION_KEY]
+    return blanks
+
+
+def _as_the_reader_sees_it(nb: nbformat.NotebookNode, blanks: dict[int, str]) -> None:
+    """The page shows the blanks, not the solutions: each answer cell its blank (with no
+    output), each check cell a note instead of the verdict it gave the solution."""
+    for i, blank in blanks.items():
+        answer = nb.cells[i]
+        answer.source, answer.outputs, answer.execution_count = blank, [], None
+        answer.metadata.pop(SOLUTION_KEY, None)
+        check = nb.cells[i + 1] if i + 1 < len(nb.cells) else None
+        if check is not None and "exercise-check" in check.metadata.get("tags", []):
+            check.outputs = [nbformat.v4.new_output("stream", name="stdout", text=CHECK_NOTE)]
+            check.execution_count = None
+
+
+def _is_answer(cell: nbformat.NotebookNode) -> bool:
+    return "exercise-answer" in cell.get("metadata", {}).get("tags", [])
 
 
 def _link_glossary(nb: nbformat.NotebookNode) -> None:
@@ -101,11 +138,13 @@ def _page(title: str, body: str) -> str:
 def build_notebook(path: Path, out_dir: Path, timeout_s: int = 600) -> tuple[str, float, int, int]:
     """Execute ``path`` and write ``out_dir/<stem>.html``; (title, seconds, figures, widgets)."""
     nb = nbformat.read(path, as_version=4)
+    blanks = _with_solutions(nb)
     start = time.perf_counter()
     ExecutePreprocessor(timeout=timeout_s, kernel_name="python3").preprocess(
         nb, {"metadata": {"path": str(NOTEBOOKS)}}
     )
     seconds = time.perf_counter() - start
+    _as_the_reader_sees_it(nb, blanks)
     figures, widgets = _static_outputs(nb)
     _link_glossary(nb)
     exporter = HTMLExporter(template_name="offline", extra_template_basedirs=[str(TEMPLATE_DIR)])

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 NOTEBOOK = "00_workbench.ipynb"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking"]
-LAST_OUTPUT = "tokens S(0) on 8:"  # what the notebook's last cell prints
+LAST_OUTPUT = "dp=2 x hp=2 x pp=2, 1F1B:"  # what the notebook's last cell prints
 
 
 def _free_port() -> int:

@@ -7,6 +7,7 @@ tested without a browser; the widgets only display them and report clicks.
 
 from __future__ import annotations
 
+from .chart import Chart
 from .compare import compare_figure
 from .gantt import bar_numbers, connect_clicks, gantt_figure, gantt_spec, gantt_widget, op_id_at
 from .gantt_zoom import GanttZoom
@@ -32,6 +33,7 @@ from .svg import GraphvizError
 from .timeline import GanttError
 
 __all__ = [
+    "Chart",
     "GanttError",
     "GanttZoom",
     "GraphOptions",

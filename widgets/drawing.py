@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 import weakref
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from ir.function import Function
@@ -60,6 +61,19 @@ def _resolve(ref: DeviceRef, env: _Env) -> tuple[DeviceRef, ...]:
     return (ref,)
 
 
+@dataclass(frozen=True)
+class Placed:
+    """A placement label (``S(0) R``) and the devices the value is laid out on: what the
+    graph of the program as written shows for a value propagation placed, so that its
+    node has the colours of those devices, not of the one device the program names."""
+
+    label: str
+    devices: tuple[int, ...]
+
+    def __str__(self) -> str:
+        return self.label
+
+
 class Drawing:
     """Collects the dot statements, the id map and the device legend of one Function."""
 
@@ -71,8 +85,14 @@ class Drawing:
         self.names = value_names(function)
         self.paths = op_paths(function)
         self.placements = {
-            (k if isinstance(k, str) else self.names.get(k, k.name)): v
+            (k if isinstance(k, str) else self.names.get(k, k.name)): str(v)
             for k, v in placements.items()
+        }
+        # values laid out over devices (Placed): their ops take those devices' colours
+        self.placed = {
+            (k if isinstance(k, str) else self.names.get(k, k.name)): v.devices
+            for k, v in placements.items()
+            if isinstance(v, Placed)
         }
         self.fold = options.max_ops is not None and function.num_ops() > options.max_ops
         self.lines: list[str] = []
@@ -316,7 +336,8 @@ class Drawing:
 
     def _value_node(self, nid: str, v: Value, env: _Env, shape: str, indent: str) -> None:
         name = self.names[v]
-        devices = tuple(dict.fromkeys(d for ref in devices_of(v.type) for d in _resolve(ref, env)))
+        refs = self.placed.get(name) or devices_of(v.type)
+        devices = tuple(dict.fromkeys(d for ref in refs for d in _resolve(ref, env)))
         self.devices.update(dict.fromkeys(devices))
         many = len(devices) > 1
         attrs = _attrs(
@@ -336,7 +357,10 @@ class Drawing:
 
     def _devices(self, op: Op, env: _Env) -> tuple[DeviceRef, ...]:
         refs: tuple[DeviceRef, ...]
-        if op.device is not None and get_op(op.op_type).kind is not OpKind.COMMUNICATION:
+        placed = [d for v in op.outputs for d in self.placed.get(self.names[v], ())]
+        if placed:
+            refs = tuple(dict.fromkeys(placed))
+        elif op.device is not None and get_op(op.op_type).kind is not OpKind.COMMUNICATION:
             refs = (op.device,)
         else:
             refs = tuple(

@@ -155,7 +155,18 @@ class PendingGraph:
         )
 
 
+class Drawn:
+    """A drawing made before, shown as a :class:`PendingGraph` is (``result()``)."""
+
+    def __init__(self, rendered: RenderedGraph) -> None:
+        self._rendered = rendered
+
+    def result(self) -> RenderedGraph:
+        return self._rendered
+
+
 __all__ = [
+    "Drawn",
     "GraphOptions",
     "LegendEntry",
     "PendingGraph",

@@ -20,7 +20,7 @@ from ir.op import Op
 from ir.sim.result import SimResult
 from ir.value import Value
 
-from .graph import GraphOptions, PendingGraph, RenderedGraph, legend_html, start_render
+from .graph import Drawn, GraphOptions, PendingGraph, RenderedGraph, legend_html, start_render
 from .ids import op_id, op_paths, value_names
 
 STATIC = Path(__file__).parent / "static"
@@ -55,8 +55,6 @@ class GraphView(anywidget.AnyWidget):
     height_px = traitlets.Int(520).tag(sync=True)
     clicked = traitlets.Dict().tag(sync=True)  # set by the browser: {"id": str, "n": int}
     selected = traitlets.Dict().tag(sync=True)  # set by Python: {"id", "kind", "name", "ids"}
-    # set by the browser: the width of the dashboard around the view (0: none, unknown)
-    dashboard_width_px = traitlets.Int(0).tag(sync=True)
 
     def __init__(
         self,
@@ -140,7 +138,19 @@ class GraphView(anywidget.AnyWidget):
             self.error = f"{type(e).__name__}: {e}"
             raise
 
-    def show(self, pending: PendingGraph) -> None:
+    def set_drawing(
+        self,
+        function: Function,
+        placements: Mapping[Value | str, str],
+        options: GraphOptions,
+        result: SimResult | None,
+    ) -> None:
+        """Say what the next :meth:`show` draws, without drawing it (a drawing made
+        before, for this function, placements, options and result, will be shown)."""
+        self._function, self._placements, self._options = function, dict(placements), options
+        self._result = result
+
+    def show(self, pending: PendingGraph | Drawn) -> None:
         """Display a drawing :meth:`prepare` started."""
         try:
             rendered = pending.result()

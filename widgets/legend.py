@@ -33,7 +33,8 @@ def legend_html(legend: tuple[LegendEntry, ...]) -> str:
             f'vertical-align:middle;background:{e.color};border:{border}"></span>'
         )
         items.append(
-            f'<span class="distir-legend-item" data-color="{e.color}" style="margin-right:12px">'
+            f'<span class="distir-legend-item" data-color="{e.color}" '
+            'style="margin-right:12px;white-space:nowrap;display:inline-block">'  # not broken
             f"{swatch}{html.escape(e.label)}</span>"
         )
     return (

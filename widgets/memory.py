@@ -205,7 +205,17 @@ def memory_spec(
             "title": {"text": f"live memory ({b_unit[0]})"},
             "range": [0, 1.15 * top / b_unit[1]],
         },
-        "height": 360,
-        "margin": {"l": 10, "r": 10, "t": 40, "b": 40},
+        "height": 380,
+        # as the Gantt: title at the left, tool bar on hover, the legend under the time axis
+        "margin": {"l": 10, "r": 10, "t": 40, "b": 80},
+        "legend": {
+            "orientation": "h",
+            "x": 0,
+            "xanchor": "left",
+            "yref": "container",
+            "y": 0,
+            "yanchor": "bottom",
+        },
     }
+    layout["title"] = {**layout["title"], "x": 0, "xanchor": "left"}
     return traces, layout

@@ -40,7 +40,22 @@ COMMUNICATION_BORDER = COMMUNICATION_COLOR  # border of communication ops (unrol
 COMPUTE_BAR = "#4e79a7"  # only where one bar stands for many devices (the summary bar)
 COMMUNICATION_BAR = COMMUNICATION_COLOR
 IDLE_BAR = "#e0e0e0"
-OOM_COLOR = "#d62728"
+# Out of memory: a dark red no device has (device 3's is #e15759), always with an X or a
+# thick line, and named in the legend or the hover text.
+OOM_COLOR = "#8b0000"
+# Strategy families (a search's pipeline degrees) are told apart by marker shape, in one
+# colour that means "a strategy", never a device's.
+STRATEGY_COLOR = "#3f3f5f"
+STRATEGY_SYMBOLS: tuple[str, ...] = (
+    "circle",
+    "square",
+    "diamond",
+    "triangle-up",
+    "star",
+    "hexagon",
+    "triangle-down",
+    "pentagon",
+)
 
 
 def device_color(device: DeviceRef) -> str:

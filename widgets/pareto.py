@@ -17,7 +17,7 @@ import plotly.graph_objects as go
 
 from .live import TEMPLATE
 from .memory import CAPACITY_OFF_SCALE
-from .palette import DEVICE_PALETTE, OOM_COLOR
+from .palette import OOM_COLOR, STRATEGY_COLOR, STRATEGY_SYMBOLS
 from .units import format_bytes, format_time
 
 if TYPE_CHECKING:
@@ -48,7 +48,13 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
                 "x": [r.peak_memory_bytes * gib for r in rows],
                 "y": [r.step_time_s * ms for r in rows],
                 "text": [str(r.strategy) for r in rows],
-                "marker": {"color": DEVICE_PALETTE[k % len(DEVICE_PALETTE)], "size": 9},
+                # a shape per pipeline degree, one colour: colours are devices' elsewhere
+                "marker": {
+                    "color": STRATEGY_COLOR,
+                    "symbol": STRATEGY_SYMBOLS[k % len(STRATEGY_SYMBOLS)],
+                    "size": 9,
+                    "opacity": 0.8,
+                },
             }
         )
     front = result.pareto()
@@ -80,7 +86,7 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
     note = ""
     if capacity_bytes is not None and capacity_bytes > CAPACITY_OFF_SCALE * max(drawn, default=0):
         # a line at 80 GB beside points under 1 GB squeezes them all onto the axis
-        note = f" (capacity {capacity_bytes * gib:.3g} GiB per device, far to the right)"
+        note = f"; capacity {capacity_bytes * gib:.3g} GiB per device, far to the right"
         capacity_bytes = None
     if capacity_bytes is not None:
         shapes.append(
@@ -96,19 +102,30 @@ def pareto_spec(result: SearchResult, capacity_bytes: float | None = None) -> di
             }
         )
     counts = {
-        s: sum(r.status == s for r in result.rows) for s in ("ok", "pruned", "error", "cancelled")
+        s: sum(r.status == s for r in result.rows)
+        for s in ("ok", "pruned", "estimated", "error", "cancelled")
     }
     cancelled = f", {counts['cancelled']} cancelled" if counts["cancelled"] else ""
+    # a two-tier search: the strategies estimated only (beyond the front's reach)
+    estimated = f", {counts['estimated']} estimated" if counts["estimated"] else ""
     layout = {
-        "title": (
-            f"{counts['ok']} strategies simulated, {counts['pruned']} pruned, "
-            f"{counts['error']} refused{cancelled}: step time against peak memory{note}"
-        ),
-        "xaxis": {"title": "peak memory per device (GiB)"},
-        "yaxis": {"title": "step time (ms)"},
+        # two short lines at the left: the chart's width, not the title's, sets the layout
+        "title": {
+            "text": (
+                "Step time against peak memory<br><span style='font-size:12px'>"
+                f"{counts['ok']} strategies simulated{estimated}, {counts['pruned']} pruned, "
+                f"{counts['error']} refused{cancelled}{note}</span>"
+            ),
+            "x": 0,
+            "xanchor": "left",
+        },
+        "xaxis": {"title": {"text": "peak memory per device (GiB)"}},
+        "yaxis": {"title": {"text": "step time (ms)"}},
         "hovermode": "closest",
         "shapes": shapes,
-        "legend": {"title": {"text": "fits the devices"}},
+        "height": 420,
+        "margin": {"l": 10, "r": 10, "t": 64, "b": 40},
+        "legend": {"title": {"text": "pipeline degree"}},
     }
     return {"traces": traces, "layout": layout}
 

@@ -5,8 +5,9 @@ A notebook executed with its widget state stored (nbclient does so by default) k
 only its model id. :class:`SavedWidgets` turns such a model and its children into HTML that
 needs no kernel and no JavaScript widget manager: boxes as flex boxes, HTML as itself,
 controls as disabled controls showing their values, progress bars as ``<progress>``, the
-graph view's SVG inline. A plotly ``FigureWidget`` becomes a note: its saved state is its first
-figure, not its last (later changes travel as messages that are not saved). The offline course
+graph view's SVG inline, a :class:`~widgets.chart.Chart` as its latest figure (its state) with
+plotly.js inline once per page. A plotly ``FigureWidget`` becomes a note: its saved state is its
+first figure, not its last (later changes travel as messages that are not saved). The offline course
 (``scripts/build_course.py``) uses it so that the dashboard and progress bars appear on its
 pages as they were when the notebook finished.
 """
@@ -38,8 +39,12 @@ class SavedWidgets:
     ``state`` of the notebook's widget-state metadata).
     """
 
-    def __init__(self, state: Mapping[str, Mapping[str, Any]]) -> None:
+    def __init__(
+        self, state: Mapping[str, Mapping[str, Any]], *, plotly_on_page: bool = False
+    ) -> None:
         self.state = state
+        # whether plotly.js is on the page already (the first chart drawn puts it there)
+        self.plotly_on_page = plotly_on_page
 
     def html(self, model_id: str) -> str:
         """HTML of the widget ``model_id`` and everything inside it."""
@@ -138,11 +143,31 @@ def _anywidget(saved: SavedWidgets, attrs: Mapping[str, Any]) -> str:
             '<div class="distir-graph-box" style="overflow:auto;max-height:80vh;'
             f'border:1px solid #ddd">{attrs["svg"]}</div>'
         )
+    if "figure" in attrs and "revision" in attrs:  # widgets.chart.Chart: its latest figure
+        return _chart(saved, attrs)
     if "_widget_data" in attrs:
         # plotly's FigureWidget sends later changes as messages that the saved state does not
         # keep: its _widget_data is the first figure, not the last, so drawing it would mislead.
         return _note("a live plotly chart, updated by the kernel")
     return _note(f"the interactive view {attrs.get('_anywidget_id', 'anywidget')}")
+
+
+def _chart(saved: SavedWidgets, attrs: Mapping[str, Any]) -> str:
+    import plotly.io as pio
+
+    from .chart import figure_json, template_json
+
+    figure = figure_json(attrs["figure"])
+    figure["layout"] = {**figure["layout"], "template": template_json()}
+    page = pio.to_html(
+        figure,
+        include_plotlyjs=not saved.plotly_on_page,
+        full_html=False,
+        config=dict(attrs.get("config") or {}),
+        validate=False,
+    )
+    saved.plotly_on_page = True
+    return page
 
 
 _RENDERERS: dict[str, Callable[[SavedWidgets, Mapping[str, Any]], str]] = {

@@ -26,27 +26,28 @@ if TYPE_CHECKING:
 
 Part = go.Figure | RenderedGraph | str
 
-# A graph is fitted to the page's width (its SVG scales, keeping its aspect ratio); a
-# click on it toggles its natural size, scrolled inside its box. Wide text scrolls in its
-# own box too: nothing makes the page wider than the window.
+# A graph is shown at its natural size, its text readable, scrolled inside its box (fitted
+# to the page's width, a wide graph's text was 5 px); a click toggles fitting it to the
+# page's width (an overview). Wide text scrolls in its own box too: nothing makes the page
+# wider than the window.
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
 h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.5em; }
-.distir-graph-box { overflow: auto; max-height: 80vh; border: 1px solid #ddd; cursor: zoom-in; }
-.distir-graph-box svg { max-width: 100%; height: auto; display: block; }
-.distir-graph-box.distir-full { cursor: zoom-out; }
-.distir-graph-box.distir-full svg { max-width: none; }
+.distir-graph-box { overflow: auto; max-height: 80vh; border: 1px solid #ddd; cursor: zoom-out; }
+.distir-graph-box svg { max-width: none; display: block; }
+.distir-graph-box.distir-fit { cursor: zoom-in; }
+.distir-graph-box.distir-fit svg { max-width: 100%; height: auto; }
 pre, .distir-wide { overflow-x: auto; max-width: 100%; }
 table { border-collapse: collapse; } td, th { padding: 3px 8px; text-align: left; }
 """
-_TOGGLE = "this.classList.toggle('distir-full')"
+_TOGGLE = "this.classList.toggle('distir-fit')"
 
 
 def graph_html(graph: RenderedGraph) -> str:
-    """The graph's legend and inline SVG (an HTML fragment): fitted to the page's width,
-    a click shows it at its natural size (scrolled in its box) and back."""
+    """The graph's legend and inline SVG (an HTML fragment): at its natural size (its text
+    readable), scrolled in its box; a click fits it to the page's width and back."""
     return legend_html(graph.legend) + (
-        f'<div class="distir-graph-box" title="click: natural size / fit to width" '
+        f'<div class="distir-graph-box" title="click: fit to width / natural size" '
         f'onclick="{_TOGGLE}">{graph.svg}</div>'
     )
 

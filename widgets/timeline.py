@@ -52,15 +52,23 @@ def window_bars(bars: Bars, start_s: float, end_s: float) -> Bars:
         dur_s=bars.dur_s[idx],
         flops=bars.flops[idx],
         bytes=bars.bytes[idx],
+        top=None if bars.top is None else bars.top[idx],
     )
 
 
 def summarised(bars: Bars, summary_above: int | None = SUMMARY_ABOVE_EVENTS) -> bool:
     """Whether a Gantt of ``bars`` draws summary bars: a device has more than
     ``summary_above`` events (never for None)."""
-    if summary_above is None or not len(bars):
-        return False
-    return int(np.bincount(bars.device - bars.device.min()).max()) > summary_above
+    return summary_above is not None and busiest(bars) > summary_above
+
+
+def busiest(bars: Bars, stream: int | None = None) -> int:
+    """The most events one device has in ``bars`` (of ``stream``: 0 compute, 1
+    communication; None: both)."""
+    device = bars.device if stream is None else bars.device[bars.stream == stream]
+    if not len(device):
+        return 0
+    return int(np.bincount(device - device.min()).max())
 
 
 def idle_intervals(

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 from .session import Session, SessionError, State, Strategy
 
+__version__ = "0.1.0"  # the package's one version (pyproject.toml reads it)
+
 if TYPE_CHECKING:
     from .dashboard import Workbench
 
-__all__ = ["Session", "SessionError", "State", "Strategy", "Workbench"]
+__all__ = ["Session", "SessionError", "State", "Strategy", "Workbench", "__version__"]
 
 
 def __getattr__(name: str) -> Any:

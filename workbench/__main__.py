@@ -1,7 +1,8 @@
 """The command line: ``python -m workbench lab`` and ``python -m workbench report``.
 
-``lab`` starts JupyterLab on the tutorial notebooks (``notebooks/``) with the
-workbench importable from the kernel, the dashboard notebook as its start page,
+``lab`` starts JupyterLab on copies of the tutorial notebooks (``build/workbench/``, so that
+the committed ones stay clean) with the workbench importable from the kernel, the
+dashboard notebook as its start page,
 and no news or update pop-ups (settings overrides of its own, not the user's
 configuration), and prints the address to open.
 ``report`` simulates a model under one or more strategies and writes the
@@ -17,6 +18,7 @@ import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -28,6 +30,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 DASHBOARD = "00_workbench.ipynb"
+# Where `lab` serves by default: copies of the tutorials, so that JupyterLab's autosave
+# (outputs, widget state) never writes into the committed notebooks. build/ is ignored by git.
+WORKSPACE = ROOT / "build" / "workbench"
 # JupyterLab's announcements: "Would you like to get notified about official Jupyter
 # news?" over the dashboard at first start, and a check for updates; both go online.
 LAB_OVERRIDES = {
@@ -37,7 +42,8 @@ LAB_OVERRIDES = {
     }
 }
 
-DEFAULT_STRATEGIES = ("dp=8", "dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b")  # = report's
+from .example import EXAMPLE  # noqa: E402  (light: no Jupyter, no numpy work)
+from .report_config import DEFAULT_STRATEGIES, OPTIMIZERS  # noqa: E402
 
 
 def _free_port() -> int:
@@ -87,11 +93,41 @@ def default_lab_settings() -> Path | None:
     return Path(get_app_dir()) / "settings"
 
 
+def workspace(folder: Path = WORKSPACE, *, fresh: bool = False) -> Path:
+    """The folder ``lab`` serves: ``notebooks/`` holds a copy of each tutorial (made when
+    missing, or again with ``fresh``: what the user ran and saved stays otherwise) and
+    ``docs/glossary.md`` the glossary the tutorials link to. Returns ``folder``.
+
+    The repository's notebooks are never opened, so running the workbench leaves the
+    checkout as it was (``git status`` clean).
+    """
+    notebooks = folder / "notebooks"
+    notebooks.mkdir(parents=True, exist_ok=True)
+    for source in sorted(NOTEBOOKS.glob("*.ipynb")):
+        copy = notebooks / source.name
+        if fresh or not copy.exists():
+            shutil.copyfile(source, copy)
+    (folder / "docs").mkdir(exist_ok=True)
+    glossary = ROOT / "docs" / "glossary.md"
+    if glossary.is_file():
+        shutil.copyfile(glossary, folder / "docs" / "glossary.md")
+    return folder
+
+
+def dashboard_path(notebook_dir: Path) -> str | None:
+    """The dashboard notebook's path within ``notebook_dir`` (``00_workbench.ipynb`` or
+    ``notebooks/00_workbench.ipynb``), or None."""
+    for relative in (DASHBOARD, f"notebooks/{DASHBOARD}"):
+        if (notebook_dir / relative).is_file():
+            return relative
+    return None
+
+
 def lab_command(
     *,
     port: int,
     token: str,
-    notebook_dir: Path = NOTEBOOKS,
+    notebook_dir: Path = WORKSPACE,
     open_browser: bool = False,
     ip: str = "localhost",
     as_root: bool | None = None,
@@ -121,8 +157,9 @@ def lab_command(
         "--ServerApp.port_retries=0",  # the printed address must be the one served
         f"--IdentityProvider.token={token}",
     ]
-    if (notebook_dir / DASHBOARD).is_file():
-        cmd.append(f"--LabApp.default_url=/lab/tree/{DASHBOARD}")
+    dashboard = dashboard_path(notebook_dir)
+    if dashboard is not None:
+        cmd.append(f"--LabApp.default_url=/lab/tree/{dashboard}")
     if app_settings_dir is not None:
         cmd.append(f"--LabApp.app_settings_dir={app_settings_dir}")
     if not open_browser:
@@ -133,8 +170,12 @@ def lab_command(
 
 
 def run_lab(args: argparse.Namespace) -> int:
-    """Start JupyterLab on ``notebooks/`` and wait for it (Ctrl-C stops it)."""
-    notebook_dir = Path(args.notebook_dir)
+    """Start JupyterLab on the workspace (copies of ``notebooks/``) or ``--notebook-dir`` and
+    wait for it (Ctrl-C stops it)."""
+    if args.notebook_dir is None:
+        notebook_dir = workspace(Path(args.workspace), fresh=args.fresh)
+    else:
+        notebook_dir = Path(args.notebook_dir)
     if not notebook_dir.is_dir():
         print(f"error: no notebook folder at {notebook_dir}; pass --notebook-dir", file=sys.stderr)
         return 2
@@ -160,8 +201,14 @@ def _serve(cmd: list[str], notebook_dir: Path, port: int, token: str, ip: str) -
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     host = "localhost" if ip in ("localhost", "127.0.0.1", "0.0.0.0") else ip
-    url = f"http://{host}:{port}/lab/tree/{DASHBOARD}" + (f"?token={token}" if token else "")
+    page = dashboard_path(notebook_dir) or ""
+    url = f"http://{host}:{port}/lab/tree/{page}" + (f"?token={token}" if token else "")
     print(f"DistIR Workbench: JupyterLab on {notebook_dir}\n  open {url}\n  (Ctrl-C to stop)")
+    if (notebook_dir / "notebooks").is_dir() and dashboard_path(notebook_dir) != DASHBOARD:
+        print(
+            f"  (copies of the notebooks in {notebook_dir}: the repository's stay as committed;"
+            " --fresh copies them again)"
+        )
     sys.stdout.flush()
     proc = subprocess.Popen(cmd, env=env)
     # Stopped by a service manager (SIGTERM) or Ctrl-C: stop JupyterLab and its kernels too.
@@ -198,6 +245,7 @@ def run_report(args: argparse.Namespace) -> int:
         features=args.features,
         classes=args.classes,
         training=args.training,
+        optimizer=args.optimizer,
         preset=args.preset,
         devices=args.devices,
         strategies=tuple(args.strategy or DEFAULT_STRATEGIES),
@@ -235,15 +283,46 @@ def _unwritable(path: Path) -> str:
     return ""
 
 
-def parser() -> argparse.ArgumentParser:
-    """The argument parser of ``python -m workbench``."""
-    top = argparse.ArgumentParser(prog="python -m workbench", description=__doc__.split("\n")[0])
+DESCRIPTION = (
+    "DistIR Workbench: design, teach and check how a neural network is split over devices. "
+    "'lab' opens JupyterLab on the workbench's built-in example and the tutorials; 'report' "
+    "writes a model's strategies as one self-contained HTML page."
+)
+
+
+def program_name(argv0: str | None = None) -> str:
+    """How the user ran the command line, for its usage lines: ``distir-workbench`` (the
+    installed script) or ``python -m workbench``."""
+    name = Path(argv0 if argv0 is not None else sys.argv[0]).name
+    return "python -m workbench" if name in ("__main__.py", "") else name
+
+
+def parser(prog: str | None = None) -> argparse.ArgumentParser:
+    """The argument parser of ``python -m workbench`` and ``distir-workbench``."""
+    from . import __version__
+
+    top = argparse.ArgumentParser(prog=prog or program_name(), description=DESCRIPTION)
+    top.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = top.add_subparsers(dest="command", required=True)
 
     lab = sub.add_parser("lab", help="start JupyterLab on the tutorial notebooks")
     lab.add_argument("--port", type=int, default=0, help="port (default: a free one)")
     lab.add_argument("--ip", default="localhost", help="address to listen on (default localhost)")
-    lab.add_argument("--notebook-dir", default=str(NOTEBOOKS), help="folder to serve")
+    lab.add_argument(
+        "--notebook-dir",
+        default=None,
+        help=f"folder to serve (default: copies of the tutorials in {WORKSPACE.relative_to(ROOT)})",
+    )
+    lab.add_argument(
+        "--workspace",
+        default=str(WORKSPACE),
+        help=f"where the copies go (default {WORKSPACE.relative_to(ROOT)}, ignored by git)",
+    )
+    lab.add_argument(
+        "--fresh",
+        action="store_true",
+        help="copy the tutorials into the default folder again, replacing what was saved there",
+    )
     lab.add_argument("--browser", action="store_true", help="also open a web browser")
     lab.add_argument(
         "--no-token",
@@ -258,22 +337,31 @@ def parser() -> argparse.ArgumentParser:
         default="gpt",
         help="gpt, mlp or an ONNX file (model.onnx: its program as written; default gpt)",
     )
-    rep.add_argument("--layers", type=int, default=4, help="layers (default 4)")
-    rep.add_argument("--batch", type=int, default=16, help="batch size (default 16)")
-    rep.add_argument("--seq", type=int, default=128, help="GPT sequence length (default 128)")
-    rep.add_argument("--hidden", type=int, default=512, help="hidden size (default 512)")
-    rep.add_argument("--heads", type=int, default=8, help="GPT attention heads (default 8)")
-    rep.add_argument("--vocab", type=int, default=4096, help="GPT vocabulary (default 4096)")
+    ex = EXAMPLE  # the built-in example's sizes: the dashboard's subject
+    rep.add_argument("--layers", type=int, default=ex.layers, help=f"layers (default {ex.layers})")
+    rep.add_argument("--batch", type=int, default=ex.batch, help=f"batch size (default {ex.batch})")
+    rep.add_argument("--seq", type=int, default=ex.seq, help=f"GPT sequence (default {ex.seq})")
+    rep.add_argument("--hidden", type=int, default=ex.hidden, help=f"hidden (default {ex.hidden})")
+    rep.add_argument("--heads", type=int, default=ex.heads, help=f"GPT heads (default {ex.heads})")
+    rep.add_argument("--vocab", type=int, default=ex.vocab, help=f"GPT vocab (default {ex.vocab})")
     rep.add_argument("--features", type=int, default=512, help="MLP input features (default 512)")
     rep.add_argument("--classes", type=int, default=64, help="MLP classes (default 64)")
     rep.add_argument(
         "--training",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="simulate a training step (forward, backward, SGD); --no-training: forward only",
+        help="simulate a training step (forward, backward, optimizer); --no-training: forward only",
     )
-    rep.add_argument("--preset", default="a100-hgx", help="hardware preset (default a100-hgx)")
-    rep.add_argument("--devices", type=int, default=8, help="devices (default 8)")
+    rep.add_argument(
+        "--optimizer",
+        default=ex.optimizer,
+        choices=OPTIMIZERS,
+        help=f"the training step's optimizer (default {ex.optimizer})",
+    )
+    rep.add_argument("--preset", default=ex.preset, help=f"hardware preset (default {ex.preset})")
+    rep.add_argument(
+        "--devices", type=int, default=ex.devices, help=f"devices (default {ex.devices})"
+    )
     rep.add_argument(
         "--strategy",
         action="append",
@@ -302,9 +390,9 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None, prog: str | None = None) -> int:
     """Entry point of ``python -m workbench`` and of the ``distir-workbench`` script."""
-    args = parser().parse_args(argv)
+    args = parser(prog).parse_args(argv)
     return int(args.run(args))
 
 

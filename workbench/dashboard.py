@@ -30,15 +30,16 @@ from widgets import (
     compare_figure,
 )
 from widgets.breakdown import breakdown_html
+from widgets.chart import Chart
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.gantt_zoom import GanttZoom
-from widgets.graph import PendingGraph
-from widgets.live import live_figure, show
+from widgets.graph import Drawn, PendingGraph
 from widgets.memory import memory_spec
 from widgets.units import format_time
 
 from .dashboard_panels import ReadyTransformsPanel, SessionFilePanel
 from .editor import ShardingEditor
+from .export_panel import ExportPanel
 from .measure_panel import MeasurePanel
 from .payloads import (
     Payloads,
@@ -57,7 +58,10 @@ from .session import (
     SessionError,
     Strategy,
     UnknownValueError,
+    _cache_key,
 )
+from .tasks import Activity
+from .views import Charts, Drawings
 
 DEFAULT_PRESET = "a100-hgx"
 
@@ -92,24 +96,29 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.graph_options = graph_options or GraphOptions()
         self.view = w.ToggleButtons(
             options=[
-                ("distributed program", "distributed"),
+                ("distributed", "distributed"),
                 ("per device", "unrolled"),
-                ("original + placements", "original"),
+                ("as written", "original"),
             ],
             value="distributed",
             tooltips=[
-                "one node per logical op: pmaps, collectives, sends",
+                "the distributed program: one node per logical op (pmaps, collectives, sends)",
                 "pmap bodies unrolled per device (small programs)",
-                "the program you wrote, with the placements chosen",
+                "the program you wrote, each value in the colours of the devices it is placed on",
             ],
-            style={"button_width": "150px"},
+            style={"button_width": "96px"},
         )
+        self.view.add_class("distir-view")
         self.graph = GraphView(
             self.session.base, options=self.graph_options, height_px=graph_height_px
         )
-        self._drawn: tuple[Any, ...] = (self.session.base, (), self.graph.options.view, None)
+        self._drawn: tuple[Any, ...] = (self.session.base, (), self.graph.options, None)
+        self.drawings = Drawings()  # the charts and graphs of the last states shown
         self.graph.add_class("distir-graph")
-        self.editor = ShardingEditor(self.session)
+        self.activity = Activity(self._action_buttons, self._restore_buttons)
+        self.editor = ShardingEditor(
+            self.session, working=self.activity.working, busy=lambda: self.activity.busy
+        )
         self.summary = w.HTML()
         self.summary.add_class("distir-summary")
         self.selection = w.HTML("<i>nothing selected</i>")
@@ -122,34 +131,36 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.memory_box = w.Box(layout={"width": "100%"})
         self.memory_box.add_class("distir-memory")
         self.compare_box = w.Box(layout={"width": "100%"})
+        self.compare_box.add_class("distir-comparison")
         self.search_box = w.Box(layout={"width": "100%"})
         self.search_box.add_class("distir-search-result")
         self.search_result: SearchResult | None = None
-        self.search_panel = SearchPanel(self._load_search_row)
+        self.search_panel = SearchPanel(self._load_search_row, working=self.activity.working)
         self.measure_panel = MeasurePanel(
-            lambda: (self.session.base, self.session.current.function, self.session.current.result)
+            lambda: (self.session.base, self.session.current.function, self.session.current.result),
+            activity=self.activity,
         )
-        self.gantt: go.FigureWidget | None = None
+        self.gantt: Chart | None = None
         self.gantt_zoom: GanttZoom | None = None
-        self.memory: go.FigureWidget | None = None
-        self._memory_devices: tuple[int, ...] = ()  # curve slots of the memory view
+        self.memory: Chart | None = None
         self.last_redraw_s = 0.0
         self.redraw_s: dict[str, float] = {}  # time per view of the last redraw
         self._shown: Derived | None = None
         self._shown_view = "distributed"
         self.graph.on_select(self._on_graph_select)
-        self.graph.observe(lambda _c: self._fit_charts(), names="dashboard_width_px")
         self.view.observe(lambda _: self.refresh(), names="value")
         self.session.on_change(lambda _s: self.refresh())
         self.file_controls = self._file_controls()
+        self.export_panel = ExportPanel(lambda: self.session, working=self.activity.working)
         side = w.VBox(
-            [self.selection, self.editor, self.controls, self.file_controls],
+            [self.selection, self.editor, self.controls, self.export_panel, self.file_controls],
             layout={"width": "36%", "min_width": "330px"},
         )
         main = w.VBox([self.view, self.graph], layout={"width": "63%"})
         super().__init__(
             [
                 self.summary,
+                self.activity,
                 w.HBox([main, side]),
                 self.gantt_box,
                 self.breakdown,
@@ -260,7 +271,9 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.editor.refresh()
         d = self.session.current
         if d is self._shown and self.view.value == self._shown_view:
-            return
+            return  # a failed change: the knobs keep what the user typed
+        if d is not self._shown:
+            self._show_knobs()
         start = time.perf_counter()
         self.graph_note = ""
         pending = None
@@ -269,33 +282,21 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         except Exception as e:  # the other views must still show the new state
             self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
         started = time.perf_counter()
-        if self.gantt is None:
-            self.gantt = live_figure(*gantt_spec(d.result, d.function))
-            # zooming into a summarised step's time window shows that window's events
-            self.gantt_zoom = GanttZoom(self.gantt, d.result, d.function)
-            connect_clicks(self.gantt, self._on_gantt_select)
-            self.gantt_box.children = [self.gantt]
-        elif not self.gantt_zoom.show(d.result, d.function):
-            connect_clicks(self.gantt, self._on_gantt_select)  # new traces, new handlers
-        self.breakdown.value = breakdown_html(d.result)
-        gantt_done = time.perf_counter()
-        # a curve slot for every device shown so far: the next program redraws in place
-        seen = set(self._memory_devices) | set(d.result.devices)
-        self._memory_devices = tuple(x for x in self.session.topology.device_ids if x in seen)
-        memory = memory_spec(d.result, devices=self._memory_devices)
-        if self.memory is None:
-            self.memory = live_figure(*memory)
-            self.memory_box.children = [self.memory]
-            self._fit_charts()
-        else:
-            show(self.memory, *memory)
+        try:  # a chart that fails says so where the user looks, and the graph still shows
+            gantt_done = self._show_charts(d)
+        except Exception as e:
+            note = f"the charts could not be drawn: {type(e).__name__}: {e}"
+            self.graph_note = f"{self.graph_note} · {note}" if self.graph_note else note
+            gantt_done = time.perf_counter()
         figures_done = time.perf_counter()
         if pending is not None:
             try:
                 self.graph.show(pending[0])
                 self._drawn = pending[1]
+                self.drawings.graphs.put(self._drawn, self.graph.rendered)
             except Exception as e:
-                self.graph_note = f"the graph could not be drawn: {type(e).__name__}: {e}"
+                note = f"the graph could not be drawn: {type(e).__name__}: {e}"
+                self.graph_note = f"{note} · {self.graph_note}" if self.graph_note else note
         self.redraw_s = {  # the graph's share: what Python spent on it or waited for
             "graph": (started - start) + (time.perf_counter() - figures_done),
             "gantt": gantt_done - started,
@@ -308,15 +309,61 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         if self.editor.value_name is not None:
             self._show_selection(self.editor.value_name, None)
 
-    def _fit_charts(self) -> None:
-        """Give the Gantt and memory charts the dashboard's width, as the browser reports
-        it (plotly's widget draws before it is on the page, at 700 px, and never refits)."""
-        width = self.graph.dashboard_width_px
-        if width <= 0:
-            return
-        for chart in (self.gantt, self.memory):
-            if chart is not None and chart.layout.width != width:
-                chart.layout.width = width
+    def _show_charts(self, d: Derived) -> float:
+        """Show ``d``'s Gantt, breakdown and memory view; returns when the Gantt was done
+        (time.perf_counter)."""
+        charts = self.drawings.charts.get(_cache_key(d.state), lambda: _charts(d))
+        if self.gantt is None:
+            self.gantt = Chart(*charts.gantt)
+            # zooming into a summarised step's time window shows that window's events
+            self.gantt_zoom = GanttZoom(self.gantt, d.result, d.function)
+            connect_clicks(self.gantt, self._on_gantt_select)
+            self.gantt_box.children = [self.gantt]
+        else:
+            self.gantt_zoom.show(d.result, d.function, charts.gantt)
+        self.breakdown.value = charts.breakdown
+        gantt_done = time.perf_counter()
+        if self.memory is None:
+            self.memory = Chart(*charts.memory)
+            self.memory_box.children = [self.memory]
+        else:
+            self.memory.show(*charts.memory)
+        return gantt_done
+
+    def _action_buttons(self) -> list[w.Button]:
+        """Every button that starts an action (disabled while one runs)."""
+        e = self.editor
+        return [
+            e.apply_button,
+            e.remove_button,
+            e.undo_button,
+            e.redo_button,
+            *self.strategy_buttons,
+            self.save_button,
+            self.load_button,
+            self.measure_panel.button,
+            self.measure_panel.trace_button,
+            self.export_panel.button,
+        ]
+
+    def _restore_buttons(self) -> None:
+        self.editor.refresh()  # its buttons as the state allows (Undo, Redo, Remove)
+
+    def _show_knobs(self) -> None:
+        """The ready transforms' knobs show the strategy in force (set by code, a search
+        point, undo or a loaded session as well as by the knobs)."""
+        s = self.session.strategy
+        if self.session.state.annotations:
+            return  # annotations are another mode: the knobs keep what the user typed
+        for knob, value in (
+            (self.dp, s.dp),
+            (self.hp, s.hp),
+            (self.pp, s.pp),
+            (self.microbatches, s.microbatches),
+            (self.schedule, s.schedule),
+        ):
+            if knob.value != value:
+                knob.value = value
 
     def _start_graph(self, d: Derived) -> tuple[PendingGraph, Any] | None:
         """Start drawing the graph for ``d``, or None when the drawing on display fits.
@@ -341,9 +388,13 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
                     "per pmap, collective or send"
                 )
         options = replace(self.graph.options, view=view)
-        key = (function, tuple(sorted(placements.items())), view, result)
+        key = (function, tuple(sorted(placements.items())), options, result)
         if key == self._drawn:  # graphviz layout is the slow part: skip it when unchanged
             return None
+        drawn = self.drawings.graphs.find(key)  # drawn before (Undo, Redo): shown at once
+        if drawn is not None:
+            self.graph.set_drawing(function, placements, options, result)
+            return Drawn(drawn), key
         pending = self.graph.prepare(
             function, placements=placements, options=options, result=result
         )
@@ -382,6 +433,12 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
             f"{html.escape(target or '-')}</b>{placed} · step time "
             f"{format_time(r.step_time_s)}"
         )
+
+
+def _charts(d: Derived) -> Charts:
+    """The Gantt's and memory view's specs and the breakdown of ``d`` (drawn once per
+    state: see :class:`~workbench.views.Drawings`)."""
+    return Charts(gantt_spec(d.result, d.function), memory_spec(d.result), breakdown_html(d.result))
 
 
 __all__ = [

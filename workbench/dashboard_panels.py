@@ -6,18 +6,21 @@ the previous state, search every strategy, measure the step shown).
 from __future__ import annotations
 
 import html
+import time
 from typing import TYPE_CHECKING, Any
 
 import ipywidgets as w
-import plotly.graph_objects as go
 
 from ir.device import Topology
+from ir.errors import DistIRError
 from ir.search import Row as SearchRow
 from ir.search import SearchResult
 from ir.search import search as search_strategies
+from widgets.chart import Chart
 
 from .measuring import MeasuredRun
 from .session import SCHEDULES, Derived, Session, SessionError, Strategy
+from .tasks import Steps, Task
 
 if TYPE_CHECKING:
     from .dashboard import Workbench
@@ -52,22 +55,23 @@ class SessionFilePanel:
         return True
 
     def _save_to_box(self) -> None:
-        try:
-            path = self.save(self.file_path.value.strip())
-        except SessionError as e:
-            self.session.error = str(e)
-        else:
-            self.session.error = None
-            self.file_status.value = f"<small>saved {html.escape(str(path))}</small>"
+        with self.activity.working("saving the session…"):
+            try:
+                path = self.save(self.file_path.value.strip())
+            except SessionError as e:
+                self.session.error = str(e)
+            else:
+                self.session.error = None
+                self.file_status.value = f"<small>saved {html.escape(str(path))}</small>"
         self.editor.refresh()
 
     def _load_from_box(self) -> None:
         self.file_status.value = ""
-        self.editor.busy("loading the session…")
-        if self.restore(self.file_path.value.strip()):
-            self.file_status.value = (
-                f"<small>loaded {html.escape(self.file_path.value.strip())}</small>"
-            )
+        with self.activity.working("loading the session…"):
+            if self.restore(self.file_path.value.strip()):
+                self.file_status.value = (
+                    f"<small>loaded {html.escape(self.file_path.value.strip())}</small>"
+                )
         self.editor.refresh()
 
     def _file_controls(self) -> w.VBox:
@@ -112,6 +116,8 @@ class ReadyTransformsPanel:
 
         self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
         self.microbatches = knob("microbatches", s.microbatches, 1024, "180px")
+        for name in ("dp", "hp", "pp", "microbatches"):
+            getattr(self, name).add_class(f"distir-knob-{name}")
         self.schedule = w.Dropdown(
             options=list(SCHEDULES),
             value=s.schedule,
@@ -122,14 +128,16 @@ class ReadyTransformsPanel:
         apply.add_class("distir-apply-strategy")
         apply.on_click(lambda _b: self._apply_strategy())
         reset = w.Button(description="Sequential")
-        reset.on_click(lambda _b: self.session.set_strategy(Strategy()))
+        reset.add_class("distir-sequential")
+        reset.on_click(lambda _b: self._sequential())
         compare = w.Button(description="Compare with previous", layout={"width": "180px"})
         compare.add_class("distir-compare")
         compare.on_click(lambda _b: self._show_comparison())
         search = w.Button(description="Search all", layout={"width": "120px"})
         search.add_class("distir-search")
         search.tooltip = "simulate every dp x hp x pp of the devices; click a point to apply it"
-        search.on_click(lambda _b: self.search())
+        search.on_click(lambda _b: self.start_search())
+        self.strategy_buttons = [apply, reset, compare, search]
         return w.VBox(
             [
                 w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
@@ -146,21 +154,63 @@ class ReadyTransformsPanel:
         )
 
     def search(self, **space: Any) -> SearchResult:
-        """Simulate every strategy of the ready transforms on all the devices (the space of
-        :func:`ir.search.search`, narrowed by ``space``) and show the step time x memory
-        chart below the dashboard (:class:`~workbench.search_panel.SearchPanel`): clicking
-        a point applies its strategy; with "Compare two" on, the last two points clicked
-        are shown side by side."""
-        self.editor.busy("simulating every strategy…")
+        """Search the strategies of the ready transforms on all the devices (the space of
+        :func:`ir.search.search`, narrowed by ``space``: every strategy estimated, those
+        that can reach the front simulated) and show the step time x memory chart below
+        the dashboard (:class:`~workbench.search_panel.SearchPanel`), redrawn as simulated
+        rows come in (at most twice a second): clicking a point applies its strategy; with
+        "Compare two" on, the last two points clicked are shown side by side. What the
+        "Search all" button does, waiting for the end (the button runs it as a task:
+        progress shown, Cancel heard)."""
+        with self.activity.working("searching strategies…"):
+            result = self._search(**space)
+            self._show_search(result)
+        return result
+
+    def start_search(self, **space: Any) -> Task:
+        """What the "Search all" button does: the search as a task of the kernel, its
+        progress (strategies simulated of all to simulate) on the activity line, the chart
+        redrawn as rows come in, and a Cancel button that stops it with the rows it has
+        (the rest marked cancelled)."""
+        steps = Steps(lambda done, total: self.activity.step(done, total))
+
+        def done(result: SearchResult | None, error: BaseException | None) -> None:
+            if isinstance(error, DistIRError):
+                self.session.error = str(error)
+                self.editor.refresh()
+                return
+            if error is not None:
+                raise error
+            self._show_search(result)
+
+        return self.activity.run(
+            "searching strategies…", lambda: self._search(executor=steps, **space), done
+        )
+
+    def _search(self, **space: Any) -> SearchResult:
         space.setdefault("progress", False)
         topology = self.session.topology
-        result = search_strategies(self.session.base, topology, optimizer=None, **space)
-        self.search_result = result
         capacity = min(d.memory_bytes for d in topology.devices)
+        so_far: list[SearchRow] = []
+        drawn = [time.monotonic()]
+
+        def on_row(row: SearchRow) -> None:  # the front as it grows
+            so_far.append(row)
+            if row.ok and time.monotonic() - drawn[0] > 0.5:
+                drawn[0] = time.monotonic()
+                self.search_panel.show(SearchResult(list(so_far)), capacity_bytes=capacity)
+                self.search_box.children = [self.search_panel]
+
+        return search_strategies(
+            self.session.base, topology, optimizer=None, on_row=on_row, **space
+        )
+
+    def _show_search(self, result: SearchResult) -> None:
+        self.search_result = result
+        capacity = min(d.memory_bytes for d in self.session.topology.devices)
         self.search_panel.show(result, capacity_bytes=capacity)
         self.search_box.children = [self.search_panel]
         self.editor.refresh()
-        return result
 
     def measure(self, topology: Topology | None = None) -> MeasuredRun | None:
         """What the "Measure" button does: run the step shown on one gloo process per
@@ -172,7 +222,7 @@ class ReadyTransformsPanel:
             self.measure_panel.topology = topology
         return self.measure_panel.measure()
 
-    def compare_search_rows(self, a: SearchRow, b: SearchRow) -> go.Figure:
+    def compare_search_rows(self, a: SearchRow, b: SearchRow) -> Chart:
         """Load searched strategies ``a`` then ``b`` and show them side by side below the
         chart, as two clicks with "Compare two" on do; return the comparison's figure.
         A row the ready transforms cannot express raises SessionError with the reason."""
@@ -209,17 +259,22 @@ class ReadyTransformsPanel:
             self.session.error = "nothing to compare with: make a change first"
             self.editor.refresh()
             return
-        self.compare_box.children = [go.FigureWidget(self.compare())]
+        with self.activity.working("comparing with the previous state…"):
+            self.compare_box.children = [Chart.of(self.compare())]
 
     def _apply_strategy(self) -> None:
-        self.editor.busy("transforming and simulating…")
-        self.session.set_strategy(
-            dp=self.dp.value,
-            hp=self.hp.value,
-            pp=self.pp.value,
-            microbatches=self.microbatches.value,
-            schedule=self.schedule.value,
-        )
+        with self.activity.working("transforming and simulating…"):
+            self.session.set_strategy(
+                dp=self.dp.value,
+                hp=self.hp.value,
+                pp=self.pp.value,
+                microbatches=self.microbatches.value,
+                schedule=self.schedule.value,
+            )
+
+    def _sequential(self) -> None:
+        with self.activity.working("simulating the sequential program…"):
+            self.session.set_strategy(Strategy())
 
 
 __all__ = ["ReadyTransformsPanel", "SessionFilePanel"]

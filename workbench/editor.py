@@ -14,6 +14,8 @@ import ast
 import html
 import math
 import re
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import ipywidgets as w
@@ -171,11 +173,26 @@ def annotation_text(spec: Annotation) -> tuple[str, list[str], str]:
 _WRAP = {"flex_flow": "row wrap"}
 
 
-class ShardingEditor(w.VBox):
-    """The editor panel for one :class:`Session`; :meth:`select` picks the value to place."""
+def _no_activity(what: str) -> AbstractContextManager[None]:
+    return nullcontext()
 
-    def __init__(self, session: Session) -> None:
+
+class ShardingEditor(w.VBox):
+    """The editor panel for one :class:`Session`; :meth:`select` picks the value to place.
+
+    ``working(what)`` (a context manager, the dashboard's
+    :meth:`~workbench.tasks.Activity.working`) shows that an action is under way and
+    disables the buttons while it runs; ``busy()`` says whether one is.
+    """
+
+    def __init__(
+        self,
+        session: Session,
+        working: Callable[[str], AbstractContextManager[None]] = _no_activity,
+        busy: Callable[[], bool] = lambda: False,
+    ) -> None:
         self.session = session
+        self._working, self._busy = working, busy
         self.value_name: str | None = None
         self.target = w.HTML("<i>click a value (an edge or an input) in the graph</i>")
         self.target.add_class("distir-editor-target")
@@ -198,8 +215,8 @@ class ShardingEditor(w.VBox):
         )
         self.apply_button = self._button("Apply", "primary", self._on_apply, "distir-apply")
         self.remove_button = self._button("Remove", "", self._on_remove, "distir-remove")
-        self.undo_button = self._button("Undo", "", lambda _: self.session.undo(), "distir-undo")
-        self.redo_button = self._button("Redo", "", lambda _: self.session.redo(), "distir-redo")
+        self.undo_button = self._button("Undo", "", lambda _: self._undo(), "distir-undo")
+        self.redo_button = self._button("Redo", "", lambda _: self._redo(), "distir-redo")
         self.status = w.HTML("")
         self.status.add_class("distir-editor-status")
         self.mesh_box = w.VBox(
@@ -264,12 +281,12 @@ class ShardingEditor(w.VBox):
 
     def refresh(self) -> None:
         """Enable the buttons that can act and show the session's error, if any."""
-        self.apply_button.disabled = self.value_name is None
-        self.remove_button.disabled = (
-            self.value_name is None or self.session.state.annotation(self.value_name) is None
-        )
-        self.undo_button.disabled = not self.session.can_undo
-        self.redo_button.disabled = not self.session.can_redo
+        if self._busy():  # an action is under way: its end enables them again
+            for button in (self.apply_button, self.remove_button, self.undo_button):
+                button.disabled = True
+            self.redo_button.disabled = True
+        else:
+            self._enable()
         if self.session.error:
             self.status.value = (
                 '<div style="color:#b2182b;white-space:pre-wrap">'
@@ -277,6 +294,14 @@ class ShardingEditor(w.VBox):
             )
         else:
             self.status.value = f"<small>{html.escape(self.session.state.describe())}</small>"
+
+    def _enable(self) -> None:
+        self.apply_button.disabled = self.value_name is None
+        self.remove_button.disabled = (
+            self.value_name is None or self.session.state.annotation(self.value_name) is None
+        )
+        self.undo_button.disabled = not self.session.can_undo
+        self.redo_button.disabled = not self.session.can_redo
 
     def annotation(self) -> Annotation:
         """The annotation the form describes now (raises SessionError/DistIRError if bad)."""
@@ -297,8 +322,8 @@ class ShardingEditor(w.VBox):
             self.session.error = f"cannot read the form: {kind}{e}"
             self.refresh()
             return
-        self.busy(f"propagating {self.value_name} and simulating…")
-        self.session.annotate(self.value_name, spec)
+        with self._working(f"propagating {self.value_name} and simulating…"):
+            self.session.annotate(self.value_name, spec)
 
     def busy(self, message: str) -> None:
         """Say in the panel that work is under way (the browser shows it at once)."""
@@ -307,7 +332,16 @@ class ShardingEditor(w.VBox):
 
     def _on_remove(self, _button: Any = None) -> None:
         if self.value_name is not None:
-            self.session.unannotate(self.value_name)
+            with self._working(f"removing the placement of {self.value_name}…"):
+                self.session.unannotate(self.value_name)
+
+    def _undo(self) -> None:
+        with self._working("undoing…"):
+            self.session.undo()
+
+    def _redo(self) -> None:
+        with self._working("redoing…"):
+            self.session.redo()
 
     def _on_mode(self, change: dict[str, Any]) -> None:
         self.form.children = [self.mesh_box if change["new"] == "mesh" else self.spec_box]

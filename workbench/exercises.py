@@ -33,9 +33,11 @@ from ir.errors import DistIRError
 from ir.function import Function
 
 __all__ = [
+    "SOLUTION_KEY",
     "NotAnsweredError",
     "Verdict",
     "WrongAnswerError",
+    "blank_answer",
     "check_choice",
     "check_formula",
     "check_number",
@@ -81,6 +83,10 @@ class NotAnsweredError(WrongAnswerError):
 
 
 _NOT_YET = "Not yet: replace None in the cell above with your answer, run it, then run this cell."
+_NOT_YET_FORMULA = (
+    "Not yet: write your formula in the function above (instead of return None), run it, "
+    "then run this cell."
+)
 
 
 def _fmt(x: float) -> str:
@@ -214,6 +220,8 @@ def check_formula(
             raise _fail(
                 f"Not quite: your formula({args}) raised {type(exc).__name__}: {exc}."
             ) from exc
+        if value is None:  # the blank's "return None" still there
+            raise NotAnsweredError(Verdict(False, _NOT_YET_FORMULA))
         got.append(_as_number(value, f"your formula({args})"))
     misses = [i for i, (g, (_, want)) in enumerate(zip(got, cases)) if not _close(g, want, rel_tol)]
     if not misses:
@@ -260,3 +268,57 @@ def check_program(
         if program.is_equivalent(wrong):
             raise _fail(said, why)
     raise _fail(said, hint)
+
+
+SOLUTION_KEY = "solution"
+"""The answer cell's metadata key that holds its reference solution: hidden from the
+reader (JupyterLab does not show cell metadata, the course pages do not print it), run in
+CI in place of the blank (``notebooks/conftest.py``, ``scripts/build_course.py``)."""
+
+
+def blank_answer(solution: str, check: str = "") -> str:
+    """The answer cell a reader starts from, made from its reference ``solution``: the
+    lines before the ``# your answer`` comment and the comment itself kept, each answer
+    (a name starting with ``answer``) set to ``None``, each function kept as its signature
+    returning ``None``, and other names the ``check`` cell reads kept as given; the rest of
+    the solution (how the answer was worked out) left out.
+
+    >>> print(blank_answer("# your answer: 1, 2 or 4\\nanswer_v = 4"))
+    # your answer: 1, 2 or 4
+    answer_v = None
+    >>> print(blank_answer("# your formula\\ndef t(n, s):\\n    return 2 * (n - 1) / n * s"))
+    # your formula
+    def t(n, s):
+        return None  # your formula, in place of None
+    """
+    import ast
+
+    lines = solution.splitlines()
+    tree = ast.parse(solution)
+    read = {n.id for n in ast.walk(ast.parse(check or "")) if isinstance(n, ast.Name)}
+    comment = next(
+        (i for i, line in enumerate(lines) if line.lstrip().startswith("# your answer")), None
+    )
+    if comment is None:
+        comment = next((i for i, line in enumerate(lines) if line.lstrip().startswith("#")), -1)
+    out = lines[: comment + 1]
+    for node in tree.body:
+        if node.lineno - 1 <= comment:
+            continue  # context given before the question
+        if isinstance(node, ast.FunctionDef):
+            signature = lines[node.lineno - 1]
+            out += [signature, "    return None  # your formula, in place of None"]
+            continue
+        names = [
+            t.id
+            for target in getattr(node, "targets", [getattr(node, "target", None)])
+            if target is not None
+            for t in ast.walk(target)
+            if isinstance(t, ast.Name)
+        ]
+        answers = [n for n in names if n.startswith("answer")]
+        if answers:
+            out += [f"{n} = None" for n in answers]
+        elif names and set(names) & read:
+            out += lines[node.lineno - 1 : node.end_lineno]  # a given the check reads
+    return "\n".join(out)

@@ -18,19 +18,21 @@ charts gives the step error with the profiled costs and with the topology's mode
 from __future__ import annotations
 
 import html
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import ipywidgets as w
-import plotly.graph_objects as go
 
 from ir.device import Topology
 from ir.errors import DistIRError
+from widgets.chart import Chart
 from widgets.measured import measured_vs_simulated_figure
 from widgets.measured_memory import measured_memory_figure
 from widgets.measured_table import error_table_html
 
 from .measuring import MAX_PROCESSES, MeasuredRun, measure_step, why_not_measured
+from .tasks import Activity, Task
 
 
 class MeasurePanel(w.VBox):
@@ -47,8 +49,10 @@ class MeasurePanel(w.VBox):
         current: Callable[[], tuple[Any, Any, Any]],
         topology: Topology | None = None,
         calibrate: Callable[[int], Topology] | None = None,
+        activity: Activity | None = None,
     ) -> None:
         self._current = current
+        self.activity = activity
         self.topology = topology
         self._calibrate = calibrate or _calibrated_topology
         self.run: MeasuredRun | None = None
@@ -59,7 +63,7 @@ class MeasurePanel(w.VBox):
             layout={"width": "110px"},
         )
         self.button.add_class("distir-measure")
-        self.button.on_click(lambda _b: self.measure())
+        self.button.on_click(lambda _b: self.start())
         self.steps = w.BoundedIntText(
             value=3, min=1, max=20, description="steps", layout={"width": "130px"}
         )
@@ -67,38 +71,98 @@ class MeasurePanel(w.VBox):
         self.status.add_class("distir-measure-status")
         self.output = w.VBox(layout={"width": "100%"})
         self.output.add_class("distir-measure-output")
+        self.trace_path = w.Text(
+            placeholder="trace.json (torch.profiler, one file per rank: a.json, b.json)",
+            description="trace",
+            layout={"width": "420px"},
+        )
+        self.trace_path.add_class("distir-trace-path")
+        self.trace_button = w.Button(description="Read trace", layout={"width": "100px"})
+        self.trace_button.tooltip = (
+            "draw a PyTorch profiler trace of this step (ops marked 'distir op <i> <type>': "
+            "workbench.traces) over the simulator's timeline"
+        )
+        self.trace_button.add_class("distir-read-trace")
+        self.trace_button.on_click(lambda _b: self.read_trace())
         super().__init__(
-            [w.HBox([self.button, self.steps, self.status]), self.output],
+            [
+                w.HBox([self.button, self.steps, self.status]),
+                w.HBox([self.trace_path, self.trace_button], layout={"flex_flow": "row wrap"}),
+                self.output,
+            ],
             layout={"width": "100%"},
         )
         self._say("run the step shown on real processes and compare it with the simulator")
 
     def measure(self) -> MeasuredRun | None:
         """Measure the current step and show the overlay and the table; None (and the
-        reason in the status line) when the step is not measured."""
+        reason in the status line) when the step is not measured. Waits for the end (the
+        button runs :meth:`start` instead)."""
         source, step, simulated = self._current()
+        if not self._measurable(step, simulated):
+            return None
+        try:
+            run = self._measure(source, step)
+        except DistIRError as e:
+            self._failed(str(e))
+            return None
+        return self._show(run)
+
+    def start(self) -> Task | None:
+        """What the "Measure" button does: the measurement as a task of the kernel (the
+        activity line says which part runs; Cancel stops it and its worker processes)."""
+        source, step, simulated = self._current()
+        if self.activity is None:
+            self.measure()
+            return None
+        if not self._measurable(step, simulated):
+            return None
+
+        def done(run: MeasuredRun | None, error: BaseException | None) -> None:
+            if isinstance(error, KeyboardInterrupt):
+                self._failed("cancelled: nothing measured")
+            elif isinstance(error, DistIRError):
+                self._failed(str(error))
+            elif error is not None:
+                raise error
+            else:
+                self._show(run)
+
+        what = f"measuring {step.name} on {len(step.devices)} gloo processes…"
+        return self.activity.run(what, lambda: self._measure(source, step), done)
+
+    def _measurable(self, step: Any, simulated: Any) -> bool:
         reason = why_not_measured(step, simulated)
         if reason is not None:
-            self.run = None
-            self.output.children = []
-            self._say(f"not measured: {reason}", error=True)
-            return None
+            self._failed(f"not measured: {reason}")
+            return False
+        return True
+
+    def _failed(self, text: str) -> None:
+        self.run = None
+        self.output.children = []
+        self._say(text, error=True)
+
+    def _measure(self, source: Any, step: Any) -> MeasuredRun:
         self._say(f"measuring {step.name} on {len(step.devices)} processes…")
-        try:
-            topology = self._topology(len(step.devices))
-            run = measure_step(source, step, topology, steps=self.steps.value)
-        except DistIRError as e:
-            self.run = None
-            self.output.children = []
-            self._say(str(e), error=True)
-            return None
+        if self.topology is None or len(self.topology.devices) < len(step.devices):
+            self._progress("calibrating this machine (once, about 10 s)…")
+        topology = self._topology(len(step.devices))
+        self._progress(f"running {self.steps.value} steps and profiling each op…")
+        return measure_step(source, step, topology, steps=self.steps.value)
+
+    def _progress(self, text: str) -> None:
+        if self.activity is not None and self.activity.busy:
+            self.activity.step(0, 0, text)
+
+    def _show(self, run: MeasuredRun) -> MeasuredRun:
         self.run = run
         m = run.measured
         figure = measured_vs_simulated_figure(m, run.compared)
         self.output.children = [
             w.HTML(f"<p>{html.escape(run.summary())}</p>"),
-            go.FigureWidget(figure),
-            go.FigureWidget(measured_memory_figure(m, run.compared)),
+            Chart.of(figure),
+            Chart.of(measured_memory_figure(m, run.compared)),
             w.HTML(error_table_html(m, run.compared)),
         ]
         carried = "state carried between steps" if run.carried else run.note
@@ -109,6 +173,36 @@ class MeasurePanel(w.VBox):
         )
         return run
 
+    def read_trace(self, paths: str | list[str] | None = None) -> Any:
+        """What "Read trace" does: the profiler trace(s) at ``paths`` (default: the path
+        box; several paths separated by commas, one per rank) read as the step shown
+        (:func:`workbench.traces.read_trace`) and drawn over its simulation on the
+        dashboard's hardware, with the error table. The Measurement, or None (the reason
+        in the status line)."""
+        from .traces import read_trace
+
+        _source, step, simulated = self._current()
+        if paths is None:
+            paths = [p.strip() for p in self.trace_path.value.split(",") if p.strip()]
+        if not paths:
+            self._failed("give the path of a trace (torch.profiler's Chrome trace JSON)")
+            return None
+        working = self.activity.working if self.activity is not None else None
+        with working("reading the trace…") if working else _nothing():
+            try:
+                measured = read_trace(paths, step)
+            except DistIRError as e:
+                self._failed(str(e))
+                return None
+            figure = measured_vs_simulated_figure(measured, simulated)
+            self.run = None
+            self.output.children = [Chart.of(figure), w.HTML(error_table_html(measured, simulated))]
+        self._say(
+            f"read {measured.steps} step(s) of {step.name} from {len(paths)} trace(s); "
+            f"simulated on {simulated.topology.name}"
+        )
+        return measured
+
     def _topology(self, devices: int) -> Topology:
         if self.topology is None or len(self.topology.devices) < devices:
             self.topology = self._calibrate(max(devices, MAX_PROCESSES))
@@ -117,6 +211,11 @@ class MeasurePanel(w.VBox):
     def _say(self, text: str, *, error: bool = False) -> None:
         color = "#b00020" if error else "#555"
         self.status.value = f"<span style='color:{color}'>{html.escape(text)}</span>"
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
 
 
 def _calibrated_topology(devices: int) -> Topology:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import plotly.graph_objects as go
 
 from widgets import GraphOptions, RenderedGraph, gantt_figure, memory_figure
+from widgets.drawing import Placed
 from widgets.graph import render_graph
 from widgets.units import format_bytes, format_time
 
@@ -48,12 +49,15 @@ class Payloads:
     summary_html: str
 
 
-def placements_of(derived: Derived) -> dict[str, str]:
-    """Placement labels per base-program value: from the propagation report, else the
-    user's annotations."""
+def placements_of(derived: Derived) -> dict[str, Placed]:
+    """Placement labels per base-program value, with the devices of the mesh it is laid out
+    on (the graph of the program as written colours it by those), from the propagation
+    report."""
     report = derived.report
     layouts = getattr(report, "layouts", None) or {}
-    return {name: " ".join(ps) for name, ps in layouts.items()}
+    mesh = getattr(report, "mesh", None)
+    devices = tuple(mesh.devices) if mesh is not None else ()
+    return {name: Placed(" ".join(ps), devices) for name, ps in layouts.items()}
 
 
 def summary_html(session: Session) -> str:

@@ -33,90 +33,11 @@ from widgets.breakdown import breakdown_html, step_breakdown
 from widgets.static_html import Part, page_html
 from widgets.units import format_bytes, format_time
 
+from .report_config import DEFAULT_STRATEGIES, OPTIMIZERS, ReportConfig, build_model
 from .session import Derived, State, Strategy, derive
 
 if TYPE_CHECKING:
     from ir.search import SearchResult
-
-DEFAULT_STRATEGIES = ("dp=8", "dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b")
-
-
-@dataclass(frozen=True)
-class ReportConfig:
-    """What ``python -m workbench report`` simulates; every field has a default.
-
-    ``search``: also search every dp x tp x pp of the devices (1F1B pipelines,
-    power-of-two microbatches; see :func:`ir.search.search`) and show its Pareto front.
-    ``measure``: also run each strategy over at most 4 devices on gloo processes of this
-    CPU and show it against the simulator (:func:`workbench.measuring.measure_part`;
-    small models only).
-    """
-
-    model: str = "gpt"
-    batch: int = 16
-    seq: int = 128
-    hidden: int = 512
-    heads: int = 8
-    vocab: int = 4096
-    layers: int = 4
-    features: int = 512
-    classes: int = 64
-    training: bool = True
-    preset: str = "a100-hgx"
-    devices: int = 8
-    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
-    search: bool = True
-    measure: bool = False
-
-    @property
-    def is_file(self) -> bool:
-        """``model`` names an ONNX file rather than a built-in model."""
-        return self.model.endswith(".onnx")
-
-    def describe_model(self) -> str:
-        """``GPT: 4 layers, batch 16, seq 128, hidden 512, 8 heads, vocab 4096, training``."""
-        mode = "training step" if self.training else "forward"
-        if self.is_file:
-            return f"{self.model} (ONNX), its program as written"
-        if self.model == "gpt":
-            return (
-                f"GPT: {self.layers} layers, batch {self.batch}, seq {self.seq}, hidden "
-                f"{self.hidden}, {self.heads} heads, vocab {self.vocab}, {mode}"
-            )
-        return (
-            f"MLP: {self.layers} layers, batch {self.batch}, features {self.features}, "
-            f"hidden {self.hidden}, classes {self.classes}, {mode}"
-        )
-
-
-def build_model(config: ReportConfig) -> Function:
-    """The model ``config`` names, from ``ir.models`` or an ONNX file (``ir.from_onnx``)."""
-    from ir import models
-
-    if config.is_file:  # its sharding annotations are the session's business: dropped here
-        from .imported import load_onnx
-
-        return load_onnx(config.model)[0]
-    if config.model == "gpt":
-        return models.gpt(
-            config.batch,
-            config.seq,
-            config.hidden,
-            config.heads,
-            config.vocab,
-            config.layers,
-            training=config.training,
-        )
-    if config.model == "mlp":
-        return models.mlp(
-            config.batch,
-            config.features,
-            config.hidden,
-            config.classes,
-            layers=config.layers,
-            training=config.training,
-        )
-    raise DistIRError(f"unknown model {config.model!r}; choose gpt, mlp or a .onnx file")
 
 
 @dataclass(frozen=True)
@@ -341,3 +262,19 @@ def session_report(session: Any, path: Path) -> Path:
     path = Path(path)
     path.write_text(page, encoding="utf-8")
     return path
+
+
+__all__ = [
+    "DEFAULT_STRATEGIES",
+    "OPTIMIZERS",
+    "Outcome",
+    "ReportConfig",
+    "build_model",
+    "report_html",
+    "search_part",
+    "search_strategies",
+    "session_report",
+    "simulate_strategies",
+    "summary_table",
+    "write_report",
+]

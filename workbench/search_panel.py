@@ -11,12 +11,12 @@ curves (:func:`widgets.compare_figure`), with the search's figures of each
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import ipywidgets as w
-import plotly.graph_objects as go
 
 from ir.search import Row, SearchResult
-from widgets import compare_figure, pareto_figure, picked_annotations, rows_html
+from widgets import Chart, compare_figure, pareto_figure, picked_annotations, rows_html
 
 from .session import Derived
 
@@ -30,10 +30,15 @@ class SearchPanel(w.VBox):
     shows, or None when it could not (the dashboard says why).
     """
 
-    def __init__(self, load: Callable[[Row], Derived | None]) -> None:
+    def __init__(
+        self,
+        load: Callable[[Row], Derived | None],
+        working: Callable[[str], AbstractContextManager[None]] = lambda _what: nullcontext(),
+    ) -> None:
         self._load = load
+        self._working = working
         self.result: SearchResult | None = None
-        self.figure: go.FigureWidget | None = None
+        self.figure: Chart | None = None
         self.picked: list[tuple[Row, Derived]] = []  # at most two, the latest last
         self.compare_mode = w.ToggleButton(
             value=False,
@@ -58,9 +63,8 @@ class SearchPanel(w.VBox):
         """Draw ``result``'s chart (points clickable); picks of an earlier search are
         forgotten."""
         self.result = result
-        figure = go.FigureWidget(pareto_figure(result, capacity_bytes=capacity_bytes))
-        for trace in figure.data:
-            trace.on_click(self._on_click)
+        figure = Chart.of(pareto_figure(result, capacity_bytes=capacity_bytes))
+        figure.on_click(self._on_click)
         self.figure = figure
         self.chart.children = [figure]
         self.clear()
@@ -68,6 +72,11 @@ class SearchPanel(w.VBox):
     def pick(self, row: Row) -> bool:
         """What clicking ``row``'s point does: load its strategy, and with "Compare two"
         on, compare it with the point picked before. False if it could not be loaded."""
+        what = "comparing" if self.compare_mode.value and self.picked else "loading"
+        with self._working(f"{what} {row.strategy}…"):
+            return self._pick(row)
+
+    def _pick(self, row: Row) -> bool:
         shown = self._load(row)
         if shown is None:
             return False
@@ -87,7 +96,7 @@ class SearchPanel(w.VBox):
             )
             self.comparison.children = [
                 w.HTML(rows_html([a, b], LABELS)),
-                go.FigureWidget(figure),
+                Chart.of(figure),
             ]
         self._say()
         return True
@@ -105,17 +114,17 @@ class SearchPanel(w.VBox):
         self._mark()
         self._say()
 
-    def _on_click(self, trace: go.Scatter, points: object, _state: object) -> None:
-        indices = getattr(points, "point_inds", None)
-        if not indices:
-            return
-        row = self.row_of(trace.text[indices[0]])
+    def _on_click(self, _index: int, point: int, trace: dict) -> None:
+        texts = trace.get("text") or []
+        row = self.row_of(texts[point]) if point < len(texts) else None
         if row is not None:
             self.pick(row)
 
     def _mark(self) -> None:
         if self.figure is not None:
-            self.figure.layout.annotations = picked_annotations([r for r, _ in self.picked])
+            chart = self.figure
+            marked = picked_annotations([r for r, _ in self.picked])
+            chart.show(chart.traces, {**chart.figure_layout, "annotations": marked})
 
     def _say(self) -> None:
         if not self.compare_mode.value:

@@ -9,7 +9,7 @@ annotations on values of the base program. Every change goes through one path:
 
 If deriving fails, the error is kept in :attr:`Session.error` and the previous
 state, program and simulation stay exactly as they were, so a bad click never
-leaves the views half-updated. Derived results are cached per State, so undo
+leaves the views half-updated. The last derived results are kept per State, so undo
 and redo are instant.
 
 No Jupyter import here: the dashboard listens with :meth:`Session.on_change`.
@@ -29,6 +29,8 @@ from ir.device import Topology
 from ir.errors import DistIRError
 from ir.function import Function
 from ir.limits import MAX_DEVICES, MAX_INT
+
+from .lru import KEEP, Lru
 
 if TYPE_CHECKING:
     from ir.sharding import ProgramFacts
@@ -280,6 +282,7 @@ def derive(
     elif state.strategy.is_sequential:
         function = base
     else:
+        _check_fits(state.strategy, topology)
         function = _apply_strategy(base, state.strategy)
     derived_at = time.perf_counter()
     result = sim.simulate(function, topology)
@@ -287,6 +290,18 @@ def derive(
     return Derived(
         state, function, result, collectives, report, derived_at - start, done - derived_at
     )
+
+
+def _check_fits(strategy: Strategy, topology: Topology) -> None:
+    """A strategy needs ``dp * hp * pp`` devices; say so before a transform fails on the
+    first value it cannot place."""
+    have = len(topology.devices)
+    if strategy.num_devices > have:
+        raise SessionError(
+            f"{strategy.describe()} needs dp x hp x pp = {strategy.num_devices} devices, but "
+            f"{topology.name} has {have}: lower the degrees so that their product is at most "
+            f"{have}, or simulate more devices (report: --devices {strategy.num_devices})"
+        )
 
 
 def _apply_strategy(base: Function, strategy: Strategy) -> Function:
@@ -351,7 +366,9 @@ class Session:
         # reused by every later one (they depend on no mesh or annotation)
         self._facts = ProgramFacts(function)
         self.error: str | None = None
-        self._cache: dict[Any, Derived] = {}
+        # the states derived last (Undo, Redo and search picks instant); older ones derive
+        # again when they come back
+        self._cache: Lru[Any, Derived] = Lru(KEEP)
         self._history = _History()
         self._listeners: list[Callable[[Session], None]] = []
         self.listener_errors: list[Exception] = []  # what listeners raised at the last change
@@ -539,10 +556,9 @@ class Session:
         return self._changed()
 
     def _derive(self, state: State) -> Derived:
-        key = _cache_key(state)
-        if key not in self._cache:
-            self._cache[key] = derive(self.base, self.topology, state, self._facts)
-        return self._cache[key]
+        return self._cache.get(
+            _cache_key(state), lambda: derive(self.base, self.topology, state, self._facts)
+        )
 
     def _commit(self, state: State, what: str) -> bool:
         if state == self.state:

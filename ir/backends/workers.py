@@ -194,7 +194,7 @@ def exited_before(
 
 
 def next_message(
-    outbox, procs: list, deadline: float, skip: Collection[int] = (), poll_s: float = 0.5
+    outbox, procs: list, deadline: float, skip: Collection[int] = (), poll_s: float = 0.2
 ):
     """The next message from the workers, waiting until ``deadline`` (``time.monotonic``)
     but no longer than a dead worker leaves the rest waiting: raises
@@ -203,7 +203,10 @@ def next_message(
     import queue
     import time
 
+    from ..interrupt import check
+
     while True:
+        check()  # a dashboard's Cancel: the caller's cleanup stops the workers
         left = deadline - time.monotonic()
         try:
             return outbox.get(timeout=max(0.01, min(poll_s, left)))

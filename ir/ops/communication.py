@@ -206,6 +206,15 @@ _TO_DEVICE = Attr("to_device", doc="destination device", aliases=("device",), ki
 _DEVICES = Attr("devices", doc="destination devices, in tuple order", kind=kinds.DEVICES)
 _DIM = Attr("dim", 0, "tensor axis", kind=kinds.INT)
 _OP = Attr("op", "sum", "reduction: sum, mean, max or min", kind=kinds.REDUCTION)
+_STREAM = Attr(
+    "stream",
+    "comm",
+    "where the collective runs: 'comm', its own stream, overlapping compute; 'compute', "
+    "the compute stream, holding every participant's compute while it runs (a gradient "
+    "all-reduce issued after the backward, as Megatron-LM does without "
+    "--overlap-grad-reduce). Timing only: the values are the same",
+    kind=kinds.one_of("comm", "compute"),
+)
 
 # -- point to point --------------------------------------------------------------
 
@@ -337,7 +346,7 @@ _comm(
     ("ys",),
     _allreduce_types,
     _grouped_kernel(lambda parts, a: [_reduce(parts, a["op"]) for _ in parts]),
-    (_OP, _GROUPS),
+    (_OP, _GROUPS, _STREAM),
     "Every device gets the elementwise reduction of all devices' tensors.",
     examples=lambda s: [
         ctx(per_device(2 * s, 3)),
@@ -386,7 +395,7 @@ _comm(
     ("ys",),
     _reducescatter_types,
     _grouped_kernel(lambda parts, a: split_array(_reduce(parts, a["op"]), len(parts), a["dim"])),
-    (_DIM, _OP, _GROUPS),
+    (_DIM, _OP, _GROUPS, _STREAM),
     "Reduce across devices, then device i keeps shard i along dim.",
     examples=lambda s: [ctx(per_device(2 * s, 3)), ctx(per_device(3, 2 * s + 1), dim=1)],
 )

@@ -49,8 +49,9 @@ def _pmap_types(ctx: TypeContext):
             raise TypeRuleError(f"pmap operand {i} has {len(t)} elements, operand 0 has {n}")
         param = body.inputs[i].type
         plain = _binds_plainly(param, var, device_map)
-        if plain and t is _bound_tuple(param, var, devices):
-            continue  # the very tuple type a pmap of this body made (or an equal input's)
+        if plain and t == _bound_tuple(param, var, devices):
+            continue  # the tuple type a pmap of this body makes (TupleType's equality is
+            # its kept hash, then its elements' fields at C level)
         if plain and all(
             e.__class__ is TensorType
             and e.shape == param.shape

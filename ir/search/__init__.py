@@ -16,11 +16,12 @@ degrees ``ep`` and ``cp``) is enumerated by
 :func:`ir.search.space.strategies`, pruned without building anything
 (:func:`ir.search.space.prune`: the batch does not divide, ``ep`` does not divide the
 experts or ``2 cp`` the sequence, the state alone does not fit, the tensor degree would
-repeat work on every rank, another point is at least as good by construction), and
-every survivor is built by ``T.megatron`` and simulated (rank classes walked once:
-``ir.simulate``). A strategy the transform refuses is a row with its error, not a
-failed search, and a step leaving a device idle is never "ok"; a request nothing can
-satisfy (degrees beyond the devices, a batch smaller than dp, tensor
+repeat work on every rank, another point is at least as good by construction), every
+survivor estimated in closed form and those that can reach the front built by
+``T.megatron`` and simulated (``ir.search.tiers``; rank classes walked once, pmap bodies
+scheduled once: ``ir.simulate``). A strategy the transform refuses is a row with its
+error, not a failed search, and a step leaving a device idle is never "ok"; a request
+nothing can satisfy (degrees beyond the devices, a batch smaller than dp, tensor
 parallelism on a model it cannot split) is a :class:`SearchError` naming the constraint;
 a search interrupted (Ctrl-C, the kernel's interrupt) returns the rows made so far, the
 others ``"cancelled"``.
@@ -28,18 +29,20 @@ others ``"cancelled"``.
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from ..device import Topology
 from ..errors import DistIRError
 from ..function import Function
+from ..interrupt import check
 from ..registry import ops_cost
 from ..transforms._rewrite import batch_inputs, batch_size, is_optimizer
 from ..types import compute_dtype
+from .estimate import Estimator
 from .result import STATUSES, Row, SearchResult
 from .space import ModelFacts, SearchError, Strategy, prune, strategies
+from .tiers import MODES, decide
 
 
 def search(
@@ -59,29 +62,89 @@ def search(
     recompute: Iterable[bool] | bool = (False,),
     ep: Iterable[int] | int = (1,),
     cp: Iterable[int] | int = (1,),
+    simulate: str = "front",
     progress: bool = True,
     executor: Any = None,
+    on_row: Callable[[Row], None] | None = None,
 ) -> SearchResult:
-    """Simulate every strategy of the space for ``model`` on all of ``topology``'s devices.
+    """Search the strategies of the space for ``model`` on all of ``topology``'s devices.
 
     ``model``: a forward program (trained with ``optimizer``; ``None`` searches it as
     it is, as the workbench's ready transforms run it) or a training step.
     ``batch``: the global batch, which must be the model's (build the model with the
     batch you want; a mismatch is an error rather than a silent resize).
     The other keywords narrow or widen the space (see :func:`strategies`).
+    ``simulate``: ``"front"`` (two tiers: every strategy estimated in closed form, the
+    event simulation on those that can reach the Pareto front; :mod:`ir.search.tiers`)
+    or ``"all"`` (every strategy simulated). The front is the same either way.
     ``executor``: where the strategies are built and simulated: ``None`` here, one after
     another; or anything with ``submit(fn, *args)`` returning futures with
     ``result()``: a ``concurrent.futures.ProcessPoolExecutor``, or a
     ``dask.distributed.Client`` when the work outgrows one machine (programs and
     topologies pickle). The rows are the same either way, in the space's order.
+    ``on_row``: called with each row as it is decided (a dashboard draws the front as it
+    grows); :func:`search_rows` yields them instead.
     Returns a :class:`SearchResult` (``.rows``, ``.pareto()``, ``.best()``, CSV).
 
-    Interrupted (KeyboardInterrupt), it returns what it has: the rows simulated so far,
-    the pruned ones, and the others with status ``"cancelled"`` (an executor's pending
-    work is cancelled).
+    Interrupted (KeyboardInterrupt), it returns what it has: the rows decided so far and
+    the others with status ``"cancelled"`` (an executor's pending work is cancelled).
     """
-    from tqdm.auto import tqdm
+    request = _request(model, topology, batch, optimizer, dp, tp, pp, microbatches, schedules,
+                       chunks, zero, sequence_parallel, recompute, ep, cp)  # fmt: skip
+    rows: dict[Strategy, Row] = {}
+    try:
+        for row in _decided(request, simulate, progress, executor):
+            rows[row.strategy] = row
+            if on_row is not None:
+                on_row(row)
+    except KeyboardInterrupt:
+        pass  # the rows so far; the rest are cancelled below
+    cancelled = "the search was interrupted before this strategy was simulated"
+    space = request[0]
+    return SearchResult([rows.get(s) or Row(s, "cancelled", error=cancelled) for s in space])
 
+
+def search_rows(
+    model: Function,
+    topology: Topology,
+    batch: int | None = None,
+    *,
+    optimizer: str | None = "adam",
+    dp: Iterable[int] | int | None = None,
+    tp: Iterable[int] | int | None = None,
+    pp: Iterable[int] | int | None = None,
+    microbatches: Iterable[int] | int | None = None,
+    schedules: Iterable[str] | str = ("1f1b",),
+    chunks: Iterable[int] | int = (1,),
+    zero: Iterable[int] | int = (0,),
+    sequence_parallel: Iterable[bool] | bool = (False,),
+    recompute: Iterable[bool] | bool = (False,),
+    ep: Iterable[int] | int = (1,),
+    cp: Iterable[int] | int = (1,),
+    simulate: str = "front",
+    progress: bool = False,
+    executor: Any = None,
+) -> Iterator[Row]:
+    """:func:`search`'s rows one by one as they are decided (pruned ones first, then the
+    estimated and simulated in the order the search takes them), for a view that shows
+    the front as it grows. ``SearchResult(list(...))`` of them is what :func:`search`
+    returns, but for the order.
+
+    >>> import ir
+    >>> f = ir.models.mlp(64, 32, 32, 8, layers=4)
+    >>> rows = ir.search.search_rows(f, ir.Topology.preset("a100-hgx", 4), pp=1)
+    >>> sorted({row.status for row in rows})
+    ['ok']
+    """
+    request = _request(model, topology, batch, optimizer, dp, tp, pp, microbatches, schedules,
+                       chunks, zero, sequence_parallel, recompute, ep, cp)  # fmt: skip
+    yield from _decided(request, simulate, progress, executor)
+
+
+def _request(
+    model: Function, topology: Topology, batch: int | None, optimizer: str | None, *space: Any
+) -> tuple:
+    """(space, pruned rows, training step, topology, batch, tokens, model FLOPs, peak)."""
     from .. import transforms
 
     if not isinstance(model, Function):
@@ -96,7 +159,8 @@ def search(
             f"batch={batch} but {model.name} is built for a batch of {rows_of_batch}; build "
             f"the model with the batch to search"
         )
-    space = strategies(
+    dp, tp, pp, microbatches, schedules, chunks, zero, sequence_parallel, recompute, ep, cp = space
+    strategies_ = strategies(
         len(topology.devices),
         rows_of_batch,
         dp=dp,
@@ -111,52 +175,49 @@ def search(
         ep=ep,
         cp=cp,
     )
-    _check_request(len(topology.devices), rows_of_batch, t, space, dp=dp, tp=tp, pp=pp)
+    _check_request(len(topology.devices), rows_of_batch, t, strategies_, dp=dp, tp=tp, pp=pp)
     capacity = min(d.memory_bytes for d in topology.devices)
-    pruned = prune(space, ModelFacts.of(t, rows_of_batch), capacity, _tensor_problems(t, space))
+    facts = ModelFacts.of(t, rows_of_batch)
+    pruned = prune(strategies_, facts, capacity, _tensor_problems(t, strategies_))
     model_flops, dtype = _flops(t)
     peak = topology.devices[0].peak_flops_for(dtype, True, allow_tf32=topology.allow_tf32)
     tokens = _tokens_per_sample(t)
-    rows: dict[Strategy, Row] = {s: Row(s, "pruned", error=why) for s, why in pruned.items()}
-    todo = [s for s in space if s not in pruned]
-    args = (t, topology, rows_of_batch, tokens, model_flops, peak)
+    return (strategies_, pruned, t, topology, rows_of_batch, tokens, model_flops, peak)
+
+
+def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> Iterator[Row]:
+    from tqdm.auto import tqdm
+
+    space, pruned, t, topology, batch = request[:5]
+    if simulate not in MODES:
+        raise SearchError(f"simulate must be one of {MODES}, got {simulate!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):
         raise SearchError(
             "executor must have submit(fn, *args) (a concurrent.futures executor or "
             f"a dask.distributed Client), got {type(executor).__name__}"
         )
-    bar = tqdm(total=len(todo), desc="simulating strategies", disable=not progress)
+    for s, why in pruned.items():
+        yield Row(s, "pruned", error=why)
+    todo = [s for s in space if s not in pruned]
+    args = request[2:]
+    submit = None
+    if executor is not None:
+        submit = lambda s: executor.submit(_simulate, s, *args)  # noqa: E731
+    capacity = min(d.memory_bytes for d in topology.devices)
+    bar = tqdm(total=len(todo), desc="searching strategies", disable=not progress)
     with bar:
-        if executor is None:
-            try:
-                for s in todo:
-                    rows[s] = _simulate(s, *args)
-                    bar.update()
-            except KeyboardInterrupt:
-                pass  # the rows so far; the rest are cancelled below
-        else:
-            futures: list[tuple[Strategy, Any]] = []
-            try:
-                for s in todo:
-                    futures.append((s, executor.submit(_simulate, s, *args)))
-                for s, future in futures:
-                    rows[s] = future.result()
-                    bar.update()
-            except KeyboardInterrupt:
-                for s, future in futures:
-                    if s not in rows:
-                        _keep_if_done(rows, s, future)
-    cancelled = "the search was interrupted before this strategy was simulated"
-    return SearchResult([rows.get(s) or Row(s, "cancelled", error=cancelled) for s in space])
-
-
-def _keep_if_done(rows: dict[Strategy, Row], s: Strategy, future: Any) -> None:
-    """After an interrupt: keep a finished future's row, cancel an unfinished one."""
-    if not future.done():
-        future.cancel()
-        return
-    with contextlib.suppress(Exception, KeyboardInterrupt):  # its worker interrupted, or lost
-        rows[s] = future.result()  # finished: no wait
+        for row in decide(
+            todo,
+            lambda s: _simulate(s, *args),
+            lambda: Estimator(t, topology, batch, todo),
+            capacity,
+            simulate,
+            submit,
+            wave=8,
+        ):
+            bar.update()
+            yield row
+            check()  # a dashboard's Cancel: stop between strategies
 
 
 def _check_request(
@@ -237,16 +298,16 @@ def _simulate(
     except Exception as e:  # a bug, not the strategy's fault: reported, not fatal
         why = (str(e).splitlines() or [""])[0]
         return Row(s, "error", error=f"internal error ({type(e).__name__}): {why}")
-    idle = sorted(set(range(s.devices)) - {d for d in r.devices if r.busy_s[d] > 0})
-    if idle:  # the transforms refuse such cuts; a row must never call one "ok"
+    totals = r.totals  # from the walked devices: no work per device
+    if totals.idle_devices:  # the transforms refuse such cuts; a row must never call one "ok"
+        idle = sorted(set(range(s.devices)) - {d for d in r.devices if r.busy_s[d] > 0})
         why = f"device(s) {idle} of the {s.devices} compute nothing in the step"
         return Row(s, "error", error=why)
     step = r.step_time_s
-    devices = r.devices
-    peak = max(r.peak_memory_bytes.values())
-    exposed = sum(step - r.busy_s[d] - r.idle_s[d] for d in devices) / len(devices)
-    bubble = sum(r.idle_s[d] for d in devices) / len(devices) / step if step else 0.0
-    status = "over capacity" if r.over_capacity else "ok"
+    peak = totals.max_peak_memory_bytes
+    exposed = step - totals.mean_busy_s - totals.mean_idle_s
+    bubble = totals.mean_idle_s / step if step else 0.0
+    status = "ok" if totals.fits else "over capacity"
     return Row(
         s,
         status,
@@ -291,5 +352,6 @@ __all__ = [
     "SearchResult",
     "Strategy",
     "search",
+    "search_rows",
     "strategies",
 ]

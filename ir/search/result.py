@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .space import SearchError, Strategy
 
-STATUSES = ("ok", "over capacity", "pruned", "error", "cancelled")
+STATUSES = ("ok", "over capacity", "pruned", "estimated", "error", "cancelled")
 
 
 @dataclass(frozen=True)
@@ -20,9 +20,12 @@ class Row:
     """One strategy's outcome. Times in seconds, memory in bytes; NaN where not simulated.
 
     ``status``: ``"ok"`` (simulated, fits), ``"over capacity"`` (simulated, a device's
-    peak exceeds its memory), ``"pruned"`` (not built; ``error`` says why) or
-    ``"error"`` (the transform refused it; ``error`` is its message) or ``"cancelled"``
-    (the search was interrupted before it ran).
+    peak exceeds its memory), ``"pruned"`` (not built; ``error`` says why),
+    ``"estimated"`` (not simulated: its estimate cannot reach the front, ``error`` says
+    why; see :mod:`ir.search.tiers`), ``"error"`` (the transform refused it; ``error`` is
+    its message) or ``"cancelled"`` (the search was interrupted before it ran).
+    ``estimated_step_time_s`` and ``estimated_peak_memory_bytes``: the closed-form
+    estimate (:mod:`ir.search.estimate`) beside the simulated figures, NaN where none.
     ``exposed_comm_s``: mean over devices of the time communication runs while the
     device computes nothing; ``bubble``: mean fraction of the step a device neither
     computes nor communicates; ``mfu``: the sequential step's FLOPs over the step time
@@ -39,6 +42,8 @@ class Row:
     exposed_comm_s: float = math.nan
     bubble: float = math.nan
     error: str | None = None
+    estimated_step_time_s: float = math.nan
+    estimated_peak_memory_bytes: float = math.nan
 
     @property
     def ok(self) -> bool:
@@ -139,8 +144,10 @@ class SearchResult:
         try:
             with open(path, newline="") as f:
                 reader = csv.DictReader(f)
-                need = {f.name for f in _STRATEGY_FIELDS} | {f.name for f in _ROW_FIELDS}
-                need -= set(_LATER_FIELDS)  # files written before these existed
+                need = {f.name for f in _STRATEGY_FIELDS} | {
+                    f.name for f in _ROW_FIELDS if not f.name.startswith("estimated_")
+                }  # files written before the estimates were kept lack those columns
+                need -= set(_LATER_FIELDS)  # nor those written before ep and cp existed
                 missing = need - set(reader.fieldnames or ())
                 if missing:
                     raise SearchError(
@@ -178,6 +185,7 @@ def _row(record: dict, path: Path, line: int) -> Row:
     figures = {
         f.name: (record[f.name] or None) if f.name == "error" else value(f, record[f.name])
         for f in _ROW_FIELDS
+        if f.name in record
     }
     if figures["status"] not in STATUSES:
         raise SearchError(

@@ -64,8 +64,10 @@ def simulate(
     ``symmetry``: walk a pmap body once per rank class the program declares
     (``Function.rank_classes``: the devices of a 3D stage do identical work at
     identical times), the other members sharing the walked device's events and
-    memory; ``False`` walks every device (the reference the classes are tested
-    against).
+    memory, and schedule each pmap body whose ops all compute on its device once per
+    device model, its many applications (a stage's microbatches) timed from their
+    inputs without walking their ops (``ir.sim.bodies``); ``False`` walks every op on
+    every device (the reference both are tested against, equal to the last bit).
 
     ``costs``: measured op times (:class:`ir.sim.costs.OpCosts`, from
     ``ir.backends.profile.profile_ops``) used instead of the models above for every op
@@ -84,6 +86,8 @@ def simulate(
             f"simulate: costs must be an ir.sim.costs.OpCosts (from "
             f"ir.backends.profile.profile_ops), got {type(costs).__name__}"
         )
-    engine = Engine(topology, combine, comm=comm, classes=classes, costs=costs)
+    engine = Engine(
+        topology, combine, comm=comm, classes=classes, costs=costs, share_bodies=symmetry
+    )
     engine.run(function)
     return SimResult(engine)

@@ -24,7 +24,13 @@ start times are max-plus expressions of durations, so making any op or link
 faster never delays anything (no scheduling anomalies).
 
 Ops inside a Pmap body run once per device of the pmap, with the device
-variable bound (sub-devices resolved through ``device_map``).
+variable bound (sub-devices resolved through ``device_map``). Within one such run, a
+stream's time is the time it last waited (``base``) plus the durations of the ops run
+since, summed in order: that arithmetic lets a body whose ops all compute on the pmap's
+device be scheduled from its inputs' ready times without walking its ops
+(:mod:`ir.sim.bodies`), with the same result to the last bit. The devices of a rank
+class share one walk (``classes``), and a tuple's elements on a class share one slot,
+so the walk's cost follows the logical program and the classes, not the devices.
 """
 
 from __future__ import annotations
@@ -48,7 +54,9 @@ from ..types import (
 )
 from ..value import Value
 from ..verify import describe_op
+from .bodies import BodySchedule, BodyTiming, schedule_of
 from .costs import OpCosts, compute_key
+from .slots import SlotTable, UnknownDeviceError, element, leaves_of, unique_leaves
 
 COMBINE_MODES = ("roofline", "additive")
 COMM_MODES = ("channels", "serial", "blocking")
@@ -68,11 +76,6 @@ class SimulationError(DistIRError):
     """A program the simulator cannot cost: unknown device, op without a cost rule, ..."""
 
 
-class _UnknownDeviceError(Exception):
-    def __init__(self, ref: Any) -> None:
-        self.ref = ref
-
-
 class _Scope(dict):
     """Device reference -> topology index, for one pmap iteration (or the top level)."""
 
@@ -89,7 +92,7 @@ class _Scope(dict):
         for var, concrete, device_map in self.bindings:
             bound = bind_device(bound, var, concrete, device_map)
         if isinstance(bound, bool) or not isinstance(bound, int) or bound not in self.index_of:
-            raise _UnknownDeviceError(bound)
+            raise UnknownDeviceError(bound)
         self[ref] = index = self.index_of[bound]
         return index
 
@@ -99,8 +102,13 @@ class _Scope(dict):
         return t
 
 
-class Engine:
-    """One simulation run; :func:`ir.simulate` builds one and wraps its lists in a SimResult."""
+class Engine(SlotTable):
+    """One simulation run; :func:`ir.simulate` builds one and wraps it in a SimResult.
+
+    ``share_bodies``: schedule the pmap bodies that qualify once per device model
+    (:mod:`ir.sim.bodies`) instead of walking their ops on every application; the
+    result is the same to the last bit (``False`` is the reference it is tested against).
+    """
 
     def __init__(
         self,
@@ -110,6 +118,7 @@ class Engine:
         comm: str = "channels",
         classes: Sequence[Sequence[int]] = (),
         costs: OpCosts | None = None,
+        share_bodies: bool = True,
     ) -> None:
         if not isinstance(combine, str) or combine not in COMBINE_MODES:
             raise SimulationError(
@@ -122,19 +131,19 @@ class Engine:
                 f"stream per device; 'blocking': channels, and a transfer also holds its "
                 f"participants' compute), got {comm!r}"
             )
+        super().__init__(topology)
         self.serial_comm = comm == "serial"
         # a transfer is work on its participants' compute (CPU processes with no spare core)
         self.blocking_comm = comm == "blocking"
         self.costs = costs  # measured op times over the models (ir.sim.costs)
-        self.topology = topology
         self.additive = combine == "additive"
-        self.index_of = {d.device_id: i for i, d in enumerate(topology.devices)}
+        self.share_bodies = share_bodies
         # devices of one model (the same figures) time an op alike: cost each model once
         models: dict[tuple, int] = {}
         self._model_of = [models.setdefault(_hardware_of(d), len(models)) for d in topology.devices]
         first = {k: i for i, k in reversed(list(enumerate(self._model_of)))}
         self._models = [topology.devices[first[k]] for k in range(len(models))]
-        self._set_classes(classes)
+        self._set_classes(classes, self._model_of)
         n = len(topology.devices)
         self.compute_free = [0.0] * n
         # The host clock: when each device's host has issued its latest op. A kernel cannot
@@ -145,105 +154,60 @@ class Engine:
         self.host_comm = [d.host_comm_s() for d in topology.devices]
         self.host_sync = [d.syncs_after_p2p for d in topology.devices]
         self.hosted = any(self.host_comm) or any(d.kernels is not None for d in topology.devices)
+        # A stream's time inside a pmap body's run: it last waited until seg_base[d] and
+        # has run ops of seg_off[d] seconds since (compute_free[d] is always seg_base[d] +
+        # seg_off[d]); the host's likewise (host_free[d] = host_base[d] + host_off[d]).
+        # See ir.sim.bodies: this is what lets a body be scheduled without a walk.
+        self.seg_base = [0.0] * n
+        self.seg_off = [0.0] * n
+        self.host_base = [0.0] * n
+        self.host_off = [0.0] * n
         # when each communication channel is next free (see _channel): with comm="serial",
         # channel d is device d's one stream; with "channels", one per peer link / group
         self.comm_free = [0.0] * n if self.serial_comm else []
         self.channel_keys: list[tuple] = []  # ("send", src, dst) or ("group", *devices)
         self._channel_of: dict[tuple, int] = {}
-        # Flat columns of numbers and shared objects, no per-op containers: the cyclic GC,
-        # paused during the walk, would otherwise scan every one of them once it resumes.
-        # values: one slot per tensor (tuple values are nested tuples of slots); a slot is
-        # allocated when its producer starts and ready when it ends
-        self.slot_ready: list[float] = []
-        self.slot_bytes: list[int] = []
-        self.slot_device: list[int] = []
-        self.slot_producer: list[int] = []  # producer instance, or -1 for a function input
-        # op instances (an op in a pmap body once per device): the op, its compute device
-        # (int) or participants (tuple), start, duration, cost entry, and the slots it reads
-        # (use_count[i] of them, consecutive in use_slots)
+        # units, in program order: an op instance (an op in a walked pmap body once per
+        # device), or one application of a scheduled body (cost None; see ``apps``): the
+        # op, its compute device (int) or participants (tuple), start, end (as the walk
+        # found it: a body's base plus the time run since, not always start + dur to the
+        # last bit), duration, cost entry, and the slots it reads (use_count[i] of them,
+        # consecutive in use_slots)
         self.inst_op: list[Op] = []
         self.inst_where: list[Any] = []
         self.inst_start: list[float] = []
+        self.inst_end: list[float] = []
         self.inst_dur: list[float] = []
-        self.inst_cost: list[tuple] = []
+        self.inst_cost: list[tuple | None] = []
         self.use_count: list[int] = []
         self.use_slots: list[int] = []
         self.pinned: list[int] = []  # function inputs and outputs: live all step
-        self.comm_instances: list[int] = []  # the instances whose ``where`` is a tuple
+        # per top-level op, its first unit: the units from there to the next one's are its
+        # own or, for a pmap, its body's runs (Bars.top)
+        self.top_start: list[int] = []
+        self.comm_instances: list[int] = []  # the units whose ``where`` is a tuple
         self.comm_channels: list[tuple[int, ...]] = []  # their channels, in the same order
+        self.comm_groups: list[int] = []  # and their participants' index in participant_sets
+        # applications of scheduled bodies, as columns: the unit, schedule and timing, the
+        # base of the first segment (the others: app_segments, for the few that wait
+        # inside), the input slots (app_in_slots: schedule.num_inputs per application)
+        # and the first of the slots its made outputs take (consecutive)
+        self.app_unit: list[int] = []
+        self.app_schedule: list[BodySchedule] = []
+        self.app_timing: list[BodyTiming] = []
+        self.app_base: list[float] = []
+        self.app_segments: dict[int, tuple[tuple[int, float], ...]] = {}
+        self.app_in_slots: list[int] = []
+        self.app_first: list[int] = []
+        self.participant_sets: list[tuple[int, ...]] = []  # distinct collective groups
         self._prepared: dict[Op, tuple] = {}
         self._opdefs: dict[str, Any] = {}
         self._cost_by_types: dict[tuple, tuple[float, float]] = {}
         self._comm_cache: dict[tuple, tuple] = {}  # by collective, size, devices, root
         self._comm_by_op: dict[tuple, tuple] = {}  # by (op, pmap bindings): pmap bodies
-
-    # -- rank classes -------------------------------------------------------
-
-    def _set_classes(self, classes: Sequence[Sequence[int]]) -> None:
-        """``rep_of[i]``: the device index whose walk stands for device index ``i``.
-
-        The devices of a class (of one hardware model) do identical work at identical
-        times, so a pmap body runs on the first of them only, and the others' slots are
-        the first's (their events and memory curves are the first's; see SimResult).
-        """
-        self.rep_of = list(range(len(self.topology.devices)))
-        for group in classes:
-            by_model: dict[int, list[int]] = {}
-            for d in group:
-                i = self.index_of.get(d)
-                if i is not None:
-                    by_model.setdefault(self._model_of[i], []).append(i)
-            for members in by_model.values():
-                rep = min(members)
-                for i in members:
-                    self.rep_of[i] = rep
-        self.mirrored = any(r != i for i, r in enumerate(self.rep_of))
-        self._owners: dict[tuple[int, ...], tuple[int, ...] | None] = {}
-
-    def owners(self, devices: tuple[int, ...]) -> tuple[int, ...] | None:
-        """For a tuple whose elements live on device indices ``devices``: the position whose
-        value stands for each element (its class representative's), or None if each
-        element stands for itself."""
-        found = self._owners.get(devices, False)
-        if found is not False:
-            return found
-        rep_of = self.rep_of
-        position: dict[int, int] = {}
-        for k, d in enumerate(devices):
-            position.setdefault(d, k)
-        owners = tuple(position.get(rep_of[d], k) for k, d in enumerate(devices))
-        result = None if all(o == k for k, o in enumerate(owners)) else owners
-        self._owners[devices] = result
-        return result
-
-    def flat_slots(
-        self, sizes: Sequence[int], devices: Sequence[int], ready: float, producer: int
-    ) -> tuple[int, ...]:
-        """Slots for a tuple of tensors (``sizes`` bytes on device indices ``devices``); an
-        element of a mirrored device shares its representative's slot."""
-        owners = self.owners(tuple(devices)) if self.mirrored else None
-        first = len(self.slot_ready)
-        if owners is None:
-            n = len(sizes)
-            self.slot_ready.extend([ready] * n)
-            self.slot_bytes.extend(sizes)
-            self.slot_device.extend(devices)
-            self.slot_producer.extend([producer] * n)
-            return tuple(range(first, first + n))
-        slots: list[int] = []
-        for k, owner in enumerate(owners):
-            if owner != k and owner < k:
-                slots.append(slots[owner])
-                continue
-            if owner != k:  # the representative comes later in the tuple: filled below
-                slots.append(-1)
-                continue
-            slots.append(len(self.slot_ready))
-            self.slot_ready.append(ready)
-            self.slot_bytes.append(sizes[k])
-            self.slot_device.append(devices[k])
-            self.slot_producer.append(producer)
-        return tuple(slots[o] if s == -1 else s for s, o in zip(slots, owners))
+        self._comm_by_types: dict[tuple, list] = {}  # by types: [(attributes, timing)]
+        self._schedules: dict[tuple[Function, str], BodySchedule | None] = {}
+        self._pmap_plans: dict[tuple, tuple] = {}
 
     # -- entry ----------------------------------------------------------------
 
@@ -252,18 +216,18 @@ class Engine:
         env: dict[Value, Any] = {}
         for v in function.inputs:
             try:
-                slots = self._new_slots(_template(v.type), scope, 0.0, -1)
-            except _UnknownDeviceError as e:
+                slots = self.new_slots(v.type, scope, 0.0, -1)
+            except UnknownDeviceError as e:
                 raise SimulationError(
                     f"input {v.name!r} of {function.name!r} lives on device {_shown(e.ref)}, "
                     f"which topology {self.topology.name!r} lacks (devices: "
                     f"{list(self.topology.device_ids)})"
                 ) from None
             env[v] = slots
-            self.pinned.extend(_leaves(slots))
+            self.pinned.extend(unique_leaves(slots))
         self._run_ops(function.ops, env, scope, once=True)
         for v in function.outputs:
-            self.pinned.extend(_leaves(env[v]))
+            self.pinned.extend(unique_leaves(env[v]))
 
     @property
     def step_time_s(self) -> float:
@@ -284,21 +248,30 @@ class Engine:
         new_device, new_producer = self.slot_device.append, self.slot_producer.append
         inst_op = self.inst_op
         add_op, add_where = inst_op.append, self.inst_where.append
-        add_start, add_dur, add_cost = (
+        add_start, add_end, add_dur, add_cost = (
             self.inst_start.append,
+            self.inst_end.append,
             self.inst_dur.append,
             self.inst_cost.append,
         )
         add_count, add_uses = self.use_count.append, self.use_slots.extend
         compute_free, comm_free = self.compute_free, self.comm_free
+        seg_base, seg_off = self.seg_base, self.seg_off
+        host_free, host_base, host_off, hosted = (
+            self.host_free,
+            self.host_base,
+            self.host_off,
+            self.hosted,
+        )
         ready_of, value_of = slot_ready.__getitem__, env.__getitem__
         compute_kind, comm_kind = _COMPUTE_KIND, _COMMUNICATION_KIND
         prepare = self._prepare
         mirrored, rep_of = self.mirrored, self.rep_of
         blocking = self.blocking_comm
-        host_free, hosted = self.host_free, self.hosted
+        add_top = self.top_start.append
         for op in ops:
             if once:  # a top-level op runs once: keep nothing per op (costs are shared)
+                add_top(len(inst_op))
                 prep = prepare(op)
             else:  # a pmap body's op runs once per device
                 prep = prepared.get(op)
@@ -310,8 +283,10 @@ class Engine:
                     ins = list(map(value_of, op.inputs))
                     try:
                         ready = max(map(ready_of, ins)) if ins else 0.0
+                        if ins and min(ins) < 0:  # a class's tuple (~slot: see element)
+                            raise TypeError
                     except TypeError:  # a tuple operand (Concat, Sum of a tuple)
-                        ins = _leaves(ins)
+                        ins = leaves_of(ins)
                         ready = max(map(ready_of, ins)) if ins else 0.0
                     _, cost, dev_ref, templates, size, out_ref = prep
                     where = scope[dev_ref]
@@ -319,34 +294,55 @@ class Engine:
                         raise self._false_class(op, where)
                     dur = cost[2][where]
                     start = compute_free[where]
-                    if ready > start:
-                        start = ready
                     hosts = cost[4]
-                    if hosts is not None:  # the host issues the op, then the device runs it
-                        issued = host_free[where] + hosts[where]
-                        host_free[where] = issued
-                        if issued > start:
-                            start = issued
-                    end = start + dur
+                    if once:  # an op of its own: start when ready, free and issued
+                        if ready > start:
+                            start = ready
+                        if hosts is not None:  # the host issues the op, then the device runs it
+                            issued = host_free[where] = host_base[where] = (
+                                host_free[where] + hosts[where]
+                            )
+                            host_off[where] = 0.0
+                            if issued > start:
+                                start = issued
+                        end = seg_base[where] = start + dur
+                        seg_off[where] = 0.0
+                    else:  # in a body's run: each stream's base plus the time run since
+                        if hosts is not None:
+                            h = host_off[where] + hosts[where]
+                            host_off[where] = h
+                            issued = host_free[where] = host_base[where] + h
+                            if issued > ready:
+                                ready = issued
+                        if ready > start:
+                            start = seg_base[where] = ready
+                            off = dur
+                        else:
+                            off = seg_off[where] + dur
+                        seg_off[where] = off
+                        end = seg_base[where] + off
                     compute_free[where] = end
                 elif kind is comm_kind:
-                    ins = _leaves(list(map(value_of, op.inputs)))
+                    ins = leaves_of(list(map(value_of, op.inputs)))
                     ready = max(map(ready_of, ins)) if ins else 0.0
-                    where, dur, cost, channels, syncs = self._collective(op, scope, prep, once)
+                    timing = self._collective(op, scope, prep, once)
+                    where, dur, cost, channels, group = timing[:5]
                     start = max([ready, *(comm_free[c] for c in channels)])
-                    if blocking:
+                    if blocking or op.attributes.get("stream") == "compute":
                         start = max([start, *(compute_free[d] for d in where)])
                         for d in where:
-                            compute_free[d] = start + dur
+                            compute_free[d] = seg_base[d] = start + dur
+                            seg_off[d] = 0.0
                     if hosted:
-                        start = self._issue(where, start)
+                        start = self._issue(timing[6], start)
                     end = start + dur
-                    if syncs:  # the hosts wait for their devices (torch.cuda.synchronize)
-                        self._sync(where, end)
+                    if timing[5]:  # the hosts wait for their devices (torch.cuda.synchronize)
+                        self._sync(timing[6], end)
                     for c in channels:
                         comm_free[c] = end
                     self.comm_instances.append(len(inst_op))
                     self.comm_channels.append(channels)
+                    self.comm_groups.append(group)
                     templates, size = prep[1], None
                 else:
                     prep[1](self, op, env, scope)
@@ -355,6 +351,7 @@ class Engine:
                 add_op(op)
                 add_where(where)
                 add_start(start)
+                add_end(end)
                 add_dur(dur)
                 add_cost(cost)
                 add_count(len(ins))
@@ -366,36 +363,42 @@ class Engine:
                     new_device(scope[out_ref])
                     new_producer(producer)
                     continue
-                for v, template in zip(op.outputs, templates):
-                    if template.__class__ is tuple:  # a tensor: (size_bytes, device ref)
+                for v, t in zip(op.outputs, templates):
+                    if t.__class__ is tuple:  # a compute op's tensor: (size_bytes, device ref)
                         env[v] = len(slot_ready)
                         new_ready(end)
-                        new_bytes(template[0])
-                        new_device(scope[template[1]])
+                        new_bytes(t[0])
+                        new_device(scope[t[1]])
                         new_producer(producer)
-                    else:
-                        env[v] = self._new_slots(template, scope, end, producer)
-            except _UnknownDeviceError as e:
+                    else:  # a type
+                        env[v] = self.new_slots(t, scope, end, producer)
+            except UnknownDeviceError as e:
                 raise self._device_error(op, e.ref) from None
 
-    def _issue(self, where: tuple[int, ...], start: float) -> float:
+    def _issue(self, hosts: tuple[int, ...], start: float) -> float:
         """Each participant's host issues its part of a transfer; the transfer starts once
-        every part is issued (and ``start`` has come). Mirrored devices answer for their
-        class representative."""
-        rep_of, host_free, host_comm = self.rep_of, self.host_free, self.host_comm
-        for d in dict.fromkeys(rep_of[d] for d in where):
-            issued = host_free[d] + host_comm[d]
-            host_free[d] = issued
+        every part is issued (and ``start`` has come). ``hosts``: the participants' class
+        representatives (mirrored devices answer for them)."""
+        host_free, host_base, host_off, host_comm = (
+            self.host_free,
+            self.host_base,
+            self.host_off,
+            self.host_comm,
+        )
+        for d in hosts:
+            issued = host_free[d] = host_base[d] = host_free[d] + host_comm[d]
+            host_off[d] = 0.0
             if issued > start:
                 start = issued
         return start
 
-    def _sync(self, where: tuple[int, ...], end: float) -> None:
-        """The hosts of ``where`` wait until the transfer and their devices' work are done."""
-        rep_of, host_free, compute_free = self.rep_of, self.host_free, self.compute_free
-        for d in dict.fromkeys(rep_of[d] for d in where):
+    def _sync(self, hosts: tuple[int, ...], end: float) -> None:
+        """The hosts of ``hosts`` wait until the transfer and their devices' work are done."""
+        host_free, compute_free = self.host_free, self.compute_free
+        for d in hosts:
             if self.host_sync[d]:
-                host_free[d] = max(host_free[d], end, compute_free[d])
+                host_free[d] = self.host_base[d] = max(host_free[d], end, compute_free[d])
+                self.host_off[d] = 0.0
 
     def _false_class(self, op: Op, where: int) -> SimulationError:
         ids = self.topology.device_ids
@@ -406,33 +409,93 @@ class Engine:
             f"same work\n  in: {describe_op(op)}"
         )
 
-    def _new_slots(self, template: Any, scope: _Scope, ready: float, producer: int) -> Any:
-        """Slots for a value of ``template``'s structure (an int, or nested tuples of ints)."""
-        if template.__class__ is not tuple:
-            if template and all(t.__class__ is tuple for t in template):
-                sizes = [t[0] for t in template]
-                return self.flat_slots(sizes, [scope[t[1]] for t in template], ready, producer)
-            return tuple(self._new_slots(t, scope, ready, producer) for t in template)
-        self.slot_ready.append(ready)
-        self.slot_bytes.append(template[0])
-        self.slot_device.append(scope[template[1]])
-        self.slot_producer.append(producer)
-        return len(self.slot_ready) - 1
+    # -- scheduled pmap bodies ----------------------------------------------------
 
-    def columns(self) -> dict[str, Any]:
-        """The instance and slot columns (lists), for the result's lazy views."""
-        return {
-            "op": self.inst_op,
-            "where": self.inst_where,
-            "start": self.inst_start,
-            "dur": self.inst_dur,
-            "cost": self.inst_cost,
-            "use_count": self.use_count,
-            "use_slots": self.use_slots,
-            "slot_bytes": self.slot_bytes,
-            "slot_device": self.slot_device,
-            "slot_producer": self.slot_producer,
-        }
+    def schedule(self, body: Function, var: str) -> BodySchedule | None:
+        """The body's schedule if it qualifies (see :func:`ir.sim.bodies.schedule_of`)."""
+        key = (body, var)
+        if key not in self._schedules:
+            prepared = self._prepared
+
+            def prepare(op: Op) -> tuple:
+                found = prepared.get(op)
+                if found is None:
+                    found = prepared[op] = self._prepare(op)
+                return found
+
+            self._schedules[key] = schedule_of(body, var, prepare) if self.share_bodies else None
+        return self._schedules[key]
+
+    def segments(self, app: int) -> tuple[tuple[int, float], ...]:
+        """The segments of application ``app`` (see :mod:`ir.sim.bodies`)."""
+        return self.app_segments.get(app) or ((0, self.app_base[app]),)
+
+    def pmap_plan(self, op: Op, body: Function, scope: _Scope) -> tuple:
+        """``(layout, schedule or None, [(element, device index, timing)] of the elements
+        the walk runs)`` of a pmap: the same for every pmap of ``body`` over one tuple type
+        (a stage's microbatches), so found once."""
+        first = op.inputs[0].type
+        var = op.attributes["device_var"]
+        device_map = op.attributes.get("device_map")
+        key = (body, first, scope.key, var, device_map is None)
+        found = self._pmap_plans.get(key)
+        if found is None:
+            if not isinstance(first, TupleType):
+                raise UnknownDeviceError(None)
+            layout = self.layout(first, scope)
+            if layout is None:
+                raise UnknownDeviceError(None)
+            schedule = self.schedule(body, var) if device_map is None else None
+            reps = []
+            for k in layout.reps:
+                index = layout.where[k]
+                timing = None
+                if schedule is not None:
+                    timing = schedule.timing(self._model_of[index], index)
+                reps.append((k, index, timing))
+            found = self._pmap_plans[key] = (layout, schedule, reps)
+        return found
+
+    def apply(
+        self, op: Op, schedule: BodySchedule, timing: BodyTiming, index: int, in_slots: list[int]
+    ) -> list:
+        """Run one application of ``schedule`` (the body of pmap ``op``, ``timing`` on its
+        device model) on device index ``index``, its inputs in ``in_slots``; return the
+        slots of the body's outputs."""
+        ready = self.slot_ready
+        free = self.compute_free[index]
+        host = self.host_free[index]
+        readies = [ready[s] for s in in_slots]
+        segments, times, end = schedule.apply(timing, free, readies, host)
+        self.compute_free[index] = self.seg_base[index] = end
+        self.seg_off[index] = 0.0
+        if timing.host_offsets is not None:
+            self.host_free[index] = self.host_base[index] = host + timing.host_offsets[-1]
+            self.host_off[index] = 0.0
+        unit = len(self.inst_op)
+        start = segments[0][1]
+        self.inst_op.append(op)
+        self.inst_where.append(index)
+        self.inst_start.append(start)
+        self.inst_end.append(end)
+        self.inst_dur.append(end - start)
+        self.inst_cost.append(None)
+        self.use_count.append(0)  # its reads are the expansion's (ir.sim.expand)
+        first = len(ready)
+        n = len(times)
+        ready.extend(times)
+        self.slot_bytes.extend(schedule.made_bytes)
+        self.slot_device.extend([index] * n)
+        self.slot_producer.extend([unit] * n)
+        if len(segments) > 1:
+            self.app_segments[len(self.app_unit)] = segments
+        self.app_unit.append(unit)
+        self.app_schedule.append(schedule)
+        self.app_timing.append(timing)
+        self.app_base.append(start)
+        self.app_in_slots += in_slots
+        self.app_first.append(first)
+        return [in_slots[r] if r >= 0 else first + ~r for r in schedule.output_refs]
 
     # -- per-op data, computed once per op ------------------------------------
 
@@ -459,7 +522,7 @@ class Engine:
                     "cost it; attach one with ir.registry.attach_rule(name, 'comm_rule', fn)\n"
                     f"  in: {describe_op(op)}"
                 )
-            return (_COMMUNICATION_KIND, [_template(v.type) for v in op.outputs], opdef)
+            return (_COMMUNICATION_KIND, [v.type for v in op.outputs], opdef)
         if opdef.cost_rule is None:
             raise SimulationError(
                 f"op {opdef.name} has no cost rule, so the simulator cannot time it; give its "
@@ -488,7 +551,7 @@ class Engine:
             templates = [(sizes[0][0], op.outputs[0].type.device)]
         else:
             templates = [
-                (size[0], v.type.device) if size.__class__ is tuple else _template(v.type)
+                (size[0], v.type.device) if size.__class__ is tuple else v.type
                 for size, v in zip(sizes, op.outputs)
             ]
         dev_ref = op.device
@@ -515,22 +578,42 @@ class Engine:
         per_model = [d.host_time_s(cost) for d in self._models]
         return [per_model[k] for k in self._model_of]
 
-    def _collective(
-        self, op: Op, scope: _Scope, prep: tuple, once: bool = False
-    ) -> tuple[tuple[int, ...], float, tuple[float, float], tuple[int, ...], bool]:
-        """(participants, duration, cost entry, channels, whether the hosts then wait for
-        their devices) of a communication op; kept per (op, pmap bindings) unless the op
-        runs ``once`` (top level)."""
-        opdef = prep[2]
+    def _collective(self, op: Op, scope: _Scope, prep: tuple, once: bool = False) -> tuple:
+        """(participants, duration, cost entry, channels, index of the participants in
+        ``participant_sets``, whether the hosts then wait for their devices, the
+        participants' class representatives) of a communication op; kept per (op, pmap
+        bindings) for a body's op, and per (types, attributes) for all."""
         key = None if once else (op, scope.key)
         hit = self._comm_by_op.get(key) if key is not None else None
         if hit is not None:
             return hit
+        # A program repeats each transfer (every microbatch's, on types it shares): its
+        # rule is asked once per types and attributes, whatever the number of devices.
+        typed = (
+            op.op_type,
+            tuple([v.type for v in op.inputs]),
+            tuple([v.type for v in op.outputs]),
+            scope.key,
+        )
+        attributes = op.attributes
+        seen = self._comm_by_types.setdefault(typed, [])
+        for known, timing in seen:
+            if known is attributes or known == attributes:
+                if key is not None:
+                    self._comm_by_op[key] = timing
+                return timing
+        timing = self._timing(op, scope, prep[2])
+        seen.append((attributes, timing))
+        if key is not None:
+            self._comm_by_op[key] = timing
+        return timing
+
+    def _timing(self, op: Op, scope: _Scope, opdef: Any) -> tuple:
         in_types = tuple(scope.bind(v.type) for v in op.inputs)
         out_types = tuple(scope.bind(v.type) for v in op.outputs)
         for t in (*in_types, *out_types):
             for ref in _refs(t):
-                scope[ref]  # raises _UnknownDeviceError for a device the topology lacks
+                scope[ref]  # raises UnknownDeviceError for a device the topology lacks
         c = opdef.comm_rule(CostContext(in_types, out_types, op.attributes))
         ckey = (c.kind, c.size_bytes, c.devices, c.root, c.groups, opdef.extra.get("async_p2p"))
         timing = self._comm_cache.get(ckey)
@@ -538,22 +621,23 @@ class Engine:
             try:
                 participants = tuple(self.index_of[d] for d in c.participants)
             except KeyError as e:
-                raise _UnknownDeviceError(e.args[0]) from None
+                raise UnknownDeviceError(e.args[0]) from None
             dur = None
             if self.costs is not None:
                 dur = self.costs.communication_time_s(c.kind, c.size_bytes, len(c.devices))
             if dur is None:
                 dur = c.time_s(self.topology)
             channels = self._channels(c.kind, participants, c.groups)
+            group = len(self.participant_sets)
+            self.participant_sets.append(participants)
             syncs = (
                 c.kind == "send"
                 and not opdef.extra.get("async_p2p")
                 and any(self.host_sync[d] for d in participants)
             )
-            timing = (participants, dur, (0.0, float(c.size_bytes)), channels, syncs)
+            hosts = tuple(dict.fromkeys(self.rep_of[d] for d in participants))
+            timing = (participants, dur, (0.0, float(c.size_bytes)), channels, group, syncs, hosts)
             self._comm_cache[ckey] = timing
-        if key is not None:
-            self._comm_by_op[key] = timing
         return timing
 
     def _channels(
@@ -602,30 +686,39 @@ class Engine:
 
 def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
     (body,) = op.subfunctions
-    var = op.attributes["device_var"]
-    device_map = op.attributes.get("device_map")
-    first = op.inputs[0].type
-    assert isinstance(first, TupleType)
-    ids = engine.topology.device_ids
-    where = tuple(scope[ref] for ref in first.devices)
-    owners = engine.owners(where) if engine.mirrored else None
-    per_device: list = []
-    for k, index in enumerate(where):
-        if owners is not None and owners[k] != k:  # a mirror: its representative's values
-            per_device.append(None)
-            continue
-        inner = _Scope(engine.index_of, ((var, ids[index], device_map), *scope.bindings))
-        body_env = {p: env[v][k] for p, v in zip(body.inputs, op.inputs)}
-        engine._run_ops(body.ops, body_env, inner)
-        per_device.append([body_env[o] for o in body.outputs])
-    if owners is not None:
-        per_device = [per_device[o] for o in owners]
+    plan = engine.pmap_plan(op, body, scope)
+    layout, schedule, reps = plan
+    per_rep: list[list] = []
+    if schedule is not None:
+        apply = engine.apply
+        for k, index, timing in reps:
+            per_rep.append(
+                apply(op, schedule, timing, index, [element(env[v], k) for v in op.inputs])
+            )
+    else:
+        var = op.attributes["device_var"]
+        device_map = op.attributes.get("device_map")
+        ids = engine.topology.device_ids
+        for k, index, _ in reps:
+            inner = _Scope(engine.index_of, ((var, ids[index], device_map), *scope.bindings))
+            body_env = {p: element(env[v], k) for p, v in zip(body.inputs, op.inputs)}
+            engine.seg_base[index] = engine.compute_free[index]  # a run: its own segments
+            engine.seg_off[index] = 0.0
+            engine.host_base[index] = engine.host_free[index]
+            engine.host_off[index] = 0.0
+            engine._run_ops(body.ops, body_env, inner)
+            per_rep.append([body_env[o] for o in body.outputs])
+    if len(per_rep) == 1:
+        assemble, outs = layout.assemble, per_rep[0]
+        for j, v in enumerate(op.outputs):
+            env[v] = assemble([outs[j]])
+        return
     for j, v in enumerate(op.outputs):
-        env[v] = tuple(outs[j] for outs in per_device)
+        env[v] = layout.assemble([outs[j] for outs in per_rep])
 
 
 def _tuple_get(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
-    env[op.outputs[0]] = env[op.inputs[0]][op.attributes["index"]]
+    env[op.outputs[0]] = element(env[op.inputs[0]], op.attributes["index"])
 
 
 def _make_tuple(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
@@ -672,12 +765,6 @@ def _refs(t: Type) -> list[Any]:
     if isinstance(t, TensorType):
         return [t.device]
     return [r for e in t.elements for r in _refs(e)]
-
-
-def _leaves(slots: Any) -> list[int]:
-    if slots.__class__ is int:
-        return [slots]
-    return [s for x in slots for s in _leaves(x)]
 
 
 def _map_key(device_map: Any) -> Any:

@@ -26,43 +26,32 @@ class MemoryCurves:
 
 
 def memory_curves(
-    slot_bytes: list[int],
-    slot_device: list[int],
-    use_slots: list[int],
-    use_count: list[int],
-    slot_producer: list[int],
-    pinned: list[int],
-    inst_start: np.ndarray,
-    inst_end: np.ndarray,
+    slot_bytes: np.ndarray,
+    slot_device: np.ndarray,
+    slot_alloc: np.ndarray,
+    slot_free: np.ndarray,
+    slot_freed: np.ndarray,
+    slot_producer: np.ndarray,
     capacity_bytes: list[float],
     devices: list[int],
     step_time_s: float,
 ) -> MemoryCurves:
-    """Sweep allocation and free events per device (vectorised with numpy)."""
+    """Sweep allocation and free events per device (vectorised with numpy): each slot
+    is allocated at ``slot_alloc`` by run ``slot_producer`` and, where ``slot_freed``,
+    freed at ``slot_free`` (see ``ir.sim.expand.Columns``)."""
     size = np.asarray(slot_bytes, dtype=np.float64)
     dev = np.asarray(slot_device, dtype=np.int64)
-    # a slot's last use: the latest end among the instances that read it (-1: none)
-    last = np.full(len(size), -1.0)
-    if len(use_slots):
-        reader = np.repeat(np.arange(len(use_count)), np.asarray(use_count, dtype=np.int64))
-        np.maximum.at(last, np.asarray(use_slots, dtype=np.int64), inst_end[reader])
-    producer = np.asarray(slot_producer, dtype=np.int64)
-    freed = np.ones(len(size), dtype=bool)
-    if len(pinned):
-        freed[np.asarray(pinned, dtype=np.int64)] = False
-    made = producer >= 0
-    safe = np.maximum(producer, 0)
-    alloc = np.where(made, inst_start[safe] if len(inst_start) else 0.0, 0.0)
-    produced_end = np.where(made, inst_end[safe] if len(inst_end) else 0.0, 0.0)
-    free = np.where(last >= 0, last, produced_end)
-    # events: frees of the unpinned slots, then allocations of every slot; a stable sort
-    # by device and time keeps frees before allocations at equal times
+    freed = slot_freed
+    # events: frees of the unpinned slots, then allocations of every slot, sorted by
+    # device and time, frees before allocations at equal times and allocations in program
+    # order (a stable sort: a run's results in slot order)
     n_freed = int(freed.sum())
     ev_dev = np.concatenate([dev[freed], dev])
-    ev_t = np.concatenate([free[freed], alloc])
+    ev_t = np.concatenate([slot_free[freed], slot_alloc])
     ev_delta = np.concatenate([-size[freed], size])
-    ev_inst = np.concatenate([np.full(n_freed, -1, np.int64), producer])
-    order = np.lexsort((ev_t, ev_dev))
+    ev_inst = np.concatenate([np.full(n_freed, -1, np.int64), slot_producer])
+    ev_alloc = np.concatenate([np.zeros(n_freed, np.int8), np.ones(len(dev), np.int8)])
+    order = np.lexsort((ev_inst, ev_alloc, ev_t, ev_dev))
     ev_dev, ev_t, ev_delta, ev_inst = ev_dev[order], ev_t[order], ev_delta[order], ev_inst[order]
     times: dict[int, np.ndarray] = {}
     live: dict[int, np.ndarray] = {}

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -12,7 +11,8 @@ import numpy as np
 from ..device import Topology
 from ..op import Op
 from ..verify import describe_op
-from .engine import COMMUNICATION, COMPUTE, Engine, SimulationError
+from .engine import Engine, SimulationError
+from .expand import Columns, expand
 from .memory import MemoryCurves, memory_curves
 
 STREAMS = ("compute", "communication")
@@ -52,6 +52,19 @@ class Event:
 
 
 @dataclass(frozen=True)
+class Totals:
+    """A step's figures over all its devices: mean compute-busy, idle and communication
+    seconds, the largest peak of live bytes, and whether every device holds its peak."""
+
+    mean_busy_s: float
+    mean_idle_s: float
+    mean_communication_s: float
+    max_peak_memory_bytes: float
+    fits: bool
+    idle_devices: int = 0  # devices of the topology that compute nothing in the step
+
+
+@dataclass(frozen=True)
 class Bars:
     """Every event as columns (what plots read): bar ``i`` is ``ops[i]`` on ``device[i]``.
 
@@ -66,6 +79,10 @@ class Bars:
     dur_s: np.ndarray
     flops: np.ndarray
     bytes: np.ndarray
+    # the index (in the function's ops) of the top-level op each bar runs under: the op
+    # itself, or the pmap whose body it is (a body shared by several pmaps, e.g. one per
+    # microbatch, is told apart by it); None when unknown
+    top: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.ops)
@@ -76,6 +93,11 @@ class SimResult:
 
     ``devices`` are the ids of the devices the program uses, in topology order;
     the per-device dictionaries are keyed by them. Times are in seconds.
+
+    The engine walks one device per rank class and schedules repeated pmap bodies once
+    (``ir.sim.bodies``); what a result shows is expanded from that on first use
+    (``ir.sim.expand``), and the figures of a class's other members are its
+    representative's.
     """
 
     def __init__(self, engine: Engine) -> None:
@@ -84,27 +106,8 @@ class SimResult:
         self._e = engine
 
     @cached_property
-    def _c(self) -> dict[str, Any]:
-        return self._e.columns()
-
-    @cached_property
-    def _start(self) -> np.ndarray:
-        return np.asarray(self._c["start"], dtype=np.float64)
-
-    @cached_property
-    def _dur(self) -> np.ndarray:
-        return np.asarray(self._c["dur"], dtype=np.float64)
-
-    @cached_property
-    def _where(self) -> tuple[np.ndarray, list[tuple[int, ...]]]:
-        """Each instance's compute device index (-1 for a collective), and the participants
-        of each collective (in ``comm_instances`` order)."""
-        e = self._e
-        where = list(e.inst_where)
-        participants = [where[i] for i in e.comm_instances]
-        for i in e.comm_instances:
-            where[i] = -1
-        return np.asarray(where, dtype=np.int64).reshape(-1), participants
+    def _c(self) -> Columns:
+        return expand(self._e)
 
     @cached_property
     def _mirrors(self) -> dict[int, list[int]]:
@@ -128,14 +131,22 @@ class SimResult:
 
     @cached_property
     def _used(self) -> list[int]:
-        where, participants = self._where
-        used = set(self._c["slot_device"])
-        used.update(np.unique(where[where >= 0]).tolist())
-        for devices in participants:
+        e = self._e
+        used = set(e.slot_device)
+        used.update(e.inst_where[i] for i in range(len(e.inst_where)) if i not in self._comm_set)
+        for devices in e.participant_sets:
             used.update(devices)
         for rep in list(used):
             used.update(self._mirrors.get(rep, ()))
         return sorted(used)
+
+    @cached_property
+    def _used_set(self) -> set[int]:
+        return set(self._used)
+
+    @cached_property
+    def _comm_set(self) -> set[int]:
+        return set(self._e.comm_instances)
 
     @cached_property
     def devices(self) -> tuple[int, ...]:
@@ -149,54 +160,62 @@ class SimResult:
             f"{self.num_ops} op runs on devices {list(self.devices)}>"
         )
 
+    @cached_property
+    def _class_size(self) -> np.ndarray:
+        size = np.ones(len(self._e.rep_of), dtype=np.int64)
+        for rep, members in self._mirrors.items():
+            size[rep] = len(members)
+        return size
+
     @property
     def num_ops(self) -> int:
         """Number of op runs in the step (pmap body ops count once per device, a rank
         class's once per member though the walk ran them once; see ``walked_ops``)."""
-        if not self._mirrors:
-            return len(self._e.inst_op)
-        return sum(len(self._as(w)) if w.__class__ is int else 1 for w in self._e.inst_where)
+        where = self._c.where
+        compute = where[where >= 0]
+        return int(self._class_size[compute].sum()) + int(len(where) - len(compute))
 
     @property
     def walked_ops(self) -> int:
-        """Number of op runs the simulator walked (a rank class's pmap bodies once)."""
+        """Number of op runs the simulation stands for on the devices it walked (one per
+        rank class); a scheduled body's runs are found without walking them."""
+        return len(self._c)
+
+    @property
+    def scheduled_units(self) -> int:
+        """Number of units the engine scheduled one by one: op runs it walked, and
+        applications of pmap bodies it scheduled whole (``ir.sim.bodies``)."""
         return len(self._e.inst_op)
 
     # -- events -----------------------------------------------------------------
+
+    def _event(self, i: int, device: int, channel: str | None) -> Event:
+        c = self._c
+        op, start, dur = c.ops[i], float(c.start[i]), float(c.dur[i])
+        if channel is None:
+            return Event(op, device, "compute", start, dur, float(c.flops[i]),
+                         float(c.nbytes[i]), "compute")  # fmt: skip
+        return Event(op, device, "communication", start, dur, 0.0, float(c.nbytes[i]),
+                     "communication", channel)  # fmt: skip
 
     @cached_property
     def events(self) -> list[Event]:
         """Every event, in program order (a collective's events one per participant)."""
         ids = self.topology.device_ids
-        out: list[Event] = []
-        e = self._e
+        c = self._c
         names = self.channel_names
-        channels = iter(e.comm_channels)
-        for op, where, start, dur, cost in zip(
-            e.inst_op, e.inst_where, e.inst_start, e.inst_dur, e.inst_cost
-        ):
-            if where.__class__ is int:
-                for d in self._as(where):
-                    out.append(
-                        Event(op, ids[d], "compute", start, dur, cost[0], cost[1], "compute")
-                    )
+        comm_at = {int(i): k for k, i in enumerate(c.comm)}
+        out: list[Event] = []
+        for i, w in enumerate(c.where.tolist()):
+            if w >= 0:
+                for d in self._as(w):
+                    out.append(self._event(i, ids[d], None))
             else:
-                used = next(channels)
+                k = comm_at[i]
+                used = c.channels[k]
                 channel = names[used[0]] if used else "local"
-                for d in where:
-                    out.append(
-                        Event(
-                            op,
-                            ids[d],
-                            "communication",
-                            start,
-                            dur,
-                            0.0,
-                            cost[1],
-                            "communication",
-                            channel,
-                        )
-                    )
+                for d in c.participants[k]:
+                    out.append(self._event(i, ids[d], channel))
         return out
 
     @cached_property
@@ -222,18 +241,16 @@ class SimResult:
     @cached_property
     def bars(self) -> Bars:
         """The events as numpy columns (see :class:`Bars`); cheaper than :attr:`events`."""
-        e = self._e
-        where, participants = self._where
+        c = self._c
+        where, participants = c.where, c.participants
         n = len(where)
-        comm = np.asarray(e.comm_instances, dtype=np.int64)
         counts = np.ones(n, dtype=np.int64)
         mirrored = self._mirrors
+        compute_at = where >= 0
         if mirrored:  # a representative's compute instance stands for its whole class
-            size = np.ones(len(e.rep_of), dtype=np.int64)
-            for rep, members in mirrored.items():
-                size[rep] = len(members)
-            counts[where >= 0] = size[where[where >= 0]]
-        counts[comm] = [len(devices) for devices in participants]
+            counts[compute_at] = self._class_size[where[compute_at]]
+        if len(c.comm):
+            counts[c.comm] = [len(devices) for devices in participants]
         rows = np.repeat(np.arange(n), counts)  # the instance of each bar
         device = where[rows]
         compute = device >= 0
@@ -246,71 +263,111 @@ class SimResult:
                 at = compute & (device == rep)
                 device[at] = np.asarray(members, np.int64)[rank[at]]
         ops: list[Op] = []  # an instance once per device it stands for
-        for op, count in zip(e.inst_op, counts.tolist()):
+        for op, count in zip(c.ops, counts.tolist()):
             if count == 1:
                 ops.append(op)
             else:
                 ops += [op] * count
-        flops = np.fromiter(map(itemgetter(0), e.inst_cost), dtype=np.float64, count=n)
-        nbytes = np.fromiter(map(itemgetter(1), e.inst_cost), dtype=np.float64, count=n)
         ids = np.asarray(self.topology.device_ids, dtype=np.int64)
         return Bars(
             ops=tuple(ops),
             device=ids[device],
             stream=(~compute).astype(np.int8),
-            start_s=self._start[rows],
-            dur_s=self._dur[rows],
-            flops=np.where(compute, flops[rows], 0.0),
-            bytes=nbytes[rows],
+            start_s=c.start[rows],
+            dur_s=c.dur[rows],
+            flops=np.where(compute, c.flops[rows], 0.0),
+            bytes=c.nbytes[rows],
+            top=c.top[rows],
         )
 
     def events_on(self, device: int, stream: str | None = None) -> list[Event]:
-        """The events of one device (optionally one stream), by start time."""
-        found = [
-            ev
-            for ev in self.events
-            if ev.device == device and (stream is None or ev.stream == stream)
-        ]
+        """The events of one device (optionally one stream), by start time; only that
+        device's runs are built."""
+        i = self._device_index(device)
+        c = self._c
+        found: list[Event] = []
+        if stream in (None, "compute"):
+            for k in np.flatnonzero(c.where == self._e.rep_of[i]).tolist():
+                found.append(self._event(k, device, None))
+        if stream in (None, "communication"):
+            names = self.channel_names
+            for k, (at, devices) in enumerate(zip(c.comm.tolist(), c.participants)):
+                if i in devices:
+                    used = c.channels[k]
+                    found.append(self._event(at, device, names[used[0]] if used else "local"))
         return sorted(found, key=lambda ev: (ev.start_s, ev.stream))
 
     # -- per-device times -------------------------------------------------------
 
     @cached_property
-    def _stream_busy(self) -> dict[tuple[int, int], float]:
-        busy: dict[tuple[int, int], float] = {}
-        spans: dict[int, list[tuple[float, float]]] = {}
-        for where, start, dur in zip(self._c["where"], self._c["start"], self._c["dur"]):
-            if where.__class__ is int:
-                for d in self._as(where):
-                    busy[(d, COMPUTE)] = busy.get((d, COMPUTE), 0.0) + dur
-            else:
-                for d in where:
-                    spans.setdefault(d, []).append((start, start + dur))
-        for d, found in spans.items():  # channels of one device may overlap: their union
-            busy[(d, COMMUNICATION)] = _covered_s(found)
-        return busy
+    def _spans(self) -> dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]]:
+        """Per walked device index: its compute runs' (start, end) and its transfers'
+        (start, end). A class member has its representative's (checked: every transfer
+        that takes a member takes its whole class), else each device its own."""
+        c, e = self._c, self._e
+        rep_of = e.rep_of
+        size = self._class_size
+        by_class = True
+        set_reps: list[list[int]] = []
+        for devices in e.participant_sets:
+            members = set(devices)
+            reps = sorted({rep_of[d] for d in members})
+            by_class &= sum(int(size[r]) for r in reps) == len(members)
+            set_reps.append(reps)
+        comm_dev: list[int] = []
+        comm_run: list[int] = []
+        groups = e.comm_groups
+        if by_class:
+            for k, at in enumerate(c.comm.tolist()):
+                reps = set_reps[groups[k]]
+                comm_dev += reps
+                comm_run += [at] * len(reps)
+        else:
+            for k, at in enumerate(c.comm.tolist()):
+                devices = list(dict.fromkeys(c.participants[k]))
+                comm_dev += devices
+                comm_run += [at] * len(devices)
+        cd = np.asarray(comm_dev, dtype=np.int64)
+        cr = np.asarray(comm_run, dtype=np.int64)
+        out = {}
+        compute_at = np.flatnonzero(c.where >= 0)
+        walked = sorted({rep_of[d] for d in self._used}) if by_class else self._used
+        cw = c.where[compute_at]
+        for d in walked:
+            mine = compute_at[cw == d]
+            theirs = cr[cd == d]
+            out[d] = (c.start[mine], c.end[mine], c.start[theirs], c.end[theirs])
+        self._spans_by_class = by_class
+        return out
+
+    def _per_device(self, figure: Any) -> dict[int, float]:
+        ids = self.topology.device_ids
+        spans = self._spans
+        rep_of = self._e.rep_of if self._spans_by_class else range(len(self._e.rep_of))
+        values = {d: figure(*found) for d, found in spans.items()}
+        return {ids[d]: values[rep_of[d]] for d in self._used}
 
     @cached_property
     def busy_s(self) -> dict[int, float]:
         """Time each device's compute stream is busy."""
-        ids = self.topology.device_ids
-        return {ids[d]: self._stream_busy.get((d, COMPUTE), 0.0) for d in self._used}
+        c = self._c
+        compute = c.where >= 0
+        busy = np.bincount(c.where[compute], weights=c.dur[compute], minlength=len(self._e.rep_of))
+        rep_of, ids = self._e.rep_of, self.topology.device_ids
+        return {ids[d]: float(busy[rep_of[d]]) for d in self._used}
 
     @cached_property
     def communication_s(self) -> dict[int, float]:
         """Time each device has communication running (on any of its channels)."""
-        ids = self.topology.device_ids
-        return {ids[d]: self._stream_busy.get((d, COMMUNICATION), 0.0) for d in self._used}
+        return self._per_device(lambda s, e, cs, ce: _covered_s(cs, ce))
 
     @cached_property
     def idle_s(self) -> dict[int, float]:
         """Time in the step when a device has neither compute nor communication running."""
-        ids = self.topology.device_ids
-        intervals: dict[int, list[tuple[float, float]]] = {d: [] for d in self._used}
-        for where, start, dur in zip(self._c["where"], self._c["start"], self._c["dur"]):
-            for d in self._as(where) if where.__class__ is int else where:
-                intervals[d].append((start, start + dur))
-        return {ids[d]: self.step_time_s - _covered_s(spans) for d, spans in intervals.items()}
+        step = self.step_time_s
+        return self._per_device(
+            lambda s, e, cs, ce: step - _covered_s(np.concatenate([s, cs]), np.concatenate([e, ce]))
+        )
 
     def idle_fraction(self, device: int) -> float:
         """``idle_s[device] / step_time_s`` (0 for an empty program)."""
@@ -323,36 +380,64 @@ class SimResult:
         c = self._c
         rep_of = self._e.rep_of
         curves = memory_curves(
-            c["slot_bytes"],
-            c["slot_device"],
-            c["use_slots"],
-            c["use_count"],
-            c["slot_producer"],
-            self._e.pinned,
-            self._start,
-            self._start + self._dur,
+            c.slot_bytes,
+            c.slot_device,
+            c.slot_alloc,
+            c.slot_free,
+            c.slot_freed,
+            c.slot_producer,
             [d.memory_bytes for d in self.topology.devices],
             sorted({rep_of[d] for d in self._used}),
             self.step_time_s,
         )
-        for d in self._used:  # a class member's memory is its representative's
-            r = rep_of[d]
-            if r != d:
-                curves.times[d], curves.live_bytes[d] = curves.times[r], curves.live_bytes[r]
-                curves.peak_bytes[d] = curves.peak_bytes[r]
-                curves.oom_instance[d] = curves.oom_instance[r]
-        return curves
+        return curves  # per walked device: a class member's is its representative's
 
     def memory_timeline(self, device: int) -> tuple[np.ndarray, np.ndarray]:
         """(times_s, live_bytes): live bytes on ``device`` from each time to the next."""
-        i = self._device_index(device)
-        return self._memory.times[i].copy(), self._memory.live_bytes[i].copy()
+        r = self._e.rep_of[self._device_index(device)]
+        return self._memory.times[r].copy(), self._memory.live_bytes[r].copy()
 
     @cached_property
     def peak_memory_bytes(self) -> dict[int, float]:
         """Device -> highest live bytes during the step."""
-        ids = self.topology.device_ids
-        return {ids[d]: self._memory.peak_bytes[d] for d in self._used}
+        ids, rep_of, peaks = self.topology.device_ids, self._e.rep_of, self._memory.peak_bytes
+        return {ids[d]: peaks[rep_of[d]] for d in self._used}
+
+    @cached_property
+    def totals(self) -> Totals:
+        """Figures over all the devices the program uses, from the walked ones (each
+        standing for its rank class): no work per device (a search's rows read these)."""
+        rep_of = np.asarray(self._e.rep_of, dtype=np.int64)
+        weight = np.bincount(rep_of[np.asarray(self._used, dtype=np.int64)])
+        walked = np.flatnonzero(weight)
+        n = float(weight.sum())
+        if not n:
+            return Totals(0.0, 0.0, 0.0, 0.0, True, len(self.topology.devices))
+        c = self._c
+        compute = c.where >= 0
+        busy = np.bincount(c.where[compute], weights=c.dur[compute], minlength=len(weight))
+        if self._spans_by_class_known():
+            step = self.step_time_s
+            idle = {d: step - _covered_s(np.concatenate([s, cs]), np.concatenate([e, ce]))
+                    for d, (s, e, cs, ce) in self._spans.items()}  # fmt: skip
+            comm = {d: _covered_s(cs, ce) for d, (s, e, cs, ce) in self._spans.items()}
+            mean_idle = sum(idle[d] * weight[d] for d in walked.tolist()) / n
+            mean_comm = sum(comm[d] * weight[d] for d in walked.tolist()) / n
+        else:
+            mean_idle = sum(self.idle_s.values()) / n
+            mean_comm = sum(self.communication_s.values()) / n
+        peaks = self._memory.peak_bytes
+        peak = max(peaks[d] for d in walked.tolist())
+        capacity = [self.topology.devices[d].memory_bytes for d in walked.tolist()]
+        fits = all(peaks[d] <= cap for d, cap in zip(walked.tolist(), capacity))
+        mean_busy = float((busy[walked] * weight[walked]).sum() / n)
+        working = int(weight[walked][busy[walked] > 0].sum())
+        idle = len(self.topology.devices) - working
+        return Totals(mean_busy, float(mean_idle), float(mean_comm), float(peak), fits, idle)
+
+    def _spans_by_class_known(self) -> bool:
+        self._spans  # noqa: B018 -- computes whether classes stand for their members
+        return self._spans_by_class
 
     @cached_property
     def oom(self) -> dict[int, Op | None]:
@@ -362,18 +447,18 @@ class SimResult:
         If the function inputs alone exceed a device's capacity, its first op is named
         (None if it runs no op). ``over_capacity`` lists the same devices.
         """
-        ids, ops = self.topology.device_ids, self._c["op"]
+        ids = self.topology.device_ids
         out: dict[int, Op | None] = {}
         for d in self._used:
-            inst = self._memory.oom_instance[d]
+            inst = self._memory.oom_instance[self._e.rep_of[d]]
             if inst is None:
                 continue
             if inst >= 0:
-                out[ids[d]] = ops[inst]
+                out[ids[d]] = self._c.ops[inst]
             else:
                 r = self._e.rep_of[d]
-                first = [i for i, where in enumerate(self._c["where"]) if where == r]
-                out[ids[d]] = ops[first[0]] if first else None
+                first = np.flatnonzero(self._c.where == r)
+                out[ids[d]] = self._c.ops[int(first[0])] if len(first) else None
         return out
 
     @property
@@ -392,7 +477,7 @@ class SimResult:
             raise SimulationError(
                 f"device {device} is not in topology {self.topology.name!r}"
             ) from None
-        if i not in self._memory.times:
+        if i not in self._used_set:
             raise SimulationError(
                 f"the program does not use device {device} (it uses {list(self.devices)})"
             )
@@ -407,12 +492,12 @@ class SimResult:
         return chrome_trace(self)
 
 
-def _covered_s(spans: list[tuple[float, float]]) -> float:
-    """The length of the union of ``[lo, hi)`` spans."""
-    covered, reach = 0.0, 0.0
-    for lo, hi in sorted(spans):
-        lo = max(lo, reach)
-        if hi > lo:
-            covered += hi - lo
-            reach = hi
-    return covered
+def _covered_s(lo: np.ndarray, hi: np.ndarray) -> float:
+    """The length of the union of ``[lo, hi)`` spans (summed in the spans' sorted order)."""
+    if not len(lo):
+        return 0.0
+    order = np.lexsort((hi, lo))
+    lo, hi = lo[order], hi[order]
+    reach = np.maximum.accumulate(np.concatenate([[0.0], hi[:-1]]))
+    lo = np.maximum(lo, reach)
+    return float(np.cumsum(np.where(hi > lo, hi - lo, 0.0))[-1])

@@ -28,6 +28,9 @@ from .pipeline import run_schedule
 class StageEmission(MegatronPlan):
     """Adds the inputs and the stages' tasks of the step to ``self.b``."""
 
+    # the gradient reductions left for after the tasks (None: each made when ready)
+    _deferred: list[tuple[Value, int]] | None = None
+
     # -- emission --------------------------------------------------------------------------
 
     def _emit_inputs(self) -> None:
@@ -36,13 +39,22 @@ class StageEmission(MegatronPlan):
         on their stage."""
         t, hplan, dplan = self.t, self.hplan, self.dplan
         b = self.b = FunctionBuilder(t.name)
-        self.vals: dict[tuple[Value, int, int], Value] = {}  # (key, microbatch, stage)
-        self.made_on: dict[tuple[Value, int], int] = {}  # (key, microbatch) -> its stage
+        # Each microbatch's values: key -> its value on the stage that made it (``at``),
+        # and that stage (``home``); copies sent to other stages by (key, mb, stage);
+        # weights once for every microbatch. Flat dicts per microbatch, not a tuple key
+        # per value: a step of hundreds of microbatches puts millions.
+        self.at: list[dict[Value, Value]] = [{} for _ in range(self.m)]
+        self.home: list[dict[Value, int]] = [{} for _ in range(self.m)]
+        self.sent: dict[tuple[Value, int, int], Value] = {}
+        self.weights: dict[Value, Value] = {}
         self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
-        self._runs: dict[tuple[Item, ...], tuple] = {}  # each run of items: _body's answer
+        self._runs: dict[tuple, tuple] = {}  # each run of items (and sums): _body's answer
+        self._steps: dict[tuple, list] = {}  # each kind of task: its steps (_task_steps)
         self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
         self._flat: dict[tuple[TensorType, int], TupleType] = {}  # see flat_type
         self.acc: dict[Value, Value] = {}
+        # the groups of every grouped collective, made once (dp * tp lists each)
+        self._tp_groups, self._dp_groups = self.tp_groups(), self.dp_groups()
         self.layouts: dict[str, tuple[str, ...]] = {}
         self.stage_of_key: dict[Value, int] = {}
         for item in self.items:
@@ -97,9 +109,8 @@ class StageEmission(MegatronPlan):
                 )
                 self.weight_input[v] = x
                 if p is not None:
-                    p = getattr(self, "zero3_shard", {}).get(p, p)  # ZeRO-3: its part
-                    for mb in range(self.m):
-                        self._put(p, mb, stage, x)
+                    # read by its stage's tasks only (ZeRO-3: its part)
+                    self.weights[getattr(self, "zero3_shard", {}).get(p, p)] = x
             else:
                 stage = self.stage_of_key[p]
                 state = hplan.state[p] if p is not None else R
@@ -138,21 +149,29 @@ class StageEmission(MegatronPlan):
         return states
 
     def _put(self, key: Value, mb: int, stage: int, value: Value) -> None:
-        self.vals[(key, mb, stage)] = value
-        self.made_on.setdefault((key, mb), stage)
+        """``value`` is ``key`` of microbatch ``mb``, made on ``stage`` (made again there:
+        it replaces the first, as a value regathered for the backward pass does)."""
+        self.at[mb][key] = value
+        self.home[mb].setdefault(key, stage)
 
     def value(self, key: Value, mb: int, stage: int) -> Value:
         """``key`` of microbatch ``mb`` on ``stage``'s devices (sent there once)."""
-        if (key, mb, stage) in self.vals:
-            return self.vals[(key, mb, stage)]
-        home = self.made_on.get((key, mb))
-        if home is None:
-            raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
-        src = self.vals[(key, mb, home)]
-        attributes = {"to_devices": self.devices(stage)}
-        names = [f"{key.name}_mb{mb}_s{stage}"]
-        (moved,) = self._add(("send", key, home, stage), "SendEach", [src], attributes, names)
-        self.vals[(key, mb, stage)] = moved
+        found = self.at[mb].get(key)
+        if found is None:
+            found = self.weights.get(key)
+            if found is None:
+                raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
+            return found
+        home = self.home[mb][key]
+        if home == stage:
+            return found
+        moved = self.sent.get((key, mb, stage))
+        if moved is None:
+            attributes = {"to_devices": self.devices(stage)}
+            names = [f"{key.name}_mb{mb}_s{stage}"]
+            step = ("send", key, home, stage)
+            (moved,) = self._add(step, "SendEach", [found], attributes, names)
+            self.sent[(key, mb, stage)] = moved
         return moved
 
     def _merge(self) -> None:
@@ -173,36 +192,76 @@ class StageEmission(MegatronPlan):
         run_schedule(self.sequences, deps, self._emit_task)
 
     def _emit_task(self, s: int, mb: int, phase: str) -> None:
-        items = self.tasks[(s, phase)]
+        # A task's steps are the same for every microbatch but the first (no sums yet)
+        # and the last (bodies end where a gradient is complete): found once per kind.
+        kind = (s, phase, mb == 0, mb == self.m - 1)
+        steps = self._steps.get(kind)
+        if steps is None:
+            steps = self._steps[kind] = self._task_steps(s, mb, phase)
+        for step in steps:
+            if step.__class__ is Item:
+                self._emit_conversion(step, s, mb)
+            else:
+                self._emit_run(step, s, mb)
+
+    def _task_steps(self, s: int, mb: int, phase: str) -> list[Item | _Run]:
+        """Task ``(s, phase)``'s conversions and runs of local ops, as microbatch ``mb``
+        (and every microbatch of its kind) emits them."""
+        steps: list[Item | _Run] = []
         run: list[Item] = []
-        for item in items:
+        for item in self.tasks[(s, phase)]:
             if item.op is None:
-                self._emit_ops(run, s, mb)
+                steps += self._run_step(run, s)
                 run = []
-                self._emit_conversion(item, s, mb)
+                steps.append(item)
                 continue
             run.append(item)
             # End the body where a gradient is complete, so that its all-reduce can start
             # while the rest of the backward pass runs.
             if mb == self.m - 1 and any(v in self.summed for v in item.outputs):
-                self._emit_ops(run, s, mb)
+                steps += self._run_step(run, s)
                 run = []
-        self._emit_ops(run, s, mb)
+        steps += self._run_step(run, s)
+        return steps
 
-    def _emit_ops(self, run: list[Item], s: int, mb: int) -> None:
+    def _run_step(self, run: list[Item], s: int) -> list[_Run]:
+        """The Pmap step of ``run`` (none if nothing it makes is used later)."""
         if not run:
-            return
-        key = tuple(run)
-        if key not in self._runs:  # the first microbatch to run these items
-            self._runs[key] = self._body(run, s)
-        inputs, results, body = self._runs[key]
+            return []
+        # a gradient summed over microbatches is added to the sum so far at the end of
+        # the body that makes it (one Pmap, not one more per gradient and microbatch)
+        inside = set(run)
+        summing = tuple(
+            v
+            for item in run
+            for v in item.outputs
+            if v in self.acc
+            and not self._scattered(v)
+            and all(r in inside for r in self._readers.get(v, ()))
+        )
+        key = (tuple(run), summing)
+        found = self._runs.get(key)
+        if found is None:
+            found = self._runs[key] = self._body(run, s, summing)
+        inputs, results, body = found
         if not results:
-            return
-        operands = [self.value(k, mb, s) for k in inputs] or [self._anchor(s)]
-        names = [f"{v.name}_mb{mb}" for v in results]
-        outs = self._add(("pmap", body), "Pmap", operands, {"device_var": VAR}, names, body)
-        for v, out in zip(results, outs):
-            self._made(v, mb, s, out)
+            return []
+        return [_Run(inputs, results, body, summing)]
+
+    def _emit_run(self, step: _Run, s: int, mb: int) -> None:
+        value = self.value
+        operands = [value(k, mb, s) for k in step.inputs] or [self._anchor(s)]
+        acc = self.acc
+        operands += [acc[v] for v in step.summing]
+        names = [prefix + str(mb) for prefix in step.prefixes]
+        outs = self._add(step.key, "Pmap", operands, _PMAP_ATTRIBUTES, names, step.body)
+        for v, out, summed in zip(step.results, outs, step.summed):
+            if summed:
+                acc[v] = out
+                if mb == self.m - 1:
+                    self._reduce_gradient(v, s)
+            else:
+                self._made(v, mb, s, out)
 
     def _add(
         self,
@@ -225,10 +284,14 @@ class StageEmission(MegatronPlan):
         self._first[step] = op
         return op.outputs
 
-    def _body(self, run: list[Item], s: int) -> tuple[list[Value], list[Value], Function | None]:
+    def _body(
+        self, run: list[Item], s: int, summing: tuple[Value, ...] = ()
+    ) -> tuple[list[Value], list[Value], Function | None]:
         """The keys ``run`` reads, those it makes that are used later, and its pmap body
         (None if nothing it makes is used): found once, shared by every microbatch that
-        runs it (a stage's microbatches run the same ops on the same shapes)."""
+        runs it (a stage's microbatches run the same ops on the same shapes). For each
+        value of ``summing`` the body also takes the sum so far (after the keys) and
+        returns the new sum in the value's place."""
         made = {v for item in run for v in item.outputs}
         inputs: list[Value] = []
         for item in run:
@@ -246,10 +309,13 @@ class StageEmission(MegatronPlan):
         if not inputs:  # ops of no operand (the ids a vocabulary split slices): see _anchor
             anchor = self._anchor(s).type.elements[0]
             body_b.input("anchor", anchor.with_device(DeviceVar(VAR)))
+        sums = {v: body_b.input(f"{v.name}_acc", self.hplan.local.value(v).type) for v in summing}
         for item in run:
             outs = copy_op(body_b, item.op, [env[k] for k in item.keys])
             for v, y in zip(item.outputs, outs):
                 env[v] = y
+        for v in summing:  # after the body's ops, as the separate sums ran before
+            env[v] = body_b.call("Add", sums[v], env[v], name=f"{v.name}_sum")
         return inputs, results, body_b.finish([env[v] for v in results])
 
     def _anchor(self, s: int) -> Value:
@@ -257,7 +323,8 @@ class StageEmission(MegatronPlan):
         ``Arange`` whose ids the tensor ranks slice) maps over, unread: a pmap takes its
         devices from its operands."""
         devices = tuple(self.devices(s))
-        for x in (*self.weight_input.values(), *self.vals.values()):
+        values = (x for per_mb in self.at for x in per_mb.values())
+        for x in (*self.weight_input.values(), *values):
             if isinstance(x.type, TupleType) and x.type.devices == devices:
                 return x
         raise TransformError(f"internal: stage {s} has no value to map its constants over")
@@ -271,6 +338,13 @@ class StageEmission(MegatronPlan):
             for v in item.outputs
             if v in self._kept or any(r not in inside for r in self._readers.get(v, ()))
         }
+
+    def _scattered(self, v: Value) -> bool:
+        """Whether ZeRO-2 (or 3) reduce-scatters each microbatch's ``v`` before summing it."""
+        if self.zero < 2:
+            return False
+        zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(self._piece_of_final[v])))
+        return zd is not None
 
     def _made(self, v: Value, mb: int, s: int, out: Value) -> None:
         self._put(v, mb, s, out)
@@ -303,10 +377,16 @@ class StageEmission(MegatronPlan):
         names = [f"{v.name}_acc{mb}"]
         return self._add(("pmap", body), "Pmap", [a, x], {"device_var": VAR}, names, body)[0]
 
-    def _reduce_gradient(self, v: Value, s: int) -> None:
+    def _reduce_gradient(self, v: Value, s: int, stream: str | None = None) -> None:
         """All-reduce a weight gradient among the replicas holding the same shard (ZeRO-1:
         reduce-scatter it, each replica keeping the part its optimizer-state shard updates;
-        ZeRO-2 has reduce-scattered every microbatch's already)."""
+        ZeRO-2 has reduce-scattered every microbatch's already). Deferred to the end of
+        the tasks when the reductions do not overlap the backward (``stream``: then
+        ``"compute"``)."""
+        if stream is None and self._deferred is not None:
+            self._deferred.append((v, s))
+            return
+        on = {} if stream is None else {"stream": stream}
         piece_value = self._piece_of_final[v]  # each piece output has its own final value
         source = self.dplan_source(piece_value)
         group = self.grad_group(piece_value)
@@ -316,12 +396,21 @@ class StageEmission(MegatronPlan):
         groups = self.groups(group)
         if zd is None:
             self.acc[v] = self.b.call(
-                "AllReduce", self.acc[v], op="sum", groups=groups, name=f"{v.name}_dp"
+                "AllReduce",
+                self.acc[v],
+                op="sum",
+                groups=groups,
+                name=f"{v.name}_dp",
+                **on,
             )
         elif self.zero == 1:
-            self.acc[v] = self.b.call(
-                "ReduceScatter", self.acc[v], dim=zd, op="sum", groups=groups, name=f"{v.name}_dp"
-            )
+            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp", groups, **on)
+
+    def _reduce_scatter(
+        self, x: Value, zd: int, name: str, groups: list[list[int]] | None = None, **on: str
+    ) -> Value:
+        groups = self._dp_groups if groups is None else groups
+        return self.b.call("ReduceScatter", x, dim=zd, op="sum", groups=groups, name=name, **on)
 
     def grad_group(self, piece_value: Value) -> str:
         """The group summing a piece output's gradient (that of its weight, if any)."""
@@ -411,3 +500,21 @@ class StageEmission(MegatronPlan):
             found = TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
             self._flat[key] = found
         return found
+
+
+_PMAP_ATTRIBUTES = {"device_var": VAR}
+
+
+class _Run:
+    """One Pmap step of a task: the keys its body reads, the values it returns (a summed
+    gradient's new sum in its place), its body and the result names' prefixes."""
+
+    __slots__ = ("body", "inputs", "key", "prefixes", "results", "summed", "summing")
+
+    def __init__(
+        self, inputs: list[Value], results: list[Value], body: Function, summing: tuple
+    ) -> None:
+        self.inputs, self.results, self.body, self.summing = inputs, results, body, summing
+        self.key = ("pmap", body)
+        self.summed = [v in summing for v in results]
+        self.prefixes = [f"{v.name}_acc" if v in summing else f"{v.name}_mb" for v in results]

@@ -23,10 +23,15 @@ from ._spmd import P
 class Megatron3D(StageEmission):
     """The whole step: :meth:`run` returns it."""
 
-    def run(self) -> Function:
-        """The step: inputs, every stage's tasks in schedule order, optimizer steps, outputs."""
+    def run(self, overlap_grad_reduce: bool = True) -> Function:
+        """The step: inputs, every stage's tasks in schedule order, optimizer steps, outputs.
+        ``overlap_grad_reduce=False``: the gradients' data-parallel reductions after every
+        task, on the compute stream (:func:`ir.transforms.megatron`)."""
+        self._deferred: list[tuple[Value, int]] | None = None if overlap_grad_reduce else []
         self._emit_inputs()
         self._merge()
+        for v, s in self._deferred or ():  # after the backward, in the order made
+            self._reduce_gradient(v, s, stream="compute")
         outs, out_layouts = self._optimizer_and_outputs()
         # (the builder has checked every op as it was added, and finish() the outputs)
         g = with_layouts(self.b.finish(outs), self.layouts, out_layouts)
@@ -114,7 +119,7 @@ class Megatron3D(StageEmission):
                 outs.append(self.acc[h])
                 layouts.append(self._summed_layout(piece_value, level(hstate, self.tp)))
             else:
-                per_mb = [self.vals[(h, mb, self.made_on[(h, mb)])] for mb in range(self.m)]
+                per_mb = [self.at[mb][h] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
                 layouts.append(self.batch_layout(level(hstate, self.tp), piece_value))
         return outs, layouts

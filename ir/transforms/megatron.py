@@ -116,6 +116,7 @@ def megatron(
     ep: int = 1,
     cp: int = 1,
     ring_attention: bool = True,
+    overlap_grad_reduce: bool = True,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * cp * tp * pp`` devices (see the module docstring).
@@ -146,8 +147,15 @@ def megatron(
     ``ring_attention=False``: the keys and values all-gathered over the group instead,
     as Llama 3 trains). ``zero=3``: ZeRO stage 3 (fully
     sharded data parallelism: ``ir.transforms._megatron_zero3``).
+    ``overlap_grad_reduce`` (default True, as PyTorch DDP and Megatron-LM's
+    ``--overlap-grad-reduce`` run it): each gradient's data-parallel reduction starts as
+    soon as its last microbatch's backward has made it, overlapping the rest; False: every
+    reduction runs after the backward, on the compute stream (``stream="compute"``), as
+    Megatron-LM does by default (its DDP all-reduces the gradient buffer once the
+    backward of the last microbatch is done, ``finalize_model_grads``).
     """
     check_common("megatron", t, topology, "t")
+    overlap_grad_reduce = bool_arg("megatron", "overlap_grad_reduce", overlap_grad_reduce)
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     allow_replication = bool_arg("megatron", "allow_replication", allow_replication)
     vocab_parallel = bool_arg("megatron", "vocab_parallel", vocab_parallel)
@@ -213,7 +221,7 @@ def megatron(
         ep=ep,
         cp=cp,
         ring_attention=ring_attention,
-    ).run()
+    ).run(overlap_grad_reduce)
 
 
 def gradient_accumulation(

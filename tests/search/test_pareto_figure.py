@@ -11,6 +11,7 @@ import ir
 from ir import models
 from ir.search import search
 from widgets import pareto_figure, pareto_spec, picked_annotations, rows_html
+from widgets.palette import DEVICE_PALETTE, STRATEGY_COLOR
 from widgets.units import format_bytes, format_time
 
 
@@ -32,16 +33,21 @@ def test_every_simulated_strategy_is_a_point_and_the_front_is_joined(result) -> 
     assert front["y"] == sorted(front["y"]) and front["x"] == sorted(front["x"], reverse=True)
     assert spec["layout"]["shapes"][0]["x0"] == pytest.approx(capacity / 2**30)
     assert {g["name"] for g in groups} == {f"pp = {r.strategy.pp}" for r in result.simulated()}
+    # one colour, a shape each: no strategy family wears a device's colour
+    assert {g["marker"]["color"] for g in groups} == {STRATEGY_COLOR}
+    assert not {g["marker"]["color"] for g in groups} & set(DEVICE_PALETTE)
+    symbols = [g["marker"]["symbol"] for g in groups]
+    assert len(set(symbols)) == len(symbols)
 
 
 def test_strategies_over_capacity_are_crossed_out(result) -> None:
+    first = next(i for i, r in enumerate(result.rows) if r.ok)
     rows = [
-        replace(r, status="over capacity") if i == 0 and r.ok else r
-        for i, r in enumerate(result.rows)
+        replace(r, status="over capacity") if i == first else r for i, r in enumerate(result.rows)
     ]
     spec = pareto_spec(type(result)(rows))
     over = spec["traces"][-1]
-    assert over["name"] == "over capacity" and over["text"] == [str(rows[0].strategy)]
+    assert over["name"] == "over capacity" and over["text"] == [str(rows[first].strategy)]
     figure = pareto_figure(type(result)(rows))
     assert [t.name for t in figure.data][-1] == "over capacity"
 
@@ -50,7 +56,7 @@ def test_a_capacity_far_beyond_every_peak_is_named_not_drawn(result) -> None:
     """80 GB beside peaks of a few MB: a line there would squeeze every point onto the axis."""
     spec = pareto_spec(result, capacity_bytes=80e9)
     assert spec["layout"]["shapes"] == []
-    assert "capacity 74.5 GiB per device" in spec["layout"]["title"]
+    assert "capacity 74.5 GiB per device" in spec["layout"]["title"]["text"]
     largest = max(x for t in spec["traces"] for x in t["x"])
     assert largest < 80e9 / 2**30 / 4
 
@@ -86,12 +92,12 @@ def test_rows_html_tables_two_rows_figures_side_by_side(result) -> None:
 
 
 def test_the_title_counts_cancelled_strategies_and_leaves_them_out(result) -> None:
-    assert "cancelled" not in pareto_spec(result)["layout"]["title"]
+    assert "cancelled" not in pareto_spec(result)["layout"]["title"]["text"]
     rows = [
         replace(r, status="cancelled") if r.ok and i % 2 else r for i, r in enumerate(result.rows)
     ]
     n = sum(r.status == "cancelled" for r in rows)
     spec = pareto_spec(type(result)(rows))
-    assert f"refused, {n} cancelled: step time" in spec["layout"]["title"]
+    assert f"refused, {n} cancelled" in spec["layout"]["title"]["text"]
     drawn = {t for trace in spec["traces"] for t in trace["text"]}
     assert not drawn & {str(r.strategy) for r in rows if r.status == "cancelled"}

@@ -230,7 +230,7 @@ def test_an_interrupted_search_returns_the_rows_so_far(monkeypatch, tmp_path) ->
 
     monkeypatch.setattr(search_module, "_simulate", interrupted)
     space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1, 2]}
-    result = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
+    result = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, simulate="all", **space)
     built = [r for r in result.rows if r.status != "pruned"]
     assert [r.strategy for r in built[:2]] == calls[:2] and all(r.ok for r in built[:2])
     assert len(built) > 3 and all(r.status == "cancelled" for r in built[2:])
@@ -283,14 +283,24 @@ def test_an_interrupted_search_on_an_executor_keeps_what_finished_and_cancels_th
     space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1]}
     executor = _InterruptedExecutor(while_submitting=True)
     result = search(
-        GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
+        GPT,
+        ir.Topology.preset("a100-hgx", 4),
+        progress=False,
+        executor=executor,
+        simulate="all",
+        **space,
     )
     built = [r for r in result.rows if r.status != "pruned"]
     assert len(executor.futures) == 2 and len(built) > 3
     assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
     executor = _InterruptedExecutor()
     result = search(
-        GPT, ir.Topology.preset("a100-hgx", 4), progress=False, executor=executor, **space
+        GPT,
+        ir.Topology.preset("a100-hgx", 4),
+        progress=False,
+        executor=executor,
+        simulate="all",
+        **space,
     )
     built = [r for r in result.rows if r.status != "pruned"]
     assert len(built) == len(executor.futures) > 3
@@ -323,7 +333,7 @@ def test_no_row_is_ok_with_a_device_that_computes_nothing() -> None:
     topology = ir.Topology.preset("a100-hgx", 16)
     result = search(GPT, topology, progress=False, dp=1, tp=1, pp=16, microbatches=[8])
     (row,) = result.rows
-    assert row.status == "error" and "pp=16" in row.error and "at most 8" in row.error
+    assert row.status == "error" and "16 stages" in row.error and "at most 8" in row.error
     t = transforms.training(GPT, "adam")
     for row in search(GPT, A100_8, progress=False, tp=1, microbatches=[8]).simulated():
         r = ir.simulate(row.strategy.build(t, A100_8), A100_8)

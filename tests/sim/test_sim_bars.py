@@ -32,3 +32,29 @@ def test_a_collective_gives_one_bar_per_participant():
     for op in set(ops):
         where = result.bars.device[comm][[o is op for o in ops]]
         assert len(where) == len(set(where.tolist())) >= 2
+
+
+@pytest.mark.parametrize(
+    "program, devices",
+    [(mlp_data_parallel, 3), (mlp_pipeline, 4), (nested_pmap_matmul, 8)],
+)
+def test_each_bar_knows_the_top_level_op_it_ran_under(program, devices):
+    f = program()
+    result = ir.simulate(f, ir.Topology.uniform(devices))
+    bars = result.bars
+    assert bars.top is not None and len(bars.top) == len(bars)
+    inside: dict[ir.Op, set[int]] = {}  # every op of a body, with the pmaps it is in
+
+    def walk(op: ir.Op, k: int) -> None:
+        inside.setdefault(op, set()).add(k)
+        for body in op.subfunctions:
+            for inner in body.ops:
+                walk(inner, k)
+
+    for k, op in enumerate(f.ops):
+        walk(op, k)
+    for op, top in zip(bars.ops, bars.top.tolist()):
+        assert top in inside[op]  # the op itself, or a pmap whose body holds it
+    assert any(f.ops[k].op_type == "Pmap" for k in bars.top.tolist()) == any(
+        op.op_type == "Pmap" for op in f.ops
+    )

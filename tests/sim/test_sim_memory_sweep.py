@@ -21,7 +21,7 @@ from ir.sim.engine import Engine
 
 
 def _result(f: ir.Function, topo: ir.Topology) -> SimResult:
-    engine = Engine(topo)
+    engine = Engine(topo, share_bodies=False)  # every op run a unit, read below
     engine.run(f)
     return SimResult(engine)
 
@@ -29,7 +29,7 @@ def _result(f: ir.Function, topo: ir.Topology) -> SimResult:
 def swept(result: SimResult) -> dict[int, tuple[list[float], list[float], float, object]]:
     """Device id -> (times, live bytes, peak, op over capacity or None), event by event."""
     e = result._e
-    ends = [s + d for s, d in zip(e.inst_start, e.inst_dur)]
+    ends = e.inst_end
     last: dict[int, float] = {}
     k = 0
     for i, count in enumerate(e.use_count):

@@ -190,7 +190,7 @@ def test_missing_dot_binary_says_what_to_install():
 
 def test_es_module_is_small_and_offline():
     js = (Path(__file__).parents[2] / "widgets" / "static" / "graph.js").read_text()
-    assert len(js.splitlines()) < 150
+    assert len(js.splitlines()) < 200  # a thin view: Python decides, the module draws
     assert "export default" in js
     assert not re.search(r"\bimport\b.*\bfrom\b|https?://", js)
 

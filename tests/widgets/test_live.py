@@ -1,15 +1,16 @@
-"""Live figures redraw in place: same result as a new figure, click handlers kept."""
+"""Live charts (widgets.chart.Chart): the figure is the chart's state, the latest one,
+so the browser (and a reloaded page, and the saved notebook) draws what a new figure of
+the same step draws; a click is read against the traces shown when it comes."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
-import pytest
-from plotly.callbacks import Points
+import numpy as np
 
 import ir
-from ir.device import Device
+from widgets.chart import Chart, figure_json, from_typed_array, plotly_library
 from widgets.gantt import connect_clicks, gantt_figure, gantt_spec
 from widgets.live import live_figure, plotted, show
 from widgets.memory import memory_figure, memory_spec
@@ -18,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from widget_programs import data_parallel_matmul, deep_mlp
 
 
-def test_show_updates_in_place_and_matches_a_new_figure():
+def test_show_makes_the_state_the_new_figure_and_clicks_follow_it():
     first = data_parallel_matmul((1, 2, 3), batch=48)
     second = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
     a = ir.simulate(first, ir.Topology.uniform(4))
@@ -26,51 +27,48 @@ def test_show_updates_in_place_and_matches_a_new_figure():
     widget = live_figure(*gantt_spec(a, first))
     clicked: list[str] = []
     connect_clicks(widget, clicked.append)
-    traces = list(widget.data)
-    assert show(widget, *gantt_spec(b, second))  # three bar traces both times: in place
-    assert list(widget.data) == traces  # the same trace objects, so their handlers too
+    revision = widget.revision
+    show(widget, *gantt_spec(b, second))
+    assert widget.revision == revision + 1  # the browser redraws on each revision
     assert plotted(widget) == plotted(gantt_figure(b, second))
-    # what the browser's click on the first compute bar calls (a handler from before)
-    widget.data[0]._dispatch_on_click(Points(point_inds=[0], trace_index=0), None)
-    assert clicked == [str(widget.data[0].meta["op_ids"]).split("\n")[0]]
+    # the state is JSON with typed arrays: what chart.js hands plotly.js
+    state = widget.figure["data"][0]
+    assert set(state["x"]) == {"dtype", "bdata"} and state["x"]["dtype"] == "f8"
+    np.testing.assert_allclose(from_typed_array(state["x"]), widget.traces[0]["x"])
+    # what the browser reports for a click on device 0's first compute bar
+    widget.clicked = {"trace": 0, "point": 0, "n": 1}
+    assert clicked == [str(widget.traces[0]["meta"]["op_ids"]).split("\n")[0]]
     assert clicked[0].startswith("op-")
+    widget.clicked = {"trace": 99, "point": 0, "n": 2}  # a stale click: nothing happens
+    assert len(clicked) == 1
 
 
-def test_show_replaces_traces_when_their_structure_changes():
+def test_every_chart_shares_one_plotly_library_model():
     one = deep_mlp(2, device_of_layer=lambda i: 0, width=8)
-    three = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
     a = ir.simulate(one, ir.Topology.uniform(1))
-    b = ir.simulate(three, ir.Topology.uniform(3))
-    widget = live_figure(*memory_spec(a))
-    assert len(widget.data) == 3  # one device: curve, peak, capacity
-    assert not show(widget, *memory_spec(b))  # three devices: new traces
-    assert len(widget.data) == 7
-    assert plotted(widget) == plotted(memory_figure(b))
-    assert show(widget, *memory_spec(b))  # the same structure again: in place
+    first, second = live_figure(*memory_spec(a)), live_figure(*gantt_spec(a, one))
+    assert first.library is second.library is plotly_library()
+    assert "plotly.js" in first.library.source[:200]  # sent once, referred to by every chart
+    assert "source" not in first.figure and len(first._esm) < 20_000  # charts stay small
 
 
-@pytest.mark.parametrize("third_gb", [16, 8])
-def test_memory_view_with_slots_for_more_devices_redraws_in_place(third_gb):
-    # devices 0-1 have 16 GB; capacity lines follow the devices a program uses, so with
-    # an 8 GB device 2 the line count changes with the program and the traces are replaced
-    devices = (Device(0), Device(1), Device(2, memory_bytes=third_gb * 1e9))
-    topology = ir.Topology(devices, ((1e10,) * 3,) * 3, ((1e-6,) * 3,) * 3)
-    one = deep_mlp(2, device_of_layer=lambda i: 0, width=8)
+def test_a_chart_of_a_figure_and_its_saved_state_draw_the_same():
     three = deep_mlp(6, device_of_layer=lambda i: i // 2, width=64)
-    a, b = ir.simulate(one, topology), ir.simulate(three, topology)
-    assert a.devices == (0,) and b.devices == (0, 1, 2)
-    slots = topology.device_ids
-    widget = live_figure(*memory_spec(a, devices=slots))
-    traces = list(widget.data)
-    hidden = [t for t in traces if t.visible is False]
-    assert {t.meta["kind"] for t in hidden} == {"live", "peak"}  # a curve and a peak each
-    assert {t.meta["device"] for t in hidden} == {1, 2}
-    assert all(len(t.x) == 0 and len(t.y) == 0 for t in hidden)
-    shown = [t.meta for t in traces if t.visible is not False]
-    assert shown == [t.meta for t in memory_figure(a).data]  # what a figure of a alone shows
-    same_lines = third_gb == 16
-    assert show(widget, *memory_spec(b, devices=slots)) == same_lines  # one device, then three
-    assert (list(widget.data) == traces) == same_lines
-    assert plotted(widget) == plotted(memory_figure(b))  # what a new figure of b shows
-    assert show(widget, *memory_spec(a, devices=slots)) == same_lines  # and back
-    assert plotted(widget) == plotted(live_figure(*memory_spec(a, devices=slots)))
+    b = ir.simulate(three, ir.Topology.uniform(3))
+    figure = memory_figure(b)
+    chart = Chart.of(figure)
+    assert plotted(chart) == plotted(figure)
+    # the saved notebook keeps the chart's state: as a figure again, it draws the same
+    again = figure_json(chart.figure)
+    assert plotted(Chart(again["data"], again["layout"])) == plotted(figure)
+
+
+def test_repeated_hover_texts_travel_once():
+    f = data_parallel_matmul(tuple(range(8)), batch=64)
+    result = ir.simulate(f, ir.Topology.uniform(8))
+    traces, layout = gantt_spec(result, f)
+    comm = {**traces[0], "hovertext": np.array(["same text"] * 100, dtype=object)}
+    chart = Chart([comm], layout)
+    sent = chart.figure["data"][0]["hovertext"]
+    assert sent["strings"] == ["same text"] and len(from_typed_array(sent["index"])) == 100
+    assert figure_json(chart.figure)["data"][0]["hovertext"] == ["same text"] * 100

@@ -58,6 +58,11 @@ def _bars(fig: go.Figure, kind: str) -> go.Bar:
     return trace
 
 
+def _compute(fig: go.Figure, device: int) -> go.Bar:
+    (trace,) = [t for t in fig.data if t.meta["kind"] == "compute" and t.meta["device"] == device]
+    return trace
+
+
 def _rows_of(fig: go.Figure, trace: go.Bar) -> list[str]:
     labels = list(fig.layout.yaxis.ticktext)
     assert list(fig.layout.yaxis.tickvals) == list(range(len(labels)))
@@ -68,22 +73,31 @@ def test_gantt_has_a_row_per_device_and_stream(dp):
     f, result = dp
     fig = gantt_figure(result, f)
     rows = list(fig.layout.yaxis.ticktext)
-    assert rows == [f"dev {d} · {s}" for d in result.devices for s in ("compute", "comm")]
+    assert rows == [f"dev {d} · {s}" for d in result.devices for s in ("comp", "comm")]
     assert fig.layout.yaxis.autorange == "reversed"  # device 0 on top
-    # three traces, always, so that a live figure updates them in place
-    assert [t.meta["kind"] for t in fig.data] == ["compute", "communication", "idle"]
-    compute = _bars(fig, "compute")
-    assert set(_rows_of(fig, compute)) == {"dev 1 · compute", "dev 2 · compute", "dev 3 · compute"}
+    # a compute trace per device (the legend names each device's colour), then
+    # communication and idle
+    kinds = [(t.meta["kind"], t.meta.get("device")) for t in fig.data]
+    assert kinds == [
+        *(("compute", d) for d in result.devices),
+        ("communication", None),
+        ("idle", None),
+        ("labels", None),  # a pipeline's task labels (none here)
+    ]
     events = [ev for ev in result.events if ev.stream == "compute"]
-    assert len(compute.x) == len(events) == 6  # MatMul, Relu on 3 devices
+    assert sum(len(_compute(fig, d).x) for d in result.devices) == len(events) == 6
+    for d in (1, 2, 3):
+        assert set(_rows_of(fig, _compute(fig, d))) == {f"dev {d} · comp"}
+    assert len(_compute(fig, 0).x) == 0
     comm = _bars(fig, "communication")
     assert set(_rows_of(fig, comm)) <= {r for r in rows if r.endswith("comm")}
     assert len(comm.x) == sum(ev.stream == "communication" for ev in result.events)
-    assert set(_rows_of(fig, _bars(fig, "idle"))) <= {r for r in rows if r.endswith("compute")}
-    # compute bars in their device's colour (as in the graph and memory views);
-    # communication and idle in colours no device has
-    devices = [int(row.split()[1]) for row in _rows_of(fig, compute)]
-    assert bar_colors(compute) == [device_color(d) for d in devices]
+    assert set(_rows_of(fig, _bars(fig, "idle"))) <= {r for r in rows if r.endswith("comp")}
+    # compute bars in their device's colour (as in the graph and memory views), the legend
+    # entry too; communication and idle in colours no device has
+    for d in result.devices:
+        trace = _compute(fig, d)
+        assert trace.marker.color == device_color(d) and trace.name == f"device {d}"
     assert set(bar_colors(comm)) == {COMMUNICATION_COLOR} and comm.name == "communication"
     assert set(bar_colors(_bars(fig, "idle"))) <= {IDLE_BAR}
     assert not {COMMUNICATION_COLOR, IDLE_BAR} & set(DEVICE_PALETTE)
@@ -93,27 +107,27 @@ def test_gantt_bars_match_events_and_report_op_ids(dp):
     f, result = dp
     fig = gantt_figure(result, f)
     paths = op_paths(f)
-    compute = _bars(fig, "compute")
+    compute = _compute(fig, 1)
     trace = list(fig.data).index(compute)
-    mine = [i for i, row in enumerate(_rows_of(fig, compute)) if row == "dev 1 · compute"]
     evs = result.events_on(1, "compute")
     scale = 1e-6  # µs: the step is microseconds long
     assert fig.layout.xaxis.title.text == "time (µs)"
     np.testing.assert_allclose(
-        np.array(compute.base, dtype=float)[mine] * scale, [e.start_s for e in evs]
+        np.array(compute.base, dtype=float) * scale, [e.start_s for e in evs]
     )
-    np.testing.assert_allclose(np.array(compute.x)[mine] * scale, [e.dur_s for e in evs])
+    np.testing.assert_allclose(np.array(compute.x) * scale, [e.dur_s for e in evs])
+    mine = range(len(evs))
     assert [op_id_at(fig, trace, i) for i in mine] == [f"op-{paths[e.op]}" for e in evs]
     assert [op_id_at(fig, trace, i) for i in mine] == ["op-2.0", "op-2.1"]
     hover = compute.hovertemplate
     assert all(f"customdata[{k}]" in hover for k in (START_S, DUR_S, FLOPS, BYTES, DEVICE))
     assert "%{hovertext}" in hover
-    text = compute.hovertext[mine[0]]
+    text = compute.hovertext[0]
     assert "MatMul → ai" in text and "16×4, 4×3 → 16×3" in text
     numbers = bar_numbers(compute)
     matmul = evs[0]
     np.testing.assert_allclose(
-        numbers[mine[0]], [matmul.start_s, matmul.dur_s, matmul.flops, matmul.bytes, 1]
+        numbers[0], [matmul.start_s, matmul.dur_s, matmul.flops, matmul.bytes, 1]
     )
     assert matmul.flops == 2 * 16 * 4 * 3 and matmul.bytes > 0
     idle = list(fig.data).index(_bars(fig, "idle"))
@@ -126,7 +140,7 @@ def test_gantt_idle_fills_the_gaps(pipeline):
     idle = _bars(fig, "idle")
     rows = _rows_of(fig, idle)
     for d in result.devices:
-        total = sum(x for x, row in zip(idle.x, rows) if row == f"dev {d} · compute") * 1e-6
+        total = sum(x for x, row in zip(idle.x, rows) if row == f"dev {d} · comp") * 1e-6
         assert total == pytest.approx(result.idle_s[d], rel=1e-6, abs=1e-15)
 
 
@@ -136,9 +150,9 @@ def test_gantt_click_selects_the_op_in_the_graph(dp):
     f, result = dp
     view = GraphView(f)
     widget = gantt_widget(result, f, on_select=view.select)
-    trace = next(i for i, t in enumerate(widget.data) if t.meta["kind"] == "compute")
-    found = op_id_at(widget, trace, 1)
-    view.select(found)
+    trace = next(i for i, t in enumerate(widget.traces) if len(t["x"]))  # device 1's compute
+    assert op_id_at(widget, trace, 1) == "op-2.1"
+    widget.clicked = {"trace": trace, "point": 1, "n": 1}  # what chart.js reports
     assert view.selection.op.op_type == "Relu"
 
 
@@ -181,15 +195,20 @@ def test_out_of_memory_is_highlighted(dp):
 def test_compare_shares_one_time_axis(dp, pipeline):
     (fa, a), (fb, b) = dp, pipeline
     fig = compare_figure(a, b, function_a=fa, function_b=fb, labels=("dp", "pp"))
-    assert fig.layout.xaxis.matches == fig.layout.xaxis2.matches == "x3"  # one time axis
+    assert fig.layout.xaxis2.matches == fig.layout.xaxis3.matches == "x"  # one time axis
+    titles = [a.text for a in fig.layout.annotations]
     for axis, label, result in (("y", "dp", a), ("y2", "pp", b)):
         rows = list(fig.layout["yaxis" + axis[1:]].ticktext)
-        assert rows == [
-            f"{label}: dev {d} · {s}" for d in result.devices for s in ("compute", "comm")
-        ]
+        assert rows == [f"dev {d} · {s}" for d in result.devices for s in ("comp", "comm")]
         bars = [t for t in fig.data if t.type == "bar" and t.yaxis == axis]
-        assert [t.meta["kind"] for t in bars] == ["compute", "communication", "idle"]
-        assert sum(len(t.x) for t in bars[:2]) == len(result.events)
+        kinds = [t.meta["kind"] for t in bars]
+        assert kinds == ["compute"] * len(result.devices) + ["communication", "idle"]
+        assert sum(t.meta["kind"] == "labels" for t in fig.data if t.yaxis == axis) == 1
+        assert sum(len(t.x) for t in bars if t.meta["kind"] != "idle") == len(result.events)
+        assert any(t.startswith(f"<b>{label} · step") for t in titles)
+    # the two Gantts and the memory panel are stacked, apart: their titles do not overlap
+    domains = [fig.layout[k].domain for k in ("yaxis", "yaxis2", "yaxis3")]
+    assert domains[0][0] > domains[1][1] and domains[1][0] > domains[2][1]
     curves = [t for t in fig.data if t.type == "scatter" and t.meta["kind"] == "live"]
     assert {t.name.split(":")[0] for t in curves} == {"dp", "pp"}
     assert {t.line.dash for t in curves if t.name.startswith("pp")} == {"dash"}
@@ -232,29 +251,38 @@ def test_gantt_rows_follow_the_devices_whatever_their_ids(ids):
     f = b.finish([b.call("MatMul", x, x, name=f"y{k}") for k, x in enumerate(xs)])
     result = ir.simulate(f, topology)
     traces, rows = gantt_traces(result, f)
-    compute = traces[0]
-    devices = bar_numbers(compute)[:, DEVICE]
-    labels = [rows[int(y)] for y in compute["y"]]
-    assert labels == [f"dev {int(d)} · compute" for d in devices]
-    assert sorted(set(int(d) for d in devices)) == sorted(ids)
+    compute = [t for t in traces if t["meta"]["kind"] == "compute"]
+    assert [t["meta"]["device"] for t in compute] == list(result.devices)
+    for trace in compute:
+        devices = bar_numbers(trace)[:, DEVICE]
+        labels = [rows[int(y)] for y in trace["y"]]
+        assert (
+            labels
+            == [f"dev {trace['meta']['device']} · comp"] * len(devices)
+            == [f"dev {int(d)} · comp" for d in devices]
+        )
+    assert sorted(t["meta"]["device"] for t in compute) == sorted(ids)
 
 
 def test_gantt_summarises_each_device_above_its_event_limit(pipeline):
     f, result = pipeline
     traces, _ = gantt_traces(result, f, summary_above=1)
-    assert [t["meta"]["kind"] for t in traces] == ["compute", "communication", "idle"]
+    n = len(result.devices)
+    assert [t["meta"]["kind"] for t in traces] == ["compute"] * n + ["communication", "idle"]
     assert all(t["meta"]["summary"] and not t["meta"]["op_ids"].strip() for t in traces)
     numbers = [bar_numbers(t) for t in traces]
-    assert all(len(n) == len(result.devices) for n in numbers)  # one bar per device each
+    assert [len(x) for x in numbers] == [1] * n + [n, n]  # one bar per device each
     for i, d in enumerate(result.devices):
-        compute, comm, idle = (n[i] for n in numbers)
+        compute, comm, idle = numbers[i][0], numbers[n][i], numbers[n + 1][i]
         assert compute[DEVICE] == d and compute[START_S] == 0.0
         assert comm[START_S] == compute[DUR_S] and idle[START_S] == compute[DUR_S] + comm[DUR_S]
         step = compute[DUR_S] + comm[DUR_S] + idle[DUR_S]
         assert step == pytest.approx(result.step_time_s)
         assert compute[DUR_S] == pytest.approx(result.busy_s[d])  # compute never overlaps itself
     full, _ = gantt_traces(result, f)  # under the limit: one bar per event
-    assert sum(len(t["x"]) for t in full[:2]) == len(result.bars)
+    assert sum(
+        len(t["x"]) for t in full if t["meta"]["kind"] in ("compute", "communication")
+    ) == len(result.bars)
 
 
 def test_step_breakdown_counts_overlapped_communication_as_hidden():

@@ -31,6 +31,25 @@ STATE = {
         _widget_data=[{"type": "bar", "x": [1, 2], "y": [3, 4]}],
         _widget_layout={"height": 220},
     ),
+    "chart": _model(
+        "AnyModel",
+        figure={
+            "data": [
+                {
+                    "type": "bar",
+                    "x": [1, 2],
+                    "y": [3, 4],
+                    "hovertext": {
+                        "strings": ["last"],
+                        "index": {"dtype": "i4", "bdata": "AAAAAAAAAAA="},
+                    },
+                }
+            ],
+            "layout": {"height": 220, "title": {"text": "the latest figure"}},
+        },
+        revision=3,
+        config={"displaylogo": False},
+    ),
     "mystery": _model("AnyModel", _anywidget_id="some.View"),
     "odd": _model("ColorPickerModel", value="#fff"),
 }
@@ -55,6 +74,16 @@ def test_progress_and_graph_are_drawn_a_live_plotly_chart_is_a_note():
     # a FigureWidget's saved data is its first figure, not its last: not drawn
     plot = saved.html("plot")
     assert "live plotly chart" in plot and "Plotly" not in plot and "bar" not in plot
+
+
+def test_a_chart_is_drawn_from_its_state_with_plotly_js_once_per_page():
+    saved = SavedWidgets(STATE)
+    first, second = saved.html("chart"), saved.html("chart")
+    for page in (first, second):  # the latest figure, its strings table expanded
+        assert "Plotly.newPlot" in page and "the latest figure" in page
+        assert '"hovertext":["last","last"]' in page
+    assert "plotly.js v" in first and "plotly.js v" not in second  # inlined once
+    assert "plotly.js v" not in SavedWidgets(STATE, plotly_on_page=True).html("chart")
 
 
 def test_what_cannot_be_drawn_says_so():

@@ -180,7 +180,7 @@ def test_click_a_value_apply_a_sharding_and_see_every_view_update(lab: tuple[str
             # Redrawn in place: a row per device and stream, bars, and hover texts built
             # from the numbers the kernel sent as typed arrays.
             ticks = page.locator(".distir-gantt .ytick text").all_text_contents()
-            assert "dev 3 · compute" in ticks and "dev 0 · comm" in ticks, ticks
+            assert "dev 3 · comp" in ticks and "dev 0 · comm" in ticks, ticks
             bars = page.locator(".distir-gantt .trace.bars .point path")
             assert bars.count() > 4
             bars.first.hover(force=True)

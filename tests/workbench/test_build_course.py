@@ -3,6 +3,7 @@ from the network, and their plotly figures carry plotly.js with them."""
 
 from __future__ import annotations
 
+import html
 import re
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "12_interleaved_pipelines.ipynb"  # a figure, a checked exercise
 WIDGETS = ROOT / "notebooks" / "07_gpt_on_8_gpus.ipynb"  # figures and a progress-bar widget
+DASHBOARD = ROOT / "notebooks" / "00_workbench.ipynb"  # the dashboard: charts inside widgets
 # nbconvert's and jupyter-widgets' CDNs. (Inline plotly.js names cdn.plot.ly and jsdelivr for
 # the topojson and icons of geo and map traces, which the course does not draw.)
 CDNS = ("unpkg.com", "cdnjs.cloudflare.com")
@@ -46,7 +48,10 @@ class _Fetches(HTMLParser):
 def test_the_course_page_of_a_notebook_loads_nothing_remote(tmp_path: Path) -> None:
     out = tmp_path / "course"
     subprocess.run(
-        [sys.executable, ROOT / "scripts/build_course.py", "--out", out, NOTEBOOK, WIDGETS],
+        [
+            *(sys.executable, ROOT / "scripts/build_course.py", "--out", out),
+            *(NOTEBOOK, WIDGETS, DASHBOARD),
+        ],
         check=True,
         capture_output=True,
         timeout=300,
@@ -77,12 +82,22 @@ def test_the_course_page_of_a_notebook_loads_nothing_remote(tmp_path: Path) -> N
     assert "Plotly.newPlot" in page  # the figure is drawn ...
     assert "plotly.js v" in page and len(page) > 3_000_000  # ... by plotly.js inline (MBs)
     assert 'href="glossary.html"' in page and "../docs/glossary.md" not in page
-    assert "exercise-verdict" in page and "Right: 4 — a bubble of" in page  # the check ran
+    # the exercises as the reader gets them: blank, the solution's verdict not shown (the
+    # build ran the hidden solutions: a wrong one would have failed it)
+    code = html.unescape(re.sub(r"<[^>]+>", "", page))  # the page's text, highlighting gone
+    assert re.search(r"\banswer_v\w*\s*=\s*None\b", code)
+    assert "exercise-verdict" not in page and "Right: 4" not in page
+    assert "Run this cell after answering" in page
     assert f"<title>{NOTEBOOK.stem[:2]}. Interleaved" in page
     index = (out / "index.html").read_text(encoding="utf-8")
     assert f'href="{NOTEBOOK.stem}.html"' in index and f'href="{WIDGETS.stem}.html"' in index
     widgets_page = (out / f"{WIDGETS.stem}.html").read_text(encoding="utf-8")
     assert "Plotly.newPlot" in widgets_page
+    # the start page: the dashboard's charts drawn from their saved state, not notes
+    start = (out / f"{DASHBOARD.stem}.html").read_text(encoding="utf-8")
+    assert "run the notebook" not in start and "live plotly chart" not in start
+    assert start.count("Plotly.newPlot") >= 2  # the Gantt and the memory curves
+    assert "on 8 devices" in start and len(re.findall(r"plotly\.js v\d", start)) == 1
     # the progress-bar widget is drawn from its saved state, as it was when the run finished
     progress = re.search(r"<progress [^>]*>", widgets_page)
     assert progress and 'value="6.0"' in progress[0] and 'max="6.0"' in progress[0]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import html
 import re
 
-import plotly.graph_objects as go
 import pytest
 
 import ir
@@ -29,7 +28,12 @@ def measured_dp() -> Workbench:
     panel = wb.measure_panel
     panel.topology = CPU
     panel.steps.value = 2
-    panel.button.click()  # what a click in the browser does
+    panel.button.click()  # what a click in the browser does: a task of the kernel
+    task = wb.activity.task
+    assert task is not None and wb.activity.busy and panel.button.disabled
+    assert "distir-cancel" in wb.activity.children[-1]._dom_classes  # Cancel is offered
+    task.join(300)
+    assert not wb.activity.busy and not panel.button.disabled
     return wb
 
 
@@ -53,12 +57,12 @@ def test_the_button_measures_the_step_shown_on_two_processes(measured_dp) -> Non
 
 def test_the_overlay_and_the_error_table_are_shown(measured_dp) -> None:
     run = measured_dp.measure_panel.run
-    summary, figure, memory, table = measured_dp.measure_panel.output.children
+    summary, chart, memory_chart, table = measured_dp.measure_panel.output.children
+    figure, memory = chart.to_figure(), memory_chart.to_figure()
     # the step error both ways, in one line above the charts
     assert summary.value == f"<p>{html.escape(run.summary())}</p>"
     for sim in (run.profiled, run.simulated):
         assert f"simulated {sim.step_time_s * 1e3:.2f} ms" in summary.value
-    assert isinstance(figure, go.FigureWidget)
     assert {t.yaxis for t in figure.data} == {"y", "y2"}  # measured above simulated
     assert figure.layout.title.text.startswith("measured ")
     # per device a measured and a simulated live-bytes curve, their peaks as measured
@@ -122,3 +126,33 @@ def test_an_annotated_step_is_measured_with_its_state_carried_as_training_runs()
     got = ir.collect(wb.session.current.function, list(run.measured.outputs))
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-6)
+
+
+def test_cancel_stops_a_measurement_and_its_processes() -> None:
+    import multiprocessing
+    import time
+
+    wb = Workbench(models.mlp(16, 8, 8, 4, layers=2, training=True), CPU)
+    assert wb.set_strategy(dp=2)
+    wb.measure_panel.topology = CPU
+    wb.measure_panel.steps.value = 20
+    wb.measure_panel.steps.max = 100_000
+    wb.measure_panel.steps.value = 100_000  # far longer than the test waits
+    before = set(multiprocessing.active_children())
+    wb.measure_panel.button.click()
+    task = wb.activity.task
+    deadline = time.monotonic() + 30
+    while not set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.05)  # until the worker processes run
+    assert task.running and set(multiprocessing.active_children()) - before
+    wb.activity.cancel_button.click()  # what the browser's click on Cancel does
+    task.join(60)
+    assert not task.running and task.cancelled
+    assert isinstance(task.error, KeyboardInterrupt)
+    assert wb.measure_panel.run is None
+    assert "cancelled" in wb.measure_panel.status.value
+    assert not wb.activity.busy and not wb.measure_panel.button.disabled
+    deadline = time.monotonic() + 10
+    while set(multiprocessing.active_children()) - before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert set(multiprocessing.active_children()) - before == set()  # the workers stopped

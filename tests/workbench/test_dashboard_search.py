@@ -3,13 +3,12 @@ the chart, and applying a row gives the very program and figures the search simu
 
 from __future__ import annotations
 
-import plotly.graph_objects as go
 import pytest
-from plotly.callbacks import Points
 
 import ir
 from ir import models
 from ir.search import Row
+from widgets.chart import Chart
 from widgets.units import format_bytes, format_time
 from workbench import Workbench
 from workbench.session import SessionError
@@ -21,8 +20,8 @@ def test_search_all_shows_the_front_and_applies_what_it_simulated() -> None:
     result = wb.search()
     assert wb.search_box.children == (wb.search_panel,)
     figure = wb.search_panel.figure
-    assert isinstance(figure, go.FigureWidget) and figure in wb.search_panel.chart.children
-    assert [t.name for t in figure.data][-1] == "Pareto front"
+    assert isinstance(figure, Chart) and figure in wb.search_panel.chart.children
+    assert [t["name"] for t in figure.traces][-1] == "Pareto front"
     for row in (result.best(), result.pareto()[-1]):
         assert wb.apply_search_row(row)
         shown = wb.session.current
@@ -50,12 +49,11 @@ def _click(wb: Workbench, row: Row) -> None:
     """Click ``row``'s point on the chart as the browser reports it (the first trace that
     draws it, its index there)."""
     label = str(row.strategy)
-    for i, trace in enumerate(wb.search_panel.figure.data):
-        if trace.text is not None and label in trace.text:
-            k = list(trace.text).index(label)
-            trace._dispatch_on_click(
-                Points(point_inds=[k], xs=[trace.x[k]], ys=[trace.y[k]], trace_index=i), None
-            )
+    chart = wb.search_panel.figure
+    for i, trace in enumerate(chart.traces):
+        if label in trace.get("text", []):
+            k = list(trace["text"]).index(label)
+            chart.clicked = {"trace": i, "point": k, "n": chart.clicked.get("n", 0) + 1}
             return
     raise AssertionError(f"{label} is not drawn")
 
@@ -77,7 +75,7 @@ def test_a_click_without_compare_loads_the_strategy_and_compares_nothing(searche
     _click(wb, rows[1])
     assert wb.session.current.result.step_time_s == rows[1].step_time_s
     assert panel.picked == [] and panel.comparison.children == ()
-    assert panel.figure.layout.annotations == ()
+    assert panel.figure.to_figure().layout.annotations == ()
 
 
 def test_two_clicks_in_compare_mode_show_both_strategies_side_by_side(searched) -> None:
@@ -93,18 +91,19 @@ def test_two_clicks_in_compare_mode_show_both_strategies_side_by_side(searched) 
     (shown_a, shown_b) = [d for _, d in panel.picked]
     assert shown_a.result.step_time_s == a.step_time_s
     assert max(shown_b.result.peak_memory_bytes.values()) == b.peak_memory_bytes
-    table, figure = panel.comparison.children
-    assert isinstance(figure, go.FigureWidget)
+    table, chart = panel.comparison.children
+    assert isinstance(chart, Chart)
+    figure = chart.to_figure()
     titles = [t.text for t in figure.layout.annotations]
     assert titles[0] == (
-        f"A: {a.strategy}: step {format_time(a.step_time_s)}, "
-        f"peak {format_bytes(a.peak_memory_bytes)}"
+        f"<b>A: {a.strategy} · step {format_time(a.step_time_s)} · "
+        f"peak {format_bytes(a.peak_memory_bytes)}</b>"
     )
-    assert titles[1].startswith(f"B: {b.strategy}: step {format_time(b.step_time_s)}")
+    assert titles[1].startswith(f"<b>B: {b.strategy} · step {format_time(b.step_time_s)}")
     names = {t.name for t in figure.data if t.name}
     assert any(n.startswith("A: ") for n in names) and any(n.startswith("B: ") for n in names)
     assert f"A: {a.strategy}" in table.value and f"{b.mfu:.1%}" in table.value
-    marks = [(m.text, m.x, m.y) for m in panel.figure.layout.annotations]
+    marks = [(m.text, m.x, m.y) for m in panel.figure.to_figure().layout.annotations]
     assert marks == [
         ("<b>A</b>", a.peak_memory_bytes / 2**30, a.step_time_s * 1e3),
         ("<b>B</b>", b.peak_memory_bytes / 2**30, b.step_time_s * 1e3),
@@ -114,7 +113,7 @@ def test_two_clicks_in_compare_mode_show_both_strategies_side_by_side(searched) 
     assert f"A: {b.strategy}" in panel.comparison.children[0].value
     panel.compare_mode.value = False  # switching off forgets the picks
     assert panel.picked == [] and panel.comparison.children == ()
-    assert panel.figure.layout.annotations == ()
+    assert panel.figure.to_figure().layout.annotations == ()
 
 
 def test_compare_search_rows_from_code_and_a_row_the_knobs_cannot_load() -> None:
@@ -127,7 +126,90 @@ def test_compare_search_rows_from_code_and_a_row_the_knobs_cannot_load() -> None
     zero = next(r for r in result.simulated() if r.strategy.zero)
     figure = wb.compare_search_rows(plain, other)
     assert figure is wb.search_panel.comparison.children[-1]
-    assert figure.layout.title.text == f"A: {plain.strategy} vs B: {other.strategy}"
+    assert figure.figure_layout["title"]["text"] == f"A: {plain.strategy} vs B: {other.strategy}"
     with pytest.raises(SessionError, match="cannot express it"):
         wb.compare_search_rows(plain, zero)
     assert [r for r, _ in wb.search_panel.picked] == [plain]  # the refused row not picked
+
+
+def test_search_all_runs_as_a_task_shows_progress_and_stops_on_cancel() -> None:
+    f = models.gpt(batch=8, seq=16, hidden=32, heads=4, vocab=64, layers=2)
+    wb = Workbench(f, ir.Topology.preset("a100-hgx", 4))
+    activity, seen = wb.activity, []
+    step = activity.step
+
+    def watch(done: int, total: int, what: str = "") -> None:
+        step(done, total, what)
+        seen.append((done, total, activity.progress.value, activity.progress.max))
+        if done == 2:
+            activity.cancel_button.click()  # the user's click on Cancel, mid-search
+
+    activity.step = watch
+    search = next(b for b in wb.strategy_buttons if "distir-search" in b._dom_classes)
+    search.click()
+    task = activity.task
+    assert task is not None and activity.busy
+    assert all(b.disabled for b in wb._action_buttons())  # no second action meanwhile
+    task.join(120)
+    assert task.cancelled and not activity.busy
+    total = seen[0][1]
+    assert [s[:2] for s in seen] == [(1, total), (2, total)] and total > 2
+    assert seen[-1][2:] == (2, total)  # the bar shows 2 of all to simulate
+    result = wb.search_result
+    statuses = [r.status for r in result.rows]
+    assert statuses.count("ok") + statuses.count("error") == 2 and "cancelled" in statuses
+    cancelled = len(result.rows) - 2  # every strategy not decided when Cancel came
+    assert f"{cancelled} cancelled" in wb.search_panel.figure.figure_layout["title"]["text"]
+    assert not search.disabled and wb.editor.undo_button.disabled is not wb.session.can_undo
+
+
+def test_a_short_action_says_it_is_working_and_disables_the_buttons_meanwhile() -> None:
+    wb = Workbench(
+        models.mlp(16, 8, 8, 4, layers=2, training=True), ir.Topology.preset("a100-hgx", 2)
+    )
+    during: list[tuple[bool, str, list[bool]]] = []
+    wb.session.on_change(
+        lambda _s: during.append(
+            (
+                wb.activity.busy,
+                wb.activity.message.value,
+                [b.disabled for b in wb._action_buttons()],
+            )
+        )
+    )
+    apply = next(b for b in wb.strategy_buttons if "distir-apply-strategy" in b._dom_classes)
+    wb.dp.value = 2
+    apply.click()
+    ((busy, message, disabled),) = during
+    assert busy and "distir-spin" in message and "transforming and simulating" in message
+    assert all(disabled)
+    assert not wb.activity.busy and wb.activity.message.value == ""
+    assert (
+        not apply.disabled and not wb.editor.undo_button.disabled and wb.editor.redo_button.disabled
+    )
+    assert wb.activity.last_s > 0
+
+
+def test_the_chart_is_redrawn_as_simulated_rows_come_in(monkeypatch) -> None:
+    """Each simulated row that fits redraws the chart with the rows so far (the clock is
+    stepped a second a call, so none is skipped), the last with the whole result."""
+    import itertools
+
+    import workbench.dashboard_panels as panels
+
+    clock = itertools.count()
+    monkeypatch.setattr(panels.time, "monotonic", lambda: float(next(clock)))
+    f = models.gpt(batch=8, seq=16, hidden=32, heads=4, vocab=64, layers=2)
+    wb = Workbench(f, ir.Topology.preset("a100-hgx", 4))
+    shown: list[int] = []
+    real = wb.search_panel.show
+
+    def show(result, **kw):
+        shown.append(len(result.rows))
+        return real(result, **kw)
+
+    monkeypatch.setattr(wb.search_panel, "show", show)
+    result = wb.search()
+    ok = sum(r.ok for r in result.rows)
+    assert len(shown) == ok + 1  # one per simulated row that fits, then the whole
+    assert shown == sorted(shown) and shown[-1] == len(result.rows)

@@ -14,7 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from workbench.__main__ import DASHBOARD, LAB_OVERRIDES, NOTEBOOKS, lab_command, lab_settings
+from workbench.__main__ import (
+    DASHBOARD,
+    LAB_OVERRIDES,
+    NOTEBOOKS,
+    lab_command,
+    lab_settings,
+    workspace,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -48,11 +55,12 @@ def test_the_settings_overrides_keep_the_installations_own(tmp_path: Path) -> No
 
 
 def test_the_lab_starts_on_the_dashboard_with_its_settings(tmp_path: Path) -> None:
-    cmd = lab_command(port=1, token="t", app_settings_dir=tmp_path, as_root=False)
-    assert f"--LabApp.default_url=/lab/tree/{DASHBOARD}" in cmd
+    served = workspace(tmp_path / "ws")
+    cmd = lab_command(port=1, token="t", notebook_dir=served, app_settings_dir=tmp_path)
+    assert f"--LabApp.default_url=/lab/tree/notebooks/{DASHBOARD}" in cmd
     assert f"--LabApp.app_settings_dir={tmp_path}" in cmd
     assert (NOTEBOOKS / DASHBOARD).is_file()
-    elsewhere = lab_command(port=1, token="t", notebook_dir=tmp_path, as_root=False)
+    elsewhere = lab_command(port=1, token="t", notebook_dir=tmp_path / "other", as_root=False)
     assert not any(a.startswith("--LabApp.default_url") for a in elsewhere)  # no dashboard there
     assert set(LAB_OVERRIDES) == {"@jupyterlab/apputils-extension:notification"}
 
@@ -67,7 +75,8 @@ def _free_port() -> int:
 @pytest.mark.timeout(300)
 def test_the_lab_opens_the_dashboard_without_the_news_pop_up(tmp_path: Path) -> None:
     """The command the README gives, in Chromium, with a fresh user (no settings yet):
-    the first thing JupyterLab would otherwise show is the news question."""
+    the first thing JupyterLab would otherwise show is the news question. The lab serves
+    copies of the notebooks: saving the dashboard notebook changes the copy only."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python")
     port = _free_port()
     env = dict(os.environ)
@@ -76,7 +85,10 @@ def test_the_lab_opens_the_dashboard_without_the_news_pop_up(tmp_path: Path) -> 
     env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
     log = (tmp_path / "lab.log").open("w")
     server = subprocess.Popen(
-        [sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"],
+        [
+            *(sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"),
+            *("--workspace", str(tmp_path / "ws")),
+        ],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -104,10 +116,22 @@ def test_the_lab_opens_the_dashboard_without_the_news_pop_up(tmp_path: Path) -> 
                 page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
                 tab = page.locator(".lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
                 assert DASHBOARD in tab.all_text_contents()
-                assert f"/lab/tree/{DASHBOARD}" in page.url
+                assert f"/lab/tree/notebooks/{DASHBOARD}" in page.url
                 # the question comes once the application is restored: give it time
                 page.wait_for_timeout(5000)
                 assert page.get_by_text(NEWS).count() == 0
+                committed = (NOTEBOOKS / DASHBOARD).read_bytes()
+                page.get_by_role("menuitem", name="Run", exact=True).click()  # as a user does
+                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+                page.locator(".distir-gantt [data-revision]").first.wait_for(timeout=180_000)
+                page.locator(".jp-NotebookPanel").first.click()
+                page.keyboard.press("Control+s")
+                copy = tmp_path / "ws" / "notebooks" / DASHBOARD
+                deadline = time.monotonic() + 30
+                while '"outputs": []' in copy.read_text() and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                assert '"output_type"' in copy.read_text()  # the copy was saved with outputs
+                assert (NOTEBOOKS / DASHBOARD).read_bytes() == committed  # the repo's was not
             finally:
                 browser.close()
     finally:

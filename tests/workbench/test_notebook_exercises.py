@@ -1,7 +1,8 @@
 """The tutorials' exercises follow one pattern: an answer cell the reader completes (tagged
-``exercise-answer``, committed with a reference answer so that CI checks it), then a check cell
-(tagged ``exercise-check``) whose last statement is a ``workbench.exercises`` check, so that the
-cell shows the verdict and a wrong answer fails the notebook's run."""
+``exercise-answer``, committed blank, its reference solution hidden in the cell's metadata and
+run by CI in its place), then a check cell (tagged ``exercise-check``) whose last statement is
+a ``workbench.exercises`` check, so that the cell shows the verdict and a wrong solution fails
+the notebook's run."""
 
 from __future__ import annotations
 
@@ -31,6 +32,14 @@ def _tags(cell: dict) -> list[str]:
 
 
 def _source(cell: dict) -> str:
+    """A cell's code as CI runs it: an answer cell's hidden solution."""
+    solution = cell.get("metadata", {}).get(exercises.SOLUTION_KEY)
+    if solution is not None and "exercise-answer" in _tags(cell):
+        return solution
+    return "".join(cell["source"])
+
+
+def _blank(cell: dict) -> str:
     return "".join(cell["source"])
 
 
@@ -61,7 +70,7 @@ def test_tutorial_has_goals_a_summary_and_two_to_four_exercises(path: Path):
 
 
 @pytest.mark.parametrize("path", WITH_EXERCISES, ids=lambda p: p.name)
-def test_each_answer_is_filled_in_and_followed_by_its_check(path: Path):
+def test_each_answer_is_blank_its_solution_hidden_and_followed_by_its_check(path: Path):
     cells = _cells(path)
     source = "\n".join(_source(c) for c in cells if c["cell_type"] == "code")
     assert "from workbench.exercises import" in source, path.name
@@ -69,18 +78,19 @@ def test_each_answer_is_filled_in_and_followed_by_its_check(path: Path):
         if "exercise-answer" not in _tags(cell):
             assert "exercise-check" not in _tags(cell) or "exercise-answer" in _tags(cells[i - 1])
             continue
-        tree = ast.parse(_source(cell))
+        solution = cell["metadata"].get(exercises.SOLUTION_KEY)
+        assert solution, f"{path.name} cell {i}: no hidden solution for CI to run"
+        tree = ast.parse(solution)
         assigned = [
             node
             for node in ast.walk(tree)
             if isinstance(node, ast.Assign | ast.FunctionDef | ast.AnnAssign)
         ]
-        assert assigned, f"{path.name} cell {i}: the answer cell defines nothing"
-        for node in assigned:
-            value = getattr(node, "value", ...)
-            assert not (isinstance(value, ast.Constant) and value.value is None), (
-                f"{path.name} cell {i}: CI must run the reference answer, not None"
-            )
+        assert assigned, f"{path.name} cell {i}: the solution defines nothing"
+        # the reader's cell: the solution blanked, nothing of how it was worked out
+        blank = _blank(cell)
+        assert blank == exercises.blank_answer(solution, _source(cells[i + 1]))
+        assert blank != solution, f"{path.name} cell {i}: the answer is shown"
         check = cells[i + 1]
         assert "exercise-check" in _tags(check), f"{path.name} cell {i + 1} is not its check"
         last = ast.parse(_source(check)).body[-1]
@@ -88,6 +98,21 @@ def test_each_answer_is_filled_in_and_followed_by_its_check(path: Path):
             f"{path.name} cell {i + 1}: the check must be the cell's last expression"
         )
         assert getattr(last.value.func, "id", None) in CHECKS, f"{path.name} cell {i + 1}"
+
+
+def test_a_blank_answer_is_told_to_answer_not_marked_wrong(monkeypatch):
+    """Notebook 2's blanks as a reader first runs them: each check says "Not yet"."""
+    monkeypatch.chdir(NOTEBOOKS)
+    cells = [c for c in _cells(NOTEBOOKS / "02_data_parallel.ipynb") if c["cell_type"] == "code"]
+    namespace: dict = {}
+    for cell in cells:
+        if "exercise-answer" in _tags(cell):
+            exec(compile(_blank(cell), "blank", "exec"), namespace)
+        elif "exercise-check" in _tags(cell):
+            with pytest.raises(exercises.NotAnsweredError, match="Not yet"):
+                exec(compile(_source(cell), "check", "exec"), namespace)
+        else:
+            exec(compile(_source(cell), "notebook 2", "exec"), namespace)
 
 
 def test_notebook_5s_checks_refuse_wrong_answers_and_accept_the_reference(monkeypatch):

@@ -78,10 +78,10 @@ def test_the_comparison_chart_has_one_legend_the_gantt_kinds() -> None:
     b = ir.simulate(transforms.pipeline_parallel(f, 2, 2), topology)
     fig = compare_figure(a, b, labels=("A", "B"))
     listed = [t.name for t in fig.data if t.showlegend is not False and t.name]
-    # memory curves (one per device and strategy) are named on hover, not in the legend
-    assert sorted(listed) == sorted(["compute (its device's colour)", "communication", "idle"]), (
-        listed
-    )
+    # each device's colour, communication and idle; memory curves (one per device and
+    # strategy) are named on hover, not in the legend
+    devices = [f"device {d}" for d in sorted(set(a.devices) | set(b.devices))]
+    assert listed == [*devices, "communication", "idle (bubble, waiting)"], listed
     curves = [t for t in fig.data if t.type == "scatter" and t.meta["kind"] == "live"]
     assert len(curves) == len(a.devices) + len(b.devices)
 
@@ -108,7 +108,7 @@ def test_the_default_report_is_no_wider_than_the_window(tmp_path: Path) -> None:
             page.locator(".js-plotly-plot .main-svg").first.wait_for(timeout=60_000)
             widths = page.evaluate(
                 "() => [document.documentElement.scrollWidth, "
-                "...[...document.querySelectorAll('.distir-graph-box svg')]"
+                "...[...document.querySelectorAll('.distir-graph-box')]"
                 ".map(s => s.getBoundingClientRect().width)]"
             )
             assert widths[0] <= 1280, f"the page is {widths[0]} px wide"
@@ -117,10 +117,16 @@ def test_the_default_report_is_no_wider_than_the_window(tmp_path: Path) -> None:
                 "() => Math.max(...[...document.querySelectorAll('.distir-graph-box svg')]"
                 ".map(s => s.width.baseVal.value))"
             )
-            assert natural > 1280  # the graphs are wider than the page: they were fitted
+            assert natural > 1280  # the graphs are wider than the page: they scroll in a box
+            # drawn at natural size, the text is readable (it was 5-6 px fitted to the page)
+            heights = page.evaluate(
+                "() => [...document.querySelectorAll('.distir-graph-box svg text')]"
+                ".slice(0, 50).map(t => t.getBoundingClientRect().height)"
+            )
+            assert heights and min(h for h in heights if h > 0) >= 8, heights
             box = page.locator(".distir-graph-box").first
-            box.click()  # natural size, scrolled inside its box: the page stays as wide
-            assert "distir-full" in (box.get_attribute("class") or "")
+            box.click()  # fitted to the page's width: an overview
+            assert "distir-fit" in (box.get_attribute("class") or "")
             assert page.evaluate("document.documentElement.scrollWidth") <= 1280
             assert not outside, f"the report fetched {outside[:3]}"
         finally:

@@ -171,7 +171,7 @@ def test_editor_buttons_apply_remove_undo(mlp, topology):
 def test_dashboard_redraws_every_view_after_a_click_and_apply(mlp, topology):
     wb = Workbench(mlp, topology)
     svg, gantt, summary = wb.graph.svg, wb.gantt, wb.summary.value
-    title = gantt.layout.title.text
+    title = gantt.figure_layout["title"]["text"]
     wb.graph.clicked = {"id": "in-0", "n": 1}  # what graph.js reports for a click on wA
     assert wb.editor.value_name == "wA"
     assert "wA" in wb.selection.value
@@ -180,10 +180,10 @@ def test_dashboard_redraws_every_view_after_a_click_and_apply(mlp, topology):
     assert wb.session.error is None
     assert wb.graph.svg != svg and wb.summary.value != summary
     assert "annotated: wA" in wb.summary.value
-    # the same widget, redrawn in place, shows what a new figure of the new state shows
-    assert wb.gantt is gantt and wb.gantt.layout.title.text != title
-    rows = list(wb.gantt.layout.yaxis.ticktext)
-    assert {rows[int(y)] for y in wb.gantt.data[0].y} >= {"dev 3 · compute"}
+    # the same widget, redrawn, shows what a new figure of the new state shows
+    assert wb.gantt is gantt and wb.gantt.figure_layout["title"]["text"] != title
+    rows = wb.gantt.figure_layout["yaxis"]["ticktext"]
+    assert {rows[int(y)] for t in wb.gantt.traces for y in t["y"]} >= {"dev 3 · comp"}
     d = wb.session.current
     for widget, fresh in (
         (wb.gantt, gantt_figure(d.result, d.function)),
@@ -229,7 +229,8 @@ def test_cli_report_with_defaults_for_everything_but_size(tmp_path):
 def test_lab_command_serves_the_notebooks_with_a_token():
     cmd = lab_command(port=8123, token="abc", as_root=True)
     assert "--IdentityProvider.token=abc" in cmd and "--allow-root" in cmd
-    assert any(a.startswith("--notebook-dir=") and a.endswith("notebooks") for a in cmd)
+    # the workspace: copies of the notebooks, so the committed ones stay clean
+    assert any(a.startswith("--notebook-dir=") and a.endswith("build/workbench") for a in cmd)
     assert "--allow-root" not in lab_command(port=1, token="", as_root=False)
 
 
@@ -251,9 +252,9 @@ def test_a_transform_output_is_drawn_as_its_logical_program(mlp, topology):
 def test_a_gantt_bar_click_selects_its_op_in_the_graph(mlp, topology):
     wb = Workbench(mlp, topology)
     wb.set_strategy(dp=2)
-    trace = next(i for i, t in enumerate(wb.gantt.data) if t.meta["kind"] == "compute")
-    op_id = op_id_at(wb.gantt, trace, 0)
-    wb._on_gantt_select(op_id)  # what the FigureWidget's click callback calls
+    trace = next(i for i, t in enumerate(wb.gantt.traces) if t["meta"]["kind"] == "compute")
+    assert op_id_at(wb.gantt, trace, 0)
+    wb.gantt.clicked = {"trace": trace, "point": 0, "n": 1}  # what chart.js reports
     selection = wb.graph.selection
     assert selection is not None and selection.kind == "op" and selection.op is not None
     assert wb.editor.value_name in wb.session.annotatable()
@@ -286,12 +287,37 @@ def test_compare_shows_the_previous_state_next_to_this_one(mlp, topology):
     assert wb.session.previous.state.strategy.is_sequential
 
 
-def test_the_charts_take_the_dashboard_width_the_browser_reports(mlp, topology):
+def test_the_charts_fill_the_dashboards_width(mlp, topology):
     wb = Workbench(mlp, topology)
-    assert wb.gantt.layout.width is None  # nothing reported yet: plotly's default
-    wb.graph.dashboard_width_px = 1500  # what graph.js sets on render and on resize
-    assert wb.gantt.layout.width == wb.memory.layout.width == 1500
-    wb.set_strategy(dp=2)  # a redraw keeps the width
-    assert wb.gantt.layout.width == wb.memory.layout.width == 1500
-    wb.graph.dashboard_width_px = 900
-    assert wb.gantt.layout.width == wb.memory.layout.width == 900
+    wb.set_strategy(dp=2)
+    for chart in (wb.gantt, wb.memory):
+        # the browser sizes the chart to its box (no width round trip through the kernel)
+        assert chart.layout.width == "100%" and "width" not in chart.figure["layout"]
+
+
+def test_a_failed_strategy_keeps_the_knobs_as_typed_a_change_shows_the_strategy(mlp, topology):
+    wb = Workbench(mlp, topology)
+    wb.dp.value, wb.pp.value = 4, 1
+    wb.microbatches.value = 3  # the batch of 8 does not split into 4 x 3
+    apply = next(b for b in wb.strategy_buttons if "distir-apply-strategy" in b._dom_classes)
+    apply.click()
+    assert wb.session.error and "does not split" in wb.session.error
+    assert (wb.dp.value, wb.microbatches.value) == (4, 3)  # what the user typed, to fix
+    assert wb.set_strategy(dp=2, pp=2, microbatches=2)  # a change from code: the knobs follow
+    assert (wb.dp.value, wb.pp.value, wb.microbatches.value) == (2, 2, 2)
+    wb.undo()
+    assert (wb.dp.value, wb.pp.value, wb.microbatches.value) == (1, 1, 1)
+
+
+def test_the_program_as_written_wears_the_colours_of_the_devices_it_is_placed_on(mlp, topology):
+    from widgets.palette import device_color
+
+    wb = Workbench(mlp, topology)
+    wb.view.value = "original"
+    before = wb.graph.rendered.dot
+    assert device_color(3) not in before  # the program as written: everything on device 0
+    assert wb.annotate("wA", (Mesh((4,)), [S(1)]))
+    dot = wb.graph.rendered.dot
+    node = next(line for line in dot.splitlines() if '"in-0"' in line and "fillcolor" in line)
+    assert all(device_color(d) in node for d in range(4)), node  # wA: split over 4 devices
+    assert "S(1)" in dot  # and its placement on its edges

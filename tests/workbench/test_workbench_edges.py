@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import time
+import warnings
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -105,6 +106,19 @@ def test_a_listener_that_raises_is_reported_and_the_change_stands():
         assert s.undo() and s.annotations == {}
     with pytest.warns(ListenerWarning):
         assert not s.undo() and s.error == "nothing to undo"
+
+
+def test_a_chart_that_cannot_be_drawn_says_so_in_the_summary(monkeypatch):
+    from workbench import Workbench, dashboard
+
+    wb = Workbench(MLP, TOPOLOGY)
+    gantt = wb.gantt
+    monkeypatch.setattr(dashboard, "_charts", lambda d: (_ for _ in ()).throw(IndexError("x")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the dashboard handles it: no ListenerWarning
+        wb.set_strategy(dp=4)
+    assert "the charts could not be drawn: IndexError: x" in wb.summary.value
+    assert "dp=4" in wb.summary.value and wb.gantt is gantt  # the rest shows the new state
 
 
 _SMALL = ["--model", "mlp", "--batch", "8", "--features", "16", "--classes", "4", "--quiet"]

@@ -4,7 +4,7 @@
 const STYLE = `
 .distir-gv { font: 12px sans-serif; }
 .distir-gv .bar button { margin-right: 4px; min-width: 28px; }
-.distir-gv .port { overflow: hidden; border: 1px solid #ccc; position: relative;
+.distir-gv .port { overflow: hidden; border: 1px solid #ccc; position: relative; contain: strict;
   cursor: grab; background: #fff; }
 .distir-gv .port.dragging { cursor: grabbing; }
 .distir-gv .stage { transform-origin: 0 0; position: absolute; left: 0; top: 0; }
@@ -42,22 +42,28 @@ function render({ model, el }) {
   el.appendChild(root);
 
   let view = { x: 0, y: 0, k: 1 };
+  let moved = false; // the user zoomed or panned: keep their view across redraws
   const apply = () => {
     stage.style.transform = `translate(${view.x}px, ${view.y}px) scale(${view.k})`;
   };
   const zoomAt = (factor, cx, cy) => {
+    moved = true;
     const k = Math.min(20, Math.max(0.05, view.k * factor));
     view = { x: cx - ((cx - view.x) * k) / view.k, y: cy - ((cy - view.y) * k) / view.k, k };
     apply();
   };
-  // fit the graph to the panel's width (whole: and height), from its top (the default)
+  // fit the graph to the panel's width (whole: and height), from its top (the default);
+  // fitting the width stops at a scale whose text can still be read (a wide graph, e.g.
+  // eight replicas side by side, then shows its left part: drag or "fit" for the rest)
+  const READABLE = 0.2;
   const fitter = (whole) => () => {
     const svg = stage.querySelector("svg");
     if (!svg) return;
     const w = svg.width.baseVal.value || 1;
     const h = svg.height.baseVal.value || 1;
-    const k = Math.min(port.clientWidth / w, whole ? port.clientHeight / h : 1, 1);
-    view = { x: (port.clientWidth - w * k) / 2, y: 0, k };
+    let k = Math.min(port.clientWidth / w, whole ? port.clientHeight / h : 1, 1);
+    if (!whole) k = Math.max(k, READABLE);
+    view = { x: Math.max(0, (port.clientWidth - w * k) / 2), y: 0, k };
     apply();
   };
   const fit = fitter(true);
@@ -65,8 +71,8 @@ function render({ model, el }) {
   bar.append(
     button("+", "zoom in", () => zoomAt(1.25, port.clientWidth / 2, port.clientHeight / 2)),
     button("−", "zoom out", () => zoomAt(0.8, port.clientWidth / 2, port.clientHeight / 2)),
-    button("width", "fit the graph to the panel's width", fitWidth),
-    button("fit", "fit the whole graph into the view", fit),
+    button("width", "fit the graph to the panel's width", () => { moved = false; fitWidth(); }),
+    button("fit", "fit the whole graph into the view", () => { moved = true; fit(); }),
   );
 
   const highlight = () => {
@@ -76,17 +82,14 @@ function render({ model, el }) {
       if (ids.has(g.id)) g.classList.add("sel");
     });
   };
-  let first = true;
   const draw = () => {
     port.style.height = `${model.get("height_px")}px`;
     legend.innerHTML = model.get("legend_html");
     stage.innerHTML = model.get("svg");
     err.textContent = model.get("error");
     highlight();
-    if (first && stage.querySelector("svg")) {
-      first = false;
-      requestAnimationFrame(fitWidth);
-    }
+    // a new drawing fits the panel's width, unless the user has moved the view
+    if (!moved && stage.querySelector("svg")) requestAnimationFrame(fitWidth);
   };
 
   let drag = null;
@@ -108,6 +111,7 @@ function render({ model, el }) {
       port.classList.add("dragging");
     }
     if (drag.moved) {
+      moved = true;
       view = { ...view, x: drag.vx + dx, y: drag.vy + dy };
       apply();
     }
@@ -129,20 +133,19 @@ function render({ model, el }) {
   drawn.forEach((name) => model.on(`change:${name}`, draw));
   model.on("change:selected", highlight);
   draw();
-  // the width of the dashboard around this view: Python sizes the charts by it
-  const measure = () => {
-    const width = Math.round(el.closest(".distir-workbench")?.clientWidth || 0);
-    if (width > 0 && width !== model.get("dashboard_width_px")) {
-      model.set("dashboard_width_px", width);
-      model.save_changes();
+  // the panel's width changes with the window: refit, unless the user has moved the view
+  let width = 0;
+  const resized = new ResizeObserver(() => {
+    if (port.clientWidth !== width) {
+      width = port.clientWidth;
+      if (!moved) fitWidth();
     }
-  };
-  const watcher = new ResizeObserver(measure); // on render, and as the window resizes
-  watcher.observe(el);
+  });
+  resized.observe(port);
   return () => {
+    resized.disconnect();
     drawn.forEach((name) => model.off(`change:${name}`, draw));
     model.off("change:selected", highlight);
-    watcher.disconnect();
   };
 }
 

@@ -1,0 +1,455 @@
+"""The search's first tier: a closed-form estimate of every strategy's step time and peak
+memory (:class:`Estimator`), fast enough for spaces of millions of points.
+
+Per (degree, rows per microbatch, stages) the per-device times of a microbatch's
+forward and backward on each stage come from a :class:`~ir.search.profile.Profile` (the
+transform's own analysis, scaled; op times from the device's cost and kernel models,
+collectives from the topology's collective model: what the simulator reads). A strategy
+then composes them in closed form:
+
+* pipeline: ``sum over ranks of (f + b) + (m - 1) * max over ranks of (f + b)`` (GPipe and
+  1F1B share the bubble; interleaving divides it by the chunks), plus two sends per
+  stage boundary on the first microbatch's path; a rank's compute is at least its host's
+  issue time;
+* data parallelism: each rank's gradient all-reduces (ZeRO: reduce-scatters, then the
+  updated weights all-gathered) overlap the last microbatch's backward, the rest and the
+  optimizer step exposed;
+* recomputation replays the forward ops ``T.recompute`` replays, in the backward, and
+  keeps their results out of the saved activations;
+* memory: weights, their gradient sums and optimizer state (ZeRO splits the state, and
+  with stage 2 the gradients), the activations a microbatch saves for its backward times
+  the microbatches in flight (1F1B: the ranks after it, at most ``m``; GPipe: ``m``), and
+  the largest op's operands.
+
+What it leaves out (link contention between channels, the exact overlap of transfers
+with compute, the allocator's order) is what the event simulation adds; the search
+simulates every strategy whose estimate can reach the front within :data:`TIME_MARGIN`
+and :data:`MEMORY_MARGIN`, the estimator's largest errors against the simulator as
+``tests/search/test_estimate.py`` measures them on every strategy of small spaces.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..device import Topology
+from ..errors import DistIRError
+from ..function import Function
+from .profile import Costs, NotEstimableError, Profile, RefusedError, replayed_names
+from .space import Strategy
+
+#: The estimator's relative error bounds against the simulator (step time, peak memory),
+#: measured on every strategy of the spaces of tests/search/test_estimate.py (largest
+#: errors seen there: see that file) with room to spare; the search widens them when a
+#: simulated strategy shows a larger error (ir.search.two_tier).
+TIME_MARGIN = 0.5
+MEMORY_MARGIN = 0.45
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Per strategy (in the order asked): estimated step time, peak bytes of the fullest
+    device, mean bubble and exposed communication; ``known`` is False where the estimator
+    cannot scale the step (the simulator decides those)."""
+
+    step_time_s: np.ndarray
+    peak_memory_bytes: np.ndarray
+    bubble: np.ndarray
+    exposed_comm_s: np.ndarray
+    known: np.ndarray
+    refused: dict[int, str] = field(default_factory=dict)  # index -> the stage cut's refusal
+
+
+class Estimator:
+    """Closed-form step time and memory of ``t``'s strategies on ``topology``.
+
+    Built once per search: it analyses the step without tensor parallelism at two
+    microbatch sizes (which dimensions follow the batch) and at the space's smallest
+    tensor-parallel degree (which dimensions the degree splits; with sequence parallelism
+    too if the space has it); :meth:`estimate` then costs any list of strategies, a
+    group of strategies that share a degree, microbatch size and pipeline at a time, with
+    numpy. What it costs is kept: per (degree, rows) each distinct op once, per stage
+    count each op's stage once."""
+
+    def __init__(
+        self, t: Function, topology: Topology, batch: int, strategies: Sequence[Strategy]
+    ) -> None:
+        self.t, self.topology, self.batch = t, topology, batch
+        self.costs = Costs(topology)
+        # two pieces at least: with one, the data plan has no gradient sum (no optimizer
+        # steps after it to read the weights from)
+        self.pieces = next((k for k in (2, 4, 8) if batch % (2 * k) == 0), None)
+        self._profiles: dict[tuple[int, bool], tuple[Profile, int] | None] = {}
+        self._cache: dict[tuple, Any] = {}
+        self._members: dict[tuple, tuple] = {}
+        if self.pieces is None:
+            return
+        replayed = replayed_names(t) if any(s.recompute for s in strategies) else set()
+        try:
+            base = Profile(t, 1, self.pieces)
+            base.infer(Profile(t, 1, 2 * self.pieces), 0)
+        except DistIRError:
+            return
+        base.finish(replayed)
+        self._profiles[(1, False)] = (base, 1)
+        wide = sorted({s.tp for s in strategies if s.tp > 1})
+        for sp in sorted({s.sequence_parallel for s in strategies if s.tp > 1}):
+            for tp in wide:  # the smallest degree the step takes
+                try:
+                    prof = Profile(t, tp, self.pieces, sp)
+                except DistIRError:
+                    continue
+                prof.split_from(base)
+                prof.finish(replayed)
+                prof.share(base)
+                self._profiles[(2, sp)] = (prof, tp)
+                break
+
+    def _entry(self, tp: int, sp: bool) -> tuple[Profile, int]:
+        entry = self._profiles.get((min(tp, 2), sp and tp > 1))
+        if entry is None:
+            raise NotEstimableError("no profile of this degree")
+        return entry
+
+    def _cached(self, key: tuple, make: Any) -> Any:
+        found = self._cache.get(key)
+        if found is None:
+            found = self._cache[key] = make()
+        return found
+
+    def _classes(self, tp: int, rows: int, sp: bool) -> tuple[np.ndarray, ...]:
+        """Per record class at (degree, rows): device and host seconds of an op (a
+        conversion's collective seconds in ``comm``), bytes kept for the backward, result
+        bytes, the first result's bytes."""
+
+        def make() -> tuple[np.ndarray, ...]:
+            prof, tp_ref = self._entry(tp, sp)
+            rows_ratio = rows / (self.batch // prof.pieces)
+            split_ratio = tp_ref / tp
+            n = len(prof.classes)
+            dev, host, comm = np.zeros(n), np.zeros(n), np.zeros(n)
+            kept, total, first = np.zeros(n), np.zeros(n), np.zeros(n)
+            devices = tuple(range(tp))
+            for k, (rec, keep, _) in enumerate(prof.classes):
+                shapes = rec.shapes(rows_ratio, split_ratio)
+                sizes = [_bytes(x, y) for x, y in zip(shapes, rec.types)]
+                if rec.op is None:
+                    full = sizes[0] * (tp if rec.kind == "allgather" else 1)
+                    comm[k] = self.costs.collective(rec.kind, full, devices)
+                    continue
+                dev[k], host[k] = self.costs.op(rec.op, shapes, rec.types, rec.n_in)
+                outs = sizes[rec.n_in :]
+                kept[k] = sum(x for x, keep_it in zip(outs, keep) if keep_it)
+                total[k] = sum(outs)  # what the op allocates
+                first[k] = outs[0] if outs else 0.0
+            return dev, host, comm, kept, total, first
+
+        return self._cached(("classes", tp, rows, sp), make)
+
+    def _records(self, tp: int, rows: int, sp: bool, recompute: bool) -> tuple[np.ndarray, ...]:
+        """Per record: device, host and collective seconds, transfers, kept bytes (none
+        for what recomputation replays), allocated bytes, first result bytes; and which
+        records the backward replays."""
+
+        def make() -> tuple[np.ndarray, ...]:
+            prof, _ = self._entry(tp, sp)
+            dev, host, comm, kept, total, first = self._classes(tp, rows, sp)
+            cls = prof.class_of
+            again = prof.again[cls] & recompute
+            conv = (prof.is_conv & (comm[cls] > 0)).astype(np.float64)
+            keep = np.where(again, 0.0, kept[cls])
+            return dev[cls], host[cls], comm[cls], conv, keep, total[cls], first[cls], again
+
+        return self._cached(("records", tp, rows, sp, recompute), make)
+
+    def _stages(self, tp: int, rows: int, stages: int, sp: bool, recompute: bool) -> tuple:
+        """Per stage (rows) and phase (forward, backward): device, host and tensor-parallel
+        collective seconds and transfers; per stage: kept activation bytes, largest op
+        bytes, the bytes its last forward result sends on."""
+
+        def make() -> tuple:
+            prof, _ = self._entry(tp, sp)
+            dev, host, comm, conv, keep, total, first, again = self._records(
+                tp, rows, sp, recompute
+            )
+            phase, stage = prof.phase, prof.stage_of(stages)
+            slot = np.concatenate([stage * 2 + phase, (stage * 2 + 1)[again]])
+            take = np.concatenate([np.arange(len(stage)), np.flatnonzero(again)])
+
+            def per(values: np.ndarray) -> np.ndarray:
+                out = np.bincount(slot, weights=values[take], minlength=2 * stages)
+                return out.reshape(stages, 2)
+
+            saved = np.bincount(stage, weights=keep, minlength=stages)
+            largest = np.zeros(stages)
+            np.maximum.at(largest, stage, total)
+            send = np.zeros(stages)
+            forward = prof.forward_ops
+            send[stage[forward]] = first[forward]  # the last forward result wins
+            return per(dev), per(host), per(comm), saved, largest, send, per(conv)
+
+        return self._cached(("stages", tp, rows, stages, sp, recompute), make)
+
+    def _weights(self, tp: int, sp: bool) -> tuple[np.ndarray, ...]:
+        """Per optimizer step (weight): local weight and state bytes, optimizer and
+        gradient-sum device and host seconds, and its stage among any stage count."""
+
+        def make() -> tuple[np.ndarray, ...]:
+            prof, _ = self._entry(tp, sp)
+            plan = prof.plan
+            piece_of = {src: p for p, src in plan.source_of.items()}
+            rows = []
+            for op in plan.post:
+                w = plan.post_keys[op][0]
+                p = piece_of.get(w)
+                split = plan.hplan.state.get(p) if p is not None else None
+                dim = split.dim if split is not None and split.kind == "S" else None
+                share = 1.0 / tp if dim is not None else 1.0
+                local = w.type.size_bytes * share
+                state = share * sum(v.type.size_bytes for v in op.inputs[2:] if v in self.t.inputs)
+                shapes = []
+                for v in (*op.inputs, *op.outputs):
+                    shape = list(v.type.shape)
+                    if dim is not None and v.type.shape == w.type.shape:
+                        shape[dim] = max(1, shape[dim] // tp)
+                    shapes.append(tuple(shape))
+                types = [v.type for v in (*op.inputs, *op.outputs)]
+                opt = self.costs.op(op, shapes, types, len(op.inputs))
+                add = self.costs.add(local, w.type.dtype)
+                rows.append((local, state, opt[0], opt[1], add[0], add[1]))
+            columns = list(zip(*rows)) or [()] * 6  # a step without optimizer steps: none
+            return tuple(np.asarray(c, dtype=np.float64) for c in columns)
+
+        return self._cached(("weights", tp, sp), make)
+
+    def _state(self, tp: int, stages: int, sp: bool) -> tuple:
+        """Per stage: weight and state bytes, optimizer seconds, the seconds adding one
+        microbatch's gradients to the sums, gradients, optimizer and sum host seconds."""
+
+        def make() -> tuple:
+            prof, _ = self._entry(tp, sp)
+            weights, state, opt, opt_host, add, add_host = self._weights(tp, sp)
+            assignment = prof.assignment(stages)
+            where = np.asarray([assignment.get(op, 0) for op in prof.plan.post], dtype=np.int64)
+
+            def per(values: np.ndarray) -> np.ndarray:
+                return np.bincount(where, weights=values, minlength=stages)
+
+            count = np.bincount(where, minlength=stages).astype(np.float64)
+            return (
+                per(weights),
+                per(state),
+                per(opt),
+                per(add),
+                count,
+                per(opt_host),
+                per(add_host),
+                where,
+            )
+
+        return self._cached(("state", tp, stages, sp), make)
+
+    def _data(self, tp: int, stages: int, sp: bool, dp: int, zero: int) -> tuple:
+        """Per stage: its gradients' reduction among ``dp`` replicas (all-reduces, or
+        ZeRO's reduce-scatters), the largest one's seconds (the last is not hidden), and
+        ZeRO's all-gathers after the optimizer step."""
+
+        def per_weight() -> tuple[np.ndarray, np.ndarray]:
+            weights = self._weights(tp, sp)[0]
+            group = tuple(range(0, dp * tp, tp))
+            kind = "reducescatter" if zero else "allreduce"
+            reduce = np.asarray([self.costs.collective(kind, g, group) for g in weights])
+            gather = np.zeros(len(weights))
+            if zero:
+                gather = np.asarray([self.costs.collective("allgather", g, group) for g in weights])
+            return reduce, gather
+
+        def make() -> tuple:
+            where = self._state(tp, stages, sp)[-1]
+            if dp == 1 or not len(where):
+                return np.zeros(stages), np.zeros(stages), np.zeros(stages)
+            reduce, gather = self._cached(("per weight", tp, sp, dp, zero), per_weight)
+            tail = np.zeros(stages)
+            np.maximum.at(tail, where, reduce)
+            total = np.bincount(where, weights=reduce, minlength=stages)
+            return total, tail, np.bincount(where, weights=gather, minlength=stages)
+
+        return self._cached(("data", tp, stages, sp, dp, zero), make)
+
+    # -- strategies -------------------------------------------------------------------------
+
+    def estimate(self, strategies: Sequence[Strategy]) -> Estimates:
+        """:class:`Estimates` of ``strategies`` (NaN where not estimable)."""
+        n = len(strategies)
+        out = [np.full(n, np.nan) for _ in range(4)]
+        buckets: dict[tuple[int, int], list[int]] = {}
+        for i, s in enumerate(strategies):  # by pipeline shape: one numpy pass each
+            if s.ep > 1 or s.cp > 1 or s.zero == 3:
+                continue  # no closed form here for experts, contexts or ZeRO-3: simulated
+            if self.batch % (s.dp * s.microbatches) == 0:
+                buckets.setdefault((s.pp, s.chunks), []).append(i)
+        cache, member = self._members, self._member
+        refused: dict[int, str] = {}
+        for (pp, v), members in buckets.items():
+            rows, keep = [], []
+            for i in members:
+                s = strategies[i]
+                sp = s.sequence_parallel and s.tp > 1
+                key = (s.tp, self.batch // (s.dp * s.microbatches), pp, v, sp, s.recompute,
+                       s.dp, s.zero)  # fmt: skip
+                found = cache.get(key)
+                if found is None:
+                    try:
+                        found = member(*key)
+                    except RefusedError as e:
+                        found = str(e)
+                    except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
+                        found = ()
+                    cache[key] = found
+                if found.__class__ is str:
+                    refused[i] = found
+                elif found:
+                    rows.append((*found, s.dp, s.microbatches, s.zero, s.schedule == "gpipe"))
+                    keep.append(i)
+            if rows:
+                for column, values in zip(out, self._bucket(pp, v, rows)):
+                    column[keep] = values
+        step, peak, bubble, exposed = out
+        return Estimates(step, peak, bubble, exposed, ~np.isnan(step), refused)
+
+    def _member(
+        self, tp: int, rows: int, pp: int, v: int, sp: bool, rc: bool, dp: int, zero: int
+    ) -> tuple:
+        """The per-rank figures of the strategies of one degree, rows, pipeline shape,
+        switches and data-parallel degree (the schedule and microbatches aside)."""
+        ranked = self._ranked(tp, rows, pp, v, sp, rc)
+        return (
+            ranked,
+            self._ranked_data(tp, pp, v, sp, dp, zero),
+            self._send(tp, rows, pp, v, sp, rc, dp),
+        )
+
+    def _ranked(self, tp: int, rows: int, pp: int, v: int, sp: bool, recompute: bool):
+        """Per pipeline rank (columns): forward and backward seconds of a microbatch, the
+        gradient sums', optimizer, weight and state bytes, kept activation bytes, largest
+        op bytes, the host's seconds per microbatch, gradients, compute and collective
+        seconds per microbatch, the optimizer's host seconds (rows, in that order)."""
+
+        def make() -> np.ndarray:
+            stages = pp * v
+            dev, host, comm, saved, largest, _, conv = self._stages(tp, rows, stages, sp, recompute)
+            weights, state, optimizer, summing, count, opt_host, sum_host, _ = self._state(
+                tp, stages, sp
+            )
+            issue = self.costs.device.host_comm_s()  # the host's time to issue one transfer
+            host = host + conv * issue
+            work = np.maximum(dev, host) + comm  # a stage's compute: at least its host's issue
+            rank = np.arange(pp)
+            # two sends per boundary a rank has, each side issuing its part
+            sends = 2 * np.minimum(rank, 1) + 2 * np.minimum(pp - 1 - rank, 1)
+            per_stage = np.stack(
+                [
+                    work[:, 0],
+                    work[:, 1],
+                    summing,
+                    optimizer,
+                    weights,
+                    state,
+                    saved / v,
+                    host.sum(axis=1) + sum_host,
+                    count,
+                    dev.sum(axis=1),
+                    comm.sum(axis=1),
+                    opt_host,
+                ]
+            )
+            ranked = per_stage.reshape(len(per_stage), v, pp).sum(axis=1)  # stage s: rank s % pp
+            ranked[7] += sends * v * issue
+            big = largest.reshape(v, pp).max(axis=0)
+            return np.vstack([ranked, big[None, :]])
+
+        return self._cached(("ranked", tp, rows, pp, v, sp, recompute), make)
+
+    def _ranked_data(self, tp: int, pp: int, v: int, sp: bool, dp: int, zero: int):
+        def make() -> np.ndarray:
+            total, tail, gather = self._data(tp, pp * v, sp, dp, zero)
+            return np.stack([x.reshape(v, pp).sum(axis=0) for x in (total, tail, gather)])
+
+        return self._cached(("ranked data", tp, pp, v, sp, dp, zero), make)
+
+    def _send(self, tp: int, rows: int, pp: int, v: int, sp: bool, rc: bool, dp: int) -> float:
+        """Seconds of one activation crossing a stage boundary (to the next stage's devices)."""
+        if pp * v == 1:
+            return 0.0
+
+        def make() -> float:
+            send = self._stages(tp, rows, pp * v, sp, rc)[5]
+            return self.costs.collective("send", float(send.max()), (0, dp * tp))
+
+        return self._cached(("send", tp, rows, pp, v, sp, rc, dp), make)
+
+    def _bucket(self, pp: int, v: int, members: list[tuple]) -> tuple[np.ndarray, ...]:
+        """The estimates of strategies of one pipeline shape (``pp`` ranks, ``v`` chunks)."""
+        ranked = np.stack([x[0] for x in members])  # (k, quantity, rank)
+        data = np.stack([x[1] for x in members])
+        send = np.asarray([x[2] for x in members])
+        dp = np.asarray([x[3] for x in members], dtype=np.float64)
+        m = np.asarray([x[4] for x in members], dtype=np.float64)
+        zero = np.asarray([x[5] for x in members])
+        gpipe = np.asarray([x[6] for x in members])
+        f, b, acc, opt, w, st, acts, host_one, n_grads, busy_one, comm_one, opt_host, big = (
+            ranked[:, i, :] for i in range(13)
+        )
+        total, tail, gather = data[:, 0, :], data[:, 1, :], data[:, 2, :]
+        device = self.costs.device
+        col = (slice(None), None)
+        # the pipeline: per microbatch each rank's forward and backward (and the sums)
+        b_m = b + acc * ((m - 1) / m)[col]
+        cycle = f + b_m
+        top = cycle.max(axis=1)
+        boundaries = 2 * (pp - 1) * send  # filling and draining: the ranks' boundaries
+        if v > 1:
+            pipe = m * top + (pp - 1) * top / v + boundaries
+        else:
+            pipe = cycle.sum(axis=1) + (m - 1) * top + boundaries
+        if device.syncs_after_p2p and pp > 1:
+            # each host waits for its device after every send it takes part in: where the
+            # hosts are the slower, neighbouring ranks issue in turn (a microbatch costs
+            # the slowest pair of neighbours), after the first has crossed them all
+            pair = (host_one[:, :-1] + host_one[:, 1:]).max(axis=1)
+            pipe = np.maximum(pipe, (m - 1) * pair + host_one.sum(axis=1))
+        # data parallelism: reductions behind the last microbatch's backward, the last
+        # one (and ZeRO's all-gathers) exposed, then the optimizer step
+        exposed = np.maximum(total - b_m, 0.0) + tail + gather
+        opt_m = opt / np.where(zero > 0, dp, 1.0)[col]
+        reducing = np.where(dp > 1, np.where(zero > 0, 2.0, 1.0), 0.0)[col] * n_grads
+        issued = reducing * device.host_comm_s() + opt_host  # the host's share of the end
+        step = (pipe[col] + np.maximum(exposed + opt_m, issued)).max(axis=1)
+        # memory per rank: weights, gradient sums, optimizer state, activations in flight
+        ranks = np.arange(pp)[None, :]
+        flight = np.where(gpipe[col], m[col], np.minimum(m[col], pp - ranks))
+        if v > 1:
+            flight = np.minimum(m[col] * v, (pp - ranks) + (v - 1) * pp)
+        st_m = st / np.where(zero > 0, dp, 1.0)[col]
+        g_m = w / np.where(zero == 2, dp, 1.0)[col]
+        # the gradient sums live beside a later microbatch's activations (not with one)
+        during = w + g_m * (m > 1)[col] + st_m + acts * flight + big
+        # at the optimizer step the updated weights and state beside the old, and the
+        # gradient sums (ZeRO: the reduced parts; the weights' parts gathered after)
+        after = 2 * (w + st_m) + w * np.where(zero > 0, 1.0 / dp, 1.0)[col]
+        peak = np.maximum(during, after).max(axis=1)
+        busy = m[col] * busy_one + opt_m
+        bubble = np.mean(np.maximum(step[col] - busy, 0.0), axis=1) / step
+        exposed_comm = m * comm_one.mean(axis=1) + exposed.mean(axis=1)
+        return step, peak, bubble, exposed_comm
+
+
+def _bytes(shape: tuple[int, ...], t: object) -> float:
+    n = 1
+    for d in shape:
+        n *= d
+    return float(n * t.dtype.itemsize_bytes)

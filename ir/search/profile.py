@@ -1,0 +1,307 @@
+"""What the estimator knows of a training step: its per-device ops under a tensor-parallel
+degree, and how their shapes scale with the microbatch and the degree.
+
+A :class:`Profile` is the analysis ``T.megatron`` makes of one strategy (its
+``MegatronPlan``: the local ops of one microbatch on one device, the tensor-parallel
+conversions, the optimizer steps) read as *records*. Analysing every (microbatch size,
+degree) of a big space would cost seconds each; instead the estimator analyses a few
+and compares them record by record (matched by the names of the values they make):
+a dimension that halves when the rows per microbatch halve is a batch dimension, one
+that halves when the degree doubles is split by the degree. A record's shapes at any
+(rows, degree) follow, and its time is asked of the same cost rules and device methods
+the simulator uses (``Device.op_time_s``, ``Device.host_time_s``,
+``Collective.time_s``), not of a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..collectives import Collective
+from ..device import Topology
+from ..errors import DistIRError
+from ..function import Function
+from ..op import Op
+from ..registry import CostContext, get_op
+from ..transforms._megatron_plan import MegatronPlan
+from ..transforms._spmd import P, R
+from ..transforms.stage_cut import stage_assignment
+from ..types import TensorType, compute_dtype
+
+
+class NotEstimableError(Exception):
+    """A record's shapes do not scale to the asked (rows, degree): the transform would
+    refuse or arrange it otherwise; the strategy is left to the simulator."""
+
+
+class RefusedError(NotEstimableError):
+    """The transform's own stage cut refuses the strategy (its message): no program to
+    simulate."""
+
+
+@dataclass
+class Record:
+    """A local op (``kind`` "op") or a tensor-parallel conversion (a collective kind) of
+    one microbatch on one device: its types at the profile's (rows, degree), and per
+    type and dimension the exponents ``(batch, split)`` it scales by."""
+
+    name: str
+    kind: str
+    phase: str
+    op: Op | None
+    types: list[TensorType]  # inputs then outputs (a conversion: its one tensor)
+    n_in: int
+    reads: tuple[str, ...]
+    writes: tuple[str, ...]
+    scale: list[list[tuple[int, int]]] = field(default_factory=list)
+
+    def shapes(self, rows_ratio: float, split_ratio: float) -> list[tuple[int, ...]]:
+        """The shapes at ``rows / rows_ref`` and ``degree_ref / degree``."""
+        out = []
+        for t, dims in zip(self.types, self.scale):
+            shape = []
+            for d, (b, s) in zip(t.shape, dims):
+                x = d * (rows_ratio if b else 1.0) * (split_ratio if s else 1.0)
+                n = round(x)
+                if n < 1 or abs(x - n) > 1e-9 * max(1.0, x):
+                    raise NotEstimableError(f"{self.name}: dimension {d} does not scale to {x}")
+                shape.append(n)
+            out.append(tuple(shape))
+        return out
+
+
+def _kind(item: Any) -> str:
+    src, dst = item.src, item.dst
+    if dst == R and src.kind == "S":
+        return "allgather"
+    if dst == R and src == P:
+        return "allreduce"
+    if dst.kind == "S" and src == P:
+        return "reducescatter"
+    return "local"
+
+
+class Profile:
+    """The records of one ``MegatronPlan`` (of ``t`` at ``tp`` and ``pieces``)."""
+
+    def __init__(self, t: Function, tp: int, pieces: int, sequence_parallel: bool = False):
+        plan = MegatronPlan(t, 1, tp, 1, pieces, "1f1b", 1, 0, 0, sequence_parallel)
+        self.plan, self.tp, self.pieces = plan, tp, pieces
+        self.records: list[Record] = []
+        seen: dict[str, int] = {}
+        local = plan.hplan.local
+        for item in plan.items:
+            if item.op is None:
+                key = item.keys[0]
+                t_local = local.value(key).type
+                name = f"{key.name}#conv{seen.setdefault(key.name + '#', 0)}"
+                seen[key.name + "#"] += 1
+                rec = Record(name, _kind(item), item.phase, None, [t_local], 1, (), ())
+            else:
+                op = item.op
+                first = op.outputs[0].name if op.outputs else op.op_type
+                k = seen.get(first, 0)
+                seen[first] = k + 1
+                types = [v.type for v in (*op.inputs, *op.outputs)]
+                if not all(isinstance(x, TensorType) for x in types):
+                    continue  # a tuple-typed op (rare): left out of the estimate
+                reads = tuple(v.name for v in op.inputs)
+                writes = tuple(v.name for v in op.outputs)
+                rec = Record(
+                    f"{first}#{k}", "op", item.phase, op, types, len(op.inputs), reads, writes
+                )
+            rec.scale = [[(0, 0)] * len(x.shape) for x in rec.types]
+            self.records.append(rec)
+        self.by_name = {r.name: r for r in self.records}
+        self._stages: dict[int, np.ndarray] = {}
+        self._assignments: dict[tuple, Any] = {}
+
+    def infer(self, other: Profile, axis: int) -> None:
+        """Mark the dimensions that halve in ``other`` (the same step at twice the pieces,
+        ``axis`` 0, or twice the degree, ``axis`` 1) as scaling along that axis."""
+        for rec in self.records:
+            twin = other.by_name.get(rec.name)
+            if twin is None or len(twin.types) != len(rec.types):
+                continue
+            for dims, a, b in zip(rec.scale, rec.types, twin.types):
+                if len(a.shape) != len(b.shape):
+                    continue
+                for i, (x, y) in enumerate(zip(a.shape, b.shape)):
+                    if x == 2 * y and x != y:
+                        dims[i] = (1, dims[i][1]) if axis == 0 else (dims[i][0], 1)
+
+    def split_from(self, base: Profile) -> None:
+        """This profile's degree against ``base`` (degree 1, the same pieces, its batch
+        dimensions known): a dimension ``degree`` times smaller here is split by the
+        degree; batch dimensions are ``base``'s, value by value; a conversion's tensor
+        scales as the result of the op that makes it."""
+        factor = self.tp // base.tp
+        made: dict[str, list[tuple[int, int]]] = {}
+        for rec in self.records:
+            twin = base.by_name.get(rec.name)
+            if rec.op is None or twin is None or len(twin.types) != len(rec.types):
+                continue
+            for dims, here, there, there_dims in zip(rec.scale, rec.types, twin.types, twin.scale):
+                if len(here.shape) != len(there.shape):
+                    continue
+                for i, (x, y) in enumerate(zip(here.shape, there.shape)):
+                    dims[i] = (there_dims[i][0], int(x * factor == y and x != y))
+            for w, dims in zip(rec.writes, rec.scale[rec.n_in :]):
+                made[w] = dims
+        for rec in self.records:
+            if rec.op is None:
+                dims = made.get(rec.name.split("#conv")[0])
+                if dims is not None and len(dims) == len(rec.types[0].shape):
+                    rec.scale = [list(dims)]
+
+    def finish(self, replayed: set[str]) -> None:
+        """Group the records into classes that cost the same at any (rows, degree): one op
+        type, attributes, types and scaling, and the same outputs kept for the backward
+        (and replayed by recomputation). A model's identical layers share classes, so a
+        (rows, degree) costs each class once (:meth:`class_of`)."""
+        read_back = {name for r in self.records if r.phase == "B" for name in r.reads}
+        self.phase = np.asarray([r.phase == "B" for r in self.records], dtype=np.int64)
+        self.is_conv = np.asarray([r.op is None for r in self.records], dtype=bool)
+        classes: dict[tuple, int] = {}
+        self.classes: list[tuple[Record, tuple[bool, ...], bool]] = []
+        ids = []
+        for r in self.records:
+            kept = tuple(w in read_back for w in r.writes) if r.phase == "F" else ()
+            again = r.phase == "F" and bool(r.writes) and r.writes[0] in replayed
+            sig = (
+                r.kind,
+                r.op.op_type if r.op is not None else None,
+                _attributes(r.op) if r.op is not None else None,
+                tuple(r.types),
+                tuple(tuple(x) for x in r.scale),
+                kept,
+                again,
+            )
+            k = classes.get(sig)
+            if k is None:
+                k = classes[sig] = len(self.classes)
+                self.classes.append((r, kept, again))
+            ids.append(k)
+        self.class_of = np.asarray(ids, dtype=np.int64)
+        self.again = np.asarray([c[2] for c in self.classes], dtype=bool)
+        self.forward_ops = np.flatnonzero((self.phase == 0) & ~self.is_conv)
+
+    def assignment(self, stages: int) -> dict[Op, int]:
+        """``T.megatron``'s stage of each op of the analysed step among ``stages`` (shared
+        with the profiles of the same step: ``share``); a cut it refuses raises."""
+        found = self._assignments.get((self.plan.t, stages))
+        if found is None:
+            try:
+                found = stage_assignment(self.plan.t, stages, None)
+            except DistIRError as e:
+                found = e
+            self._assignments[(self.plan.t, stages)] = found
+        if isinstance(found, Exception):
+            raise RefusedError(str(found).splitlines()[0])
+        return found
+
+    def share(self, other: Profile) -> None:
+        """Use ``other``'s stage cuts (of the same step) as this profile's."""
+        self._assignments = other._assignments
+
+    def stage_of(self, stages: int) -> np.ndarray:
+        """Each record's pipeline stage among ``stages`` (as ``T.megatron`` would cut the
+        step; a conversion in its neighbour's stage)."""
+        found = self._stages.get(stages)
+        if found is None:
+            by_name: dict[str, int] = {}
+            for op, s in self.assignment(stages).items():
+                for v in op.outputs:
+                    by_name.setdefault(v.name, s)
+            found = np.zeros(len(self.records), dtype=np.int64)
+            last = 0
+            for i, rec in enumerate(self.records):
+                if rec.op is not None:
+                    last = by_name.get(rec.writes[0] if rec.writes else "", last)
+                    found[i] = last
+                else:  # where the value it converts is made
+                    found[i] = by_name.get(rec.name.split("#conv")[0], last)
+            self._stages[stages] = found
+        return found
+
+
+class Costs:
+    """Op and collective times on one topology's first device model (memoised by shape)."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.topology = topology
+        self.device = topology.devices[0]
+        self._ops: dict[tuple, tuple[float, float]] = {}
+        self._comm: dict[tuple, float] = {}
+
+    def op(self, op: Op, shapes: Sequence[tuple[int, ...]], types: Sequence[TensorType],
+           n_in: int) -> tuple[float, float]:  # fmt: skip
+        """(device seconds, host seconds) of ``op`` on operands and results of ``shapes``."""
+        key = (op.op_type, _attributes(op), tuple(shapes), tuple(t.dtype for t in types))
+        found = self._ops.get(key)
+        if found is None:
+            local = [TensorType(s, t.dtype) for s, t in zip(shapes, types)]
+            ctx = CostContext(tuple(local[:n_in]), tuple(local[n_in:]), op.attributes)
+            cost = get_op(op.op_type).cost_rule(ctx)
+            d, topo = self.device, self.topology
+            dtype = compute_dtype(local)
+            found = (d.op_time_s(cost, dtype, allow_tf32=topo.allow_tf32), d.host_time_s(cost))
+            self._ops[key] = found
+        return found
+
+    def add(self, size_bytes: float, dtype: Any) -> tuple[float, float]:
+        """(device, host) seconds of an ``Add`` of two tensors of ``size_bytes`` (a gradient
+        summed over microbatches: the body that makes it adds it to the sum so far)."""
+        key = ("Add", size_bytes, dtype)
+        found = self._ops.get(key)
+        if found is None:
+            n = max(1, round(size_bytes / dtype.itemsize_bytes))
+            x = TensorType((n,), dtype)
+            cost = get_op("Add").cost_rule(CostContext((x, x), (x,), {}))
+            topo = self.topology
+            found = self._ops[key] = (
+                self.device.op_time_s(cost, dtype, allow_tf32=topo.allow_tf32),
+                self.device.host_time_s(cost),
+            )
+        return found
+
+    def collective(self, kind: str, size_bytes: float, devices: tuple[int, ...]) -> float:
+        """Seconds of ``kind`` moving ``size_bytes`` (as the comm rules size it) among
+        ``devices`` (``Collective.time_s``, the simulator's model)."""
+        if kind == "local" or len(set(devices)) < 2:
+            return 0.0
+        key = (kind, size_bytes, devices)
+        found = self._comm.get(key)
+        if found is None:
+            ids = self.topology.device_ids
+            mapped = tuple(ids[d % len(ids)] for d in devices)
+            root = mapped[-1] if kind == "send" else None
+            found = Collective(kind, size_bytes, mapped, root).time_s(self.topology)
+            self._comm[key] = found
+        return found
+
+
+def _attributes(op: Op) -> Any:
+    if not op.attributes:
+        return ()
+    key = tuple(sorted(op.attributes.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return repr(key)  # an unhashable value: its text
+    return key
+
+
+def replayed_names(t: Function) -> set[str]:
+    """The values ``T.recompute(t)`` makes twice (the forward's and the replay)."""
+    from ..transforms import recompute
+
+    counts: dict[str, int] = {}
+    for op in recompute(t).ops:
+        for v in op.outputs:
+            counts[v.name] = counts.get(v.name, 0) + 1
+    return {n for n, c in counts.items() if c > 1}

@@ -1,0 +1,176 @@
+"""The two tiers of a search: every strategy estimated, the event simulation on those that
+can reach the front (:func:`decide`).
+
+With ``simulate="front"`` the strategies are taken in order of their estimated step time
+made optimistic by the estimator's measured error (:data:`ir.search.estimate.TIME_MARGIN`,
+:data:`~ir.search.estimate.MEMORY_MARGIN`: its estimates exceed the simulator's figures by
+at most that much): a strategy is simulated unless a strategy already simulated is
+faster than its optimistic step time and needs no more memory than its optimistic peak
+(then the simulation could not put it on the front), or its optimistic peak already
+exceeds the devices. Every simulated strategy checks the margins: where the estimate
+exceeded the simulation by more, the margins widen to that error (and half again) for
+the strategies still to come. ``simulate="all"`` simulates every strategy (the
+reference the two-tier front is tested against). Rows come out as they are decided.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from .estimate import MEMORY_MARGIN, TIME_MARGIN, Estimator
+from .result import Row
+from .space import Strategy
+
+MODES = ("front", "all")
+
+
+class Front:
+    """The simulated rows that fit, as a staircase: ascending step time, descending peak."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.peaks: list[float] = []
+
+    def add(self, time_s: float, peak_bytes: float) -> None:
+        i = bisect_left(self.times, time_s)
+        if i > 0 and self.peaks[i - 1] <= peak_bytes:
+            return  # a faster row needs no more memory
+        j = i
+        while j < len(self.times) and self.peaks[j] >= peak_bytes:
+            j += 1  # the rows it beats
+        self.times[i:j] = [time_s]
+        self.peaks[i:j] = [peak_bytes]
+
+    def beats(self, time_s: float, peak_bytes: float) -> bool:
+        """Whether a row is strictly faster than ``time_s`` and needs at most ``peak_bytes``."""
+        i = bisect_left(self.times, time_s)  # rows before i are strictly faster
+        return i > 0 and self.peaks[i - 1] <= peak_bytes
+
+
+def decide(
+    todo: Sequence[Strategy],
+    simulate_one: Callable[[Strategy], Row],
+    estimator: Callable[[], Estimator],
+    capacity_bytes: float,
+    mode: str = "front",
+    submit: Callable[[Strategy], Any] | None = None,
+    wave: int = 1,
+) -> Iterator[Row]:
+    """Yield one row per strategy of ``todo``, as each is decided (see the module doc).
+
+    ``simulate_one`` simulates a strategy into its row; ``submit`` (with an executor) gives
+    a future of that row instead, ``wave`` of them in flight at once."""
+    if mode == "all":
+        yield from _all(todo, simulate_one, submit)
+        return
+    est = estimator().estimate(todo)
+    time_margin, memory_margin = TIME_MARGIN, MEMORY_MARGIN
+    known = est.known
+    order = np.argsort(np.where(known, est.step_time_s, 0.0), kind="stable")
+    front = Front()
+    pending: list[tuple[int, Any]] = []
+
+    def finish(i: int, row: Row) -> Row:
+        nonlocal time_margin, memory_margin
+        if known[i]:
+            row = replace(
+                row,
+                estimated_step_time_s=float(est.step_time_s[i]),
+                estimated_peak_memory_bytes=float(est.peak_memory_bytes[i]),
+            )
+            if row.status in ("ok", "over capacity") and row.step_time_s > 0:
+                over_t = est.step_time_s[i] / row.step_time_s - 1
+                over_m = est.peak_memory_bytes[i] / max(row.peak_memory_bytes, 1.0) - 1
+                time_margin = max(time_margin, 1.5 * over_t)
+                memory_margin = max(memory_margin, 1.5 * over_m)
+        if row.ok:
+            front.add(row.step_time_s, row.peak_memory_bytes)
+        return row
+
+    for i in order.tolist():
+        s = todo[i]
+        if i in est.refused:  # the transform's own stage cut refuses it: nothing to build
+            yield Row(s, "error", error=est.refused[i])
+            continue
+        if known[i]:
+            low_t = est.step_time_s[i] / (1 + time_margin)
+            low_m = est.peak_memory_bytes[i] / (1 + memory_margin)
+            why = None
+            if low_m > capacity_bytes:
+                why = (
+                    f"estimated peak {est.peak_memory_bytes[i] / 2**30:.2f} GiB: over the "
+                    f"devices' {capacity_bytes / 2**30:.2f} GiB even {memory_margin:.0%} lower"
+                )
+            elif front.beats(low_t, low_m):
+                why = (
+                    "a simulated strategy is faster and needs no more memory, even with this "
+                    f"one's estimate {time_margin:.0%} faster and {memory_margin:.0%} smaller"
+                )
+            if why is not None:
+                yield Row(
+                    s,
+                    "estimated",
+                    estimated_step_time_s=float(est.step_time_s[i]),
+                    estimated_peak_memory_bytes=float(est.peak_memory_bytes[i]),
+                    error=why,
+                )
+                continue
+        if submit is None:
+            yield finish(i, simulate_one(s))
+            continue
+        pending.append((i, submit(s)))
+        if len(pending) >= wave:
+            yield from _collect(pending, finish)
+            pending = []
+    yield from _collect(pending, finish)
+
+
+def _collect(pending: list[tuple[int, Any]], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
+    """The rows of ``pending`` futures in order; interrupted, the unfinished are cancelled."""
+    done = 0
+    try:
+        for j, future in pending:
+            row = future.result()
+            done += 1
+            yield finish(j, row)
+    except KeyboardInterrupt:
+        yield from _finished(pending[done:], finish)
+        raise
+
+
+def _finished(pending: list[tuple[int, Any]], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
+    """After an interrupt: the rows of the futures that finished (without waiting); the
+    others cancelled."""
+    for j, future in pending:
+        if not future.done():
+            future.cancel()
+            continue
+        try:
+            row = future.result()
+        except (Exception, KeyboardInterrupt):  # its worker interrupted, or lost
+            continue
+        yield finish(j, row)
+
+
+def _all(
+    todo: Sequence[Strategy],
+    simulate_one: Callable[[Strategy], Row],
+    submit: Callable[[Strategy], Any] | None,
+) -> Iterator[Row]:
+    if submit is None:
+        for s in todo:
+            yield simulate_one(s)
+        return
+    pending: list[tuple[int, Any]] = []
+    try:
+        for s in todo:
+            pending.append((0, submit(s)))
+    except KeyboardInterrupt:  # while submitting: what finished, the rest cancelled
+        yield from _finished(pending, lambda _, row: row)
+        raise
+    yield from _collect(pending, lambda _, row: row)

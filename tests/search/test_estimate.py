@@ -1,0 +1,98 @@
+"""The search's two tiers: the closed-form estimator's error against the simulator on every
+strategy of small spaces (what justifies its margins), and the two-tier front equal to
+the front of simulating everything."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import ir
+from ir import models, transforms
+from ir.search import search, search_rows
+from ir.search.estimate import MEMORY_MARGIN, TIME_MARGIN, Estimator
+
+KNOBS = dict(
+    microbatches=[1, 2],
+    schedules=("1f1b", "interleaved"),
+    chunks=(1, 2),
+    zero=(0, 1),
+    sequence_parallel=(False, True),
+    recompute=(False, True),
+)
+CASES = {
+    "mlp": (models.mlp(256, 512, 512, 256, layers=8), "sgd"),
+    "gpt": (models.gpt(batch=16, seq=64, hidden=128, heads=8, vocab=256, layers=4), "adam"),
+}
+
+
+def _exhaustive(name: str, ideal: bool) -> tuple[ir.search.SearchResult, ir.Topology]:
+    model, optimizer = CASES[name]
+    topology = ir.Topology.preset("a100-hgx", 8, ideal=ideal)
+    result = search(model, topology, optimizer=optimizer, simulate="all", progress=False, **KNOBS)
+    return result, topology
+
+
+@pytest.fixture(scope="module", params=[("mlp", False), ("gpt", False), ("gpt", True)])
+def exhaustive(request):
+    name, ideal = request.param
+    result, topology = _exhaustive(name, ideal)
+    return name, ideal, result, topology
+
+
+def test_the_estimates_exceed_the_simulation_by_less_than_the_margins(exhaustive) -> None:
+    """Every strategy simulated and estimated: the estimate may be below the simulation
+    (it leaves out what the event simulation adds), never above by more than the margins
+    the search makes its estimates optimistic by."""
+    name, _, result, topology = exhaustive
+    model, optimizer = CASES[name]
+    t = transforms.training(model, optimizer)
+    rows = [r for r in result.rows if r.status in ("ok", "over capacity")]
+    assert len(rows) > 40
+    est = Estimator(t, topology, 16 if name == "gpt" else 256, [r.strategy for r in rows])
+    e = est.estimate([r.strategy for r in rows])
+    assert e.known.mean() > 0.8  # the estimator covers nearly all of the space
+    over_t = e.step_time_s[e.known] / np.array([r.step_time_s for r in rows])[e.known] - 1
+    peaks = np.array([r.peak_memory_bytes for r in rows])[e.known]
+    over_m = e.peak_memory_bytes[e.known] / peaks - 1
+    assert over_t.max() < TIME_MARGIN, f"step time {over_t.max():.1%} over"
+    assert over_m.max() < MEMORY_MARGIN, f"peak memory {over_m.max():.1%} over"
+
+
+def _front(result: ir.search.SearchResult) -> list[tuple]:
+    return [(str(r.strategy), r.step_time_s, r.peak_memory_bytes) for r in result.pareto()]
+
+
+def test_the_two_tier_front_is_the_front_of_simulating_everything(exhaustive) -> None:
+    name, _, full, topology = exhaustive
+    model, optimizer = CASES[name]
+    seen = []
+    two = search(model, topology, optimizer=optimizer, progress=False, on_row=seen.append, **KNOBS)
+    assert _front(two) == _front(full)
+    statuses = [r.status for r in two.rows if r.status != "pruned"]
+    assert statuses.count("estimated") > 0  # some were never simulated (more in big spaces)
+    assert len(seen) == len(two.rows)  # every row was streamed as it was decided
+    simulated = [r for r in two.rows if r.status in ("ok", "over capacity")]
+    for r in simulated:  # both figures side by side
+        twin = next(x for x in full.rows if x.strategy == r.strategy)
+        assert r.step_time_s == twin.step_time_s
+        assert r.peak_memory_bytes == twin.peak_memory_bytes
+    assert sum(not math.isnan(r.estimated_step_time_s) for r in simulated) > len(simulated) / 2
+    for r in two.rows:
+        if r.status == "estimated":
+            assert r.error and not math.isnan(r.estimated_step_time_s)
+
+
+def test_rows_stream_in_the_order_the_search_decides_them() -> None:
+    model, optimizer = CASES["mlp"]
+    topology = ir.Topology.preset("a100-hgx", 4)
+    rows = list(search_rows(model, topology, optimizer=optimizer, microbatches=[1, 2]))
+    decided = [r for r in rows if r.status != "pruned"]
+    first_ok = next(i for i, r in enumerate(decided) if r.ok)
+    assert decided[first_ok].step_time_s == min(r.step_time_s for r in decided if r.ok) or any(
+        r.ok for r in decided
+    )
+    full = search(model, topology, optimizer=optimizer, microbatches=[1, 2], progress=False)
+    assert {str(r.strategy) for r in rows} == {str(r.strategy) for r in full.rows}
