@@ -1,7 +1,7 @@
 """The simulator against published iteration times of Megatron-LM GPT training (docs/accuracy.md).
 
     python benchmarks/accuracy.py [--rows LABEL ...] [--sources NAME ...] [--quick]
-                                  [--fit] [--microbatch-size K]
+                                  [--fit] [--microbatch-size K] [--jobs N]
 
 Each row is a configuration from a paper or its authors' post, rebuilt with this
 project's own tools as Megatron-LM ran it (:class:`Recipe`: fused scale-mask-softmax
@@ -15,20 +15,23 @@ percentage error (MAPE) per source and overall, and ranking quality within the g
 rows that share a model (Spearman, and whether the fastest configuration is predicted
 fastest).
 
-``--fit`` then fits the efficiency model's four factors to these rows with
-``ir.calibrate`` and prints the leave-one-out (held-out) errors first and the in-sample
-ones second, labelled. ``--quick`` skips rows of more than 2,500 layer-microbatches to
-build (the pipelines from 76.1B up). ``--microbatch-size K``
-overrides the rows' microbatch size (the papers rarely state it; see docs/accuracy.md).
+Rows run a process each, ``--jobs`` at once (default: the CPUs). ``--fit`` then fits the
+efficiency model's four factors to these rows with ``ir.calibrate`` and prints the
+leave-one-out (held-out) errors first and the in-sample ones second, labelled.
+``--quick`` skips rows of more than 2,500 layer-microbatches to build (the pipelines from
+76.1B up). ``--microbatch-size K`` overrides the rows' microbatch size (the papers rarely
+state it; see docs/accuracy.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
+import os
 import statistics
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import ir
@@ -413,6 +416,24 @@ def fit_report(rows: Sequence[Row]) -> str:
     return "\n\n".join(parts)
 
 
+def _rows(cases: Sequence[Case], jobs: int, *, keep: bool) -> Iterator[tuple[Case, Row]]:
+    """Each case with its row, in order: one process per row, ``jobs`` at once (the
+    largest rows first, so that the pool ends together), or here when ``keep`` or one
+    job."""
+    if keep or jobs <= 1 or len(cases) <= 1:
+        for case in cases:
+            yield case, run_case(case, keep=keep)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+
+    order = sorted(range(len(cases)), key=lambda i: -cases[i].build_size)
+    context = multiprocessing.get_context("spawn")  # a clean interpreter per worker
+    with ProcessPoolExecutor(min(jobs, len(cases)), mp_context=context) as pool:
+        futures = {i: pool.submit(run_case, cases[i]) for i in order}
+        for i, case in enumerate(cases):
+            yield case, futures[i].result()
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", nargs="*", help="labels of the rows to run (default: all)")
@@ -420,6 +441,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="skip the largest pipelines")
     parser.add_argument("--microbatch-size", type=int, default=None)
     parser.add_argument("--fit", action="store_true", help="fit the efficiency model, LOO")
+    parser.add_argument(
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="rows built and simulated at once, a process each (default: the CPUs; "
+        "--fit keeps the programs and runs one at a time)",
+    )
     args = parser.parse_args(argv)
     cases = [c for c in CASES if not args.rows or c.label in args.rows]
     if args.sources:
@@ -433,8 +461,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             print(f"# --quick: skipped {', '.join(skipped)}")
     rows = []
     started = time.perf_counter()
-    for case in cases:
-        row = run_case(case, keep=args.fit)
+    for case, row in _rows(cases, args.jobs, keep=args.fit):
         rows.append(row)
         print(
             f"# {case.label}: {case.model.params / 1e9:.1f}B weights, {case.gpus} GPUs, "

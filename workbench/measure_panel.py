@@ -80,7 +80,7 @@ class MeasurePanel(w.VBox):
         self.trace_button = w.Button(description="Read trace", layout={"width": "100px"})
         self.trace_button.tooltip = (
             "draw a PyTorch profiler trace of this step (ops marked 'distir op <i> <type>': "
-            "workbench.traces) over the simulator's timeline"
+            "ir.backends.traces) over the simulator's timeline"
         )
         self.trace_button.add_class("distir-read-trace")
         self.trace_button.on_click(lambda _b: self.read_trace())
@@ -176,10 +176,10 @@ class MeasurePanel(w.VBox):
     def read_trace(self, paths: str | list[str] | None = None) -> Any:
         """What "Read trace" does: the profiler trace(s) at ``paths`` (default: the path
         box; several paths separated by commas, one per rank) read as the step shown
-        (:func:`workbench.traces.read_trace`) and drawn over its simulation on the
+        (:func:`ir.backends.traces.read_trace`) and drawn over its simulation on the
         dashboard's hardware, with the error table. The Measurement, or None (the reason
         in the status line)."""
-        from .traces import read_trace
+        from ir.backends.traces import read_trace
 
         _source, step, simulated = self._current()
         if paths is None:

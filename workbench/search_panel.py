@@ -63,10 +63,14 @@ class SearchPanel(w.VBox):
         """Draw ``result``'s chart (points clickable); picks of an earlier search are
         forgotten."""
         self.result = result
-        figure = Chart.of(pareto_figure(result, capacity_bytes=capacity_bytes))
-        figure.on_click(self._on_click)
-        self.figure = figure
-        self.chart.children = [figure]
+        spec = pareto_figure(result, capacity_bytes=capacity_bytes).to_dict()
+        spec["layout"].pop("template", None)
+        if self.figure is None:  # one chart, redrawn as a streamed search's rows come in
+            self.figure = Chart(spec["data"], spec["layout"])
+            self.figure.on_click(self._on_click)
+            self.chart.children = [self.figure]
+        else:
+            self.figure.show(spec["data"], spec["layout"])
         self.clear()
 
     def pick(self, row: Row) -> bool:

@@ -26,6 +26,7 @@ to the others.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -66,6 +67,25 @@ class Measurement:
                 f"measurement {self.label!r}: step_time_s must be a positive number of "
                 f"seconds, got {t!r}"
             )
+
+    @classmethod
+    def from_trace(
+        cls,
+        label: str,
+        program: Function,
+        paths: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
+        *,
+        group: str = "",
+    ) -> Measurement:
+        """The step a PyTorch profiler (Kineto) trace recorded, one file per rank: each op
+        of ``program`` marked by its ``record_function`` range
+        (:func:`ir.backends.traces.label`; :func:`ir.backends.traces.profile_step` writes
+        such a trace), the step time the median step's. A trace that is not one of
+        ``program``'s steps raises ``TraceError`` saying why."""
+        from ..backends.traces import read_trace
+
+        measured = read_trace(paths, program)
+        return cls(label, program, float(measured.step_time_s), group)
 
 
 @dataclass(frozen=True)

@@ -131,7 +131,9 @@ def _run_all(page) -> None:
 DRAWN = """() => {
   const q = (s) => document.querySelector(s);
   const count = (s) => document.querySelectorAll(s).length;
-  const title = (s) => { const t = q(s + ' .gtitle'); return t ? t.textContent : ''; };
+  // the title and the smaller line under it (plotly's subtitle: how to read the chart)
+  const title = (s) => [' .gtitle', ' .gtitle-subtitle']
+    .map((c) => { const t = q(s + c); return t ? t.textContent : ''; }).join(' ');
   const step = q('.distir-summary .distir-step-time');
   return {
     gantt_bars: count('.distir-gantt .trace.bars .point path'),
@@ -304,16 +306,22 @@ def test_colours_layout_feedback_comparison_and_export_at(page, width: int) -> N
     # export the strategy shown
     page.locator("button.distir-export").click()
     page.locator(".distir-export-status", has_text="wrote megatron_args.sh").wait_for()
-    assert (
-        "--tensor-model-parallel-size 1"
-        in page.locator(".distir-export-text textarea").input_value()
-    )
+    exported = page.locator(".distir-export-text textarea").input_value()
+    assert f"--tensor-model-parallel-size {hp}" in exported  # the strategy applied above
+    assert "--pipeline-model-parallel-size 1" in exported
 
     # the search: progress on the activity line, then Cancel stops it with what it has
     page.locator("button.distir-search").click()
     page.locator(".distir-activity .distir-activity-progress").wait_for(timeout=60_000)
     page.locator("button.distir-cancel").click()
     page.locator(".distir-search-result .gtitle", has_text="cancelled").wait_for(timeout=120_000)
+    # the chart as it settles (a streamed draw may be resizing when the title changes)
+    page.wait_for_function(
+        "(least) => { const s = document.querySelector('.distir-search-result .main-svg');"
+        " return s && s.getBoundingClientRect().width >= least; }",
+        arg=board - 2,
+        timeout=10_000,
+    )
     pareto = page.locator(".distir-search-result .main-svg").first.bounding_box()
     assert pareto and pareto["width"] >= board - 2  # the window's width, not 700 px
     title = page.locator(".distir-search-result .gtitle").first.bounding_box()

@@ -22,9 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from ir.errors import DistIRError
-from ir.function import Function
-from ir.registry import OpKind, get_op
+from ..errors import DistIRError
+from ..function import Function
+from ..registry import OpKind, get_op
 
 __all__ = ["LABEL", "TraceError", "label", "profile_step", "read_trace"]
 
@@ -54,7 +54,7 @@ def profile_step(
     import torch
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from ir.backends.torch_kernels import TORCH_KERNELS, check_kernels
+    from .torch_kernels import TORCH_KERNELS, check_kernels
 
     if len(function.devices) > 1 or any(
         get_op(op.op_type).kind is OpKind.COMMUNICATION for op in function.ops
@@ -92,7 +92,7 @@ def read_trace(
     ranges split into steps where an op index comes again. A trace's own rank
     (``distributedInfo.rank``, written when torch.distributed ran) wins over its place
     in the list."""
-    from ir.backends.measurement import Measurement
+    from .measurement import Measurement
 
     if (function is None) == (programs is None):
         raise TraceError("read_trace: give the program (function=) or each rank's (programs=)")
@@ -102,7 +102,14 @@ def read_trace(
         trace = _load(path)
         rank = int((trace.get("distributedInfo") or {}).get("rank", place))
         ops = function.ops if function is not None else programs[rank].ops  # type: ignore[index]
-        records[rank] = _steps(_ranges(trace, path, len(ops)), path)
+        records[rank] = _steps(_ranges(trace, path, ops), path)
+        short = [len(ops) - len(step) for _, step in records[rank] if len(step) < len(ops)]
+        if short:
+            raise TraceError(
+                f"{path}: {len(short)} of its {len(records[rank])} steps lack op ranges (up "
+                f"to {max(short)} of the program's {len(ops)} ops): the trace is of another "
+                "program, or of part of a step"
+            )
     if programs is not None:
         return Measurement.from_rank_records(
             programs, {r: [(o, t, ()) for o, t in s] for r, s in records.items()}
@@ -127,8 +134,10 @@ def _load(path: str | os.PathLike[str]) -> dict[str, Any]:
     return data
 
 
-def _ranges(trace: dict[str, Any], path: Any, count: int) -> list[tuple[int, float, float]]:
-    """(op index, start s, end s) of every op range, in time order."""
+def _ranges(trace: dict[str, Any], path: Any, ops: Sequence[Any]) -> list[tuple[int, float, float]]:
+    """(op index, start s, end s) of every op range, in time order; a range whose op
+    index or type is not the program's raises TraceError."""
+    count = len(ops)
     found = []
     for event in trace["traceEvents"]:
         if not isinstance(event, dict) or event.get("ph") != "X":
@@ -142,13 +151,18 @@ def _ranges(trace: dict[str, Any], path: Any, count: int) -> list[tuple[int, flo
                 f"{path}: the range {event['name']!r} names op {index}, but the program has "
                 f"{count} ops: the trace is of another program"
             )
+        if match.group(2) != ops[index].op_type:
+            raise TraceError(
+                f"{path}: the range {event['name']!r} is a {match.group(2)}, but op {index} "
+                f"of the program is a {ops[index].op_type}: the trace is of another program"
+            )
         start = float(event["ts"]) * 1e-6
         found.append((index, start, start + float(event.get("dur", 0.0)) * 1e-6))
     if not found:
         raise TraceError(
             f"{path} has no '{LABEL}' ranges: profile the step with "
-            "workbench.traces.profile_step, or wrap each op in torch.profiler.record_function"
-            "(workbench.traces.label(index, op_type))"
+            "ir.backends.traces.profile_step, or wrap each op in torch.profiler.record_function"
+            "(ir.backends.traces.label(index, op_type))"
         )
     return sorted(found, key=lambda r: r[1])
 

@@ -12,8 +12,8 @@ from ir import models, transforms
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install torch)")
 
+from ir.backends.traces import TraceError, label, profile_step, read_trace  # noqa: E402
 from widgets.measured import measured_vs_simulated_spec, op_pairs  # noqa: E402
-from workbench.traces import TraceError, label, profile_step, read_trace  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -92,3 +92,22 @@ def test_the_dashboard_reads_a_trace_of_the_step_it_shows(step, tmp_path) -> Non
     panel.trace_path.value = str(tmp_path / "missing.json")
     panel.trace_button.click()
     assert "cannot read the trace" in panel.status.value and panel.output.children == ()
+
+
+def test_a_trace_is_a_measurement_to_calibrate_with(tmp_path) -> None:
+    """``ir.Measurement.from_trace``: the median step a profiler trace holds, ready for
+    ``ir.calibrate(..., preset=)``. (This machine's CPU times say nothing of a GPU's, and
+    vary with its load: the test checks the plumbing, not the fitted figures.)"""
+    steps = []
+    for layers in (2, 4):
+        f = transforms.training(models.mlp(16, 32, 32, 8, layers=layers), "adam")
+        path = profile_step(f, ir.random_inputs(f, seed=0), tmp_path / f"l{layers}.json", steps=3)
+        m = ir.Measurement.from_trace(f"mlp {layers} layers", f, path, group="mlp")
+        assert m.step_time_s == pytest.approx(read_trace(path, f).step_time_s)
+        assert m.program is f and m.group == "mlp"
+        steps.append(m)
+    fit = ir.calibrate(steps, preset="a100-hgx", factors=("host",))
+    assert [r.measured_s for r in fit.rows] == [m.step_time_s for m in steps]
+    assert fit.factors.host > 1.0  # a CPU's eager ops are slower than an A100 host's issue
+    with pytest.raises(TraceError):  # the 2-layer trace is not a step of the 4-layer program
+        ir.Measurement.from_trace("wrong program", steps[1].program, tmp_path / "l2.json")
