@@ -13,6 +13,9 @@ outermost first:
 
 * ``"P"``: the elements are partial sums of the value (outputs only: a loss
   each data-parallel replica computed on its rows).
+* ``"Z(k)"``: axis ``k`` cut into ``2n`` equal chunks, element ``i`` holding chunks
+  ``i`` and ``2n - 1 - i`` one after the other (context parallelism's load-balanced
+  sequence split: each rank gets an early and a late part of a causal sequence).
 
 A level written ``"R@4"`` or ``"S(1)@2"`` is one axis of a device mesh laid
 flat in one tuple level: a run of consecutive ``@`` levels (sizes multiplying
@@ -50,7 +53,7 @@ from .types import TensorType, TupleType, Type
 Levels = tuple[str, ...]
 # ASCII digits, at most 19 (int64's): \d would take any Unicode digit and a 5000-digit
 # number would reach int()'s own limit (a ValueError, not a LayoutError)
-_LEVEL = re.compile(r"^(R|P|S\(([0-9]{1,19})\))(?:@([0-9]{1,19}))?$")
+_LEVEL = re.compile(r"^(R|P|[SZ]\(([0-9]{1,19})\))(?:@([0-9]{1,19}))?$")
 
 
 class LayoutError(DistIRError):
@@ -58,10 +61,12 @@ class LayoutError(DistIRError):
 
 
 def _parse(level: str, what: str) -> tuple[str, int | None, int | None]:
-    """(kind "R" | "P" | "S", split axis or None, mesh-axis size or None)."""
+    """(kind "R" | "P" | "S" | "Z", split axis or None, mesh-axis size or None)."""
     match = _LEVEL.match(level) if isinstance(level, str) else None
     if match is None:
-        raise LayoutError(f"layout level {level!r} of {what} is not 'R', 'P' or 'S(k)' (@n)")
+        raise LayoutError(
+            f"layout level {level!r} of {what} is not 'R', 'P', 'S(k)' or 'Z(k)' (@n)"
+        )
     kind = match.group(1)[0]
     axis = int(match.group(2)) if match.group(2) is not None else None
     size = int(match.group(3)) if match.group(3) is not None else None
@@ -125,6 +130,13 @@ def _pieces(x: np.ndarray, axes: list[tuple[str, int | None, int]], what: str) -
         raise LayoutError(f"{what}: a partial ('P') layout describes outputs, not inputs")
     if kind == "R":
         parts = [x] * n
+    elif kind == "Z":
+        if axis >= x.ndim or x.shape[axis] % (2 * n):
+            raise LayoutError(
+                f"{what}: cannot cut axis {axis} of shape {x.shape} into {2 * n} equal chunks"
+            )
+        chunks = np.split(x, 2 * n, axis=axis)
+        parts = [np.concatenate([chunks[i], chunks[2 * n - 1 - i]], axis=axis) for i in range(n)]
     else:
         if axis >= x.ndim or x.shape[axis] < n:
             raise LayoutError(f"{what}: cannot split axis {axis} of shape {x.shape} {n} ways")
@@ -170,7 +182,7 @@ def whole_shape(t: Type, levels: Levels, what: str = "value") -> tuple[int, ...]
         shapes = []
         for g in groups:
             first = g[0]
-            if kind == "S" and axis is not None and axis < len(first):
+            if kind in "SZ" and axis is not None and axis < len(first):
                 first = (*first[:axis], sum(s[axis] for s in g), *first[axis + 1 :])
             shapes.append(first)
     return shapes[0]
@@ -186,6 +198,10 @@ def _whole(parts: list, axes: list[tuple[str, int | None, int]], what: str, rtol
     subs = [_whole(parts[i * step : (i + 1) * step], rest, what, rtol) for i in range(n)]
     if kind == "S":
         return np.concatenate(subs, axis=axis)
+    if kind == "Z":
+        halves = [np.split(sub, 2, axis=axis) for sub in subs]
+        order = [h[0] for h in halves] + [h[1] for h in reversed(halves)]
+        return np.concatenate(order, axis=axis)
     if kind == "P":
         total = subs[0]
         for other in subs[1:]:

@@ -27,6 +27,7 @@ from collections.abc import Iterable
 from .builder import FunctionBuilder, rebuild_op
 from .errors import DistIRError
 from .function import Function
+from .models_moe import MoEConfig, moe_mlp
 from .types import DType, TensorType
 from .value import Value
 
@@ -43,6 +44,7 @@ __all__ = [
     "llama_weight_shapes",
     "mlp",
     "mlp_weight_names",
+    "moe_config",
     "with_loss",
 ]
 
@@ -174,9 +176,12 @@ def gpt_weight_shapes(
     layers: int,
     heads: int | None = None,
     kv_heads: int | None = None,
+    moe: MoEConfig | None = None,
 ) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every GPT weight, in input order. With ``kv_heads`` (and ``heads``)
-    ``wk`` and ``wv`` are ``(H, kv_heads * H / heads)`` (grouped-query attention)."""
+    ``wk`` and ``wv`` are ``(H, kv_heads * H / heads)`` (grouped-query attention); with
+    ``moe`` (``ir.models_moe.MoEConfig``) a MoE layer's router and experts replace the
+    MLP of each layer from ``moe.dense_layers`` on."""
     H = hidden
     kv = H if kv_heads is None or heads is None else kv_heads * (H // heads)
     shapes: dict[str, tuple[int, ...]] = {"wte": (vocab, H), "wpe": (seq, H)}
@@ -185,6 +190,9 @@ def gpt_weight_shapes(
         shapes.update({f"{p}_ln1_g": (H,), f"{p}_ln1_b": (H,)})
         shapes.update({f"{p}_attn_w{c}": (H, H if c in "qo" else kv) for c in "qkvo"})
         shapes.update({f"{p}_ln2_g": (H,), f"{p}_ln2_b": (H,)})
+        if moe is not None and moe.is_moe(i):
+            shapes.update(moe.weight_shapes(p, H, 4 * H))
+            continue
         shapes.update({f"{p}_mlp_w1": (H, 4 * H), f"{p}_mlp_w2": (4 * H, H)})
     shapes.update({"lnf_g": (H,), "lnf_b": (H,), "w_head": (H, vocab)})
     return shapes
@@ -203,8 +211,10 @@ class _Gpt:
         sizes: tuple[int, int, int, int],
         form: str,
         dropout: tuple[float, float] = (0.0, 0.0),
+        moe: MoEConfig | None = None,
     ) -> None:
-        self.b, self.w, self.form = b, w, form
+        self.b, self.w, self.form, self.moe = b, w, form, moe
+        self.aux_losses: list[Value] = []
         self.hidden_p, self.attention_p = dropout
         self.B, self.S, self.nh, self.nkv = sizes
         self.H = w["wte"].type.shape[1]
@@ -274,6 +284,12 @@ class _Gpt:
     def mlp(self, x: Value, p: str) -> Value:
         b, w = self.b, self.w
         xn = self.layer_norm(x, f"{p}_ln2")
+        if self.moe is not None and self.moe.is_moe(int(p[1:])):
+            h, aux = moe_mlp(b, w, xn, p, self.moe)
+            if aux is not None:
+                self.aux_losses.append(aux)
+            h = self.dropout(h, self.hidden_p, f"{p}_mlp_drop", p, 2)
+            return b.call("Add", x, h, name=f"{p}_res2")
         h = b.call("Gelu", b.call("MatMul", xn, w[f"{p}_mlp_w1"], name=f"{p}_fc"), name=f"{p}_gelu")
         h = b.call("MatMul", h, w[f"{p}_mlp_w2"], name=f"{p}_proj")
         h = self.dropout(h, self.hidden_p, f"{p}_mlp_drop", p, 2)
@@ -294,6 +310,13 @@ def gpt(
     kv_heads: int | None = None,
     dropout: float = 0.0,
     attention_dropout: float = 0.0,
+    experts: int = 0,
+    top_k: int = 2,
+    capacity_factor: float = 1.0,
+    expert_hidden: int = 0,
+    shared_experts: int = 0,
+    dense_layers: int = 0,
+    aux_loss: float = 0.01,
 ) -> Function:
     """A GPT-style decoder: token + learned position embedding, ``layers`` pre-LN blocks, head.
 
@@ -325,8 +348,19 @@ def gpt(
     probabilities (the unfused form only: a fused kernel's dropout is not modelled).
     Megatron-LM's defaults are 0.1 and 0.1; 0 (the default here) adds no op. Each is a
     ``Dropout`` op whose mask every sharding draws alike (``ir/ops/dropout.py``).
+
+    ``experts=E`` (a mixture of experts, ``ir.models_moe``): the MLP of every layer from
+    ``dense_layers`` on is ``E`` experts of ``expert_hidden`` columns (0: ``4 * hidden``),
+    each token routed to ``top_k`` of them with ``capacity_factor`` places per expert
+    (``ceil(capacity_factor * seq * top_k / E)`` per sequence), ``shared_experts`` dense
+    ones beside (DeepSeek-V3), and the load-balancing loss weighted ``aux_loss`` added to
+    the loss. Weights ``h<i>_moe_router (H, E)``, ``h<i>_moe_w1 (E, H, F)``,
+    ``h<i>_moe_w2 (E, F, H)`` (and ``h<i>_moe_shared_w1/_w2``) replace ``h<i>_mlp_w1/_w2``.
     """
     _positive(batch=batch, seq=seq, hidden=hidden, heads=heads, vocab=vocab, layers=layers)
+    moe = moe_config(
+        experts, top_k, capacity_factor, expert_hidden, shared_experts, dense_layers, aux_loss
+    )
     if hidden % heads:
         raise ModelError(f"hidden {hidden} is not divisible by heads {heads}")
     if attention not in ATTENTION_FORMS:
@@ -350,20 +384,68 @@ def gpt(
     b = FunctionBuilder("gpt")
     w = {
         name: b.input(name, TensorType(shape, dt, 0))
-        for name, shape in gpt_weight_shapes(seq, hidden, vocab, layers, heads, kv_heads).items()
+        for name, shape in gpt_weight_shapes(
+            seq, hidden, vocab, layers, heads, kv_heads, moe
+        ).items()
     }
     tokens = b.input("tokens", TensorType((batch, seq), DType.int64, 0))
     labels = b.input("labels", TensorType((batch, seq), DType.int64, 0))
     sizes = (batch, seq, heads, heads if kv_heads is None else kv_heads)
-    m = _Gpt(b, w, sizes, attention, dropout=(dropout, attention_dropout))
+    m = _Gpt(b, w, sizes, attention, dropout=(dropout, attention_dropout), moe=moe)
     h = b.call("Embedding", w["wte"], tokens, name="tok_emb")
     h = b.call("Add", h, w["wpe"], name="emb")
     for i in range(layers):
         h = m.mlp(m.attention(h, f"h{i}"), f"h{i}")
     h = m.layer_norm(h, "lnf")
     logits = b.call("MatMul", h, w["w_head"], name="logits")
-    loss = b.call("Loss", logits, labels, name="l")
+    if m.aux_losses:
+        loss = b.call("Loss", logits, labels, name="l_lm")
+        aux = m.aux_losses[0] if len(m.aux_losses) == 1 else b.call("Sum", *m.aux_losses)
+        loss = b.call("Add", loss, aux, name="l")
+    else:
+        loss = b.call("Loss", logits, labels, name="l")
     return _maybe_training(b.finish([logits, loss]), training)
+
+
+def moe_config(
+    experts: int,
+    top_k: int = 2,
+    capacity_factor: float = 1.0,
+    expert_hidden: int = 0,
+    shared_experts: int = 0,
+    dense_layers: int = 0,
+    aux_loss: float = 0.01,
+) -> MoEConfig | None:
+    """The checked mixture-of-experts options of a model builder (None for ``experts=0``:
+    a dense model); a ``ModelError`` names a bad one."""
+    if isinstance(experts, bool) or not isinstance(experts, int) or experts < 0:
+        raise ModelError(f"experts must be an integer >= 0 (0: a dense MLP), got {experts!r}")
+    if experts == 0:
+        return None
+    _positive(top_k=top_k)
+    if top_k > experts:
+        raise ModelError(f"top_k={top_k} is more than the {experts} experts; choose k <= {experts}")
+    for name, n in (
+        ("expert_hidden", expert_hidden),
+        ("shared_experts", shared_experts),
+        ("dense_layers", dense_layers),
+    ):
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ModelError(f"{name} must be an integer >= 0, got {n!r}")
+    for name, x in (("capacity_factor", capacity_factor), ("aux_loss", aux_loss)):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not 0 <= x < math.inf:
+            raise ModelError(f"{name} must be a finite number >= 0, got {x!r}")
+    if capacity_factor <= 0:
+        raise ModelError(f"capacity_factor must be > 0, got {capacity_factor!r}")
+    return MoEConfig(
+        experts,
+        top_k,
+        float(capacity_factor),
+        expert_hidden,
+        shared_experts,
+        dense_layers,
+        float(aux_loss),
+    )
 
 
 def gpt_layer_index(v: Value) -> int | None:

@@ -181,6 +181,22 @@ def _send_each(rank: _Rank, op: Op, xs: list) -> list:
     return [_exchange(rank, transfers)]
 
 
+def _ring_shift(rank: _Rank, op: Op, xs: list) -> list:
+    """Each member of each ring sends its element ``offset`` members on, all at once."""
+    from ..ops.communication import element_groups
+
+    t, out = op.inputs[0].type, op.outputs[0].type
+    source = {}  # output element -> input element
+    for g in element_groups(op.attributes.get("groups"), len(t)):
+        for i, member in enumerate(g):
+            source[g[(i + op.attributes["offset"]) % len(g)]] = member
+    transfers = [
+        (t.elements[source[k]].device, o.device, xs[0].get(source[k]), o)
+        for k, o in enumerate(out.elements)
+    ]
+    return [_exchange(rank, transfers)]
+
+
 def _send(rank: _Rank, op: Op, xs: list) -> list:
     t = op.outputs[0].type
     got = _exchange(rank, [(op.inputs[0].type.device, t.device, xs[0], t)])
@@ -312,34 +328,40 @@ def _keepshard(rank: _Rank, op: Op, xs: list) -> list:
 
 
 def _alltoall(rank: _Rank, op: Op, xs: list) -> list:
+    """Within each group (all elements: one group), member i's chunk j goes to member j,
+    which concatenates what it receives in member order."""
+    from ..ops.communication import element_groups
+
     t, out = op.inputs[0].type, op.outputs[0].type
-    n = len(t)
-    chunks = {
-        k: split_array(xs[0][k], n, op.attributes["split_dim"])
-        for k, e in enumerate(t.elements)
-        if rank.has(e.device)
-    }
-    transfers = []
-    for src, e_src in enumerate(t.elements):
-        for dst, e_dst in enumerate(out.elements):
-            chunk = chunks[src][dst] if src in chunks else None
+    split, axis = op.attributes["split_dim"], op.attributes["concat_dim"]
+    transfers, slots = [], {}  # slots: (dst element, src position) -> transfer index
+    for g in element_groups(op.attributes.get("groups"), len(t)):
+        n = len(g)
+        for src in g:
+            e_src = t.elements[src]
+            chunks = split_array(xs[0][src], n, split) if rank.has(e_src.device) else None
             shape = list(e_src.shape)
-            shape[op.attributes["split_dim"]] //= n
-            transfers.append((e_src.device, e_dst.device, chunk, e_src.with_shape(tuple(shape))))
+            shape[split] //= n
+            for j, dst in enumerate(g):
+                slots[(dst, g.index(src))] = len(transfers)
+                chunk = chunks[j] if chunks is not None else None
+                transfers.append(
+                    (e_src.device, out.elements[dst].device, chunk, e_src.with_shape(tuple(shape)))
+                )
     got = _exchange(rank, transfers)
-    axis = op.attributes["concat_dim"]
-    return [
-        {
-            dst: np.concatenate([got[src * n + dst] for src in range(n)], axis)
-            for dst, e in enumerate(out.elements)
-            if rank.has(e.device)
-        }
-    ]
+    result = {}
+    for g in element_groups(op.attributes.get("groups"), len(t)):
+        for dst in g:
+            if rank.has(out.elements[dst].device):
+                parts = [got[slots[(dst, i)]] for i in range(len(g))]
+                result[dst] = np.concatenate(parts, axis)
+    return [result]
 
 
 _LOWERINGS: dict[str, Callable[[_Rank, Op, list], list]] = {
     "Send": _send,
     "SendEach": _send_each,
+    "RingShift": _ring_shift,
     "Scatter": _one_to_many(split=True),
     "Broadcast": _one_to_many(split=False),
     "Gather": _many_to_one(lambda parts, a: np.concatenate(parts, axis=a["dim"])),

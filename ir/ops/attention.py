@@ -346,6 +346,8 @@ register_op(
             "examples": _examples,
             "nondiff_operands": (3,),  # the mask
             "heads_limit": heads_limit,
+            # over a sequence in another order, at explicit positions (context parallelism)
+            "context_form": lambda *args: _context_form(*args),
         },
     )
 )
@@ -367,6 +369,7 @@ register_op(
             "examples": lambda s: _examples(s, grad=True),
             "nondiff_operands": (5,),
             "heads_limit": heads_limit,
+            "context_form": lambda *args: _context_form(*args),
         },
     )
 )
@@ -457,3 +460,9 @@ def _attention_gradient(b, op, ins, outs, dys):
 
 
 attach_rule("Attention", "gradient_rule", _attention_gradient)
+
+
+def _context_form(b, op, ins, ctx):
+    from .context import attention_context_form
+
+    return attention_context_form(b, op, ins, ctx)

@@ -430,30 +430,34 @@ _comm(
 
 def _alltoall_types(ctx: TypeContext):
     xs = _uniform_tuple(ctx)
-    _same_shapes(xs, "alltoall")
-    first = xs.elements[0]
-    split = normalize_axis(ctx.attributes["split_dim"], first.rank, "split_dim")
-    concat = normalize_axis(ctx.attributes["concat_dim"], first.rank, "concat_dim")
-    k = len(xs)
-    if first.shape[split] % k:
-        raise TypeRuleError(
-            f"alltoall splits dim {split} of size {first.shape[split]} into {k} equal parts"
-        )
-    shape = list(first.shape)
-    shape[split] //= k
-    shape[concat] *= k
-    return [TupleType(tuple(e.with_shape(tuple(shape)) for e in xs.elements))]
+
+    def exchanged(group: TupleType) -> list:
+        _same_shapes(group, "alltoall")
+        first = group.elements[0]
+        split = normalize_axis(ctx.attributes["split_dim"], first.rank, "split_dim")
+        concat = normalize_axis(ctx.attributes["concat_dim"], first.rank, "concat_dim")
+        k = len(group)
+        if first.shape[split] % k:
+            raise TypeRuleError(
+                f"alltoall splits dim {split} of size {first.shape[split]} into {k} equal parts"
+            )
+        shape = list(first.shape)
+        shape[split] //= k
+        shape[concat] *= k
+        return [e.with_shape(tuple(shape)) for e in group.elements]
+
+    return [_per_group(xs, ctx.attributes.get("groups"), exchanged)]
 
 
-def _alltoall_kernel(xs, a):
-    parts = [split_array(x, len(xs[0]), a["split_dim"]) for x in xs[0]]
-    k = len(parts)
+def _alltoall_group(parts, a):
+    pieces = [split_array(x, len(parts), a["split_dim"]) for x in parts]
+    k = len(pieces)
     return [
-        tuple(
-            np.concatenate([parts[src][dst] for src in range(k)], a["concat_dim"])
-            for dst in range(k)
-        )
+        np.concatenate([pieces[src][dst] for src in range(k)], a["concat_dim"]) for dst in range(k)
     ]
+
+
+_alltoall_kernel = _grouped_kernel(_alltoall_group)
 
 
 _comm(
@@ -462,12 +466,13 @@ _comm(
     ("ys",),
     _alltoall_types,
     _alltoall_kernel,
-    (Attr("split_dim", 0, kind=kinds.INT), Attr("concat_dim", 0, kind=kinds.INT)),
+    (Attr("split_dim", 0, kind=kinds.INT), Attr("concat_dim", 0, kind=kinds.INT), _GROUPS),
     "Device i sends its j-th chunk (along split_dim) to device j, which concatenates "
-    "the chunks it receives along concat_dim in device order.",
+    "the chunks it receives along concat_dim in device order (within each group).",
     examples=lambda s: [
         ctx(per_device(2 * s, 4), split_dim=0, concat_dim=1),
         ctx(per_device(3, 3 * s, devices=(1, 2, 3)), split_dim=1, concat_dim=0),
+        ctx(per_device(2 * s, 2, devices=(0, 1, 2, 3)), concat_dim=1, groups=[[0, 2], [1, 3]]),
     ],
 )
 
@@ -651,6 +656,7 @@ def _attach_gradient_rules() -> None:
                 dys_,
                 split_dim=a["concat_dim"],
                 concat_dim=a["split_dim"],
+                groups=a.get("groups"),
                 name=gname(xs),
             )
         ]

@@ -88,6 +88,13 @@ register_op(
             # over attention scores, its result is what selective recomputation replays
             # (Korthikanti et al. 2022; ir.transforms.recompute(t, "selective"))
             "attention_probabilities": True,
+            # a causal one masks by each score's index: no sequence in another order
+            # (context parallelism) can take it
+            "context_form": lambda b, op, ins, ctx: (
+                "a causal Softmax masks by the index of each score"
+                if op.attributes["causal"]
+                else None
+            ),
         },
     )
 )
@@ -287,7 +294,10 @@ register_op(
         attributes=(Attr("fill", -1e9, "value written above the diagonal", kind=kinds.REAL),),
         doc="x with the entries above the diagonal of its last two axes set to fill; its "
         "gradient is CausalMask(dy, fill=0.0).",
-        extra={"examples": lambda s: [ctx(t(2 * s, 2 * s)), ctx(t(2, 3 * s, 3 * s), fill=0.0)]},
+        extra={
+            "examples": lambda s: [ctx(t(2 * s, 2 * s)), ctx(t(2, 3 * s, 3 * s), fill=0.0)],
+            "context_form": lambda b, op, ins, ctx: "CausalMask masks by the index of each score",
+        },
     )
 )
 

@@ -11,15 +11,16 @@ the Pareto front of step time and peak memory.
 True
 
 The space (``dp``, ``tp``, ``pp``, ``microbatches``, ``schedules``, ``chunks``,
-``zero``, ``sequence_parallel``, ``recompute``) is enumerated by
+``zero`` (0 to 3), ``sequence_parallel``, ``recompute``, and the expert and context
+degrees ``ep`` and ``cp``) is enumerated by
 :func:`ir.search.space.strategies`, pruned without building anything
-(:func:`ir.search.space.prune`: the batch does not divide, the state alone does not
-fit, the tensor degree would repeat work on every rank, another point is at least as
-good by construction), every survivor estimated in closed form and those that can
-reach the front built by ``T.megatron`` and simulated (``ir.search.tiers``; rank
-classes walked once, pmap bodies scheduled once: ``ir.simulate``). A strategy the
-transform refuses is a row with its error, not a failed search, and a step leaving a
-device idle is never "ok"; a request
+(:func:`ir.search.space.prune`: the batch does not divide, ``ep`` does not divide the
+experts or ``2 cp`` the sequence, the state alone does not fit, the tensor degree would
+repeat work on every rank, another point is at least as good by construction), every
+survivor estimated in closed form and those that can reach the front built by
+``T.megatron`` and simulated (``ir.search.tiers``; rank classes walked once, pmap bodies
+scheduled once: ``ir.simulate``). A strategy the transform refuses is a row with its
+error, not a failed search, and a step leaving a device idle is never "ok"; a request
 nothing can satisfy (degrees beyond the devices, a batch smaller than dp, tensor
 parallelism on a model it cannot split) is a :class:`SearchError` naming the constraint;
 a search interrupted (Ctrl-C, the kernel's interrupt) returns the rows made so far, the
@@ -59,6 +60,8 @@ def search(
     zero: Iterable[int] | int = (0,),
     sequence_parallel: Iterable[bool] | bool = (False,),
     recompute: Iterable[bool] | bool = (False,),
+    ep: Iterable[int] | int = (1,),
+    cp: Iterable[int] | int = (1,),
     simulate: str = "front",
     progress: bool = True,
     executor: Any = None,
@@ -87,7 +90,7 @@ def search(
     the others with status ``"cancelled"`` (an executor's pending work is cancelled).
     """
     request = _request(model, topology, batch, optimizer, dp, tp, pp, microbatches, schedules,
-                       chunks, zero, sequence_parallel, recompute)  # fmt: skip
+                       chunks, zero, sequence_parallel, recompute, ep, cp)  # fmt: skip
     rows: dict[Strategy, Row] = {}
     try:
         for row in _decided(request, simulate, progress, executor):
@@ -116,6 +119,8 @@ def search_rows(
     zero: Iterable[int] | int = (0,),
     sequence_parallel: Iterable[bool] | bool = (False,),
     recompute: Iterable[bool] | bool = (False,),
+    ep: Iterable[int] | int = (1,),
+    cp: Iterable[int] | int = (1,),
     simulate: str = "front",
     progress: bool = False,
     executor: Any = None,
@@ -132,7 +137,7 @@ def search_rows(
     ['ok']
     """
     request = _request(model, topology, batch, optimizer, dp, tp, pp, microbatches, schedules,
-                       chunks, zero, sequence_parallel, recompute)  # fmt: skip
+                       chunks, zero, sequence_parallel, recompute, ep, cp)  # fmt: skip
     yield from _decided(request, simulate, progress, executor)
 
 
@@ -154,7 +159,7 @@ def _request(
             f"batch={batch} but {model.name} is built for a batch of {rows_of_batch}; build "
             f"the model with the batch to search"
         )
-    dp, tp, pp, microbatches, schedules, chunks, zero, sequence_parallel, recompute = space
+    dp, tp, pp, microbatches, schedules, chunks, zero, sequence_parallel, recompute, ep, cp = space
     strategies_ = strategies(
         len(topology.devices),
         rows_of_batch,
@@ -167,6 +172,8 @@ def _request(
         zero=zero,
         sequence_parallel=sequence_parallel,
         recompute=recompute,
+        ep=ep,
+        cp=cp,
     )
     _check_request(len(topology.devices), rows_of_batch, t, strategies_, dp=dp, tp=tp, pp=pp)
     capacity = min(d.memory_bytes for d in topology.devices)
@@ -230,12 +237,12 @@ def _check_request(
         if over:
             raise SearchError(
                 f"{name}={over[0]} needs at least {over[0]} devices; the topology has "
-                f"{devices} (a search runs on all of them: dp x tp x pp = {devices})"
+                f"{devices} (a search runs on all of them: dp x cp x tp x pp = {devices})"
             )
     if not space:
         shown = ", ".join(f"{n}={list(d)}" for n, d in asked.items() if d is not None)
         raise SearchError(
-            f"no dp x tp x pp of the degrees asked ({shown}) uses exactly the topology's "
+            f"no dp x cp x tp x pp of the degrees asked ({shown}) uses exactly the topology's "
             f"{devices} devices, as a search does"
         )
     big = [d for d in asked["dp"] or () if d > batch]

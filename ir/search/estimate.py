@@ -288,6 +288,8 @@ class Estimator:
         out = [np.full(n, np.nan) for _ in range(4)]
         buckets: dict[tuple[int, int], list[int]] = {}
         for i, s in enumerate(strategies):  # by pipeline shape: one numpy pass each
+            if s.ep > 1 or s.cp > 1 or s.zero == 3:
+                continue  # no closed form here for experts, contexts or ZeRO-3: simulated
             if self.batch % (s.dp * s.microbatches) == 0:
                 buckets.setdefault((s.pp, s.chunks), []).append(i)
         cache, member = self._members, self._member

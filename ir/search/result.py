@@ -60,6 +60,7 @@ class Row:
 
 _STRATEGY_FIELDS = [f for f in fields(Strategy)]
 _ROW_FIELDS = [f for f in fields(Row) if f.name != "strategy"]
+_LATER_FIELDS = {"ep": "1", "cp": "1"}  # strategy fields a result may lack: their defaults
 
 
 class SearchResult:
@@ -146,6 +147,7 @@ class SearchResult:
                 need = {f.name for f in _STRATEGY_FIELDS} | {
                     f.name for f in _ROW_FIELDS if not f.name.startswith("estimated_")
                 }  # files written before the estimates were kept lack those columns
+                need -= set(_LATER_FIELDS)  # nor those written before ep and cp existed
                 missing = need - set(reader.fieldnames or ())
                 if missing:
                     raise SearchError(
@@ -174,7 +176,12 @@ def _row(record: dict, path: Path, line: int) -> Row:
                 f"{path}, line {line}, column {field.name!r}: {text!r} is not a {field.type}"
             ) from None
 
-    strategy = Strategy(**{f.name: value(f, record[f.name]) for f in _STRATEGY_FIELDS})
+    strategy = Strategy(
+        **{
+            f.name: value(f, record.get(f.name) or _LATER_FIELDS.get(f.name, ""))
+            for f in _STRATEGY_FIELDS
+        }
+    )
     figures = {
         f.name: (record[f.name] or None) if f.name == "error" else value(f, record[f.name])
         for f in _ROW_FIELDS

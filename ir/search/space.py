@@ -27,7 +27,9 @@ class SearchError(DistIRError):
 
 @dataclass(frozen=True, order=True)
 class Strategy:
-    """One way to run a training step on ``dp * tp * pp`` devices (see ``T.megatron``)."""
+    """One way to run a training step on ``dp * cp * tp * pp`` devices (see
+    ``T.megatron``): ``ep`` expert-parallel ranks among the ``dp`` replicas, ``cp``
+    context-parallel ranks per sequence, ``zero`` 0 to 3."""
 
     dp: int
     tp: int
@@ -38,18 +40,26 @@ class Strategy:
     zero: int = 0
     sequence_parallel: bool = False
     recompute: bool = False
+    ep: int = 1
+    cp: int = 1
 
     @property
     def devices(self) -> int:
-        return self.dp * self.tp * self.pp
+        return self.dp * self.cp * self.tp * self.pp
 
     def __str__(self) -> str:
-        """``dp4 tp2 pp2 m8 1f1b`` (then ``v2``, ``zero1``, ``sp``, ``recompute`` if set).
+        """``dp4 tp2 pp2 m8 1f1b`` (``ep2`` after dp and ``cp2`` after tp where more
+        than 1; then ``v2``, ``zero1``, ``sp``, ``recompute`` if set).
 
         >>> str(Strategy(2, 4, 2, 8, "interleaved", chunks=2, zero=1))
         'dp2 tp4 pp2 m8 interleaved v2 zero1'
+        >>> str(Strategy(8, 2, 1, 1, zero=3, ep=4, cp=2))
+        'dp8 ep4 cp2 tp2 pp1 m1 1f1b zero3'
         """
-        parts = [f"dp{self.dp}", f"tp{self.tp}", f"pp{self.pp}", f"m{self.microbatches}"]
+        parts = [f"dp{self.dp}"]
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
+        parts += [f"cp{self.cp}"] if self.cp > 1 else []
+        parts += [f"tp{self.tp}", f"pp{self.pp}", f"m{self.microbatches}"]
         parts.append(self.schedule)
         if self.chunks > 1:
             parts.append(f"v{self.chunks}")
@@ -79,6 +89,8 @@ class Strategy:
             chunks=self.chunks,
             zero=self.zero,
             sequence_parallel=self.sequence_parallel,
+            ep=self.ep,
+            cp=self.cp,
             topology=topology,
             allow_replication=allow_replication,
         )
@@ -120,13 +132,16 @@ def strategies(
     zero: Iterable[int] | int = (0,),
     sequence_parallel: Iterable[bool] | bool = (False,),
     recompute: Iterable[bool] | bool = (False,),
+    ep: Iterable[int] | int = (1,),
+    cp: Iterable[int] | int = (1,),
 ) -> list[Strategy]:
-    """Every combination the arguments allow on ``devices`` devices (``dp * tp * pp ==
-    devices``). ``None`` degrees: every divisor. ``microbatches`` ``None``: 1 without a
-    pipeline, else powers of two from ``pp`` up to the replica's batch."""
+    """Every combination the arguments allow on ``devices`` devices (``dp * cp * tp * pp
+    == devices``; an ``ep`` that does not divide ``dp`` left out: expert parallelism
+    splits the replicas). ``None`` degrees: every divisor. ``microbatches`` ``None``: 1
+    without a pipeline, else powers of two from ``pp`` up to the replica's batch."""
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise SearchError(f"devices must be a positive integer, got {devices!r}")
-    for name, given in (("dp", dp), ("tp", tp), ("pp", pp)):
+    for name, given in (("dp", dp), ("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp)):
         for d in _choices(name, given, [1]):
             if isinstance(d, bool) or not isinstance(d, int) or d < 1:
                 raise SearchError(f"{name} degrees must be positive integers, got {d!r}")
@@ -136,12 +151,14 @@ def strategies(
         raise SearchError(f"unknown schedule(s) {unknown}; choose from {SCHEDULES}")
     out = []
     all_degrees = divisors(devices)
-    for d, t, p in itertools.product(
+    for d, t, p, c, e in itertools.product(
         _choices("dp", dp, all_degrees),
         _choices("tp", tp, all_degrees),
         _choices("pp", pp, all_degrees),
+        _choices("cp", cp, ()),
+        _choices("ep", ep, ()),
     ):
-        if d * t * p != devices:
+        if d * c * t * p != devices or d % e:
             continue
         if microbatches is None:
             ms = [1] if p == 1 else _powers_from(p, max(p, batch // d))
@@ -157,7 +174,7 @@ def strategies(
         ):
             if (s == "interleaved") != (v > 1):
                 continue  # chunks belong to the interleaved schedule only
-            out.append(Strategy(d, t, p, m, s, v, z, bool(sp), bool(rc)))
+            out.append(Strategy(d, t, p, m, s, v, z, bool(sp), bool(rc), e, c))
     return sorted(set(out))
 
 
@@ -171,33 +188,67 @@ def _powers_from(lo: int, hi: int) -> list[int]:
 
 @dataclass(frozen=True)
 class ModelFacts:
-    """What pruning needs to know of a training step: its batch and its state's bytes."""
+    """What pruning needs to know of a training step: its batch and its state's bytes,
+    its experts and sequence length (0 and 1 where it has none)."""
 
     batch: int
     weight_bytes: int
     optimizer_state_bytes: int  # per weight byte: Adam 2, SGD 0 (as a total, in bytes)
+    experts: int = 0
+    seq: int = 1
+    expert_fraction: float = 0.0  # of the weights (and state): the experts' (E, ...) ones
 
     @staticmethod
     def of(t: Function, batch: int) -> ModelFacts:
+        from ..transforms._rewrite import batch_inputs
+
         weights: set = set()
         state: set = set()
         for op in t.ops:
             if is_optimizer(op):
                 weights.add(op.inputs[0])
                 state.update(v for v in op.inputs[2:] if v in t.inputs)
+        experts = max(
+            (op.attributes["experts"] for op in t.ops if op.op_type == "MoEDispatch"), default=0
+        )
+        total = sum(v.type.size_bytes for v in weights)
+        expert_bytes = sum(
+            v.type.size_bytes
+            for v in weights
+            if experts and v.type.rank == 3 and v.type.shape[0] == experts
+        )
+        seqs = [v.type.shape[1] for v in batch_inputs(t) if v.type.rank == 2]
         return ModelFacts(
             batch,
-            sum(v.type.size_bytes for v in weights),
+            total,
             sum(v.type.size_bytes for v in state),
+            experts,
+            max(seqs, default=1),
+            expert_bytes / total if total else 0.0,
         )
 
     def state_bytes_per_device(self, s: Strategy) -> float:
-        """A lower bound of one device's resident bytes: its weight shard, the gradient
-        it accumulates and its optimizer-state shard (activations come on top)."""
-        shard = 1 / (s.tp * s.pp)
-        grads = self.weight_bytes * shard / (s.dp if s.zero == 2 else 1)
+        """A lower bound of one device's resident bytes: its weight shard (experts split
+        over ``ep``; ZeRO-3: all split over the replicas), the gradient it accumulates and
+        its optimizer-state shard (activations come on top)."""
+        shard = (1 - self.expert_fraction + self.expert_fraction / s.ep) / (s.tp * s.pp)
+        weights = self.weight_bytes * shard / (s.dp if s.zero == 3 else 1)
+        grads = self.weight_bytes * shard / (s.dp if s.zero >= 2 else 1)
         state = self.optimizer_state_bytes * shard / (s.dp if s.zero else 1)
-        return self.weight_bytes * shard + grads + state
+        return weights + grads + state
+
+    def degree_problem(self, s: Strategy) -> str | None:
+        """Why ``s``'s expert or context degree cannot split this model, or None."""
+        if s.ep > 1 and not self.experts:
+            return f"ep={s.ep} needs a mixture-of-experts model"
+        if s.ep > 1 and self.experts % s.ep:
+            return f"ep={s.ep} does not divide the {self.experts} experts"
+        if s.cp > 1 and self.seq % (2 * s.cp):
+            return (
+                f"cp={s.cp} cuts each sequence into 2 x cp = {2 * s.cp} chunks, which "
+                f"{self.seq} tokens do not divide into"
+            )
+        return None
 
 
 def prune(
@@ -217,6 +268,8 @@ def prune(
         rows = s.dp * s.microbatches
         if tensor_problems.get(s.tp):
             reasons[s] = str(tensor_problems[s.tp])
+        elif degree := facts.degree_problem(s):
+            reasons[s] = degree
         elif facts.batch % rows:
             reasons[s] = (
                 f"the batch of {facts.batch} does not split into dp x microbatches = {rows}"

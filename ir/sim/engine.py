@@ -618,7 +618,7 @@ class Engine(SlotTable):
             for ref in _refs(t):
                 scope[ref]  # raises UnknownDeviceError for a device the topology lacks
         c = opdef.comm_rule(CostContext(in_types, out_types, op.attributes))
-        ckey = (c.kind, c.size_bytes, c.devices, c.root, c.groups)
+        ckey = (c.kind, c.size_bytes, c.devices, c.root, c.groups, opdef.extra.get("async_p2p"))
         timing = self._comm_cache.get(ckey)
         if timing is None:
             try:
@@ -633,7 +633,11 @@ class Engine(SlotTable):
             channels = self._channels(c.kind, participants, c.groups)
             group = len(self.participant_sets)
             self.participant_sets.append(participants)
-            syncs = c.kind == "send" and any(self.host_sync[d] for d in participants)
+            syncs = (
+                c.kind == "send"
+                and not opdef.extra.get("async_p2p")
+                and any(self.host_sync[d] for d in participants)
+            )
             hosts = tuple(dict.fromkeys(self.rep_of[d] for d in participants))
             timing = (participants, dur, (0.0, float(c.size_bytes)), channels, group, syncs, hosts)
             self._comm_cache[ckey] = timing

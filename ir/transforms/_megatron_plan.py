@@ -23,6 +23,7 @@ from ..registry import get_op
 from ..types import TensorType
 from ..value import Value
 from ..verify import describe_op
+from ._megatron_mesh import StageMesh
 from ._rewrite import TransformError, batch_inputs, batch_size, is_optimizer
 from ._rules import data_rule
 from ._spmd import P, R, Shard
@@ -57,6 +58,8 @@ class Item:
     dst: Shard = R
     grads: list[Value] = field(default_factory=list)  # summed keys this item completes
     regather: bool = False  # a forward all-gather of token slices made again for backward
+    level: str = "tp"  # the mesh axis a conversion runs over (see :meth:`MegatronPlan.groups`)
+    shift: int = 0  # a ring step: the block of the member this many places back (Link.shift)
 
 
 class TensorSplitError(TransformError):
@@ -72,7 +75,7 @@ def copy_op(builder: FunctionBuilder, op: Op, inputs: list[Value]) -> tuple[Valu
         raise VerifyError(f"{e}\n  while rebuilding: {describe_op(op)}") from None
 
 
-class MegatronPlan:
+class MegatronPlan(StageMesh):
     """The analysis of ``t`` as a 3D step (see the module doc); raises a TransformError
     naming the level (data, tensor, pipeline) whose limit ``t`` meets."""
 
@@ -91,15 +94,20 @@ class MegatronPlan:
         stage_of: Mapping[str, int] | None = None,
         allow_replication: bool = False,
         vocab_parallel: bool = True,
+        ep: int = 1,
+        cp: int = 1,
+        ring_attention: bool = True,
     ) -> None:
         source, vocabulary = t, vocab_parallel and tp > 1
         if vocabulary:  # embeddings and cross-entropies split by vocabulary
             t = vocabulary_form(t, tp)
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
+        self.ep, self.cp, self.ring_attention = ep, cp, ring_attention
         self.allow_replication = allow_replication
         self.sequence_parallel = sequence_parallel and tp > 1
         self.stage_of = stage_of
-        self.v, self.n = chunks, dp * tp
+        self.v, self.n = chunks, dp * cp * tp
+        self._groups: dict[tuple[str, ...], list[list[int]]] = {}
         self.stages = pp * chunks
         self.base = base
         self.zero = zero if dp > 1 else 0
@@ -112,6 +120,10 @@ class MegatronPlan:
             self.t = vocabulary_form(source, tp, keep=whole)
             self._analyse(schedule)
         self._plan_zero()
+        if self.zero == 3:
+            from ._megatron_zero3 import plan_zero3
+
+            plan_zero3(self)
 
     # -- analysis --------------------------------------------------------------------------
 
@@ -177,15 +189,23 @@ class MegatronPlan:
             for v in t.outputs
             if t.producers.get(v) in made_by_backward and dplan.state[dplan.current[v]] == P
         }
-        # The per-piece program: the local ops of the data plan (batch / (dp m) rows).
-        loc = dplan.local
+        # The per-piece program: the local ops of the data plan (batch / (dp m) rows). With
+        # experts split over ep replicas, a piece is one expert group's microbatch (ep
+        # replicas' rows: the expert level splits it over the group).
+        pplan = dplan if self.ep == 1 else data_plan(t, dp * m // self.ep)
+        if pplan is not dplan:
+            post = set(self.post)
+            piece_ops = [
+                (i, st.op) for i, st in enumerate(pplan.steps) if st.op and st.op not in post
+            ]
+        loc = pplan.local
         b = FunctionBuilder(f"{t.name}_piece")
         env: dict[Value, Value] = {}
         self.source_of: dict[Value, Value] = {}  # piece input -> source key
         for i, _ in piece_ops:
             local = loc.step_ops[i]
             ins = []
-            for k, lv in zip(dplan.steps[i].keys, local.inputs):
+            for k, lv in zip(pplan.steps[i].keys, local.inputs):
                 if lv not in env:
                     env[lv] = b.input(k.name, lv.type)
                     self.source_of[env[lv]] = k
@@ -211,6 +231,12 @@ class MegatronPlan:
         }
         rebuilt = dict(zip([loc.step_ops[i] for i, _ in piece_ops], self.piece.ops))
         self.stage_of_post = {op: stage_of_op[op] for op in self.post}
+        stage_of_piece = {rebuilt[k]: v for k, v in piece_stage.items()}
+        # The context and expert levels (_megatron_levels), between the data and tensor ones.
+        self.links: dict = {}
+        self.experts: set[Value] = set()
+        self.level_states: dict[str, dict[Value, Shard]] = {}
+        stage_of_piece = self._plan_levels(stage_of_piece)
         if self.tp > 1:
             lead = self._token_shape() if self.sequence_parallel else None
             if lead is not None and lead[-1] % self.tp:
@@ -221,7 +247,12 @@ class MegatronPlan:
                     f"divisible by tp={self.tp} (or sequence_parallel=False)"
                 )
             hplan = horizontal_plan(
-                self.piece, self.tp, VAR, sequence=lead, allow_replication=self.allow_replication
+                self.piece,
+                self.tp,
+                VAR,
+                sequence=lead,
+                allow_replication=self.allow_replication,
+                links=self.links,
             )
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
                 raise TensorSplitError(
@@ -229,18 +260,23 @@ class MegatronPlan:
                     "parallelism splits MatMul pairs, attention heads and vocabularies)"
                 )
             if not self.allow_replication:  # past the heads (or any split's axis)?
-                structure = horizontal_plan(self.piece, 1, VAR)
+                structure = horizontal_plan(self.piece, 1, VAR, links=self.links)
                 problem = replicated_split(self.piece, hplan, structure, self.tp)
                 if problem is not None:
                     raise TensorReplicationError(problem)
         else:
-            hplan = _Plan(self.piece, 1, {}, data_rule, VAR)
+            hplan = _Plan(self.piece, 1, {}, data_rule, VAR, self.links)
         self.hplan = hplan
         self._gradients_in_weight_layout()
-        stage_of_piece = {rebuilt[k]: v for k, v in piece_stage.items()}
         self.items: list[Item] = []
         for i, st in enumerate(hplan.steps):
-            if st.op is None:
+            if st.op is None and st.link is not None:  # a conversion of another level
+                link = st.link
+                keys, outs = (st.keys[0],), (st.keys[1],)
+                item = Item(i, None, keys, outs, src=link.src_state, dst=link.dst_state)
+                item.level, item.shift = link.level, link.shift
+                self.items.append(item)
+            elif st.op is None:
                 self.items.append(
                     Item(i, None, (st.keys[0],), (st.keys[1],), src=st.src, dst=st.dst)
                 )
@@ -276,6 +312,9 @@ class MegatronPlan:
             for d in range(self.pp)
         ]
         self.final = {k: hplan.current[k] for k in self.piece_out}
+        self.piece_input_of = {
+            self.source_of[p]: p for p in self.piece.inputs if p in self.source_of
+        }
 
     def _whole_logits(self) -> set[str]:
         """The logits whose vocabulary-parallel cross-entropy the tensor plan runs whole
@@ -312,7 +351,7 @@ class MegatronPlan:
         """Each weight gradient the piece returns, converted to its weight's tensor-parallel
         layout (with sequence parallelism a layer norm's weight gradient is a partial sum
         over the token slices, a position embedding's is split by tokens)."""
-        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs if p in self.source_of}
         by_key = {k: p for p, k in self.key_of.items()}
         for op in self.post:
             w = self.post_keys[op][0]
@@ -330,39 +369,72 @@ class MegatronPlan:
     def _token_shape(self) -> tuple[int, ...]:
         """The leading shape of the piece's activations: its integer batch input's (token
         ids or labels: ``(batch, seq)``), else the batch axis alone."""
-        batch = [p for p in self.piece.inputs if self.dplan.state.get(self.source_of[p]) != R]
+        batch = [
+            p
+            for p in self.piece.inputs
+            if p in self.source_of and self.dplan.state.get(self.source_of[p]) != R
+        ]
         ints = [p for p in batch if not p.type.dtype.is_float]
         if ints:
             return min((p.type.shape for p in ints), key=len)
         return batch[0].type.shape[:1]
 
     def _plan_zero(self) -> None:
-        """For ZeRO: the axis along which each weight's optimizer state is split over the
-        data-parallel replicas (None: the weight's state stays replicated)."""
+        """Each weight's gradient group (``weight_group``: the replicas that sum its
+        gradient) and, for ZeRO, the axis along which the group splits its optimizer state
+        (None: the weight's state stays replicated)."""
         self.zero_dim: dict[Value, int | None] = {}  # weight -> axis of its tensor-local shard
         self.weight_of_grad: dict[Value, Value] = {}  # data-plan gradient key -> weight
         self.state_of: dict[Value, Value] = {}  # optimizer-state input -> its weight
-        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        self.weight_group: dict[Value, str] = {}  # weight -> the group summing its gradient
+        piece_inputs = self.piece_inputs()
+        by_key = {k: p for p, k in self.key_of.items() if p in self.summed}
         for op in self.post:
             keys = self.post_keys[op]
             w = keys[0]
+            self.weight_group.setdefault(w, "dp")
             for k in keys[1:]:
                 st = self.conv_dst.get(k)
                 if st is not None:
                     self.weight_of_grad[st.keys[0]] = w
+                    out = by_key.get(st.keys[0])
+                    if out is not None:
+                        self.weight_group[w] = self.grad_level(out)
                 elif k in self.t.inputs:
                     self.state_of[k] = w
             if not self.zero:
                 continue
             p = piece_inputs.get(w)
             state = (self.hplan.state.get(p) or R) if p is not None else R
-            local = self._local_type(w.type, state, 0)
+            local = self.weight_local(w)
+            size = self.group_size(self.weight_group[w])
             axes = [
                 d
                 for d in range(local.rank)
-                if not (state.kind == "S" and d == state.dim) and local.shape[d] % self.dp == 0
+                if not (state.kind == "S" and d == state.dim)
+                and not (d == 0 and p in self.experts)  # split by experts already
+                and local.shape[d] % size == 0
             ]
             self.zero_dim[w] = axes[0] if axes else None
+
+    def piece_inputs(self) -> dict[Value, Value]:
+        """Data-plan key -> the piece input it becomes (inputs made by another level's
+        conversion have none)."""
+        return self.piece_input_of
+
+    def weight_local(self, w: Value) -> TensorType:
+        """The part of weight ``w`` (an input of the program) one device holds before
+        ZeRO: split over the tensor ranks and, for an expert weight, the expert group."""
+        p = self.piece_inputs().get(w)
+        if p is None:
+            return self._local_type(w.type, R, 0)
+        self._local_type(w.type, self.hplan.state.get(p) or R, 0)  # tp must split it evenly
+        local = self.hplan.local.value(p).type
+        assert isinstance(local, TensorType)
+        return local.with_device(None)
+
+    def is_expert(self, w: Value) -> bool:
+        return self.piece_inputs().get(w) in self.experts
 
     def _zero_axis(self, weight: Value | None) -> int | None:
         return self.zero_dim.get(weight) if weight is not None else None
@@ -386,9 +458,3 @@ class MegatronPlan:
         rank = stage % self.pp
         first = self.base + rank * self.n
         return list(range(first, first + self.n))
-
-    def tp_groups(self) -> list[list[int]]:
-        return [[i * self.tp + j for j in range(self.tp)] for i in range(self.dp)]
-
-    def dp_groups(self) -> list[list[int]]:
-        return [[i * self.tp + j for i in range(self.dp)] for j in range(self.tp)]

@@ -63,7 +63,7 @@ class StageEmission(MegatronPlan):
         self.inputs: dict[Value, Value] = {}
         self.weight_input: dict[Value, Value] = {}
         self.batch_split: dict[Value, Value] = {}
-        piece_inputs = {self.source_of[p]: p for p in self.piece.inputs}
+        piece_inputs = self.piece_inputs()
         self._items_reading: dict[Value, list[Item]] = {}
         for item in self.items:
             for k in item.keys:
@@ -87,26 +87,37 @@ class StageEmission(MegatronPlan):
                 for op in updating.get(v, ()):
                     self.stage_of_post[op] = stage
                 state = hplan.state.get(p, R) if p is not None else post_states.get(v, R)
-                local = self._local_type(v.type, state, stage)
-                dp_level = f"R@{self.dp}"
+                w = v if p is not None else self.state_of.get(v, v)  # its weight
+                if w is v and p is None:
+                    local = self._local_type(v.type, state, stage)
+                else:  # as its weight is split (tensor ranks, expert group)
+                    local = TensorType(self.weight_local(w).shape, v.type.dtype)
+                dp_level = "R"
                 zd = self._zero_axis(self.state_of.get(v)) if p is None else None
+                if self.zero == 3 and p is not None:  # ZeRO-3: the replicas split the weight
+                    zd = self._zero_axis(v)
+                group = self.weight_group.get(w, "dp")
                 if zd is not None:  # ZeRO: the replicas split the optimizer state
                     shape = list(local.shape)
-                    shape[zd] //= self.dp
+                    shape[zd] //= self.group_size(group)
                     local = local.with_shape(tuple(shape))
-                    dp_level = f"S({zd})@{self.dp}"
+                    dp_level = f"S({zd})"
                 x = b.input(v.name, self.flat_type(local, stage))
-                self.layouts[v.name] = (dp_level, level(state, self.tp))
+                ep_state = "S(0)" if self.is_expert(w) else "R"
+                self.layouts[v.name] = self.weight_layout(
+                    dp_level, level(state, self.tp), group, ep_state
+                )
                 self.weight_input[v] = x
                 if p is not None:
-                    self.weights[p] = x  # read by its stage's tasks only
+                    # read by its stage's tasks only (ZeRO-3: its part)
+                    self.weights[getattr(self, "zero3_shard", {}).get(p, p)] = x
             else:
                 stage = self.stage_of_key[p]
                 state = hplan.state[p] if p is not None else R
                 local = hplan.local.value(p).type.with_device(None)
                 per_mb = self.flat_type(local, stage)
                 x = b.input(v.name, TupleType((per_mb,) * self.m))
-                self.layouts[v.name] = ("S(0)", f"S(0)@{self.dp}", level(state, self.tp))
+                self.layouts[v.name] = self.batch_layout(level(state, self.tp))
                 for mb in range(self.m):
                     split = b.call("TupleGet", x, index=mb, name=f"{v.name}_mb{mb}")
                     self._put(p, mb, stage, split)
@@ -329,8 +340,8 @@ class StageEmission(MegatronPlan):
         }
 
     def _scattered(self, v: Value) -> bool:
-        """Whether ZeRO-2 reduce-scatters each microbatch's ``v`` before summing it."""
-        if self.zero != 2:
+        """Whether ZeRO-2 (or 3) reduce-scatters each microbatch's ``v`` before summing it."""
+        if self.zero < 2:
             return False
         zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(self._piece_of_final[v])))
         return zd is not None
@@ -340,10 +351,11 @@ class StageEmission(MegatronPlan):
         piece_value = self._piece_of_final.get(v)
         if piece_value is None or piece_value not in self.summed:
             return
-        if self.zero == 2:  # ZeRO-2: each microbatch's gradient reduce-scattered as made
+        if self.zero >= 2:  # ZeRO-2 and 3: each microbatch's gradient reduce-scattered as made
             zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
             if zd is not None:
-                attributes = {"dim": zd, "op": "sum", "groups": self._dp_groups}
+                groups = self.groups(self.grad_group(piece_value))
+                attributes = {"dim": zd, "op": "sum", "groups": groups}
                 names = [f"{v.name}_mb{mb}_dp"]
                 (out,) = self._add(("zero2", v), "ReduceScatter", [out], attributes, names)
         prev = self.acc.get(v)
@@ -377,25 +389,35 @@ class StageEmission(MegatronPlan):
         on = {} if stream is None else {"stream": stream}
         piece_value = self._piece_of_final[v]  # each piece output has its own final value
         source = self.dplan_source(piece_value)
-        if source is None or self.dp == 1:
+        group = self.grad_group(piece_value)
+        if source is None or self.group_size(group) == 1:
             return
         zd = self._zero_axis(self.weight_of_grad.get(source))
+        groups = self.groups(group)
         if zd is None:
             self.acc[v] = self.b.call(
                 "AllReduce",
                 self.acc[v],
                 op="sum",
-                groups=self._dp_groups,
+                groups=groups,
                 name=f"{v.name}_dp",
                 **on,
             )
         elif self.zero == 1:
-            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp", **on)
+            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp", groups, **on)
 
-    def _reduce_scatter(self, x: Value, zd: int, name: str, **on: str) -> Value:
-        return self.b.call(
-            "ReduceScatter", x, dim=zd, op="sum", groups=self._dp_groups, name=name, **on
-        )
+    def _reduce_scatter(
+        self, x: Value, zd: int, name: str, groups: list[list[int]] | None = None, **on: str
+    ) -> Value:
+        groups = self._dp_groups if groups is None else groups
+        return self.b.call("ReduceScatter", x, dim=zd, op="sum", groups=groups, name=name, **on)
+
+    def grad_group(self, piece_value: Value) -> str:
+        """The group summing a piece output's gradient (that of its weight, if any)."""
+        w = self.weight_of_grad.get(self.dplan_source(piece_value))
+        if w is not None and w in self.weight_group:
+            return self.weight_group[w]
+        return self.grad_level(piece_value)
 
     def dplan_source(self, piece_value: Value) -> Value | None:
         """The data-plan key a piece output stands for, if it is converted (a gradient)."""
@@ -406,8 +428,24 @@ class StageEmission(MegatronPlan):
         src, dst = item.src, item.dst
         xs = self.value(item.keys[0], mb, s)
         names = [f"{item.outputs[0].name}_mb{mb}"]
-        groups = self._tp_groups
-        if dst == R and src.kind == "S":
+        if item.level == "ep" and self._split_exchange(item):
+            self._exchange_split(item, xs, s, mb)
+            return
+        groups = self.groups(item.level)
+        if item.shift:  # a ring step (_megatron_ring): the block of a member s places back
+            if src == R:  # the rank's own part first
+                (xs,) = self._add(
+                    ("keep", item, s),
+                    "KeepShard",
+                    [xs],
+                    {"dim": dst.dim, "groups": groups},
+                    [f"{item.outputs[0].name}_own_mb{mb}"],
+                )
+            op_type, attributes = "RingShift", {"groups": groups, "offset": item.shift}
+        elif dst.kind == "S" and src.kind == "S":  # from one split to another: all-to-all
+            op_type = "AllToAll"
+            attributes = {"split_dim": dst.dim, "concat_dim": src.dim, "groups": groups}
+        elif dst == R and src.kind == "S":
             op_type, attributes = "AllGather", {"dim": src.dim, "groups": groups}
         elif dst == R and src.kind in ("P", "M"):  # partial sums, or maxima (M)
             op_type, attributes = (
@@ -423,6 +461,34 @@ class StageEmission(MegatronPlan):
                 f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
             )
         (out,) = self._add(("conversion", item, s), op_type, [xs], attributes, names)
+        self._made(item.outputs[0], mb, s, out)
+
+    def _split_exchange(self, item: Item) -> bool:
+        """An expert group's all-to-all of a buffer every tensor rank holds whole is sent a
+        1/tp slice per tensor rank (of the hidden axis) and all-gathered over the tensor
+        ranks after, as Megatron-Core's dispatcher sends each tensor rank's own tokens:
+        the expert group's links (often between nodes) carry each token once."""
+        if self.tp == 1 or self.hplan.state.get(item.keys[0]) != R:
+            return False
+        t = self.hplan.local.value(item.keys[0]).type
+        dims = {item.src.dim, item.dst.dim}
+        return (
+            isinstance(t, TensorType)
+            and t.rank == 3
+            and 2 not in dims
+            and t.shape[2] % self.tp == 0
+        )
+
+    def _exchange_split(self, item: Item, xs: Value, s: int, mb: int) -> None:
+        name, tp = item.outputs[0].name, self.groups("tp")
+        a = {"split_dim": item.dst.dim, "concat_dim": item.src.dim, "groups": self.groups("ep")}
+        (part,) = self._add(
+            ("keep", item, s), "KeepShard", [xs], {"dim": 2, "groups": tp}, [f"{name}_part_mb{mb}"]
+        )
+        (moved,) = self._add(("a2a", item, s), "AllToAll", [part], a, [f"{name}_moved_mb{mb}"])
+        (out,) = self._add(
+            ("gather", item, s), "AllGather", [moved], {"dim": 2, "groups": tp}, [f"{name}_mb{mb}"]
+        )
         self._made(item.outputs[0], mb, s, out)
 
     def flat_type(self, local: TensorType, stage: int) -> TupleType:

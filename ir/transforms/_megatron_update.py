@@ -61,10 +61,11 @@ class Megatron3D(StageEmission):
         for v in t.inputs:
             if v in self.weight_input:
                 glob[v] = self.weight_input[v]
-                zd = self._zero_axis(v)
+                zd = self._zero_axis(v) if self.zero < 3 else None
                 if zd is not None:  # ZeRO: each replica updates its part of the weight
+                    groups = self.groups(self.weight_group[v])
                     glob[v] = self.b.call(
-                        "KeepShard", glob[v], dim=zd, groups=self.dp_groups(), name=f"{v.name}_z"
+                        "KeepShard", glob[v], dim=zd, groups=groups, name=f"{v.name}_z"
                     )
         by_stage: dict[int, list[Op]] = {}
         for op in self.post:
@@ -97,11 +98,12 @@ class Megatron3D(StageEmission):
             )
             glob.update(zip(results, pm.outputs))
             for op in ops:  # ZeRO: the replicas gather the updated parts of each weight
-                zd = self._zero_axis(self.post_keys[op][0])
+                zd = self._zero_axis(self.post_keys[op][0]) if self.zero < 3 else None
                 if zd is not None:
                     w1 = op.outputs[0]
+                    groups = self.groups(self.weight_group[self.post_keys[op][0]])
                     glob[w1] = self.b.call(
-                        "AllGather", glob[w1], dim=zd, groups=self.dp_groups(), name=w1.name
+                        "AllGather", glob[w1], dim=zd, groups=groups, name=w1.name
                     )
         outs, layouts = [], []
         for v in t.outputs:
@@ -115,24 +117,29 @@ class Megatron3D(StageEmission):
             hstate = self.hplan.state[h]
             if piece_value in self.summed:
                 outs.append(self.acc[h])
-                layouts.append((self._summed_level(piece_value), level(hstate, self.tp)))
+                layouts.append(self._summed_layout(piece_value, level(hstate, self.tp)))
             else:
                 per_mb = [self.at[mb][h] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
-                layouts.append(("S(0)", f"S(0)@{self.dp}", level(hstate, self.tp)))
+                layouts.append(self.batch_layout(level(hstate, self.tp), piece_value))
         return outs, layouts
 
-    def _summed_level(self, piece_value: Value) -> str:
-        """The data level of an output summed over microbatches: a weight gradient is
-        all-reduced among the replicas (``R``) or, under ZeRO, reduce-scattered
+    def _summed_layout(self, piece_value: Value, tp_level: str) -> tuple[str, ...]:
+        """The layout of an output summed over microbatches: a weight gradient is
+        all-reduced among the replicas of its group (``R``) or, under ZeRO, reduce-scattered
         (``S(k)``), as ``_reduce_gradient`` does; anything else (the loss) stays their
         partial sums (``P``). Fuzzing found gradients returned (``return_gradients``)
         labelled ``P``: ``ir.collect`` summed dp full copies, dp times the gradient."""
         source = self.dplan_source(piece_value)
-        if source is None or self.dp == 1:
-            return f"P@{self.dp}"
-        zd = self._zero_axis(self.weight_of_grad.get(source))
-        return f"R@{self.dp}" if zd is None else f"S({zd})@{self.dp}"
+        group = self.grad_group(piece_value)
+        if source is None or self.group_size(group) == 1 == self.cp:
+            cp = (f"{self.level_state('cp', piece_value).kind}@{self.cp}",) if self.cp > 1 else ()
+            return (f"P@{self.dp}", *cp, tp_level)
+        w = self.weight_of_grad.get(source)
+        zd = self._zero_axis(w)
+        dp_level = "R" if zd is None or self.group_size(group) == 1 else f"S({zd})"
+        ep_state = "S(0)" if self.level_state("ep", piece_value).kind == "S" else "R"
+        return self.weight_layout(dp_level, tp_level, group, ep_state)
 
     def _update_layout(self, key: Value) -> tuple[str, ...] | None:
         """The layout of an optimizer result: that of the input it is the next step's

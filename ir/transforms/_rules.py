@@ -309,6 +309,19 @@ class SequenceParallelRule:
         )
 
     def __call__(self, op: Op, st: list[Shard | None]) -> RuleResult | None:
+        result = self._rule(op, st)
+        if result is not None and result.outputs is not None:
+            # an activation split along the tokens is a token slice, whichever rule made it
+            # (a router's gates and their gradients, made from token slices op by op)
+            token = S(self.axis)
+            self.token_split.update(
+                v
+                for v, r in zip(op.outputs, result.outputs)
+                if r == token and self.is_activation(v)
+            )
+        return result
+
+    def _rule(self, op: Op, st: list[Shard | None]) -> RuleResult | None:
         if is_optimizer(op):
             return self.inner(op, st)
         token = S(self.axis)
@@ -329,7 +342,7 @@ class SequenceParallelRule:
             found = self._on_tokens(op, st, token, sliced_weight=True)
             if found is not None:
                 return found
-        if self.splits_weight(op):
+        if self.splits_weight(op) or get_op(op.op_type).extra.get("whole_tokens"):
             # a tensor-parallel op reads whole activations: gather the token slices first
             if not any(tokens):
                 return self.inner(op, st)

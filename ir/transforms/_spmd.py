@@ -21,7 +21,7 @@ program like the seeds' (scatters, pmaps, collectives, gathers).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from ..builder import FunctionBuilder
@@ -102,6 +102,22 @@ class Step:
     keys: tuple[Value, ...]  # operand keys (op) or (source, result) (conversion)
     src: Shard = R
     dst: Shard = R
+    link: Link | None = None  # an outer level's conversion (its result an input here)
+
+
+@dataclass(frozen=True)
+class Link:
+    """An input of a level's program that an outer level's conversion makes: from value
+    ``src`` of the program, in state ``src_state`` over the outer ``level``'s group, to
+    ``dst_state`` there (``ir.transforms._megatron_levels``). Inside this plan the input
+    takes ``src``'s state when it is first read, and a step records where it is made."""
+
+    src: Value
+    level: str
+    src_state: Shard
+    dst_state: Shard
+    whole: bool = False  # the source's pending sums are reduced here first
+    shift: int = 0  # ring attention's step: the block of the rank this many places back
 
 
 class LocalProgram:
@@ -162,9 +178,16 @@ class Plan:
     """States of every value of ``f`` over ``n`` devices, and the steps that realise them."""
 
     def __init__(
-        self, f: Function, n: int, input_states: dict[Value, Shard | None], rule: Rule, var: str
+        self,
+        f: Function,
+        n: int,
+        input_states: dict[Value, Shard | None],
+        rule: Rule,
+        var: str,
+        links: Mapping[Value, Link] | None = None,
     ) -> None:
         self.f, self.n, self.var, self.rule = f, n, var, rule
+        self.links = dict(links or {})  # outer levels' conversion results: made when read
         self.facts = ProgramFacts(f)  # the op signatures every shape group's program reads
         self.state: dict[Value, Shard | None] = {v: input_states.get(v, R) for v in f.inputs}
         self.prov: dict[Value, frozenset[Value]] = {v: frozenset() for v in f.inputs}
@@ -182,6 +205,8 @@ class Plan:
                 self.state[out], self.prov[out], self.current[out] = None, frozenset(), out
                 continue
             self._plan_op(op)
+        for v in list(self.links):  # returned without being read
+            self._made_by_link(v)
         for v in list(self.pending):  # views nothing reads
             self._decide(v, R, frozenset())
         for v in f.inputs:
@@ -190,7 +215,25 @@ class Plan:
 
     # -- planning ---------------------------------------------------------------------
 
+    def _made_by_link(self, key: Value) -> None:
+        """Input ``key`` made by an outer level's conversion of a value of this program:
+        it has that value's state here, from the step that records where it is made."""
+        link = self.links.pop(key)
+        if link.src in self.links:  # made by another outer conversion: that one first
+            self._made_by_link(link.src)
+        src = self.current[link.src]
+        if self.state[src] is None:
+            self._decide(src, R, frozenset())
+        if link.whole and self.state[src] in (P, M):
+            src = self.convert(src, R)
+        self.state[key], self.prov[key] = self.state[src], self.prov[src]
+        self.steps.append(Step(None, (src, key), self.state[src], self.state[src], link))
+
     def _plan_op(self, op: Op) -> None:
+        if self.links:
+            for v in op.inputs:
+                if v in self.links:
+                    self._made_by_link(v)
         keys = [self.current[v] for v in op.inputs]
         states = [self.state[k] for k in keys]
         result: RuleResult | None = RuleResult([R] * len(op.outputs))
@@ -203,7 +246,12 @@ class Plan:
             result = RuleResult([R] * len(op.outputs))
             if any(s != R for s in states):
                 result = self.rule(op, states)
-        if result is None:  # first make the activations whole, keeping the weights' layout
+        if result is None and P in states:  # first reduce pending sums, keeping the splits
+            summed = [self.convert(k, R) if s == P else k for k, s in zip(keys, states)]
+            retry = self.rule(op, [self.state[k] for k in summed])
+            if retry is not None:
+                keys, result = summed, retry
+        if result is None:  # then make the activations whole, keeping the weights' layout
             inputs = set(self.f.inputs)
             whole = [
                 self.convert(k, R) if k not in inputs and s not in (R, None) else k

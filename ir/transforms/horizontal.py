@@ -29,7 +29,7 @@ outputs gathered.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..function import Function
@@ -40,8 +40,8 @@ from ..verify import describe_op, verify
 from ._emit import emit
 from ._rewrite import TransformError, check_devices, check_spmd_options, parameter_inputs
 from ._rules import MegatronRule, SequenceParallelRule
+from ._spmd import Link, R
 from ._spmd import Plan as _Plan
-from ._spmd import R
 from .tensor_limits import TensorReplicationError
 
 
@@ -51,15 +51,18 @@ def horizontal_plan(
     var: str = "d",
     sequence: tuple[int, ...] | None = None,
     allow_replication: bool = False,
+    links: Mapping[Value, Link] | None = None,
 ) -> _Plan:
     """The plan of ``horizontal_parallel``; raises if no weight can be split.
 
     ``sequence``: with Megatron sequence parallelism, the leading shape of activations
     (see :class:`~ir.transforms._rules.SequenceParallelRule`). ``allow_replication``:
     keep a fused attention whose heads ``degree`` does not divide whole on every device
-    instead of refusing it (``T.megatron(..., allow_replication=True)``).
+    instead of refusing it (``T.megatron(..., allow_replication=True)``). ``links``: inputs
+    an outer level's conversions make (``ir.transforms._megatron_levels``), never weights.
     """
-    params = parameter_inputs(f)
+    links = links or {}
+    params = [v for v in parameter_inputs(f) if v not in links]
     resident, grown = resident_state(f)
     forced: frozenset[Value] = frozenset()
     cache: dict = {}
@@ -76,7 +79,7 @@ def horizontal_plan(
         rule: Any = MegatronRule(degree, forced, cache)
         if sequence is not None:
             rule = SequenceParallelRule(rule, frozenset(params), sequence)
-        plan = _Plan(f, degree, dict.fromkeys([*params, *resident]), rule, var)
+        plan = _Plan(f, degree, dict.fromkeys([*params, *resident]), rule, var, links)
         # with sequence parallelism, gathering token slices is the plan, not a failure
         tokens = rule.token_split if sequence is not None else set()
         bad = [k for k in plan.gathers if k not in tokens]

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from ..function import Function
 from ..op import Op
+from ..types import TensorType
 from ..value import Value
 from ._rewrite import TransformError, batch_inputs, is_optimizer
 from .step_parts import weights
@@ -66,7 +67,8 @@ class CutPoints:
 def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
     """The cut points of ``f`` (see :class:`CutPoints`). Values that depend on no batch
     input and no weight (an imported Llama's rotary tables, read by every layer) do not
-    count as crossing: they would leave no point but in the last layer.
+    count as crossing: they would leave no point but in the last layer; nor do scalars
+    (a MoE layer's load-balancing loss, carried to the model's loss).
 
     Repeated layers: the forward pass between consecutive points is a *segment*, known
     by its op types; the longest run of segments that repeats with some period ``P``
@@ -87,7 +89,7 @@ def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
             continue
         for v in op.outputs:
             end = last_use.get(v, i)
-            if end > i:
+            if end > i and not _carried_scalar(v):
                 crossing[i] += 1
                 crossing[end] -= 1
     first_read = {
@@ -120,6 +122,13 @@ def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
     return CutPoints(
         tuple(points), tuple(points[j - 1] for j in layers if 0 < j <= len(points)), repeats, groups
     )
+
+
+def _carried_scalar(v: Value) -> bool:
+    """A scalar carried along to the end (a mixture-of-experts layer's load-balancing
+    loss, summed into the model's loss): it does not count as crossing, or no point would
+    follow the first MoE layer."""
+    return isinstance(v.type, TensorType) and v.type.rank == 0
 
 
 def _repeated(segments: list[int]) -> tuple[list[int], int]:

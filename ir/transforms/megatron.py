@@ -113,10 +113,13 @@ def megatron(
     distributed_optimizer: bool = False,
     recompute: str | None = None,
     recompute_layers: int | None = None,
+    ep: int = 1,
+    cp: int = 1,
+    ring_attention: bool = True,
     overlap_grad_reduce: bool = True,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
-    on ``dp * tp * pp`` devices (see the module docstring).
+    on ``dp * cp * tp * pp`` devices (see the module docstring).
 
     ``schedule``: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"`` (``chunks`` model chunks
     per pipeline rank, microbatches a multiple of ``pp``). ``zero``: 0, 1 or 2, the ZeRO
@@ -136,6 +139,14 @@ def megatron(
     activations in the backward (``ir.transforms.recompute``); ``recompute_layers=k`` with
     ``"full"``: the first ``k`` layers of each pipeline stage (model chunk, when
     interleaved), as ``--recompute-method block --recompute-num-layers k``.
+    ``ep``: expert parallelism (Megatron-Core's, inside data parallelism): each group of
+    ``ep`` replicas splits every MoE layer's experts, tokens sent to their experts' ranks
+    and back by all-to-alls (``ep`` must divide ``dp`` and the experts). ``cp``: context
+    parallelism, each sequence split over ``cp`` devices in zigzag chunks with ring
+    attention (``ir.transforms._megatron_context`` and ``_megatron_ring``;
+    ``ring_attention=False``: the keys and values all-gathered over the group instead,
+    as Llama 3 trains). ``zero=3``: ZeRO stage 3 (fully
+    sharded data parallelism: ``ir.transforms._megatron_zero3``).
     ``overlap_grad_reduce`` (default True, as PyTorch DDP and Megatron-LM's
     ``--overlap-grad-reduce`` run it): each gradient's data-parallel reduction starts as
     soon as its last microbatch's backward has made it, overlapping the rest; False: every
@@ -148,12 +159,20 @@ def megatron(
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     allow_replication = bool_arg("megatron", "allow_replication", allow_replication)
     vocab_parallel = bool_arg("megatron", "vocab_parallel", vocab_parallel)
+    ring_attention = bool_arg("megatron", "ring_attention", ring_attention)
     distributed_optimizer = bool_arg("megatron", "distributed_optimizer", distributed_optimizer)
     dp = _positive("the data-parallel degree (dp)", dp)
     tp = _positive("the tensor-parallel degree (tp)", tp)
     pp = _positive("the pipeline degree (pp)", pp)
     m = _positive("microbatches", microbatches)
     chunks = _positive("chunks", chunks)
+    ep = _positive("the expert-parallel degree (ep)", ep)
+    cp = _positive("the context-parallel degree (cp)", cp)
+    if dp % ep:
+        raise TransformError(
+            f"expert level: ep={ep} must divide dp={dp} (expert parallelism splits the experts "
+            f"over groups of data-parallel replicas); choose ep dividing {dp}"
+        )
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise TransformError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if chunks > 1 and schedule != "interleaved":
@@ -163,13 +182,13 @@ def megatron(
             f"pipeline level: the interleaved schedule takes microbatches in groups of the "
             f"{pp} stages; {m} is not a multiple of {pp}"
         )
-    total = dp * tp * pp
-    ids = check_devices(devices, total, topology, what="number of devices (dp x tp x pp)")
+    total = dp * cp * tp * pp
+    ids = check_devices(devices, total, topology, what="number of devices (dp x cp x tp x pp)")
     base = ids[0]
     if list(ids) != list(range(base, base + total)):
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
-    if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2):
-        raise TransformError(f"zero must be 0, 1 or 2 (the ZeRO stage), got {zero!r}")
+    if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2, 3):
+        raise TransformError(f"zero must be 0, 1, 2 or 3 (the ZeRO stage), got {zero!r}")
     if recompute is not None:
         from .recompute import mode_activations
         from .recompute import recompute as replay
@@ -199,6 +218,9 @@ def megatron(
         stage_of,
         allow_replication,
         vocab_parallel=vocab_parallel,
+        ep=ep,
+        cp=cp,
+        ring_attention=ring_attention,
     ).run(overlap_grad_reduce)
 
 

@@ -83,7 +83,8 @@ def _lay_out(b: FunctionBuilder, x: Value, t: Type, levels: Sequence[str], name:
         kind, axis, _ = axes[0]
         if kind == "R":
             return b.call("Broadcast", x, devices=devices, name=name)
-        return b.call("Scatter", x, dim=axis, devices=devices, name=name)
+        if kind == "S":
+            return b.call("Scatter", x, dim=axis, devices=devices, name=name)
     pieces = _pieces(b, x, axes, name)
     laid = [
         _lay_out(b, p, e, rest, f"{name}_{i}") for i, (p, e) in enumerate(zip(pieces, t.elements))
@@ -101,6 +102,20 @@ def _pieces(
     (kind, axis, n), rest = axes[0], axes[1:]
     if kind == "R":
         parts = [x] * n
+    elif kind == "Z":  # chunks i and 2n - 1 - i of 2n
+        assert axis is not None
+        size = x.type.shape[axis] if axis < x.type.rank else 0
+        if size % (2 * n):
+            raise TransformError(f"{name}: cannot cut axis {axis} of {x.type} into {2 * n} chunks")
+        c = size // (2 * n)
+
+        def chunk(j: int) -> Value:
+            return b.call("Slice", x, axis=axis, start=j * c, end=(j + 1) * c, name=f"{name}_c{j}")
+
+        parts = [
+            b.call("Concat", chunk(i), chunk(2 * n - 1 - i), dim=axis, name=f"{name}_{i}")
+            for i in range(n)
+        ]
     else:
         assert axis is not None
         if axis >= x.type.rank or x.type.shape[axis] < n:

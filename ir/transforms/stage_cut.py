@@ -167,6 +167,19 @@ def _assign(
             s = max(wstages) if wstages else max(values, default=min(grads, default=0))
             stage[op] = min([s, *grads])
     consumers = f.consumers
+    # A gradient op placed by the activations it reads can land before the forward op it
+    # differentiates (a MoE combine's gradient dispatches dy by the router's slots and
+    # gates, on the router's stage, while the experts it feeds ran a stage later): it runs
+    # where its gradient readers run, or the backward would flow to a later stage.
+    for op in reversed(f.ops):
+        if op in gradients and op not in grad_of and not is_optimizer(op):
+            later = [
+                stage[u]
+                for v in op.outputs
+                for u in consumers.get(v, [])
+                if u in gradients and not is_optimizer(u)
+            ]
+            stage[op] = max([stage[op], *later])
     for op in reversed(f.ops):
         if op in free:
             readers = [stage[u] for v in op.outputs for u in consumers.get(v, [])]

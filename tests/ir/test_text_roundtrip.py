@@ -465,12 +465,12 @@ def test_a_steady_state_steps_layouts_print_and_parse_back() -> None:
 @pytest.mark.parametrize(
     ("layout", "message"),
     [
-        ('["Q"]', "is not 'R', 'P' or 'S(k)'"),
+        ('["Q"]', "is not 'R', 'P', 'S(k)' or 'Z(k)'"),
         ("[1, 2]", "a layout is a list of levels"),
         ('["R", "R"]', "more levels than its type"),
         ('["R@3"]', "multiply to 3"),
-        (f'["R@{"9" * 5000}"]', "is not 'R', 'P' or 'S(k)'"),  # was int()'s ValueError
-        ('["R@٢"]', "is not 'R', 'P' or 'S(k)'"),  # an Arabic-Indic two: ASCII digits only
+        (f'["R@{"9" * 5000}"]', "is not 'R', 'P', 'S(k)' or 'Z(k)'"),  # was int()'s ValueError
+        ('["R@٢"]', "is not 'R', 'P', 'S(k)' or 'Z(k)'"),  # an Arabic-Indic two: ASCII digits only
     ],
 )
 def test_a_bad_layout_is_a_located_parse_error(layout, message) -> None:

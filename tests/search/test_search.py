@@ -183,7 +183,8 @@ def test_impossible_requests_say_which_constraint_failed() -> None:
         search(MLP, A100_8, dp=16, progress=False)
     with pytest.raises(SearchError, match=r"pp=32 needs at least 32 devices"):
         search(MLP, A100_8, pp=[2, 32], progress=False)
-    with pytest.raises(SearchError, match=r"no dp x tp x pp of the degrees asked \(dp=\[2\], "):
+    no_split = r"no dp x cp x tp x pp of the degrees asked \(dp=\[2\], "
+    with pytest.raises(SearchError, match=no_split):
         search(MLP, A100_8, dp=2, tp=1, pp=1, progress=False)  # 2 of the 8 devices
     small_batch = models.mlp(4, 32, 32, 8, layers=4)
     with pytest.raises(SearchError, match="the batch of 4 is smaller than dp=8: every"):

@@ -128,9 +128,9 @@ def test_zero_on_one_replica_is_the_plain_step() -> None:
     assert ir.format(megatron(t, 1, 2, 1, 1, zero=2)) == ir.format(megatron(t, 1, 2, 1, 1))
 
 
-@pytest.mark.parametrize("bad", [3, -1, True, "1"])
-def test_zero_stage_must_be_0_1_or_2(bad) -> None:
-    with pytest.raises(TransformError, match="zero must be 0, 1 or 2"):
+@pytest.mark.parametrize("bad", [4, -1, True, "1"])
+def test_zero_stage_must_be_0_to_3(bad) -> None:
+    with pytest.raises(TransformError, match="zero must be 0, 1, 2 or 3"):
         megatron(transforms.training(MLP), 2, zero=bad)
 
 

@@ -151,10 +151,10 @@ def test_options_of_the_wrong_kind_are_transform_errors(call, match, mlp, step) 
 
 
 def test_zero_takes_integers_only() -> None:
-    """``zero=2.0`` (and ``np.float32(2)``) passed the ``in (0, 1, 2)`` test."""
+    """``zero=2.0`` (and ``np.float32(2)``) passed the ``in (0, 1, 2)`` test (now 0-3)."""
     t = tfm.training(models.mlp(8, 16, 32, 4))
     for value in (2.0, np.float32(2), -0.0, True):
-        with pytest.raises(TransformError, match="zero must be 0, 1 or 2"):
+        with pytest.raises(TransformError, match="zero must be 0, 1, 2 or 3"):
             tfm.megatron(t, dp=2, zero=value)
 
 

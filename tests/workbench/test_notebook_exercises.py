@@ -54,7 +54,7 @@ def _markdown_index(cells: list[dict], heading: str) -> int:
 
 
 def test_every_tutorial_has_exercises():
-    assert [p.name[:2] for p in TUTORIALS] == [f"{n:02d}" for n in range(1, 14)]
+    assert [p.name[:2] for p in TUTORIALS] == [f"{n:02d}" for n in range(1, 15)]
     assert set(TUTORIALS) <= set(WITH_EXERCISES)
 
 
@@ -234,3 +234,22 @@ def test_notebook_10s_checks_follow_the_calibration_and_the_measurement(monkeypa
     _refuses(namespace, op_type, 'answer_op_type = "MatMul"', "estimated best")
     totals["MatMul"] = [20.0, 0.01]  # a measurement where the matmuls are missed most
     _refuses(namespace, op_type, 'answer_op_type = "Loss"', "the answer is 'MatMul'")
+
+
+def test_notebook_14s_checks_refuse_wrong_answers_and_accept_the_reference(monkeypatch):
+    monkeypatch.chdir(NOTEBOOKS)
+    path = NOTEBOOKS / "14_experts_and_context.ipynb"
+    cells = [c for c in _cells(path) if c["cell_type"] == "code"]
+    namespace: dict = {}
+    for cell in cells:  # the reference answers pass their checks
+        exec(compile(_source(cell), "notebook 14", "exec"), namespace)
+    checks = [c for c in cells if "exercise-check" in _tags(c)]
+    wrong = [  # (exercise, wrong answer, what the check must say)
+        (0, "answer_bytes = 4 * 1024 * 2 * 1024 * 2", "stays on the rank"),
+        (0, "answer_bytes = 1024 * 2 * 1024 * 2 * 0.75", "four"),
+        (1, "answer_steps = 4", "own block"),
+        (2, "answer_state = 16 / 8", "2 per parameter"),
+        (2, "answer_state = None", "Not yet"),
+    ]
+    for exercise, answer, says in wrong:
+        _refuses(namespace, checks[exercise], answer, says)

@@ -12,7 +12,7 @@ NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.i
 
 def test_the_tutorials_and_the_workbench_notebook_exist():
     names = [p.name for p in NOTEBOOKS]
-    assert names[0] == "00_workbench.ipynb" and len(names) == 14
+    assert names[0] == "00_workbench.ipynb" and len(names) == 15
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
