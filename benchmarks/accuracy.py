@@ -417,21 +417,21 @@ def fit_report(rows: Sequence[Row]) -> str:
 
 
 def _rows(cases: Sequence[Case], jobs: int, *, keep: bool) -> Iterator[tuple[Case, Row]]:
-    """Each case with its row, in order: one process per row, ``jobs`` at once (the
-    largest rows first, so that the pool ends together), or here when ``keep`` or one
-    job."""
+    """Each case with its row as it is done: one process per row, ``jobs`` at once (the
+    largest rows first, so that the pool ends together), or here, in order, when
+    ``keep`` or one job."""
     if keep or jobs <= 1 or len(cases) <= 1:
         for case in cases:
             yield case, run_case(case, keep=keep)
         return
-    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures import ProcessPoolExecutor, as_completed
 
-    order = sorted(range(len(cases)), key=lambda i: -cases[i].build_size)
+    order = sorted(cases, key=lambda c: -c.build_size)
     context = multiprocessing.get_context("spawn")  # a clean interpreter per worker
     with ProcessPoolExecutor(min(jobs, len(cases)), mp_context=context) as pool:
-        futures = {i: pool.submit(run_case, cases[i]) for i in order}
-        for i, case in enumerate(cases):
-            yield case, futures[i].result()
+        futures = {pool.submit(run_case, case): case for case in order}
+        for future in as_completed(futures):
+            yield futures[future], future.result()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -470,6 +470,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             flush=True,
         )
     print(f"# all rows: {time.perf_counter() - started:.0f} s")
+    rows.sort(key=lambda r: cases.index(r.case))  # the table in the cases' order
     print(table_markdown(rows))
     if args.fit:
         print("\n## Fitted to these rows (held out first; in-sample figures are a fit)\n")
