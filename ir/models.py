@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from .builder import FunctionBuilder, rebuild_op
 from .errors import DistIRError
 from .function import Function
-from .models_moe import MoEConfig, moe_mlp
+from .models_moe import MoEConfig, model_loss, moe_mlp
 from .types import DType, TensorType
 from .value import Value
 
@@ -398,12 +398,7 @@ def gpt(
         h = m.mlp(m.attention(h, f"h{i}"), f"h{i}")
     h = m.layer_norm(h, "lnf")
     logits = b.call("MatMul", h, w["w_head"], name="logits")
-    if m.aux_losses:
-        loss = b.call("Loss", logits, labels, name="l_lm")
-        aux = m.aux_losses[0] if len(m.aux_losses) == 1 else b.call("Sum", *m.aux_losses)
-        loss = b.call("Add", loss, aux, name="l")
-    else:
-        loss = b.call("Loss", logits, labels, name="l")
+    loss = model_loss(b, logits, labels, m.aux_losses)
     return _maybe_training(b.finish([logits, loss]), training)
 
 

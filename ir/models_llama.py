@@ -23,7 +23,8 @@ from types import MappingProxyType
 
 from .builder import FunctionBuilder
 from .function import Function
-from .models import ModelError, _dtype, _maybe_training, _positive
+from .models import ModelError, _dtype, _maybe_training, _positive, moe_config
+from .models_moe import MoEConfig, model_loss, moe_mlp
 from .types import DType, TensorType
 from .value import Value
 
@@ -62,9 +63,17 @@ def llama_ffn(hidden: int, multiple_of: int = 256) -> int:
 
 
 def llama_weight_shapes(
-    hidden: int, heads: int, vocab: int, layers: int, kv_heads: int | None = None, ffn: int = 0
+    hidden: int,
+    heads: int,
+    vocab: int,
+    layers: int,
+    kv_heads: int | None = None,
+    ffn: int = 0,
+    moe: MoEConfig | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Name -> shape of every Llama weight, in input order (``ffn`` 0: :func:`llama_ffn`)."""
+    """Name -> shape of every Llama weight, in input order (``ffn`` 0: :func:`llama_ffn`);
+    with ``moe`` SwiGLU experts' router and ``w1``, ``w3``, ``w2`` replace the MLP of each
+    layer from ``moe.dense_layers`` on (``ir.models_moe``)."""
     H, F = hidden, ffn or llama_ffn(hidden)
     kv = (kv_heads or heads) * (H // heads)
     shapes: dict[str, tuple[int, ...]] = {"wte": (vocab, H)}
@@ -73,6 +82,9 @@ def llama_weight_shapes(
         shapes[f"{p}_attn_norm_g"] = (H,)
         shapes.update({f"{p}_attn_w{c}": (H, H if c in "qo" else kv) for c in "qkvo"})
         shapes[f"{p}_mlp_norm_g"] = (H,)
+        if moe is not None and moe.is_moe(i):
+            shapes.update(moe.weight_shapes(p, H, F, gated=True))
+            continue
         shapes.update({f"{p}_mlp_w_gate": (H, F), f"{p}_mlp_w_up": (H, F)})
         shapes[f"{p}_mlp_w_down"] = (F, H)
     shapes.update({"norm_g": (H,), "w_head": (H, vocab)})
@@ -83,9 +95,15 @@ class _Llama:
     """Builds the ops of one Llama; ``w`` holds the weight inputs by name."""
 
     def __init__(
-        self, b: FunctionBuilder, w: dict[str, Value], sizes: tuple[int, int, int, int], **opts
+        self,
+        b: FunctionBuilder,
+        w: dict[str, Value],
+        sizes: tuple[int, int, int, int],
+        moe: MoEConfig | None = None,
+        **opts,
     ) -> None:
-        self.b, self.w = b, w
+        self.b, self.w, self.moe = b, w, moe
+        self.aux_losses: list[Value] = []
         self.B, self.S, self.nh, self.nkv = sizes
         self.H = w["wte"].type.shape[1]
         self.dh = self.H // self.nh
@@ -115,6 +133,11 @@ class _Llama:
     def mlp(self, x: Value, p: str) -> Value:
         b, w = self.b, self.w
         xn = self.norm(x, f"{p}_mlp_norm")
+        if self.moe is not None and self.moe.is_moe(int(p[1:])):
+            h, aux = moe_mlp(b, w, xn, p, self.moe, gated=True)
+            if aux is not None:
+                self.aux_losses.append(aux)
+            return b.call("Add", x, h, name=f"{p}_res2")
         gate = b.call("MatMul", xn, w[f"{p}_mlp_w_gate"], name=f"{p}_gate")
         up = b.call("MatMul", xn, w[f"{p}_mlp_w_up"], name=f"{p}_up")
         h = b.call("SwiGLU", gate, up, name=f"{p}_swiglu")
@@ -136,6 +159,13 @@ def llama(
     ffn: int | None = None,
     theta: float = 10000.0,
     epsilon: float = 1e-5,
+    experts: int = 0,
+    top_k: int = 2,
+    capacity_factor: float = 1.0,
+    expert_hidden: int = 0,
+    shared_experts: int = 0,
+    dense_layers: int = 0,
+    aux_loss: float = 0.01,
 ) -> Function:
     """A Llama-style decoder: token embedding, ``layers`` pre-norm blocks, final norm, head.
 
@@ -154,8 +184,20 @@ def llama(
     ``ffn`` (None: :func:`llama_ffn`, two thirds of ``4 * hidden`` rounded up to 256).
     ``seq`` is the longest sequence the model takes (``ir.inference`` serves prompts and
     contexts up to it). :func:`llama_preset` builds published shapes.
+
+    ``experts=E`` (a mixture of experts as Mixtral and DeepSeek-V3 build it; the options
+    and their checks are ``ir.models.gpt``'s, the layer ``ir.models_moe.moe_mlp``): the MLP
+    of every layer from ``dense_layers`` on is ``E`` SwiGLU experts of ``expert_hidden``
+    columns (0: ``ffn``), each token routed to ``top_k`` of them, with ``shared_experts``
+    SwiGLU ones beside and the load-balancing loss weighted ``aux_loss`` added to the
+    loss. Weights ``h<i>_moe_router (H, E)``, ``h<i>_moe_w1`` (gate) and ``_w3`` (up)
+    ``(E, H, F)``, ``h<i>_moe_w2 (E, F, H)`` (and ``h<i>_moe_shared_w1/_w3/_w2``) replace
+    ``h<i>_mlp_w_gate/_w_up/_w_down``.
     """
     _positive(batch=batch, seq=seq, hidden=hidden, heads=heads, vocab=vocab, layers=layers)
+    moe = moe_config(
+        experts, top_k, capacity_factor, expert_hidden, shared_experts, dense_layers, aux_loss
+    )
     if hidden % heads or (hidden // heads) % 2:
         raise ModelError(
             f"hidden {hidden} must split into {heads} heads of an even size (rotary "
@@ -175,17 +217,17 @@ def llama(
             raise ModelError(f"{name} must be a finite number > {low:g}, got {x!r}")
     dt = _dtype(dtype)
     b = FunctionBuilder("llama")
-    shapes = llama_weight_shapes(hidden, heads, vocab, layers, kv, ffn or 0)
+    shapes = llama_weight_shapes(hidden, heads, vocab, layers, kv, ffn or 0, moe)
     w = {name: b.input(name, TensorType(shape, dt, 0)) for name, shape in shapes.items()}
     tokens = b.input("tokens", TensorType((batch, seq), DType.int64, 0))
     labels = b.input("labels", TensorType((batch, seq), DType.int64, 0))
-    m = _Llama(b, w, (batch, seq, heads, kv), theta=float(theta), epsilon=float(epsilon))
+    m = _Llama(b, w, (batch, seq, heads, kv), moe, theta=float(theta), epsilon=float(epsilon))
     h = b.call("Embedding", w["wte"], tokens, name="tok_emb")
     for i in range(layers):
         h = m.mlp(m.attention(h, f"h{i}"), f"h{i}")
     h = m.norm(h, "norm")
     logits = b.call("MatMul", h, w["w_head"], name="logits")
-    loss = b.call("Loss", logits, labels, name="l")
+    loss = model_loss(b, logits, labels, m.aux_losses)
     return _maybe_training(b.finish([logits, loss]), training)
 
 

@@ -17,6 +17,10 @@ et al. 2021; as Mixtral and DeepSeek-V3 use it), on the block's normalised input
 5. ``MoECombine`` sums each token's choices weighted by their gates;
 6. optional shared experts (DeepSeek-V3): a dense MLP of ``shared * F`` columns every
    token goes through, added to the routed output;
+
+With ``gated=True`` (``ir.models.llama``: Mixtral, DeepSeek-V3) each expert, and the
+shared MLP, is a SwiGLU MLP instead: ``w1`` the gate and ``w3`` the up projection
+(``(E, H, F)`` each, Mixtral's names), ``SwiGLU(x w1, x w3) w2``.
 7. the auxiliary load-balancing loss ``aux_loss * E * mean_b sum_e f_be P_be``, with
    ``f_be`` the fraction of sequence ``b``'s choices routed to expert ``e`` and ``P_be``
    its mean router probability (Switch Transformer's loss, computed per sequence as
@@ -61,17 +65,22 @@ class MoEConfig:
     def is_moe(self, layer: int) -> bool:
         return layer >= self.dense_layers
 
-    def weight_shapes(self, prefix: str, hidden: int, width: int) -> dict[str, tuple[int, ...]]:
-        """The MoE layer's weights, ``width`` the dense MLP's (F when ``expert_hidden`` is 0)."""
+    def weight_shapes(
+        self, prefix: str, hidden: int, width: int, gated: bool = False
+    ) -> dict[str, tuple[int, ...]]:
+        """The MoE layer's weights, ``width`` the dense MLP's (F when ``expert_hidden`` is 0);
+        ``gated``: SwiGLU experts, with the up projection ``w3`` beside the gate ``w1``."""
         e, f = self.experts, self.expert_hidden or width
-        shapes = {
-            f"{prefix}_moe_router": (hidden, e),
-            f"{prefix}_moe_w1": (e, hidden, f),
-            f"{prefix}_moe_w2": (e, f, hidden),
-        }
+        shapes = {f"{prefix}_moe_router": (hidden, e), f"{prefix}_moe_w1": (e, hidden, f)}
+        if gated:
+            shapes[f"{prefix}_moe_w3"] = (e, hidden, f)
+        shapes[f"{prefix}_moe_w2"] = (e, f, hidden)
         if self.shared_experts:
-            shapes[f"{prefix}_moe_shared_w1"] = (hidden, self.shared_experts * f)
-            shapes[f"{prefix}_moe_shared_w2"] = (self.shared_experts * f, hidden)
+            fs = self.shared_experts * f
+            shapes[f"{prefix}_moe_shared_w1"] = (hidden, fs)
+            if gated:
+                shapes[f"{prefix}_moe_shared_w3"] = (hidden, fs)
+            shapes[f"{prefix}_moe_shared_w2"] = (fs, hidden)
         return shapes
 
 
@@ -81,10 +90,11 @@ def moe_mlp(
     x: Value,
     prefix: str,
     config: MoEConfig,
-    activation: str = "Gelu",
+    gated: bool = False,
 ) -> tuple[Value, Value | None]:
     """The MoE layer on ``x (B, S, H)`` (see the module docstring): its output, and its
-    auxiliary loss (a scalar; None when ``aux_loss`` is 0)."""
+    auxiliary loss (a scalar; None when ``aux_loss`` is 0). ``gated``: SwiGLU experts
+    (weights ``w1``, ``w3``, ``w2``), else GELU ones (``w1``, ``w2``)."""
     batch, seq, _ = x.type.shape  # type: ignore[union-attr]
     e, k, p = config.experts, config.top_k, f"{prefix}_moe"
     cap = config.capacity(seq)
@@ -96,14 +106,10 @@ def moe_mlp(
         gate = b.call("Div", gate, total, name=f"{p}_gate_norm")
     slot = b.call("MoESlots", expert, experts=e, capacity=cap, name=f"{p}_slot")
     buffer = b.call("MoEDispatch", x, slot, experts=e, capacity=cap, name=f"{p}_dispatched")
-    h = b.call("MatMul", buffer, w[f"{p}_w1"], name=f"{p}_fc")
-    h = b.call(activation, h, name=f"{p}_act")
-    y = b.call("MatMul", h, w[f"{p}_w2"], name=f"{p}_expert_out")
+    y = _mlp(b, w, buffer, p, f"{p}_expert_out", gated)
     out = b.call("MoECombine", y, slot, gate, name=f"{p}_combined")
     if config.shared_experts:
-        s = b.call("MatMul", x, w[f"{p}_shared_w1"], name=f"{p}_shared_fc")
-        s = b.call(activation, s, name=f"{p}_shared_act")
-        s = b.call("MatMul", s, w[f"{p}_shared_w2"], name=f"{p}_shared_out")
+        s = _mlp(b, w, x, f"{p}_shared", f"{p}_shared_out", gated)
         out = b.call("Add", out, s, name=f"{p}_out")
     if not config.aux_loss:
         return out, None
@@ -112,4 +118,26 @@ def moe_mlp(
     return out, aux
 
 
-__all__ = ["MoEConfig", "moe_mlp"]
+def _mlp(b: FunctionBuilder, w: dict[str, Value], x: Value, p: str, out: str, gated: bool) -> Value:
+    """``x``'s MLP of weights ``<p>_w1``, ``<p>_w2`` (GELU) or ``<p>_w1``, ``<p>_w3``,
+    ``<p>_w2`` (SwiGLU), batched over the experts when the weights are ``(E, ...)``."""
+    h = b.call("MatMul", x, w[f"{p}_w1"], name=f"{p}_fc")
+    if gated:
+        up = b.call("MatMul", x, w[f"{p}_w3"], name=f"{p}_up")
+        h = b.call("SwiGLU", h, up, name=f"{p}_act")
+    else:
+        h = b.call("Gelu", h, name=f"{p}_act")
+    return b.call("MatMul", h, w[f"{p}_w2"], name=out)
+
+
+def model_loss(b: FunctionBuilder, logits: Value, labels: Value, aux_losses: list[Value]) -> Value:
+    """The model's loss ``l``: the language-model loss, plus the MoE layers' load-balancing
+    losses when there are any (the language-model loss then named ``l_lm``)."""
+    if not aux_losses:
+        return b.call("Loss", logits, labels, name="l")
+    loss = b.call("Loss", logits, labels, name="l_lm")
+    aux = aux_losses[0] if len(aux_losses) == 1 else b.call("Sum", *aux_losses)
+    return b.call("Add", loss, aux, name="l")
+
+
+__all__ = ["MoEConfig", "model_loss", "moe_mlp"]

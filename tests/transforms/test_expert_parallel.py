@@ -142,3 +142,40 @@ def test_a_moe_model_is_cut_at_its_layer_boundaries_despite_its_carried_losses()
     cut = transforms.pipeline_cut(t, 4)
     assert cut.at == "layer boundaries", cut
     _run(t, megatron(t, 2, 1, 4, 4, ep=2))
+
+
+LLAMA_MOE = models.llama(
+    8, 8, 16, 4, 32, 2, dtype=F64, kv_heads=2, ffn=24, experts=4, top_k=2, shared_experts=1
+)
+
+
+@pytest.mark.parametrize(
+    ("dp", "tp", "pp", "m", "ep", "zero"),
+    [(2, 1, 1, 1, 2, 0), (2, 2, 1, 1, 2, 0), (2, 2, 2, 2, 2, 3)],
+)
+def test_llama_moe_steps_equal_the_sequential_step(dp, tp, pp, m, ep, zero) -> None:
+    """Llama's SwiGLU experts (gate ``w1``, up ``w3``, down ``w2``; ``ir.models_moe``)
+    under expert, tensor, pipeline and ZeRO-3 parallelism, as the GPT's GELU experts."""
+    t = transforms.training(LLAMA_MOE, optimizer="adam")
+    g = megatron(t, dp, tp, pp, m, ep=ep, zero=zero)
+    _run(t, g)
+    assert Counter(op.op_type for op in g.ops)["AllToAll"] == 2 * 2 * 2 * m
+    if tp == 2 and zero == 0:
+        layouts = dict(zip((v.name for v in g.inputs), g.input_layouts))
+        # gate and up split by experts over the group and by columns over the tensor
+        # ranks, the down projection by rows
+        for name in ("h0_moe_w1", "h0_moe_w3"):
+            assert layouts[name] == ("R@1", "S(0)@2", "S(2)@2"), name
+        assert layouts["h0_moe_w2"] == ("R@1", "S(0)@2", "S(1)@2")
+
+
+def test_llama_moe_options_are_checked_as_the_gpts() -> None:
+    f = models.llama(4, 8, 16, 4, 32, 3, ffn=24, experts=4, top_k=1, dense_layers=1, aux_loss=0.0)
+    names = {v.name for v in f.inputs}
+    assert "h0_mlp_w_gate" in names and "h0_moe_w1" not in names  # the dense first layer
+    assert {"h1_moe_w1", "h1_moe_w3", "h2_moe_w2"} <= names and "h1_mlp_w_up" not in names
+    shape = {v.name: v.type.shape for v in f.inputs}
+    assert shape["h1_moe_w3"] == (4, 16, 24) and shape["h1_moe_w2"] == (4, 24, 16)  # F: ffn
+    assert all(op.op_type != "MoEAuxLoss" for op in f.ops)  # aux_loss=0 adds no loss
+    with pytest.raises(ir.DistIRError, match=r"top_k=3 is more than the 2 experts"):
+        models.llama(4, 8, 16, 4, 32, 1, experts=2, top_k=3)
