@@ -39,6 +39,7 @@ Annotation = Any
 """``(ir.sharding.Mesh, placements)`` or an ``ir.sharding.ShardingSpec``."""
 
 SCHEDULES = ("gpipe", "1f1b")
+STRATEGY_KEYS = ("dp", "hp", "pp", "microbatches", "schedule", "ep", "cp", "zero")
 
 
 def _shown(value: Any) -> str:
@@ -75,10 +76,15 @@ class NothingToCompareError(SessionError, KeyError):
 
 @dataclass(frozen=True)
 class Strategy:
-    """The ready transforms' knobs: ``dp x hp x pp`` devices, microbatches, schedule.
+    """The ready transforms' knobs: ``dp x cp x hp x pp`` devices, microbatches, schedule;
+    ``ep`` expert-parallel ranks among the ``dp`` replicas (a mixture-of-experts model),
+    ``cp`` context-parallel ranks per sequence and the ZeRO stage ``zero`` (0 to 3), all
+    applied by ``T.megatron`` (docs/experts.md).
 
     >>> Strategy(dp=2, pp=2, microbatches=4).describe()
     'dp=2 x pp=2, 4 microbatches (gpipe)'
+    >>> Strategy(dp=4, hp=2, ep=2, cp=2, zero=3).describe()
+    'dp=4 x cp=2 x hp=2, ep=2, ZeRO-3'
     >>> Strategy().describe()
     'sequential'
     """
@@ -88,9 +94,12 @@ class Strategy:
     pp: int = 1
     microbatches: int = 1
     schedule: str = "gpipe"
+    ep: int = 1
+    cp: int = 1
+    zero: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("dp", "hp", "pp", "microbatches"):
+        for name in ("dp", "hp", "pp", "microbatches", "ep", "cp"):
             value = getattr(self, name)
             most = MAX_DEVICES if name != "microbatches" else MAX_INT
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
@@ -100,9 +109,17 @@ class Strategy:
                 )
         if self.num_devices > MAX_DEVICES:
             raise SessionError(
-                f"strategy: dp x hp x pp = {self.num_devices} devices, more than "
+                f"strategy: dp x cp x hp x pp = {self.num_devices} devices, more than "
                 f"{MAX_DEVICES} (ir.limits.MAX_DEVICES)"
             )
+        if self.dp % self.ep:
+            raise SessionError(
+                f"strategy: ep={self.ep} must divide dp={self.dp} (an expert group is ep of "
+                "the data-parallel replicas); choose ep dividing dp"
+            )
+        zero = self.zero
+        if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2, 3):
+            raise SessionError(f"strategy: zero must be 0, 1, 2 or 3, got {_shown(zero)}")
         if not isinstance(self.schedule, str) or self.schedule not in SCHEDULES:
             raise SessionError(
                 f"strategy: schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
@@ -110,8 +127,8 @@ class Strategy:
 
     @property
     def num_devices(self) -> int:
-        """Devices the strategy uses: ``dp * hp * pp``."""
-        return self.dp * self.hp * self.pp
+        """Devices the strategy uses: ``dp * cp * hp * pp``."""
+        return self.dp * self.cp * self.hp * self.pp
 
     @property
     def is_sequential(self) -> bool:
@@ -122,18 +139,23 @@ class Strategy:
         """A short human label, e.g. ``dp=2 x hp=4``."""
         if self.is_sequential:
             return "sequential"
-        parts = [f"{k}={getattr(self, k)}" for k in ("dp", "hp", "pp") if getattr(self, k) > 1]
-        text = " x ".join(parts)
+        degrees = ("dp", "cp", "hp", "pp")
+        text = " x ".join(f"{k}={getattr(self, k)}" for k in degrees if getattr(self, k) > 1)
         if self.pp > 1:
             text += f", {self.microbatches} microbatches ({self.schedule})"
+        if self.ep > 1:
+            text += f", ep={self.ep}"
+        if self.zero:
+            text += f", ZeRO-{self.zero}"
         return text
 
     @staticmethod
     def parse(text: str) -> Strategy:
-        """``"dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b"`` (any subset; ``""`` = sequential).
+        """``"dp=2,hp=2,pp=2,microbatches=4,schedule=1f1b"`` (any subset, with ``ep``,
+        ``cp`` and ``zero`` too; ``""`` = sequential).
 
         >>> Strategy.parse("dp=2, pp=2, schedule=1f1b")
-        Strategy(dp=2, hp=1, pp=2, microbatches=1, schedule='1f1b')
+        Strategy(dp=2, hp=1, pp=2, microbatches=1, schedule='1f1b', ep=1, cp=1, zero=0)
 
         A key given twice is refused (which one was meant?).
         """
@@ -146,10 +168,10 @@ class Strategy:
                 continue
             key, sep, value = part.partition("=")
             key = key.strip().lower()
-            if not sep or key not in ("dp", "hp", "pp", "microbatches", "schedule"):
+            if not sep or key not in STRATEGY_KEYS:
                 raise SessionError(
                     f"strategy {_shown(text)}: cannot read {part!r}; write key=value with keys "
-                    "dp, hp, pp, microbatches, schedule (e.g. 'dp=2,pp=2,microbatches=4')"
+                    f"{', '.join(STRATEGY_KEYS)} (e.g. 'dp=2,pp=2,microbatches=4')"
                 )
             value = value.strip()
             if key in fields:
@@ -162,7 +184,8 @@ class Strategy:
             else:
                 if not (value.isascii() and value.isdigit() and len(value) <= 19):
                     raise SessionError(
-                        f"strategy {_shown(text)}: {key} must be a positive integer, got {value!r}"
+                        f"strategy {_shown(text)}: {key} must be a "
+                        f"{'stage, 0 to 3' if key == 'zero' else 'positive integer'}, got {value!r}"
                     )
                 fields[key] = int(value)
         return Strategy(**fields)
@@ -293,12 +316,12 @@ def derive(
 
 
 def _check_fits(strategy: Strategy, topology: Topology) -> None:
-    """A strategy needs ``dp * hp * pp`` devices; say so before a transform fails on the
-    first value it cannot place."""
+    """A strategy needs ``dp * cp * hp * pp`` devices; say so before a transform fails on
+    the first value it cannot place."""
     have = len(topology.devices)
     if strategy.num_devices > have:
         raise SessionError(
-            f"{strategy.describe()} needs dp x hp x pp = {strategy.num_devices} devices, but "
+            f"{strategy.describe()} needs dp x cp x hp x pp = {strategy.num_devices} devices, but "
             f"{topology.name} has {have}: lower the degrees so that their product is at most "
             f"{have}, or simulate more devices (report: --devices {strategy.num_devices})"
         )
@@ -314,6 +337,9 @@ def _apply_strategy(base: Function, strategy: Strategy) -> Function:
         pp=strategy.pp,
         microbatches=strategy.microbatches,
         schedule=strategy.schedule,
+        zero=strategy.zero,
+        ep=strategy.ep,
+        cp=strategy.cp,
     )
 
 

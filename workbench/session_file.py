@@ -65,6 +65,7 @@ def state_document(state: State) -> dict[str, Any]:
     s = state.strategy
     strategy = {"dp": s.dp, "hp": s.hp, "pp": s.pp, "microbatches": s.microbatches}
     strategy["schedule"] = s.schedule  # type: ignore[assignment]
+    strategy.update(ep=s.ep, cp=s.cp, zero=s.zero)
     return {
         "strategy": strategy,
         "annotations": [annotation_document(n, a) for n, a in state.annotations],

@@ -166,6 +166,9 @@ class SessionReader:
             raw, "microbatches", f"{at}.strategy", (1, MAX_INT)
         )
         fields["schedule"] = self.get(raw, "schedule", f"{at}.strategy", str)
+        for key, bounds in (("ep", _DEGREE), ("cp", _DEGREE), ("zero", (0, 3))):
+            if key in raw:  # absent from files saved before issue 28: their defaults
+                fields[key] = self.integer(raw[key], f"{at}.strategy.{key}", bounds)
         try:
             strategy = Strategy(**fields)
         except DistIRError as e:

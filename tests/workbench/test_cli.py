@@ -57,6 +57,6 @@ def test_a_strategy_needing_more_devices_says_how_many(tmp_path, capsys) -> None
     code = main(["report", "--quiet", "--no-search", "--strategy", "dp=16", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 1 and not out.exists()
-    assert "needs dp x hp x pp = 16 devices" in err and "has 8" in err
+    assert "needs dp x cp x hp x pp = 16 devices" in err and "has 8" in err
     assert "--devices 16" in err  # what to do instead
     assert "lives on device" not in err  # not the transform's first failure deep inside

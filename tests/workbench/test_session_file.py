@@ -55,6 +55,7 @@ STRATEGIES = [
     Strategy(dp=4),
     Strategy(hp=2),
     Strategy(pp=2, microbatches=2, schedule="1f1b"),
+    Strategy(dp=2, zero=3),
     Strategy(),
 ]
 
@@ -178,6 +179,8 @@ def _valid_document(tmp_path: Path) -> tuple[Path, str]:
         (lambda d: d["strategy"].update(dp="2"), "$.strategy.dp", "an integer"),
         (lambda d: d["strategy"].update(dp=True), "$.strategy.dp", "an integer"),
         (lambda d: d["strategy"].update(schedule="zigzag"), "$.strategy", "zigzag"),
+        (lambda d: d["strategy"].update(zero=4), "$.strategy.zero", "from 0 to 3"),
+        (lambda d: d["strategy"].update(ep=3), "$.strategy", "ep=3 must divide dp=1"),
         (lambda d: d["history"]["undo"].append(7), "$.history.undo[3]", "an object"),
         (
             lambda d: d["topology"]["devices"][1].update(peak_flops=-1),
