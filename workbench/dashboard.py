@@ -394,15 +394,7 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         s = self.session.strategy
         if self.session.state.annotations:
             return  # annotations are another mode: the knobs keep what the user typed
-        for knob, value in (
-            (self.dp, s.dp),
-            (self.hp, s.hp),
-            (self.pp, s.pp),
-            (self.microbatches, s.microbatches),
-            (self.schedule, s.schedule),
-        ):
-            if knob.value != value:
-                knob.value = value
+        self._show_strategy(s)
 
     def _start_graph(self, d: Derived) -> tuple[PendingGraph, Any] | None:
         """Start drawing the graph for ``d``, or None when the drawing on display fits.

@@ -1,6 +1,7 @@
 """The dashboard's side panels, as parts of :class:`workbench.Workbench`: the session
-file (Save / Load) and the ready transforms (dp x hp x pp knobs, Apply, compare with
-the previous state, search every strategy, measure the step shown).
+file (Save / Load) and the ready transforms (dp x cp x hp x pp knobs, ep and ZeRO where
+the model allows them, Apply, compare with the previous state, search every strategy,
+measure the step shown).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import ipywidgets as w
 
 from ir.device import Topology
 from ir.errors import DistIRError
+from ir.registry import get_op
 from ir.search import Row as SearchRow
 from ir.search import SearchResult
 from ir.search import search as search_strategies
+from ir.transforms._rewrite import is_optimizer
 from widgets.chart import Chart
 
 from .measuring import MeasuredRun
@@ -48,9 +51,8 @@ class SessionFilePanel:
         self.arguments, self.weight_names = {}, ()  # they belonged to the program replaced
         if self.editor.value_name not in self.session.annotatable():
             self.editor.select(None)
-        s = self.session.strategy
-        self.dp.value, self.hp.value, self.pp.value = s.dp, s.hp, s.pp
-        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
+        self._allow_knobs()
+        self._show_strategy(self.session.strategy)
         self.editor.refresh()
         return True
 
@@ -116,8 +118,16 @@ class ReadyTransformsPanel:
 
         self.dp, self.hp, self.pp = knob("dp", s.dp, 64), knob("hp", s.hp, 64), knob("pp", s.pp, 64)
         self.microbatches = knob("microbatches", s.microbatches, 1024, "180px")
-        for name in ("dp", "hp", "pp", "microbatches"):
+        self.ep, self.cp = knob("ep", s.ep, 64), knob("cp", s.cp, 64)
+        self.zero = w.Dropdown(
+            options=[("ZeRO off", 0)] + [(f"ZeRO-{z}", z) for z in (1, 2, 3)],
+            value=s.zero,
+            description="",
+            layout={"width": "110px"},
+        )
+        for name in ("dp", "hp", "pp", "microbatches", "ep", "cp", "zero"):
             getattr(self, name).add_class(f"distir-knob-{name}")
+        self._allow_knobs()
         self.schedule = w.Dropdown(
             options=list(SCHEDULES),
             value=s.schedule,
@@ -140,8 +150,9 @@ class ReadyTransformsPanel:
         self.strategy_buttons = [apply, reset, compare, search]
         return w.VBox(
             [
-                w.HTML("<b>Ready transforms</b> (dp × hp × pp devices)"),
+                w.HTML("<b>Ready transforms</b> (dp × cp × hp × pp devices)"),
                 row(self.dp, self.hp, self.pp),
+                row(self.ep, self.cp, self.zero),
                 row(self.microbatches, self.schedule),
                 row(apply, reset),
                 row(compare, search),
@@ -152,6 +163,38 @@ class ReadyTransformsPanel:
                 "margin": "6px 0 0 0",
             },
         )
+
+    def _allow_knobs(self) -> None:
+        """Enable the knobs the session's program allows, each refusal in its tooltip: ep
+        for a mixture-of-experts model (at most its experts), cp for a sequence model (one
+        with an op that depends on where a token sits: attention), ZeRO for a training step
+        (it shards the optimizer's state)."""
+        base = self.session.base
+        experts = max(
+            (op.attributes["experts"] for op in base.ops if op.op_type == "MoEDispatch"),
+            default=0,
+        )
+        sequence = any("context_form" in get_op(op.op_type).extra for op in base.ops)
+        trains = any(is_optimizer(op) for op in base.ops)
+        self.knob_refusals = {
+            name: None if ok else f"not for {why}"
+            for name, ok, why in (
+                ("ep", experts > 0, "a model without experts (build it with experts=E)"),
+                ("cp", sequence, "a model without attention (no sequence to split)"),
+                ("zero", trains, "a program without an optimizer (a training step has one)"),
+            )
+        }
+        for name, why in self.knob_refusals.items():
+            knob = getattr(self, name)
+            knob.disabled, knob.tooltip = why is not None, why or ""
+        self.ep.max = max(experts, 1)
+
+    def _show_strategy(self, s: Strategy) -> None:
+        """Set the knobs to strategy ``s`` (those that differ: no needless change events)."""
+        for name in ("dp", "hp", "pp", "ep", "cp", "zero", "microbatches", "schedule"):
+            knob, value = getattr(self, name), getattr(s, name)
+            if knob.value != value:
+                knob.value = value
 
     def search(self, **space: Any) -> SearchResult:
         """Search the strategies of the ready transforms on all the devices (the space of
@@ -238,17 +281,31 @@ class ReadyTransformsPanel:
 
     def apply_search_row(self, row: SearchRow) -> bool:
         """Apply a searched strategy through the ready transforms (one the dashboard's knobs
-        can express: no ZeRO, sequence parallelism, chunks or recomputation)."""
+        can express: ep, cp and ZeRO, but no sequence parallelism, chunks or
+        recomputation)."""
         s = row.strategy
-        if s.zero or s.sequence_parallel or s.chunks > 1 or s.recompute:
-            self.session.error = f"{s}: the ready-transform knobs cannot express it; use T.megatron"
+        refused = [
+            f"{name}: {why}"
+            for name, why in self.knob_refusals.items()
+            if why is not None and getattr(s, name) != getattr(Strategy(), name)
+        ]
+        if s.sequence_parallel or s.chunks > 1 or s.recompute or s.schedule not in SCHEDULES:
+            refused.insert(0, "no sequence parallelism, chunks or recomputation")
+        if refused:
+            self.session.error = (
+                f"{s}: the ready-transform knobs cannot express it ({'; '.join(refused)}); "
+                "use T.megatron"
+            )
             self.editor.refresh()
             return False
-        self.dp.value, self.hp.value, self.pp.value = s.dp, s.tp, s.pp
-        self.microbatches.value, self.schedule.value = s.microbatches, s.schedule
-        return self.set_strategy(
-            dp=s.dp, hp=s.tp, pp=s.pp, microbatches=s.microbatches, schedule=s.schedule
-        )
+        try:
+            chosen = Strategy(s.dp, s.tp, s.pp, s.microbatches, s.schedule, s.ep, s.cp, s.zero)
+        except SessionError as e:
+            self.session.error = f"{s}: {e}"
+            self.editor.refresh()
+            return False
+        self._show_strategy(chosen)
+        return self.set_strategy(chosen)
 
     def _load_search_row(self, row: SearchRow) -> Derived | None:
         """The search panel's click: apply ``row``; the state shown, or None if refused."""
@@ -270,6 +327,9 @@ class ReadyTransformsPanel:
                 pp=self.pp.value,
                 microbatches=self.microbatches.value,
                 schedule=self.schedule.value,
+                ep=self.ep.value if not self.ep.disabled else 1,
+                cp=self.cp.value if not self.cp.disabled else 1,
+                zero=self.zero.value if not self.zero.disabled else 0,
             )
 
     def _sequential(self) -> None:
