@@ -75,7 +75,17 @@ class Plan:
     @classmethod
     def of(cls, strategy: Any, **rest: Any) -> Plan:
         """The plan of a workbench ``Strategy`` (``hp`` its tensor degree) or of an
-        ``ir.search.Strategy`` (``tp``)."""
+        ``ir.search.Strategy`` (``tp``). Expert and context parallelism are not exported
+        yet: a strategy with ``ep`` or ``cp`` above 1 is an ExportError, not a file that
+        silently leaves them out."""
+        for name in ("ep", "cp"):
+            degree = getattr(strategy, name, 1)
+            if degree > 1:
+                raise ExportError(
+                    f"{name}={degree}: expert and context parallelism are not exported yet "
+                    "(the file would leave them out); export the strategy without them and "
+                    "add the tool's option by hand"
+                )
         tp = getattr(strategy, "tp", None) or getattr(strategy, "hp", 1)
         fields = {
             name: getattr(strategy, name)

@@ -150,3 +150,13 @@ def test_the_dashboard_exports_the_strategy_it_shows(tmp_path, monkeypatch) -> N
     wb.annotate("tokens", (ir.sharding.Mesh((8,)), [ir.sharding.S(0)]))
     wb.export_panel.button.click()  # annotations are not a strategy of the tools
     assert "ready transforms" in wb.export_panel.status.value
+
+
+def test_expert_and_context_parallelism_are_refused_not_left_out() -> None:
+    from ir.search import Strategy as SearchStrategy
+    from workbench import Strategy
+
+    for s in (Strategy(dp=4, ep=2), SearchStrategy(2, 1, 1, cp=2)):
+        with pytest.raises(ExportError, match=r"(ep|cp)=2: expert and context parallelism"):
+            Plan.of(s)
+    assert Plan.of(Strategy(dp=4, zero=3)).zero == 3  # ZeRO is exported
