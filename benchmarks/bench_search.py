@@ -205,6 +205,53 @@ def bench_space() -> None:
         )
 
 
+def bench_full_search() -> None:
+    """The same every-knob space searched end to end (``ir.search.search``, two tiers):
+    pruned, estimated, and the strategies that can reach the front built and simulated."""
+    from ir.search.space import divisors
+
+    batch = 1536
+    f = models.gpt(batch, 2048, 12288, 96, 51200, 96, dtype="bfloat16")
+    topology = ir.Topology.preset("a100-hgx", 1024)
+    first: list[float] = []
+    start, start_cpu = time.perf_counter(), time.process_time()
+
+    def seen(row: ir.search.Row) -> None:
+        if row.status not in ("pruned", "estimated") and not first:
+            first.append(time.perf_counter() - start)
+
+    result = ir.search.search(
+        f,
+        topology,
+        microbatches=divisors(batch),
+        schedules=("1f1b", "gpipe", "interleaved"),
+        chunks=(1, 2, 3, 4, 6, 8),
+        zero=(0, 1, 2),
+        sequence_parallel=(False, True),
+        recompute=(False, True),
+        progress=False,
+        on_row=seen,
+    )
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    counts: dict[str, int] = {}
+    for r in result.rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    simulated = sum(counts.get(k, 0) for k in ("ok", "over capacity", "error"))
+    print(
+        f"GPT-3 175B on 1,024 A100s, every knob, searched end to end (two tiers): "
+        f"{len(result.rows)} strategies in {wall:.1f} s (CPU {cpu:.1f} s); first simulated "
+        f"row after {first[0] if first else float('nan'):.1f} s; {simulated} built and "
+        f"simulated; {counts}"
+    )
+    if result.simulated():
+        best = result.best()
+        print(
+            f"  best: {best.strategy}: {best.step_time_s:.2f} s simulated "
+            f"(estimated {best.estimated_step_time_s:.2f} s), "
+            f"{best.peak_memory_bytes / 2**30:.1f} GiB"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="passes; the best is shown")
@@ -212,10 +259,17 @@ def main() -> None:
     parser.add_argument("--gpt3-dp", type=int, nargs="*", default=[16, 256])
     parser.add_argument("--skip-gpt3", action="store_true")
     parser.add_argument("--skip-space", action="store_true")
+    parser.add_argument(
+        "--full-search", action="store_true", help="also search the every-knob space end to end"
+    )
+    parser.add_argument("--only-full-search", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gpt3-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gpt3_one is not None:
         print(json.dumps(gpt3(args.gpt3_one, args.gpt3_microbatches)))
+        return
+    if args.only_full_search:
+        bench_full_search()
         return
     bench_grid(args.repeat)
     if not args.skip_gpt3:
@@ -238,6 +292,8 @@ def main() -> None:
             )
     if not args.skip_space:
         bench_space()
+    if args.full_search:
+        bench_full_search()
 
 
 if __name__ == "__main__":
