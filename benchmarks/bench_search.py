@@ -122,7 +122,7 @@ def bench_grid(repeat: int) -> None:
 def gpt3(dp: int, microbatches: int) -> dict[str, float]:
     import resource
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     f = models.gpt(
         batch=dp * microbatches,
         seq=2048,
@@ -149,10 +149,12 @@ def gpt3(dp: int, microbatches: int) -> dict[str, float]:
         "step_s": result.step_time_s,
         "device_peak_gb": peak / 1e9,
         "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
+        "cpu_s": time.process_time() - cpu0,
     }
 
 
 def bench_space() -> None:
+    from ir.search import _tensor_problems
     from ir.search.estimate import Estimator
     from ir.search.space import ModelFacts, divisors, prune, strategies
 
@@ -173,7 +175,8 @@ def bench_space() -> None:
         recompute=(False, True),
     )
     capacity = min(d.memory_bytes for d in topology.devices)
-    pruned = prune(space, ModelFacts.of(t, batch), capacity)
+    # as ir.search.search prunes: tensor degrees that would repeat work (past 96 heads)
+    pruned = prune(space, ModelFacts.of(t, batch), capacity, _tensor_problems(t, space))
     todo = [s for s in space if s not in pruned]
     t1 = time.perf_counter()
     cpu.append(time.process_time())
@@ -191,17 +194,76 @@ def bench_space() -> None:
     print(f"GPT-3 175B on 1,024 A100s, every knob: {len(space)} strategies")
     print(
         f"  enumerated and pruned in {t1 - start:.1f} s (CPU {c[0]:.1f} s; {len(pruned)} "
-        f"pruned by the state's bytes and the batch); estimator set-up (four analyses of "
+        f"pruned by the state's bytes, the batch and the heads); estimator set-up (its "
+        f"analyses of "
         f"the step) {t2 - t1:.1f} s (CPU {c[1]:.1f} s); {len(todo)} estimated in "
         f"{t3 - t2:.2f} s (CPU {c[2]:.2f} s; each distinct op, stage cut and shape costed "
         f"once); again {warm:.2f} s CPU ({len(todo) / warm:,.0f} strategies/s); the "
         f"{len(space)} ranked in {t3 - start:.1f} s (CPU {sum(c):.1f} s)"
     )
-    print(f"  {int(e.known.sum())} estimable, {int(fits.sum())} estimated to fit; fastest:")
+    print(
+        f"  {int(e.known.sum())} estimable, {len(e.refused)} refused by the stage cut, "
+        f"{int(fits.sum())} estimated to fit; fastest:"
+    )
     for i in order[:3]:
         print(
             f"    {todo[i]}: {e.step_time_s[i]:.2f} s, "
             f"{e.peak_memory_bytes[i] / 2**30:.1f} GiB (estimated)"
+        )
+
+
+def bench_full_search() -> None:
+    """The same every-knob space searched end to end (``ir.search.search``, two tiers):
+    pruned, estimated, and the strategies that can reach the front built and simulated."""
+    from ir.search.space import divisors
+
+    batch = 1536
+    f = models.gpt(batch, 2048, 12288, 96, 51200, 96, dtype="bfloat16")
+    topology = ir.Topology.preset("a100-hgx", 1024)
+    first: list[float] = []
+    start, start_cpu = time.perf_counter(), time.process_time()
+
+    def seen(row: ir.search.Row) -> None:
+        if row.status not in ("ok", "over capacity"):
+            return  # pruned, estimated, refused by the stage cut (error): nothing simulated
+        first.append(time.perf_counter() - start)
+        print(
+            f"    {first[-1]:6.1f} s (CPU {time.process_time() - start_cpu:.1f} s): {row.strategy}"
+            f" {row.status}, {row.step_time_s:.2f} s (estimated {row.estimated_step_time_s:.2f}"
+            f" s), {row.peak_memory_bytes / 2**30:.1f} GiB (estimated "
+            f"{row.estimated_peak_memory_bytes / 2**30:.1f})",
+            flush=True,
+        )
+
+    result = ir.search.search(
+        f,
+        topology,
+        microbatches=divisors(batch),
+        schedules=("1f1b", "gpipe", "interleaved"),
+        chunks=(1, 2, 3, 4, 6, 8),
+        zero=(0, 1, 2),
+        sequence_parallel=(False, True),
+        recompute=(False, True),
+        progress=False,
+        on_row=seen,
+    )
+    wall, cpu = time.perf_counter() - start, time.process_time() - start_cpu
+    counts: dict[str, int] = {}
+    for r in result.rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    simulated = sum(counts.get(k, 0) for k in ("ok", "over capacity"))
+    print(
+        f"GPT-3 175B on 1,024 A100s, every knob, searched end to end (two tiers): "
+        f"{len(result.rows)} strategies in {wall:.1f} s (CPU {cpu:.1f} s); first simulated "
+        f"row after {first[0] if first else float('nan'):.1f} s; {simulated} built and "
+        f"simulated; {counts}"
+    )
+    if result.simulated():
+        best = result.best()
+        print(
+            f"  best: {best.strategy}: {best.step_time_s:.2f} s simulated "
+            f"(estimated {best.estimated_step_time_s:.2f} s), "
+            f"{best.peak_memory_bytes / 2**30:.1f} GiB"
         )
 
 
@@ -212,10 +274,17 @@ def main() -> None:
     parser.add_argument("--gpt3-dp", type=int, nargs="*", default=[16, 256])
     parser.add_argument("--skip-gpt3", action="store_true")
     parser.add_argument("--skip-space", action="store_true")
+    parser.add_argument(
+        "--full-search", action="store_true", help="also search the every-knob space end to end"
+    )
+    parser.add_argument("--only-full-search", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gpt3-one", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gpt3_one is not None:
         print(json.dumps(gpt3(args.gpt3_one, args.gpt3_microbatches)))
+        return
+    if args.only_full_search:
+        bench_full_search()
         return
     bench_grid(args.repeat)
     if not args.skip_gpt3:
@@ -232,12 +301,15 @@ def main() -> None:
             total = r["model_s"] + r["build_s"] + r["simulate_s"] + r["memory_s"]
             print(
                 f"  {dp * 64:>6} GPUs: model {r['model_s']:.1f} + build {r['build_s']:.1f} + "
-                f"simulate {r['simulate_s']:.1f} + memory {r['memory_s']:.1f} = {total:.1f} s; "
+                f"simulate {r['simulate_s']:.1f} + memory {r['memory_s']:.1f} = {total:.1f} s "
+                f"(CPU {r['cpu_s']:.1f} s); "
                 f"{r['top_level_ops']} ops; step {r['step_s']:.2f} s, device peak "
                 f"{r['device_peak_gb']:.1f} GB; process peak {r['rss_gib']:.2f} GiB"
             )
     if not args.skip_space:
         bench_space()
+    if args.full_search:
+        bench_full_search()
 
 
 if __name__ == "__main__":

@@ -19,7 +19,14 @@ def freeze_attributes(attributes: Mapping[str, Any]) -> Mapping[str, Any]:
     return MappingProxyType({k: _freeze(v) for k, v in attributes.items()})
 
 
+#: Values that are frozen as they are: a list of only these becomes a tuple in one C call.
+_ATOMS = frozenset({int, float, str, bool, type(None)})
+
+
 def _freeze(v: Any) -> Any:
+    kind = type(v)
+    if (kind is tuple or kind is list) and set(map(type, v)) <= _ATOMS:
+        return v if kind is tuple else tuple(v)  # a group of device ids: no call per id
     if isinstance(v, (list, tuple)):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, Mapping):

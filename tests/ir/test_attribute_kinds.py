@@ -168,3 +168,33 @@ def test_the_reported_to_device_values_are_refused(value):
     x = b.input("x", TensorType((2,), device=0))
     with pytest.raises(ir.VerifyError, match=r"^Send: attribute to_device=.* is not a device"):
         b.call("Send", x, to_device=value)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.integers(-(2**70), 2**70),
+            st.integers(-2, 70_000),
+            st.booleans(),
+            st.floats(-2, 70_000),
+            st.none(),
+            st.just(DeviceVar("d")),
+            st.text(max_size=2),
+        ),
+        max_size=6,
+    )
+)
+def test_a_list_checked_at_once_is_accepted_as_item_by_item(values: list):
+    """The C-level check of a list of ints (``AttrKind.every``, for groups of 16,384 device
+    ids) decides as checking each item does."""
+    from ir.attr_kinds import DEVICES, GROUPS, INT, NONNEG_INT, POS_INT, SHAPE, sequence_of
+
+    for kind in (DEVICE, INT, NONNEG_INT, POS_INT):
+        one_by_one = all(kind.accepts(x) for x in values)
+        assert sequence_of(kind).accepts(values) == one_by_one
+        assert sequence_of(kind).accepts(tuple(values)) == one_by_one
+    assert DEVICES.accepts(values) == all(DEVICE.accepts(x) for x in values)
+    assert SHAPE.accepts(values) == all(NONNEG_INT.accepts(x) for x in values)
+    grouped = bool(values) and all(NONNEG_INT.accepts(x) for x in values)
+    assert GROUPS.accepts([values, [0]]) == grouped
