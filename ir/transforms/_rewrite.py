@@ -138,9 +138,34 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
     ]
     if not data:
         return []
-    # a leading 1 is broadcast, not a batch (a ViT's class token, expanded to the batch)
-    batch = next((v.type.shape[0] for v in data if v.type.shape[0] > 1), data[0].type.shape[0])
+    batch = _batch_rows(f, data)
     return [v for v in data if v.type.shape[0] == batch]
+
+
+def _batch_rows(f: Function, data: Sequence[Value]) -> int:
+    """The batch size among the leading sizes of ``data`` (non-weight inputs). Where they
+    differ (an imported model's index buffers: Swin's relative positions), the rows of
+    the labels a ``Loss`` reads, else of the first output that has one of the sizes;
+    otherwise the first size that is not 1 (a leading 1 is broadcast, not a batch: a
+    ViT's class token, expanded to the batch)."""
+    sizes = [v.type.shape[0] for v in data]
+    first = next((n for n in sizes if n > 1), sizes[0])
+    if len(set(sizes) - {1}) < 2:
+        return first
+    labels = {  # a loss's labels: the operands its record says carry no gradient
+        op.inputs[i]
+        for op in f.ops
+        if get_op(op.op_type).extra.get("loss") or starts_backward(op)
+        for i in get_op(op.op_type).extra.get("nondiff_operands", ())
+    }
+    for op in reversed(f.ops):  # labels seen through views (reshaped, cast) are the labels
+        if is_view(op) and op.outputs[0] in labels:
+            labels.add(op.inputs[0])
+    for v in data:
+        if v in labels and v.type.shape[0] > 1:
+            return v.type.shape[0]
+    rows = [v.type.shape[0] for v in f.outputs if isinstance(v.type, TensorType) and v.type.rank]
+    return next((n for n in rows if n > 1 and n in sizes), first)
 
 
 def batch_size(f: Function, batch: Sequence[Value]) -> int:

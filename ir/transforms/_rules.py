@@ -31,7 +31,7 @@ from ..registry import get_op
 from ..sharding import mesh
 from ..sharding.errors import PropagationError
 from ..sharding.rules import Choice, Rule, axis_placements, rule_for
-from ..types import TupleType, Type
+from ..types import TensorType, TupleType, Type
 from ..value import Value
 from ..verify import attributes_key
 from ._rewrite import is_optimizer
@@ -152,16 +152,37 @@ def linear_in_all(c: Candidate, n_operands: int) -> bool:
 def data_rule(op: Op, states: list[Shard | None], n: int = 1) -> RuleResult:
     """Data parallelism over ``n`` devices: batch rows are independent, so results take
     their state from their local shapes; Partial operands are all-reduced first unless the
-    op's record says it is linear in all of them. A replicated operand that the op's
-    record aligns with a split one (a class token broadcast to the whole batch, then
-    concatenated with the batch's patches) is sliced where it is: no communication."""
+    op's record says it is linear in all of them (or in them alone, the others replicated,
+    with one result: ``_sums_through``). A replicated operand that the op's record aligns
+    with a split one (a constant of the batch's rows; a broadcast to the batch is built
+    split instead, ``data_parallel.batch_broadcasts``) is sliced where it is: no
+    communication."""
     partial = {i for i, s in enumerate(states) if s == P}
     if not partial:
         return RuleResult(None, convert=_slices(op, states) if n > 1 else {})
     operands = len(states)
     if len(partial) == operands and any(linear_in_all(c, operands) for c in candidates(op, 2)):
         return RuleResult(None)
+    if _sums_through(op, states, partial):
+        return RuleResult([P])
     return RuleResult(None, convert=dict.fromkeys(partial, R))
+
+
+def _sums_through(op: Op, states: States, partial: set[int]) -> bool:
+    """``op`` has one result and is linear in its Partial operands, the others replicated
+    indices (integers): the sum passes through it, as one sum still (a learned bias's
+    gradient gathered into its table by an ``EmbeddingGrad``: Swin's, LeViT's relative
+    positions), summed over the replicas once as the weight's gradient after the last
+    microbatch. (A float operand beside it, ``Mul`` by a scale, could make several sums of
+    one: it is all-reduced first, as ``linear_in_all`` says.)"""
+    others = [i for i in range(len(states)) if i not in partial]
+    if len(op.outputs) != 1 or any(states[i] != R for i in others):
+        return False
+    types = [op.inputs[i].type for i in others]
+    if any(not isinstance(t, TensorType) or t.dtype.is_float for t in types):
+        return False
+    members = tuple(sorted(partial))
+    return any(c.choice[0] == "partial" and c.choice[1] == members for c in candidates(op, 2))
 
 
 def _slices(op: Op, states: Sequence[Shard | None]) -> dict[int, Shard]:
