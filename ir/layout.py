@@ -118,6 +118,15 @@ def check_levels(levels: Sequence[str], t: Type, what: str = "value") -> Levels:
         raise LayoutError(
             f"layout {list(levels)} of {what} has more levels than its type {t} has tuples"
         )
+    rank = inner.rank if isinstance(inner, TensorType) else None
+    for level in levels:
+        kind, axis, _ = _parse(level, what)
+        if kind == "S" and rank is not None and (axis is None or axis >= rank):
+            raise LayoutError(
+                f"layout level {level!r} of {what} splits axis {axis}, but its pieces "
+                f"({inner}) have rank {rank}: a value of rank {rank} splits along axes "
+                f"0..{rank - 1} (a scalar is 'R' or 'P')"
+            )
     return levels
 
 
@@ -197,6 +206,11 @@ def _whole(parts: list, axes: list[tuple[str, int | None, int]], what: str, rtol
     step = len(parts) // n
     subs = [_whole(parts[i * step : (i + 1) * step], rest, what, rtol) for i in range(n)]
     if kind == "S":
+        if axis is None or any(np.ndim(x) <= axis for x in subs):
+            raise LayoutError(
+                f"{what}: the layout splits axis {axis}, but its pieces have shape "
+                f"{np.shape(subs[0])} (a scalar is 'R' or 'P')"
+            )
         return np.concatenate(subs, axis=axis)
     if kind == "Z":
         halves = [np.split(sub, 2, axis=axis) for sub in subs]

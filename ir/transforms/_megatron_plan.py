@@ -24,7 +24,7 @@ from ..types import TensorType
 from ..value import Value
 from ..verify import describe_op
 from ._megatron_mesh import StageMesh
-from ._rewrite import TransformError, batch_inputs, batch_size, is_optimizer
+from ._rewrite import TransformError, batch_inputs, batch_size, is_optimizer, returned_inputs_copied
 from ._rules import data_rule
 from ._spmd import P, R, Shard
 from ._spmd import Plan as _Plan
@@ -128,6 +128,7 @@ class MegatronPlan(StageMesh):
     # -- analysis --------------------------------------------------------------------------
 
     def _analyse(self, schedule: str) -> None:
+        self.t = returned_inputs_copied(self.t)  # an input returned: its pieces' copies
         t, dp, m = self.t, self.dp, self.m
         batch = batch_inputs(t)
         if not batch:

@@ -78,9 +78,7 @@ class StageEmission(MegatronPlan):
         for v in t.inputs:
             p = piece_inputs.get(v)
             post_users = post_users_of.get(v, [])
-            if p is None and not post_users:
-                if v in t.outputs:
-                    raise TransformError(f"input {v.name!r} is returned unchanged; not supported")
+            if p is None and not post_users:  # (an input returned: copied, _analyse)
                 continue
             if dplan.state[v] == R:
                 stage = self._weight_stage(v, p, post_users)

@@ -17,7 +17,7 @@ from ..value import Value
 from ._megatron_plan import VAR, level
 from ._megatron_stages import StageEmission
 from ._rewrite import localize_op
-from ._spmd import P
+from ._spmd import P, R
 
 
 class Megatron3D(StageEmission):
@@ -121,7 +121,10 @@ class Megatron3D(StageEmission):
             else:
                 per_mb = [self.at[mb][h] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
-                layouts.append(self.batch_layout(level(hstate, self.tp), piece_value))
+                layout = self.batch_layout(level(hstate, self.tp), piece_value)
+                if dplan.state[key] in (R, None):  # made by every piece (a scalar of no row)
+                    layout = ("R", f"R@{self.dp}", *layout[2:])
+                layouts.append(layout)
         return outs, layouts
 
     def _summed_layout(self, piece_value: Value, tp_level: str) -> tuple[str, ...]:

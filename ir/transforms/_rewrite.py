@@ -15,7 +15,7 @@ from typing import Any
 
 from ..arguments import callable_arg, function_arg, topology_arg
 from ..attr_kinds import DEVICE
-from ..builder import FunctionBuilder
+from ..builder import FunctionBuilder, rebuild_op
 from ..errors import DistIRError, VerifyError
 from ..function import Function
 from ..limits import MAX_DEVICES
@@ -320,6 +320,23 @@ def check_devices(
                 f"devices {missing} are not in the topology (it has {sorted(known)})"
             )
     return devices
+
+
+def returned_inputs_copied(f: Function) -> Function:
+    """``f`` with each output that is one of its inputs (returned unchanged) made by an
+    ``Identity``, so that a step computes every output it returns."""
+    inputs = set(f.inputs)
+    if not any(v in inputs for v in f.outputs):
+        return f
+    b = FunctionBuilder(f.name)
+    env = {v: b.input(v.name, v.type) for v in f.inputs}
+    for op in f.ops:
+        env.update(zip(op.outputs, rebuild_op(b, op, [env[v] for v in op.inputs])))
+    outs = [
+        b.call("Identity", env[v], name=f"{v.name}_out") if v in inputs else env[v]
+        for v in f.outputs
+    ]
+    return b.finish(outs)
 
 
 # -- localising ops ----------------------------------------------------------------------
