@@ -40,7 +40,7 @@ from ..function import Function
 from ..op import Op
 from ..sharding.stages import is_stage_marker
 from ..value import Value
-from ._rewrite import TransformError, is_optimizer
+from ._rewrite import TransformError, batch_inputs, is_optimizer
 from .layer_cut import AT_LAYERS, AT_POINTS, AT_WEIGHTS, balanced_weights, constant_ops
 from .stage_annotations import annotated_forward, annotated_stages, unmarked, weight_stages
 from .stage_replays import local_replays, replay_twins
@@ -166,6 +166,7 @@ def _assign(
                 continue
             s = max(wstages) if wstages else max(values, default=min(grads, default=0))
             stage[op] = min([s, *grads])
+    _gradients_flow_back(f, stage, gradients)
     consumers = f.consumers
     # A gradient op placed by the activations it reads can land before the forward op it
     # differentiates (a MoE combine's gradient dispatches dy by the router's slots and
@@ -187,6 +188,19 @@ def _assign(
     return {op: stage[op] for op in f.ops}, at, twins
 
 
+def _gradients_flow_back(f: Function, stage: dict[Op, int], gradients: set[Op]) -> None:
+    """Move any gradient op that reads a gradient made on an earlier stage back to that
+    stage. A stage's backward task waits on the later stages' gradients, so a later stage
+    reading an earlier one's would wait on itself; a weight's gradient made this way is
+    sent to the weight's stage for its optimizer step. The rules above keep every
+    gradient op in place for the programs we know; this guards the rest."""
+    producer = f.producers
+    for op in f.ops:
+        if op in gradients:
+            earlier = [stage[producer[v]] for v in op.inputs if producer.get(v) in gradients]
+            stage[op] = min([stage[op], *earlier])
+
+
 def _weight_gradient_chains(
     f: Function, grad_of: Mapping[Op, Value], weight_stage: Mapping[Value, int], gradients: set[Op]
 ) -> dict[Op, Value]:
@@ -202,10 +216,13 @@ def _weight_gradient_chains(
         users = {grad_of.get(u, feeds.get(u)) for v in op.outputs for u in consumers.get(v, [])}
         if len(users) == 1 and None not in users:
             feeds[op] = users.pop()
+    # A weight read through a weight-only computation (a BatchNorm's scale reshaped to
+    # broadcast, Gemma's ``1 + w``) counts as the weight read with its partner.
+    of_weights = _weight_derived(f, weight_stage, gradients)
     beside: dict[Value, set[Value]] = {}  # forward value -> weights read with it
     for op in f.ops:
         if op not in gradients and not is_optimizer(op):
-            ws = {v for v in op.inputs if v in weight_stage}
+            ws = {w for v in op.inputs for w in of_weights.get(v, ())}
             for v in op.inputs:
                 beside.setdefault(v, set()).update(ws)
     chains: dict[Op, Value] = {}
@@ -219,6 +236,26 @@ def _weight_gradient_chains(
         ):
             chains[op] = w
     return chains
+
+
+def _weight_derived(
+    f: Function, weight_stage: Mapping[Value, int], gradients: set[Op]
+) -> dict[Value, set[Value]]:
+    """Each weight, and each forward value computed from weights and constants alone
+    (no batch input), mapped to the weights it comes from."""
+    batch = set(batch_inputs(f))
+    of: dict[Value, set[Value]] = {w: {w} for w in weight_stage}
+    for op in f.ops:
+        if op in gradients or is_optimizer(op):
+            continue
+        if any(v in batch for v in op.inputs):
+            batch.update(op.outputs)
+            continue
+        ws = {w for v in op.inputs for w in of.get(v, ())}
+        if ws:
+            for v in op.outputs:
+                of[v] = ws
+    return of
 
 
 @dataclass(frozen=True)
