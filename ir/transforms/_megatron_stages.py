@@ -47,6 +47,7 @@ class StageEmission(MegatronPlan):
         self.home: list[dict[Value, int]] = [{} for _ in range(self.m)]
         self.sent: dict[tuple[Value, int, int], Value] = {}
         self.weights: dict[Value, Value] = {}
+        self.weights_on: dict[tuple[Value, int], Value] = {}  # a buffer sent to a stage
         self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
         self._runs: dict[tuple, tuple] = {}  # each run of items (and sums): _body's answer
         self._steps: dict[tuple, list] = {}  # each kind of task: its steps (_task_steps)
@@ -81,7 +82,7 @@ class StageEmission(MegatronPlan):
             if p is None and not post_users:  # (an input returned: copied, _analyse)
                 continue
             if dplan.state[v] == R:
-                stage = self._weight_stage(v, p, post_users)
+                stage = self._weight_stage(v, p, post_users, bool(updating.get(v)))
                 for op in updating.get(v, ()):
                     self.stage_of_post[op] = stage
                 state = hplan.state.get(p, R) if p is not None else post_states.get(v, R)
@@ -107,8 +108,10 @@ class StageEmission(MegatronPlan):
                 )
                 self.weight_input[v] = x
                 if p is not None:
-                    # read by its stage's tasks only (ZeRO-3: its part)
+                    # read by its stage's tasks (ZeRO-3: its part); a buffer read by
+                    # several stages (_weight_stage) is sent to the others once
                     self.weights[getattr(self, "zero3_shard", {}).get(p, p)] = x
+                    self._send_once(p, x, stage)
             else:
                 stage = self.stage_of_key[p]
                 state = hplan.state[p] if p is not None else R
@@ -120,19 +123,34 @@ class StageEmission(MegatronPlan):
                     split = b.call("TupleGet", x, index=mb, name=f"{v.name}_mb{mb}")
                     self._put(p, mb, stage, split)
 
-    def _weight_stage(self, v: Value, p: Value | None, post_users: list[Op]) -> int:
-        """The stage whose ops read weight ``v``; its optimizer steps run there too."""
+    def _weight_stage(
+        self, v: Value, p: Value | None, post_users: list[Op], updated: bool = True
+    ) -> int:
+        """The stage whose ops read weight ``v``; its optimizer steps run there too. An
+        input no optimizer updates (a buffer) may be read by several: the first."""
         stages = set()
         if p is not None:
             stages |= {item.stage for item in self._items_reading.get(p, ())}
         if not stages:
             stages |= {self.stage_of_post[op] for op in post_users}
+        if len(stages) > 1 and not updated:
+            return min(stages)
         if len(stages) > 1:
             raise TransformError(
                 f"pipeline level: weight {v.name!r} is read by stages {sorted(stages)}; a "
                 "weight shared between stages (tied embeddings) is not supported"
             )
         return stages.pop() if stages else 0
+
+    def _send_once(self, p: Value, x: Value, home: int) -> None:
+        """An input read on stages other than ``home`` (a buffer, ``_weight_stage``): sent
+        to each once, at the start of the step, for every microbatch there."""
+        for s in sorted({item.stage for item in self._items_reading.get(p, ())} - {home}):
+            names = [f"{p.name}_s{s}"]
+            (moved,) = self._add(
+                ("send", p, home, s), "SendEach", [x], {"to_devices": self.devices(s)}, names
+            )
+            self.weights_on[(p, s)] = moved
 
     def _post_states(self, piece_inputs: Mapping[Value, Value]) -> dict[Value, Shard]:
         """The tensor-parallel state of each optimizer operand: that of the weight of the
@@ -156,7 +174,7 @@ class StageEmission(MegatronPlan):
         """``key`` of microbatch ``mb`` on ``stage``'s devices (sent there once)."""
         found = self.at[mb].get(key)
         if found is None:
-            found = self.weights.get(key)
+            found = self.weights_on.get((key, stage)) or self.weights.get(key)
             if found is None:
                 raise TransformError(f"internal: {key.name} of microbatch {mb} is used before made")
             return found

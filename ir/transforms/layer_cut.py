@@ -66,9 +66,9 @@ class CutPoints:
 
 def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
     """The cut points of ``f`` (see :class:`CutPoints`). Values that depend on no batch
-    input and no weight (an imported Llama's rotary tables, read by every layer) do not
-    count as crossing: they would leave no point but in the last layer; nor do scalars
-    (a MoE layer's load-balancing loss, carried to the model's loss).
+    input (an imported Llama's rotary tables, read by every layer; a weight's transpose)
+    do not count as crossing: they would leave no point but in the last layer; nor do
+    scalars (a MoE layer's load-balancing loss, carried to the model's loss).
 
     Repeated layers: the forward pass between consecutive points is a *segment*, known
     by its op types; the longest run of segments that repeats with some period ``P``
@@ -77,6 +77,9 @@ def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
     boundary.
     """
     free = constant_ops(f, order)
+    # nor do values made from weights and constants alone (a forward program's rotary
+    # tables, from its inv_freq buffer): made once a step, not per microbatch
+    unbatched = constant_ops(f, ())
     forward = [op for op in f.ops if op not in backward and not is_optimizer(op)]
     where = {op: i for i, op in enumerate(forward)}
     last_use: dict[Value, int] = {}
@@ -85,7 +88,7 @@ def cut_points(f: Function, backward: set[Op], order: list[Value]) -> CutPoints:
             last_use[v] = i
     crossing = [0] * (len(forward) + 1)  # values live across the point after op i
     for i, op in enumerate(forward):
-        if op in free:
+        if op in unbatched:
             continue
         for v in op.outputs:
             end = last_use.get(v, i)

@@ -216,6 +216,8 @@ class _Pipeline:
                 )
         for op in self.pre:
             self.emit_global(op)
+        if self.resident:
+            self._send_step_values()
         self._merge()
         for dst, st in self.conv_src.items():
             src = st.keys[0]
@@ -235,6 +237,18 @@ class _Pipeline:
         if output_device is not None:
             outs = [self.move.at(v, output_device) for v in outs]
         return verify(b.finish(outs))
+
+    def _send_step_values(self) -> None:
+        """Send each value of the whole step (an input, a value of no batch input) that a
+        stage other than its own reads there before the schedule starts, not before the
+        first task reading it: a transfer waits for its receiver (Megatron-LM synchronises
+        after point-to-point transfers), and one from the first stage to the last, placed
+        among the microbatches, would hold the first stage until the last one gets there."""
+        for (s, _), ops in self.tasks.items():
+            for op in ops:
+                for k in self.keys[op]:
+                    if self.plan.state[k] == R and k in self.glob:
+                        self.move.at(self.glob[k], self.devices[s])
 
     def _input_type(self, v: Value) -> Any:
         """``v``'s type in the step: on the stage of its first reader when resident."""

@@ -43,6 +43,7 @@ from ..value import Value
 from ._rewrite import TransformError, batch_inputs, is_optimizer
 from .layer_cut import AT_LAYERS, AT_POINTS, AT_WEIGHTS, balanced_weights, constant_ops
 from .stage_annotations import annotated_forward, annotated_stages, unmarked, weight_stages
+from .stage_constants import local_constants
 from .stage_replays import local_replays, replay_twins
 from .step_parts import backward_ops, gradient_ops, weights
 
@@ -84,9 +85,12 @@ def staged(
     """``f`` ready to pipeline over ``n`` stages, and the stage of each of its ops: as
     :func:`assign_stages`, with each stage's replays (recomputed activations) started
     from the values the stage holds (:mod:`ir.transforms.stage_replays`), so that any
-    cut of a recomputed program has a schedule. Every stage has work."""
+    cut of a recomputed program has a schedule, and with each value of no batch input
+    made on every stage that reads it (:mod:`ir.transforms.stage_constants`). Every
+    stage has work."""
     stage, _, twins = _assign(f, n, marks, what)
     g, stage = local_replays(f, stage, twins, backward_ops(f))
+    g, stage = local_constants(g, stage, backward_ops(g))
     _check_every_stage_works(g, n, stage, what)
     return g, stage
 
