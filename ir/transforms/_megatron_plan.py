@@ -152,9 +152,10 @@ class MegatronPlan(StageMesh):
         sliced = [st.keys[0].name for st in dplan.steps if st.op is None and st.src == R]
         if sliced:
             raise TransformError(
-                f"data level: {sliced} are whole-batch values made from no batch input (a "
-                "class token broadcast to the batch) that the replicas slice; slicing them "
-                "per microbatch is not supported yet: use T.data_parallel"
+                f"data level: {sliced} are whole-batch values made from no batch input that "
+                "are no broadcast the step can make per microbatch (a constant of the "
+                "batch's rows); the 3D step does not cut them into the microbatches' "
+                "pieces: use T.pipeline_parallel or T.data_parallel, which do"
             )
         late: set[Value] = {st.keys[1] for st in dplan.steps if st.op is None}
         self.post: list[Op] = []

@@ -380,25 +380,30 @@ def _local_results(op: Op, rule: Rule, inputs: Sequence[Value]) -> list[Type]:
     return out
 
 
-def local_attributes(op: Op, inputs: Sequence[Value], device: DeviceRef) -> dict[str, Any]:
+def local_attributes(
+    op: Op, inputs: Sequence[Value], device: DeviceRef, results: Sequence[Type] | None = None
+) -> dict[str, Any]:
     """``op``'s attributes fitted to new operands (shards, microbatches, other devices).
 
     Both facts come from ``op``'s record: an op with a ``device`` attribute (``Constant``)
     names the new device; an op whose sharding rule has ``local_attributes``
     (``Reshape``'s target shape, ``Loss``'s global denominator) gets them for the new
-    shapes.
+    shapes: its results' (``results``: given where they do not follow from the operands,
+    a broadcast built for one shard of the batch).
     """
     attrs = dict(op.attributes)
     opdef = get_op(op.op_type)
     if any(a.name == "device" for a in opdef.attributes):
         attrs["device"] = device
     changed = any(_shape(v.type) != _shape(x.type) for v, x in zip(op.inputs, inputs))
+    if results is not None:
+        changed = changed or any(_shape(v.type) != _shape(t) for v, t in zip(op.outputs, results))
     if not changed or opdef.sharding_rule is None:
         return attrs
     rule = rule_for(op)
     if rule.local_attributes is None:
         return attrs
-    local_results = _local_results(op, rule, inputs)
+    local_results = list(results) if results is not None else _local_results(op, rule, inputs)
     return dict(rule.local_attributes(attrs, [x.type for x in inputs], local_results))
 
 
@@ -408,9 +413,11 @@ def localize_op(
     inputs: Sequence[Value],
     device: DeviceRef = None,
     suffix: str = "",
+    results: Sequence[Type] | None = None,
 ) -> tuple[Value, ...]:
-    """Re-add ``op`` with ``inputs`` (shards, copies on other devices); return its results."""
-    attrs = local_attributes(op, inputs, device)
+    """Re-add ``op`` with ``inputs`` (shards, copies on other devices); return its results
+    (of the types ``results`` where given: see :func:`local_attributes`)."""
+    attrs = local_attributes(op, inputs, device, results)
     try:
         new = builder.add_op(
             op.op_type,

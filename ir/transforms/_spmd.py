@@ -154,6 +154,13 @@ class LocalProgram:
             self.env[dst] = self.b.input(dst.name, self.local_type(dst.type, step.dst))
             return (self.env[dst],)
         op, inputs = step.op, [self.value(k) for k in step.keys]
+        if op in self.plan.born:  # results split though the operands are whole
+            states = [self.plan.born[op]] * len(op.outputs)
+            types = [self.local_type(v.type, s) for v, s in zip(op.outputs, states)]
+            outs = localize_op(self.b, op, inputs, self.device, results=types)
+            self.step_ops[index] = self.b.ops[-1]
+            self.env.update(zip(op.outputs, outs))
+            return outs
         signature = self._signatures.get(op)
         key = None
         if signature is not None:
@@ -185,9 +192,13 @@ class Plan:
         rule: Rule,
         var: str,
         links: Mapping[Value, Link] | None = None,
+        born: Mapping[Op, Shard] | None = None,
     ) -> None:
         self.f, self.n, self.var, self.rule = f, n, var, rule
         self.links = dict(links or {})  # outer levels' conversion results: made when read
+        # ops whose replicated operands broadcast to a split result: each device builds its
+        # own part (a class token broadcast to the batch, built per shard as torch would)
+        self.born: Mapping[Op, Shard] = born or {}
         self.facts = ProgramFacts(f)  # the op signatures every shape group's program reads
         self.state: dict[Value, Shard | None] = {v: input_states.get(v, R) for v in f.inputs}
         self.prov: dict[Value, frozenset[Value]] = {v: frozenset() for v in f.inputs}
@@ -237,8 +248,10 @@ class Plan:
         keys = [self.current[v] for v in op.inputs]
         states = [self.state[k] for k in keys]
         result: RuleResult | None = RuleResult([R] * len(op.outputs))
+        if op in self.born and all(s in (R, None) for s in states):
+            result = RuleResult([self.born[op]] * len(op.outputs))
         # an op with index operands may run on a slice of its ids though all is replicated
-        if any(s != R for s in states) or get_op(op.op_type).extra.get("index_operands"):
+        elif any(s != R for s in states) or get_op(op.op_type).extra.get("index_operands"):
             result = self.rule(op, states)
         if result is None and M in states:  # no op passes a partial maximum: reduce it first
             keys = [self.convert(k, R) if s == M else k for k, s in zip(keys, states)]

@@ -22,7 +22,11 @@ from functools import partial
 from typing import Any
 
 from ..function import Function
+from ..op import Op
+from ..sharding.errors import PropagationError
+from ..sharding.rules import rule_for
 from ..types import DeviceRef, TensorType
+from ..value import Value
 from ..verify import verify
 from ._emit import emit
 from ._rewrite import (
@@ -35,7 +39,7 @@ from ._rewrite import (
 )
 from ._rules import data_rule
 from ._spmd import Plan as _Plan
-from ._spmd import S
+from ._spmd import R, S, Shard
 
 
 def data_plan(
@@ -54,9 +58,60 @@ def data_plan(
     for v in inputs:
         if not isinstance(v.type, TensorType) or v.type.rank < 1:
             raise TransformError(f"batch input {v.name!r} must be a tensor of rank >= 1")
-    check_degree(what, degree, batch_size(f, inputs), "batch size")
+    rows = batch_size(f, inputs)
+    check_degree(what, degree, rows, "batch size")
     rule = partial(data_rule, n=degree)
-    return _Plan(f, degree, {v: S(0) for v in inputs}, rule, var)
+    states = {v: S(0) for v in inputs}
+    plan = _Plan(f, degree, states, rule, var)
+    born = batch_broadcasts(plan, rows)
+    if not born:
+        return plan
+    again = _Plan(f, degree, states, rule, var, born=born)
+    if len(sliced(again)) < len(sliced(plan)) and len(again.gathers) <= len(plan.gathers):
+        return again
+    return plan
+
+
+def sliced(plan: _Plan) -> list[Value]:
+    """The replicated values ``plan`` slices where they meet split ones (whole-batch
+    values made from no batch input)."""
+    return [st.keys[0] for st in plan.steps if st.op is None and st.src == R]
+
+
+def batch_broadcasts(plan: _Plan, rows: int) -> dict[Op, Shard]:
+    """The ops that broadcast a value made from no batch input to the batch (``rows``
+    along axis 0: a ViT's class token expanded to the batch, RoBERTa's token type ids)
+    where ``plan`` slices what they make: built split, each device (or microbatch)
+    broadcasts to its own rows, as torch does when it runs a shard of the batch."""
+    producer = plan.f.producers
+    found: dict[Op, Shard] = {}
+    seen: set[Op] = set()
+    todo = sliced(plan)
+    while todo:
+        op = producer.get(todo.pop())
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        if _broadcasts_rows(op, rows):
+            found[op] = S(0)
+        else:
+            todo.extend(op.inputs)
+    return found
+
+
+def _broadcasts_rows(op: Op, rows: int) -> bool:
+    """``op``'s one result has ``rows`` along axis 0 that no operand axis gives it (its
+    sharding rule names no factor there) and its record fits its attributes to a shard."""
+    if len(op.outputs) != 1 or not isinstance(op.outputs[0].type, TensorType):
+        return False
+    out = op.outputs[0].type
+    if not out.rank or out.shape[0] != rows or rows < 2:
+        return False
+    try:
+        rule = rule_for(op)
+    except PropagationError:
+        return False
+    return rule.results[0][0] is None and rule.local_attributes is not None
 
 
 def data_parallel(
@@ -120,4 +175,4 @@ def data_parallel(
     return verify(out)
 
 
-__all__ = ["data_parallel", "data_plan", "data_rule"]
+__all__ = ["batch_broadcasts", "data_parallel", "data_plan", "data_rule", "sliced"]

@@ -40,6 +40,7 @@ from ..arguments import bool_arg, function_arg
 from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
+from ..ops.communication import split_sizes
 from ..registry import OpKind, get_op
 from ..types import DeviceRef, TensorType
 from ..value import Value
@@ -136,8 +137,15 @@ class _Pipeline:
         plan = self.plan
         self.keys = {st.op: st.keys for st in plan.steps if st.op is not None}
         conv = [st for st in plan.steps if st.op is None]
-        self.conv_src = {st.keys[1]: st for st in conv}
-        self.per_mb = {op for op, ks in self.keys.items() if any(plan.state[k] != R for k in ks)}
+        # a replicated value that meets the batch (a whole-batch constant) is split into
+        # the microbatches' pieces where it is made; other conversions wait for the batch
+        self.sliced = {st.keys[1]: st for st in conv if st.src == R}
+        self.conv_src = {st.keys[1]: st for st in conv if st.src != R}
+        self.per_mb = {
+            op
+            for op, ks in self.keys.items()
+            if op in plan.born or any(plan.state[k] != R for k in ks)
+        }
         late: set[Value] = set(self.conv_src)
         self.post: list[Op] = []
         self.pre: list[Op] = []
@@ -176,6 +184,11 @@ class _Pipeline:
 
     def piece(self, key: Value, m: int) -> Value:
         if (key, m) not in self.pieces:
+            if key not in self.split and key in self.sliced:
+                src, dim = self.sliced[key].keys[0], self.sliced[key].dst.dim
+                self.split[key] = self.b.call(
+                    "Split", self.glob[src], partitions=self.k, dim=dim, name=f"{key.name}s"
+                )
             if key not in self.split:
                 raise TransformError(f"microbatch {m} of {key.name!r} is used before it is made")
             self.pieces[(key, m)] = self.b.call(
@@ -196,13 +209,26 @@ class _Pipeline:
                 self.move.at(self.glob[k] if self.plan.state[k] == R else self.piece(k, m), dev)
                 for k in self.keys[op]
             ]
-            outs = localize_op(self.b, op, ins, dev, suffix=f"_mb{m}")
+            outs = localize_op(self.b, op, ins, dev, f"_mb{m}", self._born_types(op, m))
             for v, out in zip(op.outputs, outs):
                 self.pieces[(v, m)] = out
                 if v in self.summed:
                     prev = self.acc.get(v)
                     name = f"{v.name}_acc{m}"
                     self.acc[v] = out if prev is None else self.b.call("Add", prev, out, name=name)
+
+    def _born_types(self, op: Op, m: int) -> list[TensorType] | None:
+        """The result types of microbatch ``m`` of an op that broadcasts to the batch
+        (``plan.born``: built per microbatch), else None (they follow the operands)."""
+        state = self.plan.born.get(op)
+        if state is None:
+            return None
+        types = []
+        for v in op.outputs:
+            shape = list(v.type.shape)
+            shape[state.dim] = split_sizes(shape[state.dim], self.k)[m]
+            types.append(v.type.with_shape(tuple(shape)))
+        return types
 
     def run(self, output_device: DeviceRef | None = None) -> Function:
         b, plan = self.b, self.plan

@@ -45,18 +45,19 @@ def test_an_imported_vit_parallelises_by_data_and_equals_torch():
     g = ir.transforms.data_parallel(f, 2)
     data = next(v for v in g.inputs if v.name == "pixels")
     assert [e.shape[0] for e in data.type.elements] == [2, 2]
-    # the class token is sliced where it is; the 3-D transform does not do that yet
-    with pytest.raises(ir.transforms.TransformError, match="class token"):
-        ir.transforms.parallelize(f, dp=2)
-    (logits,) = ir.collect(g, ir.execute(g, ir.distribute(g, args, source=f)))
-    np.testing.assert_allclose(logits, model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
+    # the class token is broadcast to each replica's (and microbatch's) rows
+    three_d = ir.transforms.parallelize(f, dp=2, pp=2, microbatches=2)
+    for step in (g, three_d):
+        (logits,) = ir.collect(step, ir.execute(step, ir.distribute(step, args, source=f)))
+        np.testing.assert_allclose(logits, model(x).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("strategy", ["data", "tensor"])
+@pytest.mark.parametrize("strategy", ["data", "tensor", "3d"])
 def test_an_imported_vits_training_step_parallelises_and_equals_the_sequential_step(strategy):
-    """Data: the class token, broadcast to the whole batch and concatenated with each
-    replica's patches, is sliced where it is (no communication). Tensor: Megatron's split
-    of the attention and MLP Linear layers."""
+    """Data: the class token, broadcast to the whole batch and concatenated with the
+    patches, is broadcast to each replica's rows (no communication). Tensor: Megatron's
+    split of the attention and MLP Linear layers. 3D: data x pipeline, the class token
+    broadcast per microbatch."""
     model, x = vit(), pixels(4)
     f, args = ir.from_torch(model, (x,))
     f = ir.models.with_loss(f)
@@ -65,6 +66,8 @@ def test_an_imported_vits_training_step_parallelises_and_equals_the_sequential_s
     t = ir.transforms.training(f, params=[v.name for v in f.inputs if v.name in trained])
     if strategy == "data":
         g = ir.transforms.data_parallel(t, 2)
+    elif strategy == "3d":
+        g = ir.transforms.megatron(t, 2, 1, 2, 2)
     else:
         g = ir.transforms.megatron(t, 1, 2, 1, 1)
         layouts = dict(zip((v.name for v in g.inputs), g.input_layouts))
