@@ -13,9 +13,11 @@ attention kept whole. Then:
 * what depends on no input at all (position ranges, causal masks built by
   ``arange``/``full``/comparisons) is evaluated once by torch at import time: a
   uniform result becomes a ``Constant`` op, any other one a last input named
-  ``const_<node>`` (torch.export calls these lifted constants). They come after the
-  example inputs so that the transforms, which take the first non-weight input for
-  the batch, split the token ids (and a per-row mask with them);
+  ``const_<node>`` (torch.export calls these lifted constants), one whose rows repeat
+  its repeated block broadcast where it is read (a causal mask made at the batch's
+  shape, BLOOM's ALiBi bias repeated to ``batch * heads`` rows). No constant has the
+  batch's leading size (a leading 1 where it would), so that the transforms, which take
+  the non-weight inputs of the batch's size for the batch, never split one;
 * every other ATen node becomes the registry ops of its entry in
   ``ir.importers._aten.TABLE`` (one op, or a few for fused ATen ops such as
   ``addmm``).
@@ -197,6 +199,31 @@ def _source_line(node) -> str:
     return f"node {node.name} (torch recorded no source line)"
 
 
+def _repeated_block(tensor) -> int | None:
+    """The fewest leading rows that ``tensor`` repeats along axis 0 (1: every row the same,
+    a causal mask made at the batch's shape; the heads: BLOOM's ALiBi bias repeated to
+    ``batch * heads`` rows), or None if it repeats none. Such a constant is the block,
+    repeated where it is read: no input of the batch's size, and the transforms build
+    the repeat per microbatch (``ir.transforms.data_parallel.batch_broadcasts``)."""
+    n = tensor.shape[0] if tensor.dim() else 0
+    for rows in range(1, n // 2 + 1):
+        if n % rows == 0:
+            tiles = tensor.reshape(n // rows, rows, *tensor.shape[1:])
+            if bool((tiles == tiles[:1]).all()):
+                return rows
+    return None
+
+
+def _repeat_rows(b: FunctionBuilder, block: Value, shape: tuple[int, ...]) -> Value:
+    """``block`` (one row ``(1, ...)``, or ``(1, rows, ...)``) repeated along axis 0 of
+    ``shape``."""
+    if block.type.rank == len(shape):  # one row: (1, ...)
+        return b.call("BroadcastTo", block, shape=shape)
+    rows = block.type.shape[1]
+    tiled = b.call("BroadcastTo", block, shape=(shape[0] // rows, *block.type.shape[1:]))
+    return b.call("Reshape", tiled, shape=shape)
+
+
 class _Importer:
     def __init__(self, torch, program, example_inputs: tuple, label: str, device: int) -> None:
         self.torch = torch
@@ -275,7 +302,6 @@ class _Importer:
         b = FunctionBuilder(name)
         values: dict = {}
         arguments: list[np.ndarray | None] = []
-        user_nodes = []
         taken: set[str] = set()
 
         def declare(node, label: str, tensor) -> None:
@@ -295,10 +321,25 @@ class _Importer:
             arguments.append(self.array(tensor))
 
         nodes = [n for n in self.graph.nodes if n.op == "placeholder"]
+        user_nodes = [n for n, spec in zip(nodes, specs) if spec.kind.name == "USER_INPUT"]
+        # A constant never has the batch's leading size (a coincidence: Swin's strided-slice
+        # indices at a batch of as many rows): it gets a leading 1, reshaped away where it
+        # is read, so that the transforms never take it for a batch input. (A buffer may
+        # hold batch data, a loss's targets: it keeps its shape.)
+        batch = next(
+            (
+                placeholders[n].shape[0]
+                for n in user_nodes
+                if placeholders[n].dim() and placeholders[n].shape[0] > 1
+            ),
+            None,
+        )
+
+        def unbatched(x: Value, shape: tuple[int, ...]) -> Value:
+            return b.call("Reshape", x, shape=shape) if x.type.shape != shape else x
+
         for node, spec in zip(nodes, specs):
-            if spec.kind.name == "USER_INPUT":
-                user_nodes.append(node)
-            elif node not in folded:  # a lifted constant is folded like computed ones
+            if spec.kind.name != "USER_INPUT" and node not in folded:  # folded: as computed
                 declare(node, weight_name(spec.target or node.name), placeholders[node])
 
         def lift(array: np.ndarray, label: str) -> Value:
@@ -307,10 +348,12 @@ class _Importer:
             while hint in taken:
                 hint, k = f"const_{label}_{k}", k + 1
             taken.add(hint)
+            shape = tuple(array.shape)
+            if shape and shape[0] == batch:
+                array = array[None]
             arguments.append(array)
-            return b.input(
-                hint, TensorType(array.shape, DType.from_numpy(array.dtype), self.device)
-            )
+            x = b.input(hint, TensorType(array.shape, DType.from_numpy(array.dtype), self.device))
+            return unbatched(x, shape)
 
         lowering = _aten.Lowering(b, values, self.dtype, self.device, lift)
         lowering.parameters = {
@@ -323,7 +366,16 @@ class _Importer:
             tensor = folded[node]
             if tensor.numel() and bool((tensor == tensor.reshape(-1)[0]).all()):
                 continue  # uniform: a Constant op where it is read
-            declare(node, f"const_{node.name}", tensor)
+            block = _repeated_block(tensor)
+            if block is not None:  # rows repeated: the block, repeated where it is read
+                # (with a leading 1, so that no block is taken for a batch input)
+                rows = tensor[:1] if block == 1 else tensor[:block].unsqueeze(0)
+                declare(node, f"const_{node.name}", rows)
+                values[node] = _repeat_rows(b, values[node], tuple(tensor.shape))
+                continue
+            shape = tuple(tensor.shape)
+            declare(node, f"const_{node.name}", tensor[None] if shape[:1] == (batch,) else tensor)
+            values[node] = unbatched(values[node], shape)
         for node in live_consts:
             if node not in values:
                 tensor = folded[node]
