@@ -170,7 +170,6 @@ def _assign(
                 continue
             s = max(wstages) if wstages else max(values, default=min(grads, default=0))
             stage[op] = min([s, *grads])
-    _gradients_flow_back(f, stage, gradients)
     consumers = f.consumers
     # A gradient op placed by the activations it reads can land before the forward op it
     # differentiates (a MoE combine's gradient dispatches dy by the router's slots and
@@ -190,19 +189,6 @@ def _assign(
             readers = [stage[u] for v in op.outputs for u in consumers.get(v, [])]
             stage[op] = min(readers, default=0)
     return {op: stage[op] for op in f.ops}, at, twins
-
-
-def _gradients_flow_back(f: Function, stage: dict[Op, int], gradients: set[Op]) -> None:
-    """Move any gradient op that reads a gradient made on an earlier stage back to that
-    stage. A stage's backward task waits on the later stages' gradients, so a later stage
-    reading an earlier one's would wait on itself; a weight's gradient made this way is
-    sent to the weight's stage for its optimizer step. The rules above keep every
-    gradient op in place for the programs we know; this guards the rest."""
-    producer = f.producers
-    for op in f.ops:
-        if op in gradients:
-            earlier = [stage[producer[v]] for v in op.inputs if producer.get(v) in gradients]
-            stage[op] = min([stage[op], *earlier])
 
 
 def _weight_gradient_chains(
