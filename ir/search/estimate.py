@@ -18,8 +18,11 @@ then composes them in closed form:
   keeps their results out of the saved activations;
 * memory: weights, their gradient sums and optimizer state (ZeRO splits the state, and
   with stage 2 the gradients), the activations a microbatch saves for its backward times
-  the microbatches in flight (1F1B: the ranks after it, at most ``m``; GPipe: ``m``), and
-  the largest op's operands.
+  the microbatches in flight (1F1B: the ranks after it, at most ``m``; GPipe: ``m``), what
+  the step returns of every microbatch (a model's logits: live to the step's end, ``m``
+  of them), and the largest op's results. Ops only the tensor-split step has (a
+  vocabulary-parallel embedding and loss) are scaled from their own analyses at twice
+  the pieces and twice the degree, as the degree-1 step's are.
 
 What it leaves out (link contention between channels, the exact overlap of transfers
 with compute, the allocator's order) is what the event simulation adds; the search
@@ -30,6 +33,7 @@ and :data:`MEMORY_MARGIN`, the estimator's largest errors against the simulator 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,11 +107,29 @@ class Estimator:
                     prof = Profile(t, tp, self.pieces, sp)
                 except DistIRError:
                     continue
-                prof.split_from(base)
+                alone = prof.split_from(base)
+                if alone:  # ops only the split step has: their own rows and degree
+                    self._infer_alone(prof, alone, tp, wide, sp)
                 prof.finish(replayed)
                 prof.share(base)
                 self._profiles[(2, sp)] = (prof, tp)
                 break
+
+    def _infer_alone(
+        self, prof: Profile, alone: set[str], tp: int, wide: list[int], sp: bool
+    ) -> None:
+        """Scale the records ``prof`` has and the degree-1 step has not (a vocabulary-
+        parallel embedding and loss) by the same comparison as the rest: the split step at
+        twice the pieces (batch dimensions) and at twice the degree (split ones). Left
+        unscaled, they keep the reference microbatch's rows at every size (at GPT-3's
+        1,536 sequences, 192 times a 4-sequence microbatch's logits)."""
+        try:
+            prof.infer(Profile(self.t, tp, 2 * self.pieces, sp), 0, alone)
+        except DistIRError:
+            return
+        if max(wide) > tp:  # degrees above the analysed one: what twice it splits
+            with contextlib.suppress(DistIRError):
+                prof.infer(Profile(self.t, 2 * tp, self.pieces, sp), 1, alone)
 
     def _entry(self, tp: int, sp: bool) -> tuple[Profile, int]:
         entry = self._profiles.get((min(tp, 2), sp and tp > 1))
@@ -124,7 +146,7 @@ class Estimator:
     def _classes(self, tp: int, rows: int, sp: bool) -> tuple[np.ndarray, ...]:
         """Per record class at (degree, rows): device and host seconds of an op (a
         conversion's collective seconds in ``comm``), bytes kept for the backward, result
-        bytes, the first result's bytes."""
+        bytes, the first result's bytes, bytes the step returns (live to its end)."""
 
         def make() -> tuple[np.ndarray, ...]:
             prof, tp_ref = self._entry(tp, sp)
@@ -132,7 +154,7 @@ class Estimator:
             split_ratio = tp_ref / tp
             n = len(prof.classes)
             dev, host, comm = np.zeros(n), np.zeros(n), np.zeros(n)
-            kept, total, first = np.zeros(n), np.zeros(n), np.zeros(n)
+            kept, total, first, held = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
             devices = tuple(range(tp))
             for k, (rec, keep, _) in enumerate(prof.classes):
                 shapes = rec.shapes(rows_ratio, split_ratio)
@@ -143,37 +165,42 @@ class Estimator:
                     continue
                 dev[k], host[k] = self.costs.op(rec.op, shapes, rec.types, rec.n_in)
                 outs = sizes[rec.n_in :]
-                kept[k] = sum(x for x, keep_it in zip(outs, keep) if keep_it)
-                total[k] = sum(outs)  # what the op allocates
+                returned = prof.returned[k]
+                held[k] = sum(x for x, out in zip(outs, returned) if out)
+                # kept for the backward, less what the step returns (live anyway)
+                kept[k] = sum(x for x, k_, r in zip(outs, keep, returned) if k_ and not r)
+                total[k] = sum(outs) - held[k]  # what the op allocates for a while
                 first[k] = outs[0] if outs else 0.0
-            return dev, host, comm, kept, total, first
+            return dev, host, comm, kept, total, first, held
 
         return self._cached(("classes", tp, rows, sp), make)
 
     def _records(self, tp: int, rows: int, sp: bool, recompute: bool) -> tuple[np.ndarray, ...]:
         """Per record: device, host and collective seconds, transfers, kept bytes (none
-        for what recomputation replays), allocated bytes, first result bytes; and which
-        records the backward replays."""
+        for what recomputation replays), allocated bytes, first result bytes; which
+        records the backward replays; bytes returned by the step."""
 
         def make() -> tuple[np.ndarray, ...]:
             prof, _ = self._entry(tp, sp)
-            dev, host, comm, kept, total, first = self._classes(tp, rows, sp)
+            dev, host, comm, kept, total, first, held = self._classes(tp, rows, sp)
             cls = prof.class_of
             again = prof.again[cls] & recompute
             conv = (prof.is_conv & (comm[cls] > 0)).astype(np.float64)
             keep = np.where(again, 0.0, kept[cls])
-            return dev[cls], host[cls], comm[cls], conv, keep, total[cls], first[cls], again
+            out = dev[cls], host[cls], comm[cls], conv, keep, total[cls], first[cls], again
+            return (*out, held[cls])
 
         return self._cached(("records", tp, rows, sp, recompute), make)
 
     def _stages(self, tp: int, rows: int, stages: int, sp: bool, recompute: bool) -> tuple:
         """Per stage (rows) and phase (forward, backward): device, host and tensor-parallel
         collective seconds and transfers; per stage: kept activation bytes, largest op
-        bytes, the bytes its last forward result sends on."""
+        bytes, the bytes its last forward result sends on; transfers; the bytes each
+        microbatch leaves returned (live to the step's end)."""
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
-            dev, host, comm, conv, keep, total, first, again = self._records(
+            dev, host, comm, conv, keep, total, first, again, held = self._records(
                 tp, rows, sp, recompute
             )
             phase, stage = prof.phase, prof.stage_of(stages)
@@ -190,7 +217,8 @@ class Estimator:
             send = np.zeros(stages)
             forward = prof.forward_ops
             send[stage[forward]] = first[forward]  # the last forward result wins
-            return per(dev), per(host), per(comm), saved, largest, send, per(conv)
+            returned = np.bincount(stage, weights=held, minlength=stages)
+            return per(dev), per(host), per(comm), saved, largest, send, per(conv), returned
 
         return self._cached(("stages", tp, rows, stages, sp, recompute), make)
 
@@ -202,6 +230,8 @@ class Estimator:
             prof, _ = self._entry(tp, sp)
             plan = prof.plan
             piece_of = {src: p for p, src in plan.source_of.items()}
+            # the step's own inputs by name: the plan's ops read its analysed copy's values
+            inputs = {v.name for v in self.t.inputs}
             rows = []
             for op in plan.post:
                 w = plan.post_keys[op][0]
@@ -210,7 +240,7 @@ class Estimator:
                 dim = split.dim if split is not None and split.kind == "S" else None
                 share = 1.0 / tp if dim is not None else 1.0
                 local = w.type.size_bytes * share
-                state = share * sum(v.type.size_bytes for v in op.inputs[2:] if v in self.t.inputs)
+                state = share * sum(v.type.size_bytes for v in op.inputs[2:] if v.name in inputs)
                 shapes = []
                 for v in (*op.inputs, *op.outputs):
                     shape = list(v.type.shape)
@@ -337,11 +367,14 @@ class Estimator:
         """Per pipeline rank (columns): forward and backward seconds of a microbatch, the
         gradient sums', optimizer, weight and state bytes, kept activation bytes, largest
         op bytes, the host's seconds per microbatch, gradients, compute and collective
-        seconds per microbatch, the optimizer's host seconds (rows, in that order)."""
+        seconds per microbatch, the optimizer's host seconds, the bytes a microbatch leaves
+        returned to the step's end (rows, in that order)."""
 
         def make() -> np.ndarray:
             stages = pp * v
-            dev, host, comm, saved, largest, _, conv = self._stages(tp, rows, stages, sp, recompute)
+            dev, host, comm, saved, largest, _, conv, returned = self._stages(
+                tp, rows, stages, sp, recompute
+            )
             weights, state, optimizer, summing, count, opt_host, sum_host, _ = self._state(
                 tp, stages, sp
             )
@@ -365,6 +398,7 @@ class Estimator:
                     dev.sum(axis=1),
                     comm.sum(axis=1),
                     opt_host,
+                    returned,
                 ]
             )
             ranked = per_stage.reshape(len(per_stage), v, pp).sum(axis=1)  # stage s: rank s % pp
@@ -401,8 +435,8 @@ class Estimator:
         m = np.asarray([x[4] for x in members], dtype=np.float64)
         zero = np.asarray([x[5] for x in members])
         gpipe = np.asarray([x[6] for x in members])
-        f, b, acc, opt, w, st, acts, host_one, n_grads, busy_one, comm_one, opt_host, big = (
-            ranked[:, i, :] for i in range(13)
+        f, b, acc, opt, w, st, acts, host_one, n_grads, busy_one, comm_one, opt_host, held, big = (
+            ranked[:, i, :] for i in range(14)
         )
         total, tail, gather = data[:, 0, :], data[:, 1, :], data[:, 2, :]
         device = self.costs.device
@@ -437,10 +471,12 @@ class Estimator:
         st_m = st / np.where(zero > 0, dp, 1.0)[col]
         g_m = w / np.where(zero == 2, dp, 1.0)[col]
         # the gradient sums live beside a later microbatch's activations (not with one)
-        during = w + g_m * (m > 1)[col] + st_m + acts * flight + big
+        # and what the step returns of each microbatch (its logits), kept to its end
+        held_m = held * m[col]
+        during = w + g_m * (m > 1)[col] + st_m + acts * flight + big + held_m
         # at the optimizer step the updated weights and state beside the old, and the
         # gradient sums (ZeRO: the reduced parts; the weights' parts gathered after)
-        after = 2 * (w + st_m) + w * np.where(zero > 0, 1.0 / dp, 1.0)[col]
+        after = 2 * (w + st_m) + w * np.where(zero > 0, 1.0 / dp, 1.0)[col] + held_m
         peak = np.maximum(during, after).max(axis=1)
         busy = m[col] * busy_one + opt_m
         bubble = np.mean(np.maximum(step[col] - busy, 0.0), axis=1) / step

@@ -120,10 +120,13 @@ class Profile:
         self._stages: dict[int, np.ndarray] = {}
         self._assignments: dict[tuple, Any] = {}
 
-    def infer(self, other: Profile, axis: int) -> None:
+    def infer(self, other: Profile, axis: int, only: set[str] | None = None) -> None:
         """Mark the dimensions that halve in ``other`` (the same step at twice the pieces,
-        ``axis`` 0, or twice the degree, ``axis`` 1) as scaling along that axis."""
+        ``axis`` 0, or twice the degree, ``axis`` 1) as scaling along that axis (of the
+        records named in ``only``, if given)."""
         for rec in self.records:
+            if only is not None and rec.name not in only:
+                continue
             twin = other.by_name.get(rec.name)
             if twin is None or len(twin.types) != len(rec.types):
                 continue
@@ -134,17 +137,21 @@ class Profile:
                     if x == 2 * y and x != y:
                         dims[i] = (1, dims[i][1]) if axis == 0 else (dims[i][0], 1)
 
-    def split_from(self, base: Profile) -> None:
+    def split_from(self, base: Profile) -> set[str]:
         """This profile's degree against ``base`` (degree 1, the same pieces, its batch
         dimensions known): a dimension ``degree`` times smaller here is split by the
         degree; batch dimensions are ``base``'s, value by value; a conversion's tensor
-        scales as the result of the op that makes it."""
+        scales as the result of the op that makes it. Returns the names of the records
+        ``base`` has no twin of (ops only the split step has: a vocabulary-parallel
+        embedding or loss), whose scaling this leaves to :meth:`infer`."""
         factor = self.tp // base.tp
         made: dict[str, list[tuple[int, int]]] = {}
+        twinned: set[str] = set()
         for rec in self.records:
             twin = base.by_name.get(rec.name)
             if rec.op is None or twin is None or len(twin.types) != len(rec.types):
                 continue
+            twinned.add(rec.name)
             for dims, here, there, there_dims in zip(rec.scale, rec.types, twin.types, twin.scale):
                 if len(here.shape) != len(there.shape):
                     continue
@@ -157,6 +164,12 @@ class Profile:
                 dims = made.get(rec.name.split("#conv")[0])
                 if dims is not None and len(dims) == len(rec.types[0].shape):
                     rec.scale = [list(dims)]
+        return {
+            r.name
+            for r in self.records
+            if (r.op is None and r.name.split("#conv")[0] not in made)
+            or (r.op is not None and r.name not in twinned)
+        }
 
     def finish(self, replayed: set[str]) -> None:
         """Group the records into classes that cost the same at any (rows, degree): one op
@@ -164,14 +177,18 @@ class Profile:
         (and replayed by recomputation). A model's identical layers share classes, so a
         (rows, degree) costs each class once (:meth:`class_of`)."""
         read_back = {name for r in self.records if r.phase == "B" for name in r.reads}
+        step_outputs = {v.name for v in self.plan.t.outputs}
         self.phase = np.asarray([r.phase == "B" for r in self.records], dtype=np.int64)
         self.is_conv = np.asarray([r.op is None for r in self.records], dtype=bool)
         classes: dict[tuple, int] = {}
         self.classes: list[tuple[Record, tuple[bool, ...], bool]] = []
+        self.returned: list[tuple[bool, ...]] = []  # per class: which results it returns
         ids = []
         for r in self.records:
             kept = tuple(w in read_back for w in r.writes) if r.phase == "F" else ()
             again = r.phase == "F" and bool(r.writes) and r.writes[0] in replayed
+            # what the step returns per microbatch (a model's logits): live to its end
+            returned = tuple(w in step_outputs for w in r.writes)
             sig = (
                 r.kind,
                 r.op.op_type if r.op is not None else None,
@@ -180,11 +197,13 @@ class Profile:
                 tuple(tuple(x) for x in r.scale),
                 kept,
                 again,
+                returned,
             )
             k = classes.get(sig)
             if k is None:
                 k = classes[sig] = len(self.classes)
                 self.classes.append((r, kept, again))
+                self.returned.append(returned)
             ids.append(k)
         self.class_of = np.asarray(ids, dtype=np.int64)
         self.again = np.asarray([c[2] for c in self.classes], dtype=bool)
