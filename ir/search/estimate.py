@@ -258,7 +258,8 @@ class Estimator:
 
     def _state(self, tp: int, stages: int, sp: bool) -> tuple:
         """Per stage: weight and state bytes, optimizer seconds, the seconds adding one
-        microbatch's gradients to the sums, gradients, optimizer and sum host seconds."""
+        microbatch's gradients to the sums, gradients, optimizer and sum host seconds, each
+        optimizer step's stage, the largest weight's bytes."""
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
@@ -270,6 +271,8 @@ class Estimator:
                 return np.bincount(where, weights=values, minlength=stages)
 
             count = np.bincount(where, minlength=stages).astype(np.float64)
+            largest = np.zeros(stages)
+            np.maximum.at(largest, where, weights)
             return (
                 per(weights),
                 per(state),
@@ -279,6 +282,7 @@ class Estimator:
                 per(opt_host),
                 per(add_host),
                 where,
+                largest,
             )
 
         return self._cached(("state", tp, stages, sp), make)
@@ -299,7 +303,7 @@ class Estimator:
             return reduce, gather
 
         def make() -> tuple:
-            where = self._state(tp, stages, sp)[-1]
+            where = self._state(tp, stages, sp)[-2]
             if dp == 1 or not len(where):
                 return np.zeros(stages), np.zeros(stages), np.zeros(stages)
             reduce, gather = self._cached(("per weight", tp, sp, dp, zero), per_weight)
@@ -368,14 +372,15 @@ class Estimator:
         gradient sums', optimizer, weight and state bytes, kept activation bytes, largest
         op bytes, the host's seconds per microbatch, gradients, compute and collective
         seconds per microbatch, the optimizer's host seconds, the bytes a microbatch leaves
-        returned to the step's end (rows, in that order)."""
+        returned to the step's end (rows, in that order); then the largest op's bytes and
+        the largest weight's."""
 
         def make() -> np.ndarray:
             stages = pp * v
             dev, host, comm, saved, largest, _, conv, returned = self._stages(
                 tp, rows, stages, sp, recompute
             )
-            weights, state, optimizer, summing, count, opt_host, sum_host, _ = self._state(
+            weights, state, optimizer, summing, count, opt_host, sum_host, _, grad = self._state(
                 tp, stages, sp
             )
             issue = self.costs.device.host_comm_s()  # the host's time to issue one transfer
@@ -404,7 +409,8 @@ class Estimator:
             ranked = per_stage.reshape(len(per_stage), v, pp).sum(axis=1)  # stage s: rank s % pp
             ranked[7] += sends * v * issue
             big = largest.reshape(v, pp).max(axis=0)
-            return np.vstack([ranked, big[None, :]])
+            grad_big = grad.reshape(v, pp).max(axis=0)
+            return np.vstack([ranked, big[None, :], grad_big[None, :]])
 
         return self._cached(("ranked", tp, rows, pp, v, sp, recompute), make)
 
@@ -435,9 +441,10 @@ class Estimator:
         m = np.asarray([x[4] for x in members], dtype=np.float64)
         zero = np.asarray([x[5] for x in members])
         gpipe = np.asarray([x[6] for x in members])
-        f, b, acc, opt, w, st, acts, host_one, n_grads, busy_one, comm_one, opt_host, held, big = (
-            ranked[:, i, :] for i in range(14)
+        f, b, acc, opt, w, st, acts, host_one, n_grads, busy_one, comm_one, opt_host, held = (
+            ranked[:, i, :] for i in range(13)
         )
+        big, grad_big = ranked[:, 13, :], ranked[:, 14, :]
         total, tail, gather = data[:, 0, :], data[:, 1, :], data[:, 2, :]
         device = self.costs.device
         col = (slice(None), None)
@@ -467,16 +474,19 @@ class Estimator:
         ranks = np.arange(pp)[None, :]
         flight = np.where(gpipe[col], m[col], np.minimum(m[col], pp - ranks))
         if v > 1:
-            flight = np.minimum(m[col] * v, (pp - ranks) + (v - 1) * pp)
+            # Megatron-LM's interleaved 1F1B (ir.transforms.pipeline): 2 (pp - rank - 1)
+            # + (v - 1) pp warm-up chunk forwards, then one more before the first backward
+            flight = np.minimum(m[col] * v, 2 * (pp - ranks - 1) + (v - 1) * pp + 1)
         st_m = st / np.where(zero > 0, dp, 1.0)[col]
         g_m = w / np.where(zero == 2, dp, 1.0)[col]
         # the gradient sums live beside a later microbatch's activations (not with one)
         # and what the step returns of each microbatch (its logits), kept to its end
         held_m = held * m[col]
         during = w + g_m * (m > 1)[col] + st_m + acts * flight + big + held_m
-        # at the optimizer step the updated weights and state beside the old, and the
-        # gradient sums (ZeRO: the reduced parts; the weights' parts gathered after)
-        after = 2 * (w + st_m) + w * np.where(zero > 0, 1.0 / dp, 1.0)[col] + held_m
+        # at the optimizer step the updated weights and state beside the old (the step's
+        # inputs and results, both live to its end) and, as each weight's update frees
+        # its gradient sum, at the last update the largest one (ZeRO: its reduced part)
+        after = 2 * (w + st_m) + grad_big * np.where(zero > 0, 1.0 / dp, 1.0)[col] + held_m
         peak = np.maximum(during, after).max(axis=1)
         busy = m[col] * busy_one + opt_m
         bubble = np.mean(np.maximum(step[col] - busy, 0.0), axis=1) / step
