@@ -39,6 +39,8 @@ import time
 
 import ir
 from ir import models, transforms
+from ir.search import _request, _simulate
+from ir.search.space import SharedPlans
 
 
 def mlp_strategies() -> list[tuple[int, int, int, int]]:
@@ -93,6 +95,32 @@ def bench_grid(repeat: int) -> None:
         return lambda: ir.search.search(MLP, topology, simulate=mode, **knobs)
 
     simulate_each(True)()  # warm-up: imports, the registry's and types' caches
+    degrees = [knobs[k] for k in ("dp", "tp", "pp", "microbatches")]
+    defaults = (("1f1b",), (1,), (0,), (False,), (False,), (1,), (1,))
+    request = _request(MLP, topology, None, "sgd", *degrees, *defaults)
+    todo = [s for s in request[0] if s not in request[1]]
+
+    def each_searched(shared: bool):
+        def run():
+            plans = SharedPlans() if shared else None
+            return [_simulate(s, *request[2:8], shared=plans) for s in todo]
+
+        return run
+
+    alone = _best(repeat, each_searched(False))
+    together = _best(repeat, each_searched(True))
+    same = all(
+        (a.status, a.step_time_s, a.peak_memory_bytes, a.error, a.bubble, a.exposed_comm_s)
+        == (b.status, b.step_time_s, b.peak_memory_bytes, b.error, b.bubble, b.exposed_comm_s)
+        for a, b in zip(alone[2], together[2], strict=True)
+    )
+    print(f"the search's {len(todo)} grid strategies built and simulated (best of {repeat}):")
+    for label, (wall, cpu, _) in (("each plan alone", alone), ("plans shared", together)):
+        print(
+            f"  {label:<38}: {len(todo) / wall:6.1f} strategies/s ({wall:.2f} s; "
+            f"CPU {cpu:.2f} s: {len(todo) / cpu:.1f}/s)"
+        )
+    print(f"  every row identical (status, step time, peak memory, error, bubble, exposed): {same}")
     rows = [
         ("each strategy simulated in full", *_best(repeat, simulate_each(True))),
         ("every op on every device (reference)", *_best(repeat, simulate_each(False))),

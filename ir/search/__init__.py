@@ -41,7 +41,7 @@ from ..transforms._rewrite import batch_inputs, batch_size, is_optimizer
 from ..types import compute_dtype
 from .estimate import Estimator
 from .result import STATUSES, Row, SearchResult
-from .space import ModelFacts, SearchError, Strategy, prune, strategies
+from .space import ModelFacts, SearchError, SharedPlans, Strategy, prune, strategies
 from .tiers import MODES, decide
 
 
@@ -144,7 +144,8 @@ def search_rows(
 def _request(
     model: Function, topology: Topology, batch: int | None, optimizer: str | None, *space: Any
 ) -> tuple:
-    """(space, pruned rows, training step, topology, batch, tokens, model FLOPs, peak)."""
+    """(space, pruned rows, training step, topology, batch, tokens, model FLOPs, peak, the
+    request's :class:`SharedPlans`)."""
     from .. import transforms
 
     if not isinstance(model, Function):
@@ -178,11 +179,15 @@ def _request(
     _check_request(len(topology.devices), rows_of_batch, t, strategies_, dp=dp, tp=tp, pp=pp)
     capacity = min(d.memory_bytes for d in topology.devices)
     facts = ModelFacts.of(t, rows_of_batch)
-    pruned = prune(strategies_, facts, capacity, _tensor_problems(t, strategies_))
+    # the analyses strategies share (the tensor degree's, the stages', the batch pieces'),
+    # run once in this request (not in an executor's processes: each builds its own)
+    shared = SharedPlans()
+    problems = _tensor_problems(t, strategies_, shared)
+    pruned = prune(strategies_, facts, capacity, problems)
     model_flops, dtype = _flops(t)
     peak = topology.devices[0].peak_flops_for(dtype, True, allow_tf32=topology.allow_tf32)
     tokens = _tokens_per_sample(t)
-    return (strategies_, pruned, t, topology, rows_of_batch, tokens, model_flops, peak)
+    return (strategies_, pruned, t, topology, rows_of_batch, tokens, model_flops, peak, shared)
 
 
 def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> Iterator[Row]:
@@ -199,7 +204,7 @@ def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> It
     for s, why in pruned.items():
         yield Row(s, "pruned", error=why)
     todo = [s for s in space if s not in pruned]
-    args = request[2:]
+    args, shared = request[2:8], request[8]
     submit = None
     if executor is not None:
         submit = lambda s: executor.submit(_simulate, s, *args)  # noqa: E731
@@ -208,7 +213,7 @@ def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> It
     with bar:
         for row in decide(
             todo,
-            lambda s: _simulate(s, *args),
+            lambda s: _simulate(s, *args, shared=shared),
             lambda: Estimator(t, topology, batch, todo),
             capacity,
             simulate,
@@ -262,13 +267,18 @@ def _check_request(
             )
 
 
-def _tensor_problems(t: Function, space: list[Strategy]) -> dict[int, str | None]:
+def _tensor_problems(
+    t: Function, space: list[Strategy], shared: SharedPlans | None = None
+) -> dict[int, str | None]:
     """For each tensor-parallel degree of the space, why it would repeat work on every
     tensor rank (beyond the attention heads, say), or None: analysed once per degree,
-    so the builds need not check again."""
+    so the builds need not check again (``shared``: the search's, whose vocabulary forms
+    the builds then reuse)."""
     from ..transforms.megatron import tensor_replication_problem
 
-    problems = {k: tensor_replication_problem(t, k) for k in sorted({s.tp for s in space}) if k > 1}
+    analyses = shared.of(t, False)[1] if shared is not None else None
+    degrees = sorted({s.tp for s in space})
+    problems = {k: tensor_replication_problem(t, k, analyses) for k in degrees if k > 1}
     return {k: why.splitlines()[0] if why else None for k, why in problems.items()}
 
 
@@ -286,12 +296,13 @@ def _simulate(
     tokens: int,
     model_flops: float,
     peak_flops: float,
+    shared: SharedPlans | None = None,
 ) -> Row:
     from .. import simulate
 
     try:
         # tensor degrees that would repeat work were pruned (_tensor_problems): no recheck
-        g = s.build(t, topology, allow_replication=True)
+        g = s.build(t, topology, allow_replication=True, shared=shared)
         r = simulate(g, topology)
     except DistIRError as e:
         return Row(s, "error", error=str(e).splitlines()[0])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from ..device import Topology
 from ..errors import DistIRError
 from ..function import Function
+from ..transforms._megatron_shared import SharedAnalyses
 from ..transforms._rewrite import is_optimizer
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
@@ -72,13 +73,24 @@ class Strategy:
         return " ".join(parts)
 
     def build(
-        self, t: Function, topology: Topology | None = None, *, allow_replication: bool = False
+        self,
+        t: Function,
+        topology: Topology | None = None,
+        *,
+        allow_replication: bool = False,
+        shared: SharedPlans | None = None,
     ) -> Function:
         """The steady-state step of training step ``t`` under this strategy
-        (``allow_replication``: as ``T.megatron``'s)."""
+        (``allow_replication``: as ``T.megatron``'s). ``shared``: one search's
+        :class:`SharedPlans` of ``t``: the analyses strategies have in common run once
+        (the step is the same without it)."""
         from .. import transforms
 
-        step = transforms.recompute(t) if self.recompute else t
+        if shared is not None:
+            step, analyses = shared.of(t, self.recompute)
+        else:
+            step = transforms.recompute(t) if self.recompute else t
+            analyses = None
         return transforms.megatron(
             step,
             self.dp,
@@ -93,10 +105,34 @@ class Strategy:
             cp=self.cp,
             topology=topology,
             allow_replication=allow_replication,
+            shared=analyses,
         )
 
     def as_record(self) -> dict:
         return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+class SharedPlans:
+    """The analyses one search's strategies share (made per search request, dropped with
+    it): for each recomputation choice, the step program and its
+    :class:`~ir.transforms._megatron_shared.SharedAnalyses`."""
+
+    def __init__(self) -> None:
+        self._steps: dict[bool, tuple[Function, SharedAnalyses]] = {}
+        self._program: Function | None = None
+
+    def of(self, t: Function, recompute: bool) -> tuple[Function, SharedAnalyses]:
+        """The step of ``t`` (recomputed or not) and its shared analyses."""
+        from .. import transforms
+
+        if self._program is None:
+            self._program = t
+        elif t is not self._program:
+            raise DistIRError("SharedPlans belong to one search's program: make one per search")
+        if recompute not in self._steps:
+            step = transforms.recompute(t) if recompute else t
+            self._steps[recompute] = (step, SharedAnalyses(step))
+        return self._steps[recompute]
 
 
 def divisors(n: int) -> list[int]:

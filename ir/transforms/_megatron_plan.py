@@ -12,8 +12,9 @@ write the program.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..builder import FunctionBuilder
 from ..errors import VerifyError
@@ -24,6 +25,7 @@ from ..types import TensorType
 from ..value import Value
 from ..verify import describe_op
 from ._megatron_mesh import StageMesh
+from ._megatron_shared import SharedAnalyses
 from ._rewrite import TransformError, batch_inputs, batch_size, is_optimizer, returned_inputs_copied
 from ._rules import data_rule
 from ._spmd import P, R, Shard
@@ -35,6 +37,7 @@ from .stage_cut import annotated_stages, gradient_ops, pipeline_degree, staged
 from .tensor_limits import TensorReplicationError, replicated_split
 from .vocab_parallel import undivided_vocabulary, vocabulary_form
 
+T = TypeVar("T")
 VAR = "e"  # the device variable of every pmap body of the step
 
 
@@ -97,10 +100,15 @@ class MegatronPlan(StageMesh):
         ep: int = 1,
         cp: int = 1,
         ring_attention: bool = True,
+        shared: SharedAnalyses | None = None,
     ) -> None:
         source, vocabulary = t, vocab_parallel and tp > 1
+        if shared is not None and shared.program is not source:
+            raise TransformError("shared analyses of another program: make one per program")
+        self._shared = shared
+        self._form: tuple = ("form", tp if vocabulary else 1, frozenset())
         if vocabulary:  # embeddings and cross-entropies split by vocabulary
-            t = vocabulary_form(t, tp)
+            t = self._share(self._form, lambda: vocabulary_form(source, tp))
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
         self.ep, self.cp, self.ring_attention = ep, cp, ring_attention
         self.allow_replication = allow_replication
@@ -117,7 +125,8 @@ class MegatronPlan(StageMesh):
             raise TensorReplicationError(problem)
         whole = self._whole_logits() if vocabulary else set()
         if whole:  # a cross-entropy of logits the plan keeps whole: as it was, unsplit
-            self.t = vocabulary_form(source, tp, keep=whole)
+            self._form = ("form", tp, frozenset(whole))
+            self.t = self._share(self._form, lambda: vocabulary_form(source, tp, keep=whole))
             self._analyse(schedule)
         self._plan_zero()
         if self.zero == 3:
@@ -127,8 +136,14 @@ class MegatronPlan(StageMesh):
 
     # -- analysis --------------------------------------------------------------------------
 
+    def _share(self, key: tuple, make: Callable[[], T]) -> T:
+        """``make()``, or the search's shared result of the same key (see
+        :mod:`ir.transforms._megatron_shared`)."""
+        return make() if self._shared is None else self._shared.get(key, make)
+
     def _analyse(self, schedule: str) -> None:
-        self.t = returned_inputs_copied(self.t)  # an input returned: its pieces' copies
+        form, start = self._form, self.t
+        self.t = self._share((form, "copied"), lambda: returned_inputs_copied(start))
         t, dp, m = self.t, self.dp, self.m
         batch = batch_inputs(t)
         if not batch:
@@ -141,13 +156,20 @@ class MegatronPlan(StageMesh):
             )
         # The pipeline stages of t's ops, each stage's replays started from what it holds
         # (stage_cut.staged: t may change where a cut falls inside a recomputed layer).
-        marks = annotated_stages(t, self.stage_of)
         what = pipeline_degree(self.pp, self.v)
-        t, stage_of_op = staged(t, self.stages, marks, what)
+        cut = tuple(sorted(self.stage_of.items())) if self.stage_of is not None else None
+        cut_key = (form, "staged", self.stages, what, cut)
+        unstaged = t
+        t, stage_of_op = self._share(
+            cut_key,
+            lambda: staged(unstaged, self.stages, annotated_stages(unstaged, self.stage_of), what),
+        )
         self.t = t
         # Data plan over dp * m pieces: the per-piece program (global loss denominators),
         # the gradients it leaves partial, and the optimizer steps after their all-reduce.
-        dplan = data_plan(t, dp * m, what="dp x microbatches")
+        dplan = self._share(
+            (cut_key, "data", dp * m), lambda: data_plan(t, dp * m, what="dp x microbatches")
+        )
         self.dplan = dplan
         sliced = [st.keys[0].name for st in dplan.steps if st.op is None and st.src == R]
         if sliced:
@@ -194,7 +216,12 @@ class MegatronPlan(StageMesh):
         # The per-piece program: the local ops of the data plan (batch / (dp m) rows). With
         # experts split over ep replicas, a piece is one expert group's microbatch (ep
         # replicas' rows: the expert level splits it over the group).
-        pplan = dplan if self.ep == 1 else data_plan(t, dp * m // self.ep)
+        pieces = dp * m // self.ep
+        pplan = (
+            dplan
+            if self.ep == 1
+            else self._share((cut_key, "pieces", pieces), lambda: data_plan(t, pieces))
+        )
         if pplan is not dplan:
             post = set(self.post)
             piece_ops = [

@@ -82,6 +82,7 @@ from typing import Any
 from ..arguments import bool_arg
 from ..function import Function
 from ._megatron_plan import MegatronPlan, TensorSplitError
+from ._megatron_shared import SharedAnalyses
 from ._megatron_update import Megatron3D
 from ._rewrite import TransformError, check_common, check_devices
 from .pipeline import SCHEDULES
@@ -117,6 +118,7 @@ def megatron(
     cp: int = 1,
     ring_attention: bool = True,
     overlap_grad_reduce: bool = True,
+    shared: SharedAnalyses | None = None,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * cp * tp * pp`` devices (see the module docstring).
@@ -153,6 +155,10 @@ def megatron(
     reduction runs after the backward, on the compute stream (``stream="compute"``), as
     Megatron-LM does by default (its DDP all-reduces the gradient buffer once the
     backward of the last microbatch is done, ``finalize_model_grads``).
+    ``shared``: a :class:`~ir.transforms._megatron_shared.SharedAnalyses` of ``t`` (after
+    ``recompute=``) that several calls share (a search's strategies): the analyses that
+    depend only on the tensor degree, the stages and the batch pieces run once for all of
+    them; the step is the same as without it.
     """
     check_common("megatron", t, topology, "t")
     overlap_grad_reduce = bool_arg("megatron", "overlap_grad_reduce", overlap_grad_reduce)
@@ -221,6 +227,7 @@ def megatron(
         ep=ep,
         cp=cp,
         ring_attention=ring_attention,
+        shared=shared,
     ).run(overlap_grad_reduce)
 
 
@@ -290,11 +297,14 @@ def tensor_split_problem(t: Function, tp: int) -> str | None:
     return None
 
 
-def tensor_replication_problem(t: Function, tp: int) -> str | None:
+def tensor_replication_problem(
+    t: Function, tp: int, shared: SharedAnalyses | None = None
+) -> str | None:
     """Why :func:`megatron` refuses ``tp`` for ``t`` because it would repeat work on every
     tensor rank (``tp`` beyond or not dividing the attention heads, the MLP width, the
     vocabulary: ``ir.transforms.tensor_limits``), or None. The analysis only, as
     :func:`tensor_split_problem`; the same for every dp, pp and microbatch count.
+    ``shared``: analyses of ``t`` shared with other calls (see :func:`megatron`).
 
     >>> import ir
     >>> from ir.transforms import training
@@ -309,7 +319,7 @@ def tensor_replication_problem(t: Function, tp: int) -> str | None:
     """
     tp = _positive("the tensor-parallel degree (tp)", tp)
     try:
-        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0)
+        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0, shared=shared)
     except TensorReplicationError as e:
         return str(e)
     except TransformError:
