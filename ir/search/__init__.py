@@ -213,7 +213,7 @@ def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> It
     with bar:
         for row in decide(
             todo,
-            lambda s: _simulate(s, *args, shared=shared),
+            lambda s: _simulate(s, *args, shared),
             lambda: Estimator(t, topology, batch, todo),
             capacity,
             simulate,
