@@ -8,21 +8,13 @@ console stays silent. A screenshot of the panel goes to ``artifacts/serving.png`
 from __future__ import annotations
 
 import json
-import os
 import re
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _lab import CHROMIUM, ROOT, open_page, running_lab
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
 ARTIFACTS = ROOT / "artifacts"
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking"]
 SOURCE = (
@@ -38,12 +30,6 @@ pytestmark = [
     ),
     pytest.mark.timeout(600),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _notebook(folder: Path) -> Path:
@@ -67,58 +53,11 @@ def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator:
     folder = tmp / "notebooks"
     folder.mkdir()
     _notebook(folder)
-    port = _free_port()
-    env = dict(os.environ)
-    for key, sub in (
-        ("JUPYTERLAB_SETTINGS_DIR", "user-settings"),
-        ("JUPYTER_RUNTIME_DIR", "runtime"),
-        ("JUPYTERLAB_WORKSPACES_DIR", "workspaces"),
+    with (
+        running_lab(tmp, "--notebook-dir", str(folder)) as base,
+        open_page(sync_api, f"{base}/lab/tree/serving.ipynb", ARGS) as page,
     ):
-        env[key] = str(tmp / sub)
-    log = (tmp / "lab.log").open("w")
-    command = [sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"]
-    server = subprocess.Popen(
-        [*command, "--notebook-dir", str(folder)],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp / "lab.log").read_text()[-2000:]
-            try:
-                urllib.request.urlopen(f"{base}/api/status", timeout=5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "JupyterLab did not answer within 120 s"
-                time.sleep(0.25)
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 1000})
-                page.console_messages = []  # type: ignore[attr-defined]
-                page.on(
-                    "console",
-                    lambda m: page.console_messages.append((m.type, m.text)),  # type: ignore[attr-defined]
-                )
-                page.goto(f"{base}/lab/tree/serving.ipynb")
-                idle = page.locator(".jp-StatusBar-Widget", has_text="Idle").first
-                idle.wait_for(timeout=120_000)
-                yield page
-            finally:
-                browser.close()
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+        yield page
 
 
 DRAWN = """() => {

@@ -12,22 +12,13 @@ labels; the strategy exports.
 
 from __future__ import annotations
 
-import os
-import signal
-import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
+from _lab import CHROMIUM, open_page, running_lab
 
 from widgets.palette import COMMUNICATION_COLOR, device_color
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
 ARGS = [
     "--headless",
     "--no-sandbox",
@@ -49,70 +40,19 @@ pytestmark = [
 ]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``python -m workbench lab`` (the README's command) on a workspace of its own."""
     tmp = tmp_path_factory.mktemp("lab")
-    port = _free_port()
-    env = dict(os.environ)
-    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp / "user-settings")
-    env["JUPYTER_RUNTIME_DIR"] = str(tmp / "runtime")
-    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp / "workspaces")
-    log = (tmp / "lab.log").open("w")
-    command = [sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"]
-    server = subprocess.Popen(
-        [*command, "--workspace", str(tmp / "ws")],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp / "lab.log").read_text()[-2000:]
-            try:
-                urllib.request.urlopen(f"{base}/api/status", timeout=5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "JupyterLab did not answer within 120 s"
-                time.sleep(0.25)
+    with running_lab(tmp, "--workspace", str(tmp / "ws")) as base:
         yield base
-    finally:
-        server.send_signal(signal.SIGTERM)
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
 
 
 @pytest.fixture(scope="module")
 def page(lab: str) -> Iterator:
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python")
-    with sync_api.sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=str(CHROMIUM), args=ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1280, "height": 1000})
-            page.console_messages = []  # type: ignore[attr-defined]
-            page.on(
-                "console",
-                lambda m: page.console_messages.append((m.type, m.text)),  # type: ignore[attr-defined]
-            )
-            page.goto(f"{lab}/lab/tree/{NOTEBOOK}")
-            page.locator(".jp-StatusBar-Widget", has_text="Idle").first.wait_for(timeout=120_000)
-            yield page
-        finally:
-            browser.close()
+    with open_page(sync_api, f"{lab}/lab/tree/{NOTEBOOK}", ARGS) as page:
+        yield page
 
 
 def _noisy(page) -> list[tuple[str, str]]:
