@@ -58,6 +58,8 @@ class Lowering:
         self.device = device
         self._lift = lift  # (array, name) -> an input of the program holding the array
         self.parameters: set = set()  # the fx placeholders of the module's parameters
+        # places per expert of an imported MoE layer (None: dropless; see _aten_moe)
+        self.moe_capacity_factor: float | None = None
 
     def lifted(self, array, name: str) -> Value:
         """A constant array as the program sees it: a ``Constant`` op when uniform, else a
@@ -432,9 +434,11 @@ CHECKS = frozenset(
 from ._aten_attention import TABLE as _ATTENTION  # noqa: E402  (they read Lowering above)
 from ._aten_conv import TABLE as _CONV  # noqa: E402
 from ._aten_index import TABLE as _INDEX  # noqa: E402
+from ._aten_moe import TABLE as _MOE  # noqa: E402
 from ._aten_scalar import TABLE as _SCALAR  # noqa: E402
 
 TABLE.update(_CONV)
 TABLE.update(_SCALAR)
 TABLE.update(_INDEX)
 TABLE.update(_ATTENTION)
+TABLE.update(_MOE)

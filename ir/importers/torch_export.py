@@ -34,6 +34,7 @@ through ``ml_dtypes``), so an imported program holds no second copy of the model
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -65,9 +66,17 @@ class UnsupportedOpsError(TorchImportError):
     unsupported) to ``(count, source line)``.
     """
 
-    def __init__(self, module: str, ops: dict[str, tuple[int, str]]) -> None:
+    def __init__(
+        self, module: str, ops: dict[str, tuple[int, str]], notes: Sequence[str] = ()
+    ) -> None:
         self.ops = ops
         lines = [f"  {op} x{count}: {where}" for op, (count, where) in ops.items()]
+        if notes:  # Hugging Face experts modules the import could not make one op
+            lines.append(
+                "Mixture-of-experts layers left as their ATen ops (the importer maps gated "
+                "SiLU experts only; see docs/experts.md):"
+            )
+            lines.extend(f"  {note}" for note in dict.fromkeys(notes))
         super().__init__(
             f"{module}: {len(ops)} ATen op(s) have no registry translation "
             f"(add them to ir.importers._aten.TABLE, with a registry op where needed):\n"
@@ -88,7 +97,12 @@ def weight_name(key: str) -> str:
 
 
 def from_torch(
-    module: Any, example_inputs: Sequence[Any], *, name: str | None = None, device: int = 0
+    module: Any,
+    example_inputs: Sequence[Any],
+    *,
+    name: str | None = None,
+    device: int = 0,
+    moe_capacity_factor: float | None = None,
 ) -> tuple[Function, list[np.ndarray | None]]:
     """Import ``module`` as a ``Function`` and the arrays to run it on.
 
@@ -101,6 +115,16 @@ def from_torch(
     too, with ``None`` for their arrays: a program of real size to simulate, not to
     execute.
 
+    A Hugging Face mixture-of-experts model (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, ...:
+    transformers' experts modules with gated SiLU experts) imports with each MoE layer as
+    the registry's MoE ops (``ir.importers._hf_experts``, ``_aten_moe``).
+    ``moe_capacity_factor`` sets their places per expert and sequence: None (the
+    default) is exact, dropless routing as transformers computes it, with a buffer of
+    ``S`` places per expert (the simulator then charges each expert every token of a
+    sequence: ``E / k`` times its uniform load); a number ``f`` gives
+    ``ceil(f * S * k / E)`` places (costed at ``f`` times the uniform load, choices past
+    an expert's capacity dropped, so the outputs may differ from torch's).
+
     >>> import torch, numpy as np, ir
     >>> net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU()).eval()
     >>> f, args = ir.from_torch(net, (torch.ones(2, 3),))
@@ -111,11 +135,21 @@ def from_torch(
     """
     import torch
 
+    from ._hf_experts import experts_as_one_op
+
+    if moe_capacity_factor is not None and not (
+        isinstance(moe_capacity_factor, (int, float)) and 0 < moe_capacity_factor < math.inf
+    ):
+        raise TorchImportError(
+            f"moe_capacity_factor={moe_capacity_factor!r} must be a positive number (places "
+            "per expert as a multiple of the uniform load) or None (dropless, exact)"
+        )
     label = f"{type(module).__module__}.{type(module).__qualname__}"
-    program = _export(torch, module, tuple(example_inputs), label)
-    return _Importer(torch, program, tuple(example_inputs), label, device).run(
-        name or type(module).__name__.lower()
-    )
+    with experts_as_one_op(module) as notes:
+        program = _export(torch, module, tuple(example_inputs), label)
+    importer = _Importer(torch, program, tuple(example_inputs), label, device, notes)
+    importer.moe_capacity_factor = moe_capacity_factor
+    return importer.run(name or type(module).__name__.lower())
 
 
 def _export(torch, module, example_inputs: tuple, label: str):
@@ -225,7 +259,17 @@ def _repeat_rows(b: FunctionBuilder, block: Value, shape: tuple[int, ...]) -> Va
 
 
 class _Importer:
-    def __init__(self, torch, program, example_inputs: tuple, label: str, device: int) -> None:
+    def __init__(
+        self,
+        torch,
+        program,
+        example_inputs: tuple,
+        label: str,
+        device: int,
+        notes: Sequence[str] = (),
+    ) -> None:
+        self.notes = notes  # experts modules left as their ATen ops, and why
+        self.moe_capacity_factor: float | None = None
         self.torch = torch
         self.program = program
         self.example_inputs = example_inputs
@@ -356,6 +400,7 @@ class _Importer:
             return unbatched(x, shape)
 
         lowering = _aten.Lowering(b, values, self.dtype, self.device, lift)
+        lowering.moe_capacity_factor = self.moe_capacity_factor
         lowering.parameters = {
             node for node, spec in zip(nodes, specs) if spec.kind.name == "PARAMETER"
         }
@@ -383,7 +428,7 @@ class _Importer:
                 values[node] = lowering.constant(first, self.dtype(node), tuple(tensor.shape))
         problems = self._lower(lowering, values, folded)
         if problems:
-            raise UnsupportedOpsError(self.label, problems)
+            raise UnsupportedOpsError(self.label, problems, self.notes)
         outputs = self._outputs(values, lowering)
         return drop_broadcasts(fold_batched_matmuls(verify(b.finish(outputs)))), arguments
 

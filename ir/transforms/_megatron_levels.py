@@ -134,12 +134,15 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
     """The inputs of ``f`` an expert computation reads (``(E, ...)`` weights between an op
     making the experts' buffer and the ops reading its places back: their records'
     ``extra["expert_buffer"]``, ``"made"`` or ``"read"``), and ``E``; ``([], 0)`` for a
-    model without experts."""
+    model without experts. A weight may be read through a transpose that keeps the
+    expert axis first (an imported model's experts, stored ``(E, out, in)`` as torch's
+    ``Linear`` stores a weight)."""
     inputs = set(f.inputs)
     derived: set[Value] = set()
     experts = 0
     found: dict[Value, None] = {}
     made_from = {dst: link.src for dst, link in links.items()}
+    view_of: dict[Value, Value] = {}  # a weight's view (its expert axis first) -> the weight
     for op in f.ops:
         buffer = get_op(op.op_type).extra.get("expert_buffer")
         if buffer == "made":
@@ -147,10 +150,15 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
             derived.update(op.outputs)
             continue
         reads = [made_from.get(v, v) for v in op.inputs]
-        if buffer == "read" or not any(v in derived for v in reads):
+        if not any(v in derived for v in reads):
+            if _keeps_first_axis(op) and view_of.get(op.inputs[0], op.inputs[0]) in inputs:
+                view_of[op.outputs[0]] = view_of.get(op.inputs[0], op.inputs[0])
+            continue
+        if buffer == "read":
             continue
         derived.update(op.outputs)
         for v in op.inputs:
+            v = view_of.get(v, v)
             if v in inputs and v not in made_from and v not in derived:
                 t = v.type
                 if isinstance(t, TensorType) and t.rank >= 3 and t.shape[0] == experts:
@@ -159,6 +167,11 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
         if src in derived:
             derived.add(dst)
     return list(found), experts
+
+
+def _keeps_first_axis(op: Op) -> bool:
+    """``op`` lays out its one operand anew with the first axis where it was."""
+    return op.op_type == "Transpose" and tuple(op.attributes["perm"])[:1] == (0,)
 
 
 def _optimizer_rule(op, st: list[Shard | None]) -> RuleResult:
