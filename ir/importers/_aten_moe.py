@@ -57,6 +57,26 @@ def _topk(lw: Lowering, node):
     return lw.b.call("Neg", top, name=names[0]), index
 
 
+def _scatter_value(lw: Lowering, node):
+    """``x.scatter(dim, index, value)`` along the last axis (the group mask of DeepSeek-V3's
+    group-limited routing): ``value`` where a ``MoETopKGrad`` of ones (ones placed at the
+    indices of a zero tensor) is set, ``x`` elsewhere."""
+    x, dim, index, value = node.args[:4]
+    x, index = lw.value(x), lw.value(index)
+    rank = x.type.rank
+    if rank == 0 or _axis(dim, rank) != rank - 1:
+        raise Unsupported(f"dim={dim} of a rank-{rank} tensor (the last axis only)")
+    if index.type.shape[:-1] != x.type.shape[:-1] or not x.type.dtype.is_float:
+        raise Unsupported(f"index {index.type.shape} into a {x.type} (a float tensor's rows)")
+    ones = lw.constant(1.0, x.type.dtype, index.type.shape)
+    placed = lw.b.call(
+        "MoETopKGrad", index, ones, experts=x.type.shape[-1], name=f"{node.name}_placed"
+    )
+    zero = lw.constant(0.0, x.type.dtype)
+    hit = lw.b.call("Compare", placed, zero, kind="ne", name=f"{node.name}_hit")
+    return lw.call("Where", hit, lw.constant(value, x.type.dtype), x, node=node)
+
+
 def capacity(factor: float | None, seq: int, k: int, experts: int) -> int:
     """Places per expert and sequence: ``seq`` (dropless) when ``factor`` is None, else
     ``ceil(factor * seq * k / experts)``, between 1 and ``seq``."""
@@ -95,5 +115,6 @@ def _experts(lw: Lowering, node):
 
 TABLE: dict[str, Callable[[Lowering, Any], Any]] = {
     "aten.topk.default": _topk,
+    "aten.scatter.value": _scatter_value,
     "distir.moe_experts.default": _experts,
 }

@@ -40,6 +40,9 @@ def _routed(lm: torch.nn.Module) -> Logits:
         for name, p in lm.named_parameters():
             if name.endswith("mlp.gate.weight"):
                 p.normal_(0.0, 1.0)
+        for name, b in lm.named_buffers():
+            if name.endswith("e_score_correction_bias"):  # DeepSeek-V3's balancing bias
+                b.normal_(0.0, 0.1)
             elif "experts" in name:
                 p.normal_(0.0, 0.3)
     return Logits(lm.eval())
@@ -79,7 +82,25 @@ def qwen3_moe() -> Logits:
     return _routed(transformers.Qwen3MoeForCausalLM(config))
 
 
-MODELS = {"mixtral": mixtral, "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe}
+def glm4_moe() -> Logits:
+    """DeepSeek-V3's routing: sigmoid scores with a balancing bias, the experts chosen in
+    the best of 2 groups of 2 (a group mask scattered from a top-k), a shared expert."""
+    torch.manual_seed(0)
+    config = transformers.Glm4MoeConfig(
+        **SMALL,
+        head_dim=8,
+        n_routed_experts=EXPERTS,
+        num_experts_per_tok=TOP_K,
+        moe_intermediate_size=32,
+        first_k_dense_replace=0,
+        n_group=2,
+        topk_group=1,
+        routed_scaling_factor=2.5,
+    )
+    return _routed(transformers.Glm4MoeForCausalLM(config))
+
+
+MODELS = {"mixtral": mixtral, "qwen2_moe": qwen2_moe, "qwen3_moe": qwen3_moe, "glm4_moe": glm4_moe}
 
 
 def _ids(batch: int = 2) -> torch.Tensor:
@@ -91,6 +112,21 @@ def _logits(lm: torch.nn.Module, ids: torch.Tensor) -> np.ndarray:
         return lm(ids).numpy()
 
 
+def _load(lm: torch.nn.Module, ids: torch.Tensor) -> int:
+    """The most tokens one expert receives of one sequence, over the MoE layers."""
+    chosen = []
+    hooks = [
+        layer.mlp.gate.register_forward_hook(lambda m, args, out: chosen.append(out[2]))
+        for layer in lm.lm.model.layers
+    ]
+    with torch.no_grad():
+        lm(ids)
+    for h in hooks:
+        h.remove()
+    rows = [row for index in chosen for row in index.reshape(ids.shape[0], -1)]
+    return max(int(torch.bincount(row, minlength=EXPERTS).max()) for row in rows)
+
+
 def _ops(f: ir.Function, op_type: str) -> list:
     return [op for op in f.ops if op.op_type == op_type]
 
@@ -100,10 +136,13 @@ def test_an_imported_moe_model_equals_torch_with_one_moe_layer_per_block(name: s
     lm, ids = MODELS[name](), _ids()
     f, args = ir.from_torch(lm, (ids,))
     (logits,) = ir.execute(f, args)
+    assert _load(lm, ids) > SEQ * TOP_K // EXPERTS  # some expert above its uniform load
     np.testing.assert_allclose(logits, _logits(lm, ids), rtol=1e-4, atol=1e-5)
-    # each layer: the router's MoETopK, then dispatch and combine around the experts'
-    # two grouped products; dropless: a place for every token of a sequence
-    for op_type in ("MoETopK", "MoESlots", "MoEDispatch", "MoECombine"):
+    # each layer: the router's MoETopK (GLM's three: the groups' best two, the best
+    # group, the experts), then dispatch and combine around the experts' two grouped
+    # products; dropless: a place for every token of a sequence
+    assert len(_ops(f, "MoETopK")) == (6 if name == "glm4_moe" else 2)
+    for op_type in ("MoESlots", "MoEDispatch", "MoECombine"):
         assert len(_ops(f, op_type)) == 2, op_type
     for op in _ops(f, "MoESlots"):
         assert op.attributes == {"experts": EXPERTS, "capacity": SEQ}
@@ -237,6 +276,24 @@ def test_topk_along_the_last_axis_is_moetopk(how: dict):
     assert len(_ops(f, "MoETopK")) == 1
 
 
+class _Scatter(torch.nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dim = dim
+
+    def forward(self, x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        return x.scatter(self.dim, index, -2.0) * 3.0
+
+
+def test_a_scattered_value_along_the_last_axis_imports_and_another_is_refused():
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(5))
+    index = torch.tensor([[0, 3], [4, 4], [1, 2], [0, 1], [2, 2], [3, 0]])
+    f, args = ir.from_torch(_Scatter(1), (x, index))
+    np.testing.assert_allclose(ir.execute(f, args)[0], _Scatter(1)(x, index).numpy())
+    with pytest.raises(UnsupportedOpsError, match=r"aten.scatter.value \(dim=0"):
+        ir.from_torch(_Scatter(0), (x, index))
+
+
 def test_topk_along_another_axis_is_refused_by_name():
     with pytest.raises(UnsupportedOpsError) as e:
         ir.from_torch(_TopK(dim=1), (torch.randn(2, 5, 7),))
@@ -310,21 +367,6 @@ def test_expert_data_and_pipeline_parallel_steps_equal_the_sequential_step(name,
     # dispatch and combine, forward and backward, per MoE layer and microbatch
     assert Counter(op.op_type for op in g.ops)["AllToAll"] == 2 * 2 * 2 * m
     _assert_step_equal(t, g, args)
-
-
-def _load(lm: torch.nn.Module, ids: torch.Tensor) -> int:
-    """The most tokens one expert receives of one sequence, over the MoE layers."""
-    chosen = []
-    hooks = [
-        layer.mlp.gate.register_forward_hook(lambda m, args, out: chosen.append(out[2]))
-        for layer in lm.lm.model.layers
-    ]
-    with torch.no_grad():
-        lm(ids)
-    for h in hooks:
-        h.remove()
-    rows = [row for index in chosen for row in index.reshape(ids.shape[0], -1)]
-    return max(int(torch.bincount(row, minlength=EXPERTS).max()) for row in rows)
 
 
 def test_a_capacity_factor_costs_its_load_and_drops_past_it():
