@@ -111,6 +111,8 @@ LM, ENC, ENC_DEC, VISION, CNN = (
     "CNN",
 )
 GQA = dict(num_key_value_heads=2)
+MOE = dict(num_local_experts=4, num_experts_per_tok=2)  # Mixtral's names
+QWEN_MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 TINY = dict(n_embd=32, n_layer=2, n_head=4, vocab_size=VOCAB, n_positions=32)
 SEQ2SEQ = dict(
     d_model=32,
@@ -187,6 +189,26 @@ def _zoo() -> list[Arch]:
         ),
         _lm("gpt_bigcode", "GPTBigCodeForCausalLM", "GPTBigCodeConfig", **TINY),
         _lm("granite", "GraniteForCausalLM", "GraniteConfig", **SMALL, **GQA),
+        # mixture-of-experts decoders: 4 experts, top-2 (docs/experts.md)
+        _lm("mixtral", "MixtralForCausalLM", "MixtralConfig", **SMALL, **GQA, **MOE),
+        _lm("qwen2_moe", "Qwen2MoeForCausalLM", "Qwen2MoeConfig", **SMALL, **GQA, **QWEN_MOE),
+        _lm("qwen3_moe", "Qwen3MoeForCausalLM", "Qwen3MoeConfig", **SMALL, **GQA, **QWEN_MOE),
+        _lm("olmoe", "OlmoeForCausalLM", "OlmoeConfig", **SMALL, **GQA, **QWEN_MOE),
+        _lm("granitemoe", "GraniteMoeForCausalLM", "GraniteMoeConfig", **SMALL, **GQA, **MOE),
+        _lm(
+            "glm4_moe",
+            "Glm4MoeForCausalLM",
+            "Glm4MoeConfig",
+            **SMALL,
+            **GQA,
+            head_dim=8,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+            n_group=2,
+            topk_group=1,
+        ),
         Arch("bert", ENC, _built("BertModel", "BertConfig", **SMALL), _ids),
         Arch(
             "roberta",

@@ -59,8 +59,8 @@ def _topk(lw: Lowering, node):
 
 def _scatter_value(lw: Lowering, node):
     """``x.scatter(dim, index, value)`` along the last axis (the group mask of DeepSeek-V3's
-    group-limited routing): ``value`` where a ``MoETopKGrad`` of ones (ones placed at the
-    indices of a zero tensor) is set, ``x`` elsewhere."""
+    group-limited routing): ``value`` where some index of the row names the place (a
+    one-hot comparison with ``Arange``, its largest over the indices), ``x`` elsewhere."""
     x, dim, index, value = node.args[:4]
     x, index = lw.value(x), lw.value(index)
     rank = x.type.rank
@@ -68,12 +68,18 @@ def _scatter_value(lw: Lowering, node):
         raise Unsupported(f"dim={dim} of a rank-{rank} tensor (the last axis only)")
     if index.type.shape[:-1] != x.type.shape[:-1] or not x.type.dtype.is_float:
         raise Unsupported(f"index {index.type.shape} into a {x.type} (a float tensor's rows)")
-    ones = lw.constant(1.0, x.type.dtype, index.type.shape)
-    placed = lw.b.call(
-        "MoETopKGrad", index, ones, experts=x.type.shape[-1], name=f"{node.name}_placed"
+    b, name = lw.b, node.name
+    places = b.call(
+        "Arange",
+        n=x.type.shape[-1],
+        dtype=index.type.dtype.value,
+        device=lw.device,
+        name=f"{name}_places",
     )
-    zero = lw.constant(0.0, x.type.dtype)
-    hit = lw.b.call("Compare", placed, zero, kind="ne", name=f"{node.name}_hit")
+    column = b.call("Reshape", index, shape=(*index.type.shape, 1), name=f"{name}_column")
+    onehot = b.call("Compare", column, places, kind="eq", name=f"{name}_onehot")
+    hits = b.call("ReduceMax", lw.cast(onehot, x.type.dtype), axes=(rank - 1,), name=f"{name}_hits")
+    hit = b.call("Compare", hits, lw.constant(0.0, x.type.dtype), kind="gt", name=f"{name}_hit")
     return lw.call("Where", hit, lw.constant(value, x.type.dtype), x, node=node)
 
 

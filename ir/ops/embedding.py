@@ -1,5 +1,6 @@
 """Embedding lookup (the issue's "Embedding/Gather") and its scatter-add gradient, and
-``TakeAlongAxis`` (torch's ``gather``: an index per element along one axis).
+``TakeAlongAxis`` (torch's ``gather``: an index per element along one axis) and its
+scatter-add gradient ``TakeAlongAxisGrad``.
 
 The communication family already owns the name ``Gather`` (concatenate shards
 on one device), so the table lookup is ``Embedding``.
@@ -192,10 +193,64 @@ register_op(
         attributes=(Attr("axis", doc="the axis index picks along", kind=kinds.INT),),
         doc="y[..., i, ...] = x[..., index[..., i, ...], ...] along axis (torch.gather).",
         extra={
+            "value_ranges": lambda op: {1: (0, _along(op.inputs[0].type, op))},
+            "nondiff_operands": (1,),
             "examples": lambda s: [
                 ctx(t(2, 4 * s), t(2, 2 * s, dtype=DType.int64), axis=1),
                 ctx(t(3 * s, 2, dtype=DType.int64), t(s, 2, dtype=DType.int64), axis=0),
-            ]
+            ],
+        },
+    )
+)
+
+
+def _along(x: TensorType, op) -> int:
+    """The length of ``x`` along the op's axis."""
+    return x.shape[normalize_axis(op.attributes["axis"], x.rank)]
+
+
+def _take_grad_types(c: TypeContext):
+    index, dy = _ids(c, 0), tensor(c, 1, "dy")
+    if index.shape != dy.shape or not dy.dtype.is_float:
+        raise TypeRuleError(f"dy must be a float tensor of index's shape {index.shape}, got {dy}")
+    axis = normalize_axis(c.attributes["axis"], dy.rank)
+    return [dy.with_shape((*dy.shape[:axis], c.attributes["size"], *dy.shape[axis + 1 :]))]
+
+
+def _take_grad(xs, a):
+    index, dy = xs
+    axis = normalize_axis(a["axis"], dy.ndim)
+    out = np.zeros((*dy.shape[:axis], a["size"], *dy.shape[axis + 1 :]), dtype=dy.dtype)
+    where = list(np.indices(dy.shape, sparse=True))
+    where[axis] = checked_indices("TakeAlongAxisGrad", "index", index, a["size"])
+    np.add.at(out, tuple(where), dy)
+    return [out]
+
+
+register_op(
+    OpDef(
+        name="TakeAlongAxisGrad",
+        operands=("index", "dy"),
+        results=("dx",),
+        type_rule=_take_grad_types,
+        kernel=_take_grad,
+        cost_rule=lambda c: Cost(
+            c.input_types[1].num_elements,
+            c.input_types[0].size_bytes + c.input_types[1].size_bytes,
+            c.output_types[0].size_bytes,
+        ),
+        attributes=(
+            Attr("axis", doc="the axis index picked along", kind=kinds.INT),
+            Attr("size", doc="x's length along axis", kind=kinds.POS_INT),
+        ),
+        doc="Gradient of TakeAlongAxis: dy added into a zero tensor (size along axis) at "
+        "index along axis (repeated indices add up).",
+        extra={
+            "value_ranges": lambda op: {0: (0, op.attributes["size"])},
+            "examples": lambda s: [
+                ctx(t(2, 2 * s, dtype=DType.int64), t(2, 2 * s), axis=1, size=4 * s),
+                ctx(t(3 * s, 2, dtype=DType.int64), t(3 * s, 2), axis=0, size=2),
+            ],
         },
     )
 )
@@ -232,6 +287,16 @@ def _take_sharding(c: TypeContext) -> dict:
 fx.attach("TakeAlongAxis", _take_sharding)
 
 
+def _take_grad_sharding(c: TypeContext) -> dict:
+    rank = c.input_types[1].rank
+    axis = normalize_axis(c.attributes["axis"], rank)
+    names = tuple(None if d == axis else n for d, n in enumerate(fx.axes(rank)))
+    return fx.rule([names, names], [names], linear=[(1,)])
+
+
+fx.attach("TakeAlongAxisGrad", _take_grad_sharding)
+
+
 # -- gradient rules (autodiff) -------------------------------------------------------
 # The integer ids get no gradient.
 
@@ -251,10 +316,22 @@ def _embedding_gradient(b, op, ins, outs, dys):
     ]
 
 
+def _take_gradient(b, op, ins, outs, dys):
+    from ._grad import gname
+
+    (dy,) = dys
+    if dy is None:
+        return [None, None]
+    x, index = ins
+    axis, size = op.attributes["axis"], _along(x.type, op)
+    return [b.call("TakeAlongAxisGrad", index, dy, axis=axis, size=size, name=gname(x)), None]
+
+
 def _attach_gradient_rules() -> None:
     from ..registry import attach_rule
 
     attach_rule("Embedding", "gradient_rule", _embedding_gradient)
+    attach_rule("TakeAlongAxis", "gradient_rule", _take_gradient)
 
 
 _attach_gradient_rules()

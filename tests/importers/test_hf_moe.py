@@ -1,10 +1,11 @@
 """Hugging Face mixture-of-experts models through ``ir.from_torch``: each experts module
 one ``distir::moe_experts`` node, imported as the registry's MoE ops
 (``ir/importers/_hf_experts.py``, ``_aten_moe.py``). Tiny Mixtral, Qwen2-MoE (a shared
-expert behind a sigmoid gate, gates not renormalised) and Qwen3-MoE (renormalised) equal
-torch, train equal to torch's autograd, and shard by expert, data and pipeline
-parallelism equal to the sequential step; the capacity option costs and drops as
-documented; what the importer cannot map keeps its clear error."""
+expert behind a sigmoid gate, gates not renormalised), Qwen3-MoE (renormalised) and
+GLM4-MoE (DeepSeek-V3's sigmoid, group-limited routing) equal torch, train equal to
+torch's autograd, and shard by expert, data and pipeline parallelism equal to the
+sequential step; the capacity option costs and drops as documented; what the importer
+cannot map keeps its clear error."""
 
 from __future__ import annotations
 
@@ -320,10 +321,11 @@ def _training_step(lm: torch.nn.Module, ids: torch.Tensor, optimizer: str = "sgd
     return t, [*args, *state], labels, params
 
 
-@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("name", ["mixtral", "qwen2_moe", "glm4_moe"])
 def test_an_imported_moe_model_trains_as_torchs_autograd(name: str):
     """One SGD step updates every weight (router, experts, shared expert and its gate) as
-    torch's autograd through transformers' own experts does."""
+    torch's autograd through transformers' own experts does (GLM's gates are gathered
+    from its sigmoid scores: ``TakeAlongAxisGrad``)."""
     lm, ids = MODELS[name](), _ids()
     t, args, labels, params = _training_step(lm, ids)
     loss = torch.nn.functional.cross_entropy(
@@ -351,7 +353,12 @@ def _assert_step_equal(t: ir.Function, g: ir.Function, args: list) -> None:
 
 @pytest.mark.parametrize(
     ("name", "dp", "pp", "m", "ep"),
-    [("mixtral", 2, 1, 1, 2), ("qwen2_moe", 2, 1, 1, 2), ("mixtral", 2, 2, 2, 2)],
+    [
+        ("mixtral", 2, 1, 1, 2),
+        ("qwen2_moe", 2, 1, 1, 2),
+        ("glm4_moe", 2, 1, 1, 2),
+        ("mixtral", 2, 2, 2, 2),
+    ],
 )
 def test_expert_data_and_pipeline_parallel_steps_equal_the_sequential_step(name, dp, pp, m, ep):
     """``T.megatron(..., ep=2)`` finds the imported experts (their weights read through the

@@ -92,6 +92,25 @@ def test_gradient_equals_central_differences(name: str):
         np.testing.assert_allclose(g, _numerical(f, args, k), rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("axis", [1, -1, 0])
+def test_take_along_axis_gradient_adds_up_repeated_indices(axis: int):
+    """torch's ``gather`` (a router's gates at its top-k experts): the gradient scatters
+    ``dy`` back, adding where an index repeats."""
+    rng = np.random.default_rng(3)
+    b = ir.FunctionBuilder("take")
+    x = b.input("x", TensorType((3, 4), F64, 0))
+    shape = (3, 5) if axis else (6, 4)
+    index = b.input("index", TensorType(shape, DType.int64, 0))
+    u = b.input("u", TensorType(shape, F64, 0))
+    y = b.call("TakeAlongAxis", x, index, axis=axis)
+    f = b.finish([b.call("ReduceSum", b.call("Mul", y, u))])
+    picks = rng.integers(0, 4 if axis else 3, shape)
+    picks[0, :2] = 1  # a repeat
+    args = [rng.standard_normal((3, 4)), picks, rng.standard_normal(shape)]
+    (dx,) = ir.execute(ir.transforms.gradients(f, params=["x"]), args)[1:]
+    np.testing.assert_allclose(dx, _numerical(f, args, 0), rtol=1e-6, atol=1e-9)
+
+
 def test_ties_share_the_gradient_as_torch_does():
     b = ir.FunctionBuilder("ties")
     a = b.input("a", TensorType((3,), F64, 0))
