@@ -4,9 +4,10 @@ attention, ``use_cache=True``), each imports, executes equal to torch (caches in
 trains equal to torch's autograd and SGD, and shards by data, tensor and pipeline
 parallelism with the step equal to the sequential one.
 
-Every run checks a decoder (Llama), a decoder with tied embeddings (GPT-2), an encoder
-(BERT), an encoder-decoder's encoder (Whisper: 1-d convolutions), a CNN (ConvNeXt:
-depthwise convolutions) and a vision transformer (ViT: import, execution, training);
+Every run checks a decoder (Llama), a decoder with tied embeddings (GPT-2), a mixture of
+experts (Mixtral), an encoder (BERT), an encoder-decoder's encoder (Whisper: 1-d
+convolutions), a CNN (ConvNeXt: depthwise convolutions) and a vision transformer (ViT:
+import, execution, training);
 ``-m slow`` runs the whole zoo and checks each row of the table in ``docs/importers.md``.
 """
 
@@ -29,7 +30,7 @@ zoo = importlib.util.module_from_spec(_SPEC)
 sys.modules[_SPEC.name] = zoo  # its dataclasses look their module up while it loads
 _SPEC.loader.exec_module(zoo)
 
-SAMPLE = ("llama", "gpt2", "bert", "whisper_encoder", "convnext")
+SAMPLE = ("llama", "gpt2", "bert", "whisper_encoder", "convnext", "mixtral")
 EVERY = (*zoo.COLUMNS,)
 
 
