@@ -27,6 +27,9 @@ uniform load. ``moe_capacity_factor=f`` sets ``C = ceil(f * S * k / E)`` (at mos
 as ``ir.models`` builds it (``<node>_slot_capped``): costed as ``f`` times the uniform
 load, and the choices past an expert's capacity dropped in the numerics (GShard's
 priority), which then differ from torch's wherever the routing is that uneven.
+
+The gates are cast to the tokens' dtype: a bfloat16 model combines in bfloat16 where
+transformers multiplies by its float32 gates and sums in float32 (float32 models alike).
 """
 
 from __future__ import annotations
