@@ -90,7 +90,8 @@ def unsupported_reason(experts: torch.nn.Module) -> str:
     for flag, want in flags.items():
         if bool(getattr(experts, flag, want)) is not want:
             return f"{flag}={not want} (the importer maps {flag}={want} only)"
-    if getattr(type(experts), "_apply_gate", None) is not hf_moe._default_apply_gate:
+    default_gate = getattr(hf_moe, "_default_apply_gate", None)
+    if default_gate is None or getattr(type(experts), "_apply_gate", None) is not default_gate:
         return "its own _apply_gate (the importer maps silu(gate) * up only)"
     probe = torch.linspace(-4.0, 4.0, 17)
     act = getattr(experts, "act_fn", None)

@@ -137,8 +137,11 @@ def from_torch(
 
     from ._hf_experts import experts_as_one_op
 
-    if moe_capacity_factor is not None and not (
-        isinstance(moe_capacity_factor, (int, float)) and 0 < moe_capacity_factor < math.inf
+    factor = moe_capacity_factor
+    if factor is not None and (
+        isinstance(factor, bool)
+        or not isinstance(factor, (int, float))
+        or not 0 < factor < math.inf
     ):
         raise TorchImportError(
             f"moe_capacity_factor={moe_capacity_factor!r} must be a positive number (places "
@@ -147,8 +150,7 @@ def from_torch(
     label = f"{type(module).__module__}.{type(module).__qualname__}"
     with experts_as_one_op(module) as notes:
         program = _export(torch, module, tuple(example_inputs), label)
-    importer = _Importer(torch, program, tuple(example_inputs), label, device, notes)
-    importer.moe_capacity_factor = moe_capacity_factor
+    importer = _Importer(torch, program, tuple(example_inputs), label, device, notes, factor)
     return importer.run(name or type(module).__name__.lower())
 
 
@@ -267,9 +269,10 @@ class _Importer:
         label: str,
         device: int,
         notes: Sequence[str] = (),
+        moe_capacity_factor: float | None = None,
     ) -> None:
         self.notes = notes  # experts modules left as their ATen ops, and why
-        self.moe_capacity_factor: float | None = None
+        self.moe_capacity_factor = moe_capacity_factor
         self.torch = torch
         self.program = program
         self.example_inputs = example_inputs

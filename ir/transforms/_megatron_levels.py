@@ -32,9 +32,11 @@ from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
 from ..registry import get_op
+from ..sharding.errors import PropagationError
+from ..sharding.rules import rule_for
 from ..types import TensorType
 from ..value import Value
-from ._rewrite import TransformError, is_optimizer
+from ._rewrite import TransformError, is_optimizer, is_view
 from ._rules import Candidate, candidates, data_rule
 from ._spmd import Link, P, R, RuleResult, S, Shard
 from ._spmd import Plan as _Plan
@@ -134,9 +136,9 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
     """The inputs of ``f`` an expert computation reads (``(E, ...)`` weights between an op
     making the experts' buffer and the ops reading its places back: their records'
     ``extra["expert_buffer"]``, ``"made"`` or ``"read"``), and ``E``; ``([], 0)`` for a
-    model without experts. A weight may be read through a transpose that keeps the
-    expert axis first (an imported model's experts, stored ``(E, out, in)`` as torch's
-    ``Linear`` stores a weight)."""
+    model without experts. A weight may be read through a view that keeps the expert
+    axis first (an imported model's experts, stored ``(E, out, in)`` as torch's
+    ``Linear`` stores a weight, read transposed)."""
     inputs = set(f.inputs)
     derived: set[Value] = set()
     experts = 0
@@ -170,8 +172,16 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
 
 
 def _keeps_first_axis(op: Op) -> bool:
-    """``op`` lays out its one operand anew with the first axis where it was."""
-    return op.op_type == "Transpose" and tuple(op.attributes["perm"])[:1] == (0,)
+    """``op`` is a view of its one operand (its record's ``extra["view"]``) whose sharding
+    rule carries the first axis through: a transpose that keeps it first, a cast."""
+    if len(op.inputs) != 1 or len(op.outputs) != 1 or not is_view(op):
+        return False
+    try:
+        rule = rule_for(op)
+    except PropagationError:
+        return False
+    first = rule.operands[0][:1]
+    return first != (None,) and first == rule.results[0][:1]
 
 
 def _optimizer_rule(op, st: list[Shard | None]) -> RuleResult:

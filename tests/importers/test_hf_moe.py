@@ -403,7 +403,7 @@ def test_a_capacity_factor_costs_its_load_and_drops_past_it():
     assert math.isclose(expert_flops(exact), EXPERTS / TOP_K * expert_flops(capped))
 
 
-@pytest.mark.parametrize("factor", [0, -1.0, float("nan"), float("inf"), "1"])
+@pytest.mark.parametrize("factor", [0, -1.0, float("nan"), float("inf"), "1", True])
 def test_a_capacity_factor_that_is_no_positive_number_is_refused(factor):
     with pytest.raises(TorchImportError, match="moe_capacity_factor"):
         ir.from_torch(mixtral(), (_ids(),), moe_capacity_factor=factor)
