@@ -153,8 +153,9 @@ def expert_weights(f: Function, links: Mapping[Value, Link]) -> tuple[list[Value
             continue
         reads = [made_from.get(v, v) for v in op.inputs]
         if not any(v in derived for v in reads):
-            if _keeps_first_axis(op) and view_of.get(op.inputs[0], op.inputs[0]) in inputs:
-                view_of[op.outputs[0]] = view_of.get(op.inputs[0], op.inputs[0])
+            source = view_of.get(op.inputs[0], op.inputs[0]) if op.inputs else None
+            if source in inputs and _keeps_first_axis(op):
+                view_of[op.outputs[0]] = source
             continue
         if buffer == "read":
             continue
