@@ -191,13 +191,21 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
 
     @classmethod
     def from_torch(
-        cls, module: Any, example_inputs: Sequence[Any], topology: Topology | None = None, **kw
+        cls,
+        module: Any,
+        example_inputs: Sequence[Any],
+        topology: Topology | None = None,
+        *,
+        moe_capacity_factor: float | None = None,
+        **kw,
     ) -> Workbench:
-        """The dashboard over a PyTorch module (``ir.from_torch``); ``wb.arguments`` holds
-        the weights and example inputs by input name, ready for ``ir.execute``."""
+        """The dashboard over a PyTorch module (``ir.from_torch``; ``moe_capacity_factor``
+        as there: ``None`` keeps a mixture-of-experts model dropless, a number costs it at
+        that factor of the uniform load); ``wb.arguments`` holds the weights and example
+        inputs by input name, ready for ``ir.execute``."""
         from .imported import load_torch
 
-        function, arguments, weights = load_torch(module, example_inputs)
+        function, arguments, weights = load_torch(module, example_inputs, moe_capacity_factor)
         wb = cls(function, topology, **kw)
         wb.arguments = arguments
         wb.weight_names = weights

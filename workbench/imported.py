@@ -25,14 +25,18 @@ from .session import Session, SessionError
 
 
 def load_torch(
-    module: Any, example_inputs: Sequence[Any]
+    module: Any, example_inputs: Sequence[Any], moe_capacity_factor: float | None = None
 ) -> tuple[Function, dict[str, Any], tuple[str, ...]]:
-    """``ir.from_torch``, with the arguments by input name and the names of the inputs
-    that are weights: every input but the example inputs, which come just before the
-    ``const_*`` tensors that ``from_torch`` folds (see ``ir.importers.torch_export``)."""
+    """``ir.from_torch`` (``moe_capacity_factor`` as there: ``None`` imports a
+    mixture-of-experts model dropless, exactly), with the arguments by input name and the
+    names of the inputs that are weights: every input but the example inputs, which come
+    just before the ``const_*`` tensors that ``from_torch`` folds (see
+    ``ir.importers.torch_export``)."""
     from ir.importers import from_torch
 
-    function, arguments = from_torch(module, example_inputs)
+    function, arguments = from_torch(
+        module, example_inputs, moe_capacity_factor=moe_capacity_factor
+    )
     names = [v.name for v in function.inputs]
     end = len(names)
     while end > 0 and names[end - 1].startswith("const_"):

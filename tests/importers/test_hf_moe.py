@@ -421,3 +421,19 @@ def test_experts_the_importer_cannot_map_keep_the_clear_error_naming_their_ops()
     message = str(e.value)
     assert "lm.model.layers.0.mlp.experts (MixtralExperts): activation" in message
     assert "lm.model.layers.1.mlp.experts" in message
+
+
+def test_the_workbench_imports_with_the_capacity_factor_it_is_given():
+    """``Workbench.from_torch`` passes ``moe_capacity_factor`` to the importer: dropless by
+    default (``S`` places), the uniform load's places with a factor of one."""
+    from workbench import Workbench
+
+    lm, ids = mixtral(), _ids()
+    topology = ir.Topology.preset("h100-hgx", 2)
+    exact = Workbench.from_torch(lm, (ids,), topology)
+    capped = Workbench.from_torch(lm, (ids,), topology, moe_capacity_factor=1.0)
+    capacities = [
+        {op.attributes["capacity"] for op in _ops(wb.session.base, "MoESlots")}
+        for wb in (exact, capped)
+    ]
+    assert capacities == [{SEQ}, {SEQ * TOP_K // EXPERTS}]
