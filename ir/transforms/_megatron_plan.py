@@ -16,26 +16,23 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..builder import FunctionBuilder
-from ..errors import VerifyError
 from ..function import Function
 from ..op import Op
 from ..registry import get_op
 from ..types import TensorType
 from ..value import Value
-from ..verify import describe_op
 from ._megatron_mesh import StageMesh
+from ._megatron_piece import analyse_pieces
 from ._megatron_shared import SharedAnalyses
-from ._rewrite import TransformError, batch_inputs, batch_size, is_optimizer, returned_inputs_copied
+from ._rewrite import TransformError, batch_inputs, batch_size, returned_inputs_copied
 from ._rules import data_rule
 from ._spmd import P, R, Shard
 from ._spmd import Plan as _Plan
-from .data_parallel import data_plan
 from .horizontal import horizontal_plan
-from .pipeline import _device_sequence, backward_ops
-from .stage_cut import annotated_stages, gradient_ops, pipeline_degree, staged
+from .pipeline import _device_sequence
+from .stage_cut import annotated_stages, pipeline_degree, staged
 from .tensor_limits import TensorReplicationError, replicated_split
-from .vocab_parallel import undivided_vocabulary, vocabulary_form
+from .vocab_parallel import undivided_vocabulary, vocabulary_form, vocabulary_rewrites
 
 T = TypeVar("T")
 VAR = "e"  # the device variable of every pmap body of the step
@@ -69,15 +66,6 @@ class TensorSplitError(TransformError):
     """Tensor parallelism over the asked ranks splits no weight of the program."""
 
 
-def copy_op(builder: FunctionBuilder, op: Op, inputs: list[Value]) -> tuple[Value, ...]:
-    """``op`` (of a plan's per-device program: built, so verified) added to ``builder`` on
-    ``inputs``, keeping its names: typed again only if the operand types differ."""
-    try:
-        return builder.add_like(op, inputs, [v.name for v in op.outputs]).outputs
-    except VerifyError as e:
-        raise VerifyError(f"{e}\n  while rebuilding: {describe_op(op)}") from None
-
-
 class MegatronPlan(StageMesh):
     """The analysis of ``t`` as a 3D step (see the module doc); raises a TransformError
     naming the level (data, tensor, pipeline) whose limit ``t`` meets."""
@@ -106,9 +94,11 @@ class MegatronPlan(StageMesh):
         if shared is not None and shared.program is not source:
             raise TransformError("shared analyses of another program: make one per program")
         self._shared = shared
-        self._form: tuple = ("form", tp if vocabulary else 1, frozenset())
-        if vocabulary:  # embeddings and cross-entropies split by vocabulary
-            t = self._share(self._form, lambda: vocabulary_form(source, tp))
+        # the program's form: embeddings and cross-entropies split by vocabulary, keyed by
+        # the ops rewritten (the same form for every degree that rewrites the same ops)
+        self._form: tuple = ("form", ())
+        if vocabulary:
+            t = self._vocabulary_form(source, tp, frozenset())
         self.t, self.dp, self.tp, self.pp, self.m = t, dp, tp, pp, m
         self.ep, self.cp, self.ring_attention = ep, cp, ring_attention
         self.allow_replication = allow_replication
@@ -119,15 +109,15 @@ class MegatronPlan(StageMesh):
         self.stages = pp * chunks
         self.base = base
         self.zero = zero if dp > 1 else 0
-        self._analyse(schedule)
+        self._analyse()
         problem = undivided_vocabulary(source, tp) if vocabulary else None
         if problem is not None and not allow_replication:
             raise TensorReplicationError(problem)
         whole = self._whole_logits() if vocabulary else set()
         if whole:  # a cross-entropy of logits the plan keeps whole: as it was, unsplit
-            self._form = ("form", tp, frozenset(whole))
-            self.t = self._share(self._form, lambda: vocabulary_form(source, tp, keep=whole))
-            self._analyse(schedule)
+            self.t = self._vocabulary_form(source, tp, frozenset(whole))
+            self._analyse()
+        self._itemize(schedule)
         self._plan_zero()
         if self.zero == 3:
             from ._megatron_zero3 import plan_zero3
@@ -141,7 +131,17 @@ class MegatronPlan(StageMesh):
         :mod:`ir.transforms._megatron_shared`)."""
         return make() if self._shared is None else self._shared.get(key, make)
 
-    def _analyse(self, schedule: str) -> None:
+    def _vocabulary_form(self, source: Function, tp: int, keep: frozenset[str]) -> Function:
+        """``source`` in its vocabulary-parallel form for ``tp`` (``keep``: the logits whose
+        cross-entropy stays whole), and its key in ``self._form``."""
+        rewrites = vocabulary_rewrites(source, tp, keep)
+        self._form = ("form", rewrites)
+        if not rewrites:
+            return source
+        return self._share(self._form, lambda: vocabulary_form(source, tp, keep))
+
+    def _analyse(self) -> None:
+        """The data and tensor plans of ``self.t`` (the program in form ``self._form``)."""
         form, start = self._form, self.t
         self.t = self._share((form, "copied"), lambda: returned_inputs_copied(start))
         t, dp, m = self.t, self.dp, self.m
@@ -165,107 +165,43 @@ class MegatronPlan(StageMesh):
             lambda: staged(unstaged, self.stages, annotated_stages(unstaged, self.stage_of), what),
         )
         self.t = t
-        # Data plan over dp * m pieces: the per-piece program (global loss denominators),
-        # the gradients it leaves partial, and the optimizer steps after their all-reduce.
-        dplan = self._share(
-            (cut_key, "data", dp * m), lambda: data_plan(t, dp * m, what="dp x microbatches")
-        )
-        self.dplan = dplan
-        sliced = [st.keys[0].name for st in dplan.steps if st.op is None and st.src == R]
-        if sliced:
-            raise TransformError(
-                f"data level: {sliced} are whole-batch values made from no batch input that "
-                "are no broadcast the step can make per microbatch (a constant of the "
-                "batch's rows); the 3D step does not cut them into the microbatches' "
-                "pieces: use T.pipeline_parallel or T.data_parallel, which do"
-            )
-        late: set[Value] = {st.keys[1] for st in dplan.steps if st.op is None}
-        self.post: list[Op] = []
-        self.post_keys: dict[Op, tuple[Value, ...]] = {}
-        piece_ops: list[tuple[int, Op]] = []
-        for i, st in enumerate(dplan.steps):
-            if st.op is None:
-                continue
-            if any(k in late for k in st.keys):
-                if any(dplan.state[k] != R for k in st.keys if k not in late):
-                    raise TransformError(
-                        f"pipeline level: {st.op.op_type} needs a value summed over the whole "
-                        "batch before the batch is done; it cannot be pipelined"
-                    )
-                late.update(st.op.outputs)
-                self.post.append(st.op)
-                self.post_keys[st.op] = st.keys
-            else:
-                piece_ops.append((i, st.op))
-        if any(not is_optimizer(op) for op in self.post):
-            shown = sorted({op.op_type for op in self.post if not is_optimizer(op)})
-            raise TransformError(
-                f"3D parallelism runs only optimizer steps after the gradient all-reduce; "
-                f"{t.name} also runs {shown} there"
-            )
-        self.conv_dst = {st.keys[1]: st for st in dplan.steps if st.op is None}
-        self._summed_sources = {st.keys[0] for st in self.conv_dst.values() if st.src == P}
-        # A gradients-only program (T.gradients) returns its weight gradients: summed over
-        # the replicas (all-reduced, as DDP does) like those an optimizer step reads.
-        made_by_backward = gradient_ops(t)
-        self._summed_sources |= {
-            dplan.current[v]
-            for v in t.outputs
-            if t.producers.get(v) in made_by_backward and dplan.state[dplan.current[v]] == P
+        # The data level: the same for every strategy of as many pieces of this program
+        # (the form's own when the cut changed none of its ops).
+        program = form if t is unstaged else cut_key
+        piece_key = (program, "pieces", dp * m, self.ep)
+        pieces = self._share(piece_key, lambda: analyse_pieces(t, dp * m, self.ep))
+        self.dplan = pieces.dplan
+        self.post = pieces.post
+        self.post_keys = pieces.post_keys
+        self.conv_dst = pieces.conv_dst
+        self._summed_sources = pieces.summed_sources
+        self.piece = pieces.piece
+        self.source_of = pieces.source_of
+        self.key_of = pieces.key_of
+        self.piece_out = pieces.piece_out
+        self.summed = pieces.summed
+        # Stages (of the source program's ops) of the piece's ops.
+        backward = pieces.backward
+        stage_of_piece = {
+            op: (stage_of_op[source], "B" if source in backward else "F")
+            for op, source in pieces.origin
         }
-        # The per-piece program: the local ops of the data plan (batch / (dp m) rows). With
-        # experts split over ep replicas, a piece is one expert group's microbatch (ep
-        # replicas' rows: the expert level splits it over the group).
-        pieces = dp * m // self.ep
-        pplan = (
-            dplan
-            if self.ep == 1
-            else self._share((cut_key, "pieces", pieces), lambda: data_plan(t, pieces))
-        )
-        if pplan is not dplan:
-            post = set(self.post)
-            piece_ops = [
-                (i, st.op) for i, st in enumerate(pplan.steps) if st.op and st.op not in post
-            ]
-        loc = pplan.local
-        b = FunctionBuilder(f"{t.name}_piece")
-        env: dict[Value, Value] = {}
-        self.source_of: dict[Value, Value] = {}  # piece input -> source key
-        for i, _ in piece_ops:
-            local = loc.step_ops[i]
-            ins = []
-            for k, lv in zip(pplan.steps[i].keys, local.inputs):
-                if lv not in env:
-                    env[lv] = b.input(k.name, lv.type)
-                    self.source_of[env[lv]] = k
-                ins.append(env[lv])
-            for x, y in zip(local.outputs, copy_op(b, local, ins)):
-                env[x] = y
-        self.key_of = {env[loc.env[k]]: k for k in loc.env if loc.env[k] in env}
-        needed = [st.keys[0] for st in self.conv_dst.values()]
-        needed += [dplan.current[v] for v in t.outputs if dplan.current[v] not in late]
-        self.piece_out = list(dict.fromkeys(env[loc.env[k]] for k in needed))
-        self.piece = b.finish(self.piece_out)
-        self.summed = {env[loc.env[st.keys[0]]] for st in self.conv_dst.values() if st.src == P}
-        self.summed |= {
-            env[loc.env[dplan.current[v]]]
-            for v in t.outputs
-            if dplan.state[dplan.current[v]] == P and dplan.current[v] not in late
-        }
-        # Stages (of the source program's ops) and the tensor-parallel plan of the piece.
-        backward = backward_ops(t)
-        piece_stage = {
-            loc.step_ops[i]: (stage_of_op[op], "B" if op in backward else "F")
-            for i, op in piece_ops
-        }
-        rebuilt = dict(zip([loc.step_ops[i] for i, _ in piece_ops], self.piece.ops))
         self.stage_of_post = {op: stage_of_op[op] for op in self.post}
-        stage_of_piece = {rebuilt[k]: v for k, v in piece_stage.items()}
         # The context and expert levels (_megatron_levels), between the data and tensor ones.
         self.links: dict = {}
         self.experts: set[Value] = set()
         self.level_states: dict[str, dict[Value, Shard]] = {}
-        stage_of_piece = self._plan_levels(stage_of_piece)
+        self._stage_of_piece = self._plan_levels(stage_of_piece)
+        if self.cp > 1 or self.ep > 1 or self.zero == 3:  # levels or ZeRO-3 change it
+            self.hplan = self._tensor_plan()
+        else:  # the same for every strategy of this tensor level and pieces
+            key = (piece_key, "tensor", self.tp, self.sequence_parallel, self.allow_replication)
+            self.hplan = self._share(key, self._tensor_plan)
+
+    def _tensor_plan(self) -> _Plan:
+        """The tensor-parallel plan of the piece, each weight gradient it returns in its
+        weight's layout; raises if ``tp`` splits nothing or (unless allowed) repeats work."""
+        t = self.t
         if self.tp > 1:
             lead = self._token_shape() if self.sequence_parallel else None
             if lead is not None and lead[-1] % self.tp:
@@ -295,8 +231,13 @@ class MegatronPlan(StageMesh):
                     raise TensorReplicationError(problem)
         else:
             hplan = _Plan(self.piece, 1, {}, data_rule, VAR, self.links)
-        self.hplan = hplan
-        self._gradients_in_weight_layout()
+        self._gradients_in_weight_layout(hplan)
+        return hplan
+
+    def _itemize(self, schedule: str) -> None:
+        """The plan's items in their stages and phases, each (stage, phase) task's items,
+        and each pipeline rank's sequence of tasks under ``schedule``."""
+        hplan, stage_of_piece = self.hplan, self._stage_of_piece
         self.items: list[Item] = []
         for i, st in enumerate(hplan.steps):
             if st.op is None and st.link is not None:  # a conversion of another level
@@ -376,10 +317,10 @@ class MegatronPlan(StageMesh):
             again.regather = True
             task.insert(first, again)
 
-    def _gradients_in_weight_layout(self) -> None:
-        """Each weight gradient the piece returns, converted to its weight's tensor-parallel
-        layout (with sequence parallelism a layer norm's weight gradient is a partial sum
-        over the token slices, a position embedding's is split by tokens)."""
+    def _gradients_in_weight_layout(self, hplan: _Plan) -> None:
+        """Each weight gradient the piece returns, converted in ``hplan`` to its weight's
+        tensor-parallel layout (with sequence parallelism a layer norm's weight gradient is
+        a partial sum over the token slices, a position embedding's is split by tokens)."""
         piece_inputs = {self.source_of[p]: p for p in self.piece.inputs if p in self.source_of}
         by_key = {k: p for p, k in self.key_of.items()}
         for op in self.post:
@@ -387,13 +328,13 @@ class MegatronPlan(StageMesh):
             for k in self.post_keys[op][1:]:
                 st = self.conv_dst.get(k)
                 out = by_key.get(st.keys[0]) if st is not None else None
-                if out is None or out not in self.hplan.current:
+                if out is None or out not in hplan.current:
                     continue
                 p = piece_inputs.get(w)
-                want = (self.hplan.state.get(p) or R) if p is not None else R
-                current = self.hplan.current[out]
-                if self.hplan.state[current] != want:
-                    self.hplan.current[out] = self.hplan.convert(current, want)
+                want = (hplan.state.get(p) or R) if p is not None else R
+                current = hplan.current[out]
+                if hplan.state[current] != want:
+                    hplan.current[out] = hplan.convert(current, want)
 
     def _token_shape(self) -> tuple[int, ...]:
         """The leading shape of the piece's activations: its integer batch input's (token

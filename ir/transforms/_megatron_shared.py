@@ -2,12 +2,14 @@
 
 A search builds many :func:`ir.transforms.megatron` steps of one training program. Much of
 each step's analysis (:class:`ir.transforms._megatron_plan.MegatronPlan`) depends on a few
-of the strategy's values only: the vocabulary-parallel form on the tensor degree, the
-pipeline cut on the number of stages, the data plan on the number of batch pieces
-(replicas x microbatches). :class:`SharedAnalyses` holds those results, keyed by exactly
-the values that determine them, for one program and one search request; it is made by the
-caller and dropped with it (no global state). Each result is read, never changed, by the
-plans that use it.
+of the strategy's values only: the vocabulary-parallel form on the ops it rewrites (the
+same for every tensor degree that rewrites them), the pipeline cut on the number of
+stages, the data level (:mod:`ir.transforms._megatron_piece`) on the number of batch
+pieces (replicas x microbatches; shared by every cut that changes none of the program's
+ops), the tensor plan on that and the tensor degree. :class:`SharedAnalyses` holds those
+results, keyed by exactly the values that determine them, for one program and one search
+request; it is made by the caller and dropped with it (no global state). Each result is
+read, never changed, by the plans that use it.
 """
 
 from __future__ import annotations

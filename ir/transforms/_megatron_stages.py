@@ -11,6 +11,7 @@ like the first (``FunctionBuilder.add_like``).
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
@@ -19,7 +20,8 @@ from ..function import Function
 from ..op import Op
 from ..types import DeviceVar, TensorType, TupleType
 from ..value import Value
-from ._megatron_plan import VAR, Item, MegatronPlan, copy_op, level
+from ._megatron_piece import copy_op
+from ._megatron_plan import VAR, Item, MegatronPlan, level
 from ._rewrite import TransformError
 from ._spmd import P, R, Shard
 from .pipeline import run_schedule
@@ -340,7 +342,9 @@ class StageEmission(MegatronPlan):
         devices from its operands."""
         devices = tuple(self.devices(s))
         values = (x for per_mb in self.at for x in per_mb.values())
-        for x in (*self.weight_input.values(), *values):
+        # lazily: the weights first, a microbatch's values only if no weight is there (a
+        # starred tuple would gather every microbatch's values on every call)
+        for x in itertools.chain(self.weight_input.values(), values):
             if isinstance(x.type, TupleType) and x.type.devices == devices:
                 return x
         raise TransformError(f"internal: stage {s} has no value to map its constants over")

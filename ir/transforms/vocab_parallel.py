@@ -33,7 +33,7 @@ from ..registry import get_op
 from ..value import Value
 from ..verify import verify
 
-__all__ = ["undivided_vocabulary", "vocabulary_form"]
+__all__ = ["undivided_vocabulary", "vocabulary_form", "vocabulary_rewrites"]
 
 
 def _form(op):
@@ -48,7 +48,8 @@ def vocabulary_form(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> F
     divide by ``tp`` is left whole, as is a cross-entropy of logits named in ``keep``
     (:func:`ir.transforms.megatron` passes those its plan does not split: an MLP's head
     after a row-parallel layer). :func:`undivided_vocabulary` says which tables stay
-    whole; ``megatron`` refuses them unless told to replicate.
+    whole; ``megatron`` refuses them unless told to replicate. With nothing to rewrite
+    the form is ``t`` itself.
 
     >>> import ir
     >>> from ir.transforms import training
@@ -57,20 +58,33 @@ def vocabulary_form(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> F
     >>> sorted(new)[:4], len(new)
     (['Arange', 'ClassMax', 'ClassPick', 'ClassSumExp'], 8)
     """
+    rewritten = set(vocabulary_rewrites(t, tp, keep))
+    if not rewritten:
+        return t
     b = FunctionBuilder(t.name)
     env: dict[Value, Value] = {v: b.input(v.name, v.type) for v in t.inputs}
     stats: dict[Value, tuple[Value, Value]] = {}
-    for op in t.ops:
+    for i, op in enumerate(t.ops):
         ins = [env[v] for v in op.inputs]
-        form = _form(op)
-        outs = None
-        kept = "vocabulary_classes" in get_op(op.op_type).extra and op.inputs[0].name in keep
-        if form is not None and not kept and _size(op) % tp == 0:
-            outs = form(b, op, ins, stats)
+        outs = _form(op)(b, op, ins, stats) if i in rewritten else None
         if outs is None:
             outs = rebuild_op(b, op, ins)
         env.update(zip(op.outputs, outs))
     return verify(b.finish([env[v] for v in t.outputs]))
+
+
+def vocabulary_rewrites(t: Function, tp: int = 1, keep: Set[str] = frozenset()) -> tuple[int, ...]:
+    """The positions in ``t.ops`` of the ops :func:`vocabulary_form` rewrites (for ``tp``,
+    keeping the cross-entropies of ``keep`` whole): the form depends on them alone, so
+    tensor degrees that rewrite the same ops have the same form (none: ``t`` itself)."""
+    found = []
+    for i, op in enumerate(t.ops):
+        if _form(op) is None:
+            continue
+        kept = "vocabulary_classes" in get_op(op.op_type).extra and op.inputs[0].name in keep
+        if not kept and _size(op) % tp == 0:
+            found.append(i)
+    return tuple(found)
 
 
 def _size(op) -> int:

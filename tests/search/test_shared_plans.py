@@ -89,15 +89,32 @@ def test_the_strategies_share_their_analyses():
     t = transforms.training(models.mlp(64, 128, 128, 64, layers=4), "sgd")
     plans = SharedPlans()
     _, analyses = plans.of(t, False)
-    sizes = []
-    for schedule, m in (("1f1b", 2), ("gpipe", 2), ("1f1b", 4)):
-        s = ir.search.Strategy(dp=2, tp=2, pp=2, microbatches=m, schedule=schedule)
+
+    def kinds() -> dict[str, int]:
+        found: dict[str, int] = {}
+        for key in analyses._results:
+            found[key[1]] = found.get(key[1], 0) + 1
+        return found
+
+    seen = []
+    for dp, tp, pp, m, schedule in (
+        (2, 2, 2, 2, "1f1b"),
+        (2, 2, 2, 2, "gpipe"),
+        (2, 2, 2, 4, "1f1b"),
+        (2, 1, 4, 4, "1f1b"),  # as many pieces (8) as the last, another tp and pp
+    ):
+        s = ir.search.Strategy(dp=dp, tp=tp, pp=pp, microbatches=m, schedule=schedule)
         alone, together = s.build(t), s.build(t, shared=plans)
         assert str(alone) == str(together)
-        sizes.append(len(analyses))
-    # another schedule: nothing analysed again; more microbatches: the data plans only
-    data = sum(1 for key in analyses._results if key[1] == "data")
-    assert sizes[0] == sizes[1] > 0 and sizes[2] - sizes[1] == data // 2 > 0
+        seen.append(kinds())
+    # another schedule: nothing analysed again
+    assert seen[0] == seen[1] and seen[0]["pieces"] == seen[0]["tensor"] == 2
+    # more microbatches: the data and tensor levels of both forms (vocabulary-parallel
+    # cross-entropy, and as it was: the MLP's logits are whole after a row-parallel layer)
+    assert seen[2] == {**seen[1], "pieces": 4, "tensor": 4}
+    # as many pieces at tp 1: the step as it was has its data level already (the cut of
+    # the MLP changes none of its ops); its tensor level (tp 1) and its cut are new
+    assert seen[3]["pieces"] == 4 and seen[3]["tensor"] == 5
 
 
 def test_shared_analyses_of_another_program_are_refused():
