@@ -12,6 +12,7 @@ and ``Bool[0]``.
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -300,8 +301,10 @@ class TupleType:
         return sum(e.size_bytes for e in self.elements)
 
     @cached_property
-    def devices(self) -> tuple[DeviceRef, ...]:
-        return tuple(getattr(e, "device", None) for e in self.elements)
+    def devices(self) -> Devices:
+        """Each element's device, in order (a tuple that hashes once: type rules key tables
+        by the devices of tuples thousands of elements long)."""
+        return Devices(getattr(e, "device", None) for e in self.elements)
 
     def __len__(self) -> int:
         return len(self.elements)
@@ -311,6 +314,33 @@ class TupleType:
 
 
 Type = TensorType | TupleType
+
+
+class Devices(tuple):
+    """A tuple of devices that computes its hash once (a plain tuple hashes every element
+    on every look-up: a stage's tuple has up to thousands)."""
+
+    def __hash__(self) -> int:
+        try:
+            return self._hash  # type: ignore[attr-defined,no-any-return]
+        except AttributeError:
+            self._hash = found = tuple.__hash__(self)
+            return found
+
+    def __reduce__(self) -> tuple:
+        # the devices only: a kept hash (of device variables' names) is this process's
+        return (Devices, (tuple(self),))
+
+
+@functools.lru_cache(maxsize=4096)
+def bound_tuple(t: Type, var: str, devices: Devices) -> TupleType:
+    """``t`` (typed on device variable ``var``) bound to each of ``devices``, as the tuple a
+    pmap over them makes of it: one object per (type, devices), shared by every op of a
+    program that makes or reads it (types are immutable values), so a long program's type
+    rules compare its tuples by identity, not element by element."""
+    return TupleType(tuple(bind_type(t, var, d) for d in devices))
+
+
 _TENSOR_FIELDS = ("shape", "dtype", "device")
 
 _SCALAR_SPELLING = {DType.float32: "Float", DType.int64: "Int", DType.bool: "Bool"}

@@ -9,15 +9,13 @@ whose i-th element lives on the i-th device of the first operand. A
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 
 from .. import attr_kinds as kinds
 from ..errors import TypeRuleError
 from ..limits import MAX_PMAP_NESTING
 from ..registry import Attr, OpDef, OpKind, TypeContext, register_op
-from ..types import DeviceVar, DType, TensorType, TupleType, bind_type
+from ..types import DeviceVar, DType, TensorType, TupleType, bind_type, bound_tuple
 from . import _examples as ex
 from . import _factors as fx
 from ._common import memory_cost, no_cost, tuple_operand
@@ -49,7 +47,7 @@ def _pmap_types(ctx: TypeContext):
             raise TypeRuleError(f"pmap operand {i} has {len(t)} elements, operand 0 has {n}")
         param = body.inputs[i].type
         plain = _binds_plainly(param, var, device_map)
-        if plain and t == _bound_tuple(param, var, devices):
+        if plain and t == bound_tuple(param, var, devices):
             continue  # the tuple type a pmap of this body makes (TupleType's equality is
             # its kept hash, then its elements' fields at C level)
         if plain and all(
@@ -68,18 +66,11 @@ def _pmap_types(ctx: TypeContext):
                     f"{body.inputs[i].name!r} bound to device {devices[k]} is {want}"
                 )
     if device_map is None:
-        return [_bound_tuple(out.type, var, devices) for out in body.outputs]
+        return [bound_tuple(out.type, var, devices) for out in body.outputs]
     return [
         TupleType(tuple(bind_type(out.type, var, d, device_map) for d in devices))
         for out in body.outputs
     ]
-
-
-@functools.lru_cache(maxsize=4096)
-def _bound_tuple(t, var: str, devices: tuple) -> TupleType:
-    """A body result's type on each of ``devices``: one tuple type per (type, devices),
-    shared by every pmap of a long program that makes it (types are immutable values)."""
-    return TupleType(tuple(bind_type(t, var, d) for d in devices))
 
 
 def _binds_plainly(param, var: str, device_map) -> bool:

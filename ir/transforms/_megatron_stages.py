@@ -18,7 +18,7 @@ from typing import Any
 from ..builder import FunctionBuilder
 from ..function import Function
 from ..op import Op
-from ..types import DeviceVar, TensorType, TupleType
+from ..types import Devices, DeviceVar, TensorType, TupleType, bound_tuple
 from ..value import Value
 from ._megatron_piece import copy_op
 from ._megatron_plan import VAR, Item, MegatronPlan, level
@@ -55,9 +55,8 @@ class StageEmission(MegatronPlan):
         self._steps: dict[tuple, list] = {}  # each kind of task: its steps (_task_steps)
         self._first: dict[tuple, Op] = {}  # each repeated step's first op, by step
         self._flat: dict[tuple[TensorType, int], TupleType] = {}  # see flat_type
+        self._on: dict[int, Devices] = {}  # each pipeline rank's devices (flat_type)
         self.acc: dict[Value, Value] = {}
-        # the groups of every grouped collective, made once (dp * tp lists each)
-        self._tp_groups, self._dp_groups = self.tp_groups(), self.dp_groups()
         self.layouts: dict[str, tuple[str, ...]] = {}
         self.stage_of_key: dict[Value, int] = {}
         for item in self.items:
@@ -374,10 +373,9 @@ class StageEmission(MegatronPlan):
         if self.zero >= 2:  # ZeRO-2 and 3: each microbatch's gradient reduce-scattered as made
             zd = self._zero_axis(self.weight_of_grad.get(self.dplan_source(piece_value)))
             if zd is not None:
-                groups = self.groups(self.grad_group(piece_value))
-                attributes = {"dim": zd, "op": "sum", "groups": groups}
-                names = [f"{v.name}_mb{mb}_dp"]
-                (out,) = self._add(("zero2", v), "ReduceScatter", [out], attributes, names)
+                attributes = {"dim": zd, "op": "sum"}
+                name, group = f"{v.name}_mb{mb}_dp", self.grad_group(piece_value)
+                out = self.grouped("ReduceScatter", out, attributes, name, group)
         prev = self.acc.get(v)
         if prev is not None:
             out = self._pmap_add(prev, out, v, mb)
@@ -413,24 +411,24 @@ class StageEmission(MegatronPlan):
         if source is None or self.group_size(group) == 1:
             return
         zd = self._zero_axis(self.weight_of_grad.get(source))
-        groups = self.groups(group)
         if zd is None:
-            self.acc[v] = self.b.call(
-                "AllReduce",
-                self.acc[v],
-                op="sum",
-                groups=groups,
-                name=f"{v.name}_dp",
-                **on,
-            )
+            attributes = {"op": "sum", **on}
+            self.acc[v] = self.grouped("AllReduce", self.acc[v], attributes, f"{v.name}_dp", group)
         elif self.zero == 1:
-            self.acc[v] = self._reduce_scatter(self.acc[v], zd, f"{v.name}_dp", groups, **on)
+            attributes = {"dim": zd, "op": "sum", **on}
+            x = self.acc[v]
+            self.acc[v] = self.grouped("ReduceScatter", x, attributes, f"{v.name}_dp", group)
 
-    def _reduce_scatter(
-        self, x: Value, zd: int, name: str, groups: list[list[int]] | None = None, **on: str
+    def grouped(
+        self, op_type: str, x: Value, attributes: dict[str, Any], name: str, level: str
     ) -> Value:
-        groups = self._dp_groups if groups is None else groups
-        return self.b.call("ReduceScatter", x, dim=zd, op="sum", groups=groups, name=name, **on)
+        """``op_type`` (a collective) of ``x`` over the groups of mesh axes ``level``, with
+        ``attributes`` besides the groups: typed once per (op, attributes, operand type), as
+        a step's hundreds of weights of one shape reduce alike (the type rule of a tuple
+        checks each of its elements)."""
+        key = ("grouped", op_type, level, tuple(sorted(attributes.items())), x.type)
+        attributes = {**attributes, "groups": self.groups(level)}
+        return self._add(key, op_type, [x], attributes, [name])[0]
 
     def grad_group(self, piece_value: Value) -> str:
         """The group summing a piece output's gradient (that of its weight, if any)."""
@@ -480,7 +478,11 @@ class StageEmission(MegatronPlan):
             raise TransformError(
                 f"tensor level: no grouped collective turns {src} into {dst} ({item.keys[0].name})"
             )
-        (out,) = self._add(("conversion", item, s), op_type, [xs], attributes, names)
+        # keyed by what fixes the op (its kind, group and operand type), not by the item:
+        # every layer's conversion of one shape on a stage is typed once (a type rule of a
+        # tuple checks each of its thousands of elements)
+        key = ("conversion", op_type, item.src, item.dst, item.level, item.shift, xs.type)
+        (out,) = self._add(key, op_type, [xs], attributes, names)
         self._made(item.outputs[0], mb, s, out)
 
     def _split_exchange(self, item: Item) -> bool:
@@ -517,12 +519,18 @@ class StageEmission(MegatronPlan):
         key = (local, stage % self.pp)
         found = self._flat.get(key)
         if found is None:
-            found = TupleType(tuple(local.with_device(d) for d in self.devices(stage)))
+            devices = self._on.get(stage % self.pp)
+            if devices is None:
+                devices = self._on[stage % self.pp] = Devices(self.devices(stage))
+            # the very tuple a pmap over the stage makes of ``local`` (types.bound_tuple):
+            # the type rules of the ops reading it compare it by identity
+            found = bound_tuple(local.with_device(_VAR), VAR, devices)
             self._flat[key] = found
         return found
 
 
 _PMAP_ATTRIBUTES = {"device_var": VAR}
+_VAR = DeviceVar(VAR)
 
 
 class _Run:

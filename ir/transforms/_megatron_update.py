@@ -63,10 +63,8 @@ class Megatron3D(StageEmission):
                 glob[v] = self.weight_input[v]
                 zd = self._zero_axis(v) if self.zero < 3 else None
                 if zd is not None:  # ZeRO: each replica updates its part of the weight
-                    groups = self.groups(self.weight_group[v])
-                    glob[v] = self.b.call(
-                        "KeepShard", glob[v], dim=zd, groups=groups, name=f"{v.name}_z"
-                    )
+                    axes = self.weight_group[v]
+                    glob[v] = self.grouped("KeepShard", glob[v], {"dim": zd}, f"{v.name}_z", axes)
         by_stage: dict[int, list[Op]] = {}
         for op in self.post:
             by_stage.setdefault(self.stage_of_post[op], []).append(op)
@@ -101,10 +99,8 @@ class Megatron3D(StageEmission):
                 zd = self._zero_axis(self.post_keys[op][0]) if self.zero < 3 else None
                 if zd is not None:
                     w1 = op.outputs[0]
-                    groups = self.groups(self.weight_group[self.post_keys[op][0]])
-                    glob[w1] = self.b.call(
-                        "AllGather", glob[w1], dim=zd, groups=groups, name=w1.name
-                    )
+                    axes = self.weight_group[self.post_keys[op][0]]
+                    glob[w1] = self.grouped("AllGather", glob[w1], {"dim": zd}, w1.name, axes)
         outs, layouts = [], []
         for v in t.outputs:
             key = dplan.current[v]
