@@ -77,10 +77,18 @@ class Collective:
 
     def time_s(self, topology: Topology) -> float:
         """Predicted time of this transfer on ``topology`` (the slowest group of a grouped op)."""
-        if self.groups:
-            return max(
-                collective_time_s(self.kind, self.size_bytes, g, topology) for g in self.groups
-            )
+        if self.groups:  # the groups of one link class (Topology.link_class) timed once
+            times: dict[tuple, float] = {}
+            worst = -math.inf
+            for g in self.groups:
+                key = topology.link_class(g)
+                t = times.get(key) if key is not None else None
+                if t is None:
+                    t = collective_time_s(self.kind, self.size_bytes, g, topology)
+                    if key is not None:
+                        times[key] = t
+                worst = max(worst, t)
+            return worst
         if self.kind == "send":
             return send_time_s(self.size_bytes, self.devices[0], self.devices[-1], topology)
         return collective_time_s(self.kind, self.size_bytes, self.devices, topology, self.root)

@@ -235,6 +235,20 @@ class LinkTable(Sequence):
         rule = _ByNode(per_node, intra, inter)
         return LinkTable(n, rule, values, ("by_node", per_node, intra, inter))
 
+    def link_pattern(self, indices: Sequence[int]) -> tuple | None:
+        """A key that two sequences of device indices share when the link from their a-th
+        to their b-th device is the same for every a and b that are different devices, or
+        None if this table's rule does not say (a rule of the caller's)."""
+        rule = self.rule
+        if isinstance(rule, _Uniform):
+            return ()
+        if isinstance(rule, _ByNode):  # the node (by first appearance) and place in it
+            per_node, blocks = rule.per_node, {}
+            return tuple(
+                [(blocks.setdefault(i // per_node, len(blocks)), i % per_node) for i in indices]
+            )
+        return None
+
     def __len__(self) -> int:
         return self.n
 
@@ -403,6 +417,31 @@ class Topology:
     @functools.cached_property
     def _node_index(self) -> dict[int, int]:
         return {d: k for k, node in enumerate(self.nodes) for d in node}
+
+    def link_class(self, devices: Sequence[int]) -> tuple | None:
+        """A key that two sequences of device ids share when a collective among them takes
+        the same time: the same positions are one device, the links between positions are
+        alike (bandwidth and latency, :meth:`LinkTable.link_pattern`) and the positions
+        group into ``nodes`` alike, the nodes in the same order. A grouped collective's
+        groups of one class are timed once. None when the links are dense matrices or a
+        rule of the caller's (no key cheaper than the links themselves)."""
+        bandwidth, latency = self.bandwidth_bytes_per_s, self.latency_s
+        if not (isinstance(bandwidth, LinkTable) and isinstance(latency, LinkTable)):
+            return None
+        index = self._indices
+        try:
+            indices = [index[d] for d in devices]
+        except (KeyError, TypeError):
+            return None  # the time's own look-up names the device the topology lacks
+        links = (bandwidth.link_pattern(indices), latency.link_pattern(indices))
+        if None in links:
+            return None
+        first: dict[int, int] = {}
+        same = tuple([first.setdefault(i, len(first)) for i in indices])
+        node_of = self._node_index
+        nodes = [node_of.get(d) for d in devices]
+        rank = {k: r for r, k in enumerate(sorted({k for k in nodes if k is not None}))}
+        return (same, links, tuple([rank.get(k) for k in nodes]))
 
     def node_of(self, device_id: int) -> int:
         """The index in ``nodes`` of the node holding ``device_id`` (0 without nodes)."""

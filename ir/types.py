@@ -332,13 +332,26 @@ class Devices(tuple):
         return (Devices, (tuple(self),))
 
 
-@functools.lru_cache(maxsize=4096)
 def bound_tuple(t: Type, var: str, devices: Devices) -> TupleType:
     """``t`` (typed on device variable ``var``) bound to each of ``devices``, as the tuple a
-    pmap over them makes of it: one object per (type, devices), shared by every op of a
-    program that makes or reads it (types are immutable values), so a long program's type
-    rules compare its tuples by identity, not element by element."""
+    pmap over them makes of it: a tensor on ``var`` itself is :func:`uniform_tuple`'s
+    one object per (tensor, devices)."""
+    device = t.device if t.__class__ is TensorType else None
+    if device.__class__ is DeviceVar and device.name == var and not device.sub:
+        return uniform_tuple(t.with_device(None), devices)
     return TupleType(tuple(bind_type(t, var, d) for d in devices))
+
+
+@functools.lru_cache(maxsize=4096)
+def uniform_tuple(element: TensorType, devices: Devices) -> TupleType:
+    """``element`` (a tensor of no device) on each of ``devices``: one object per (tensor,
+    devices), shared by every op of a program that makes or reads such a tuple (a pmap's
+    results, a stage's weights, the activations sent to the next stage; types are
+    immutable values), so type rules and the simulator's tables compare a long program's
+    tuples by identity, not element by element."""
+    made = TupleType(tuple(element.with_device(d) for d in devices))
+    made.__dict__["devices"] = devices  # its devices are the key: later look-ups by identity
+    return made
 
 
 _TENSOR_FIELDS = ("shape", "dtype", "device")

@@ -26,7 +26,7 @@ from ..registry import (
     attach_rule,
     register_op,
 )
-from ..types import TensorType, TupleType
+from ..types import Devices, TensorType, TupleType, uniform_tuple
 from ._common import memory_cost, normalize_axis, tensor, tuple_operand
 from ._examples import ctx, per_device, t
 
@@ -246,6 +246,9 @@ def _send_each_types(ctx: TypeContext):
     for e in xs.elements:
         if not isinstance(e, TensorType):
             raise TypeRuleError(f"tuple elements must be tensors, got {e}")
+    shapes, dtypes = map(attrgetter("shape"), xs.elements), map(attrgetter("dtype"), xs.elements)
+    if len(set(zip(shapes, dtypes))) == 1:  # one tensor on every device: the shared tuple
+        return [uniform_tuple(xs.elements[0].with_device(None), Devices(to))]
     return [TupleType(tuple(e.with_device(d) for e, d in zip(xs.elements, to)))]
 
 
