@@ -332,6 +332,7 @@ class Devices(tuple):
         return (Devices, (tuple(self),))
 
 
+@functools.lru_cache(maxsize=4096)
 def bound_tuple(t: Type, var: str, devices: Devices) -> TupleType:
     """``t`` (typed on device variable ``var``) bound to each of ``devices``, as the tuple a
     pmap over them makes of it: a tensor on ``var`` itself is :func:`uniform_tuple`'s
