@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from _lab import CHROMIUM, running_lab
 
 from workbench.__main__ import (
     DASHBOARD,
@@ -23,8 +18,6 @@ from workbench.__main__ import (
     workspace,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
 NEWS = "Would you like to get notified about official Jupyter news?"
 
 
@@ -65,12 +58,6 @@ def test_the_lab_starts_on_the_dashboard_with_its_settings(tmp_path: Path) -> No
     assert set(LAB_OVERRIDES) == {"@jupyterlab/apputils-extension:notification"}
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 @pytest.mark.timeout(300)
 def test_the_lab_opens_the_dashboard_without_the_news_pop_up(tmp_path: Path) -> None:
@@ -78,67 +65,34 @@ def test_the_lab_opens_the_dashboard_without_the_news_pop_up(tmp_path: Path) -> 
     the first thing JupyterLab would otherwise show is the news question. The lab serves
     copies of the notebooks: saving the dashboard notebook changes the copy only."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="needs playwright for Python")
-    port = _free_port()
-    env = dict(os.environ)
-    env["JUPYTERLAB_SETTINGS_DIR"] = str(tmp_path / "user-settings")  # a first start
-    env["JUPYTER_RUNTIME_DIR"] = str(tmp_path / "runtime")
-    env["JUPYTERLAB_WORKSPACES_DIR"] = str(tmp_path / "workspaces")
-    log = (tmp_path / "lab.log").open("w")
-    server = subprocess.Popen(
-        [
-            *(sys.executable, "-m", "workbench", "lab", "--port", str(port), "--no-token"),
-            *("--workspace", str(tmp_path / "ws")),
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert server.poll() is None, (tmp_path / "lab.log").read_text()[-2000:]
-            try:
-                urllib.request.urlopen(f"{base}/api/status", timeout=5).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "JupyterLab did not answer within 120 s"
-                time.sleep(0.25)
-        with sync_api.sync_playwright() as pw:
-            browser = pw.chromium.launch(
-                executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
-            )
-            try:
-                page = browser.new_page(viewport={"width": 1280, "height": 900})
-                page.goto(f"{base}/")  # the start page, as `--browser` opens it
-                page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
-                tab = page.locator(".lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
-                assert DASHBOARD in tab.all_text_contents()
-                assert f"/lab/tree/notebooks/{DASHBOARD}" in page.url
-                # the question comes once the application is restored: give it time
-                page.wait_for_timeout(5000)
-                assert page.get_by_text(NEWS).count() == 0
-                committed = (NOTEBOOKS / DASHBOARD).read_bytes()
-                page.get_by_role("menuitem", name="Run", exact=True).click()  # as a user does
-                page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
-                page.locator(".distir-gantt [data-revision]").first.wait_for(timeout=180_000)
-                page.locator(".jp-NotebookPanel").first.click()
-                page.keyboard.press("Control+s")
-                copy = tmp_path / "ws" / "notebooks" / DASHBOARD
-                deadline = time.monotonic() + 30
-                while '"outputs": []' in copy.read_text() and time.monotonic() < deadline:
-                    time.sleep(0.5)
-                assert '"output_type"' in copy.read_text()  # the copy was saved with outputs
-                assert (NOTEBOOKS / DASHBOARD).read_bytes() == committed  # the repo's was not
-            finally:
-                browser.close()
-    finally:
-        server.send_signal(signal.SIGTERM)  # the workbench stops JupyterLab and its kernels
+    with (
+        running_lab(tmp_path, "--workspace", str(tmp_path / "ws")) as base,  # a first start
+        sync_api.sync_playwright() as pw,
+    ):
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), args=["--no-sandbox", "--disable-gpu"]
+        )
         try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{base}/")  # the start page, as `--browser` opens it
+            page.locator(".jp-NotebookPanel").first.wait_for(timeout=120_000)
+            tab = page.locator(".lm-TabBar-tab.lm-mod-current .lm-TabBar-tabLabel")
+            assert DASHBOARD in tab.all_text_contents()
+            assert f"/lab/tree/notebooks/{DASHBOARD}" in page.url
+            # the question comes once the application is restored: give it time
+            page.wait_for_timeout(5000)
+            assert page.get_by_text(NEWS).count() == 0
+            committed = (NOTEBOOKS / DASHBOARD).read_bytes()
+            page.get_by_role("menuitem", name="Run", exact=True).click()  # as a user does
+            page.get_by_role("menuitem", name="Run All Cells", exact=True).click()
+            page.locator(".distir-gantt [data-revision]").first.wait_for(timeout=180_000)
+            page.locator(".jp-NotebookPanel").first.click()
+            page.keyboard.press("Control+s")
+            copy = tmp_path / "ws" / "notebooks" / DASHBOARD
+            deadline = time.monotonic() + 30
+            while '"outputs": []' in copy.read_text() and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert '"output_type"' in copy.read_text()  # the copy was saved with outputs
+            assert (NOTEBOOKS / DASHBOARD).read_bytes() == committed  # the repo's was not
+        finally:
+            browser.close()
