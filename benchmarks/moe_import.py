@@ -24,20 +24,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # a checkout, inst
 
 import torch
 import transformers
+from llama7b_simulation import Logits  # the logits-only wrapper (this folder)
 
 import ir
 from ir.importers import weight_name
 
 GIB = 2**30
-
-
-class Logits(torch.nn.Module):
-    def __init__(self, lm: torch.nn.Module) -> None:
-        super().__init__()
-        self.lm = lm
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.lm(ids, use_cache=False).logits
 
 
 def mixtral_8x7b(layers: int) -> torch.nn.Module:
