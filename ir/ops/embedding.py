@@ -97,6 +97,16 @@ def _embedding_grad_types(c: TypeContext):
     return [dy.with_shape((v, dy.shape[-1]))]
 
 
+def _scatter_add_cost(c) -> Cost:
+    """A scatter-add of ``dy`` (operand 1) at ``ids``/``index`` (operand 0) into a zero
+    output: an add per element of dy; both operands read, the output written."""
+    return Cost(
+        c.input_types[1].num_elements,
+        c.input_types[0].size_bytes + c.input_types[1].size_bytes,
+        c.output_types[0].size_bytes,
+    )
+
+
 def _embedding_grad(xs, a):
     ids, dy = xs
     out = np.zeros((a["num_embeddings"], dy.shape[-1]), dtype=dy.dtype)
@@ -114,11 +124,7 @@ register_op(
         results=("dtable",),
         type_rule=_embedding_grad_types,
         kernel=_embedding_grad,
-        cost_rule=lambda c: Cost(
-            c.input_types[1].num_elements,
-            c.input_types[0].size_bytes + c.input_types[1].size_bytes,
-            c.output_types[0].size_bytes,
-        ),
+        cost_rule=_scatter_add_cost,
         attributes=(
             Attr("num_embeddings", doc="rows of the table (V)", kind=kinds.POS_INT),
             Attr(
@@ -234,11 +240,7 @@ register_op(
         results=("dx",),
         type_rule=_take_grad_types,
         kernel=_take_grad,
-        cost_rule=lambda c: Cost(
-            c.input_types[1].num_elements,
-            c.input_types[0].size_bytes + c.input_types[1].size_bytes,
-            c.output_types[0].size_bytes,
-        ),
+        cost_rule=_scatter_add_cost,
         attributes=(
             Attr("axis", doc="the axis index picked along", kind=kinds.INT),
             Attr("size", doc="x's length along axis", kind=kinds.POS_INT),
