@@ -23,8 +23,10 @@
    process of its own).
 3. Every knob for the same GPT-3 on 1,024 GPUs (batch 1536): dp x tp x pp, every
    microbatch count dividing the batch, the three schedules, chunks 1-8, ZeRO 0-2,
-   sequence parallelism and recomputation: 110,880 strategies. Figures: pruning, the
-   estimator's set-up (its analyses of the step) and its rate over the space, and the
+   sequence parallelism and recomputation: 110,880 strategies. Figures (wall and CPU
+   seconds): enumeration and pruning (of which the tensor degrees' analyses), the
+   estimator's set-up (its analyses of the step, from the same shared analyses as the
+   pruning, as ``ir.search.search`` makes them) and its rate over the space, and the
    strategies a two-tier search would then simulate first.
 """
 
@@ -204,11 +206,16 @@ def bench_space() -> None:
     )
     capacity = min(d.memory_bytes for d in topology.devices)
     # as ir.search.search prunes: tensor degrees that would repeat work (past 96 heads)
-    pruned = prune(space, ModelFacts.of(t, batch), capacity, _tensor_problems(t, space))
+    # (and with the request's shared analyses, which the estimator and the builds reuse)
+    shared = SharedPlans()
+    tensor_cpu = time.process_time()
+    problems = _tensor_problems(t, space, shared)
+    tensor_cpu = time.process_time() - tensor_cpu
+    pruned = prune(space, ModelFacts.of(t, batch), capacity, problems)
     todo = [s for s in space if s not in pruned]
     t1 = time.perf_counter()
     cpu.append(time.process_time())
-    est = Estimator(t, topology, batch, todo)
+    est = Estimator(t, topology, batch, todo, shared)
     t2 = time.perf_counter()
     cpu.append(time.process_time())
     e = est.estimate(todo)
@@ -221,9 +228,9 @@ def bench_space() -> None:
     order = sorted(range(len(todo)), key=lambda i: e.step_time_s[i] if fits[i] else float("inf"))
     print(f"GPT-3 175B on 1,024 A100s, every knob: {len(space)} strategies")
     print(
-        f"  enumerated and pruned in {t1 - start:.1f} s (CPU {c[0]:.1f} s; {len(pruned)} "
-        f"pruned by the state's bytes, the batch and the heads); estimator set-up (its "
-        f"analyses of "
+        f"  enumerated and pruned in {t1 - start:.1f} s (CPU {c[0]:.1f} s, of which the "
+        f"tensor degrees {tensor_cpu:.1f} s; {len(pruned)} pruned by the state's bytes, the "
+        f"batch and the heads); estimator set-up (its analyses of "
         f"the step) {t2 - t1:.1f} s (CPU {c[1]:.1f} s); {len(todo)} estimated in "
         f"{t3 - t2:.2f} s (CPU {c[2]:.2f} s; each distinct op, stage cut and shape costed "
         f"once); again {warm:.2f} s CPU ({len(todo) / warm:,.0f} strategies/s); the "

@@ -214,7 +214,7 @@ def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> It
         for row in decide(
             todo,
             lambda s: _simulate(s, *args, shared),
-            lambda: Estimator(t, topology, batch, todo),
+            lambda: Estimator(t, topology, batch, todo, shared),
             capacity,
             simulate,
             submit,

@@ -44,7 +44,7 @@ from ..device import Topology
 from ..errors import DistIRError
 from ..function import Function
 from .profile import Costs, NotEstimableError, Profile, RefusedError, replayed_names
-from .space import Strategy
+from .space import SharedPlans, Strategy
 
 #: The estimator's relative error bounds against the simulator (step time, peak memory),
 #: measured on every strategy of the spaces of tests/search/test_estimate.py (largest
@@ -77,12 +77,22 @@ class Estimator:
     too if the space has it); :meth:`estimate` then costs any list of strategies, a
     group of strategies that share a degree, microbatch size and pipeline at a time, with
     numpy. What it costs is kept: per (degree, rows) each distinct op once, per stage
-    count each op's stage once."""
+    count each op's stage once. ``shared``: the search request's :class:`SharedPlans` of
+    ``t``, whose analyses (made by the pruning, reused by the builds) its own start from;
+    the estimates are the same without it."""
 
     def __init__(
-        self, t: Function, topology: Topology, batch: int, strategies: Sequence[Strategy]
+        self,
+        t: Function,
+        topology: Topology,
+        batch: int,
+        strategies: Sequence[Strategy],
+        shared: SharedPlans | None = None,
     ) -> None:
         self.t, self.topology, self.batch = t, topology, batch
+        # the search's analyses of t (its forms, stage cuts, data plans, pieces and tensor
+        # plans), which its pruning made and its builds reuse
+        self.shared = shared.of(t, False)[1] if shared is not None else None
         self.costs = Costs(topology)
         # two pieces at least: with one, the data plan has no gradient sum (no optimizer
         # steps after it to read the weights from)
@@ -92,10 +102,12 @@ class Estimator:
         self._members: dict[tuple, tuple] = {}
         if self.pieces is None:
             return
-        replayed = replayed_names(t) if any(s.recompute for s in strategies) else set()
+        replayed = set()
+        if any(s.recompute for s in strategies):  # (the builds' recomputed step, if shared)
+            replayed = replayed_names(t, shared.of(t, True)[0] if shared is not None else None)
         try:
-            base = Profile(t, 1, self.pieces)
-            base.infer(Profile(t, 1, 2 * self.pieces), 0)
+            base = Profile(t, 1, self.pieces, shared=self.shared)
+            base.infer(Profile(t, 1, 2 * self.pieces, shared=self.shared), 0)
         except DistIRError:
             return
         base.finish(replayed)
@@ -104,7 +116,7 @@ class Estimator:
         for sp in sorted({s.sequence_parallel for s in strategies if s.tp > 1}):
             for tp in wide:  # the smallest degree the step takes
                 try:
-                    prof = Profile(t, tp, self.pieces, sp)
+                    prof = Profile(t, tp, self.pieces, sp, self.shared)
                 except DistIRError:
                     continue
                 alone = prof.split_from(base)
@@ -124,12 +136,12 @@ class Estimator:
         unscaled, they keep the reference microbatch's rows at every size (at GPT-3's
         1,536 sequences, 192 times a 4-sequence microbatch's logits)."""
         try:
-            prof.infer(Profile(self.t, tp, 2 * self.pieces, sp), 0, alone)
+            prof.infer(Profile(self.t, tp, 2 * self.pieces, sp, self.shared), 0, alone)
         except DistIRError:
             return
         if max(wide) > tp:  # degrees above the analysed one: what twice it splits
             with contextlib.suppress(DistIRError):
-                prof.infer(Profile(self.t, 2 * tp, self.pieces, sp), 1, alone)
+                prof.infer(Profile(self.t, 2 * tp, self.pieces, sp, self.shared), 1, alone)
 
     def _entry(self, tp: int, sp: bool) -> tuple[Profile, int]:
         entry = self._profiles.get((min(tp, 2), sp and tp > 1))
@@ -293,14 +305,17 @@ class Estimator:
         ZeRO's all-gathers after the optimizer step."""
 
         def per_weight() -> tuple[np.ndarray, np.ndarray]:
-            weights = self._weights(tp, sp)[0]
+            # each distinct size once (a model's layers repeat a few weight shapes)
+            sizes, of = np.unique(self._weights(tp, sp)[0], return_inverse=True)
             group = tuple(range(0, dp * tp, tp))
             kind = "reducescatter" if zero else "allreduce"
-            reduce = np.asarray([self.costs.collective(kind, g, group) for g in weights])
-            gather = np.zeros(len(weights))
+            reduce = np.asarray([self.costs.collective(kind, g, group) for g in sizes.tolist()])
+            gather = np.zeros(len(sizes))
             if zero:
-                gather = np.asarray([self.costs.collective("allgather", g, group) for g in weights])
-            return reduce, gather
+                gather = np.asarray(
+                    [self.costs.collective("allgather", g, group) for g in sizes.tolist()]
+                )
+            return reduce[of], gather[of]
 
         def make() -> tuple:
             where = self._state(tp, stages, sp)[-2]

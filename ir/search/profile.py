@@ -28,8 +28,9 @@ from ..function import Function
 from ..op import Op
 from ..registry import CostContext, get_op
 from ..transforms._megatron_plan import MegatronPlan
+from ..transforms._megatron_shared import SharedAnalyses
 from ..transforms._spmd import P, R
-from ..transforms.stage_cut import stage_assignment
+from ..transforms.stage_cut import StageCuts, annotated_stages
 from ..types import TensorType, compute_dtype
 
 
@@ -86,10 +87,18 @@ def _kind(item: Any) -> str:
 
 
 class Profile:
-    """The records of one ``MegatronPlan`` (of ``t`` at ``tp`` and ``pieces``)."""
+    """The records of one ``MegatronPlan`` (of ``t`` at ``tp`` and ``pieces``; ``shared``:
+    analyses of ``t`` shared with the search's other plans, as ``T.megatron`` takes them)."""
 
-    def __init__(self, t: Function, tp: int, pieces: int, sequence_parallel: bool = False):
-        plan = MegatronPlan(t, 1, tp, 1, pieces, "1f1b", 1, 0, 0, sequence_parallel)
+    def __init__(
+        self,
+        t: Function,
+        tp: int,
+        pieces: int,
+        sequence_parallel: bool = False,
+        shared: SharedAnalyses | None = None,
+    ):
+        plan = MegatronPlan(t, 1, tp, 1, pieces, "1f1b", 1, 0, 0, sequence_parallel, shared=shared)
         self.plan, self.tp, self.pieces = plan, tp, pieces
         self.records: list[Record] = []
         seen: dict[str, int] = {}
@@ -119,6 +128,7 @@ class Profile:
         self.by_name = {r.name: r for r in self.records}
         self._stages: dict[int, np.ndarray] = {}
         self._assignments: dict[tuple, Any] = {}
+        self._cuts: dict[Function, StageCuts] = {}
 
     def infer(self, other: Profile, axis: int, only: set[str] | None = None) -> None:
         """Mark the dimensions that halve in ``other`` (the same step at twice the pieces,
@@ -212,20 +222,24 @@ class Profile:
     def assignment(self, stages: int) -> dict[Op, int]:
         """``T.megatron``'s stage of each op of the analysed step among ``stages`` (shared
         with the profiles of the same step: ``share``); a cut it refuses raises."""
-        found = self._assignments.get((self.plan.t, stages))
+        t = self.plan.t
+        found = self._assignments.get((t, stages))
         if found is None:
             try:
-                found = stage_assignment(self.plan.t, stages, None)
+                cuts = self._cuts.get(t)
+                if cuts is None:  # what every stage count reads, analysed once
+                    cuts = self._cuts[t] = StageCuts(t, annotated_stages(t, None))
+                found = cuts.assignment(stages)
             except DistIRError as e:
                 found = e
-            self._assignments[(self.plan.t, stages)] = found
+            self._assignments[(t, stages)] = found
         if isinstance(found, Exception):
             raise RefusedError(str(found).splitlines()[0])
         return found
 
     def share(self, other: Profile) -> None:
         """Use ``other``'s stage cuts (of the same step) as this profile's."""
-        self._assignments = other._assignments
+        self._assignments, self._cuts = other._assignments, other._cuts
 
     def stage_of(self, stages: int) -> np.ndarray:
         """Each record's pipeline stage among ``stages`` (as ``T.megatron`` would cut the
@@ -315,12 +329,13 @@ def _attributes(op: Op) -> Any:
     return key
 
 
-def replayed_names(t: Function) -> set[str]:
-    """The values ``T.recompute(t)`` makes twice (the forward's and the replay)."""
+def replayed_names(t: Function, recomputed: Function | None = None) -> set[str]:
+    """The values ``T.recompute(t)`` makes twice (the forward's and the replay);
+    ``recomputed``: that step, if made already."""
     from ..transforms import recompute
 
     counts: dict[str, int] = {}
-    for op in recompute(t).ops:
+    for op in (recomputed if recomputed is not None else recompute(t)).ops:
         for v in op.outputs:
             counts[v.name] = counts.get(v.name, 0) + 1
     return {n for n, c in counts.items() if c > 1}

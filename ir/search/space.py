@@ -12,6 +12,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 from ..device import Topology
 from ..errors import DistIRError
@@ -211,7 +212,12 @@ def strategies(
             if (s == "interleaved") != (v > 1):
                 continue  # chunks belong to the interleaved schedule only
             out.append(Strategy(d, t, p, m, s, v, z, bool(sp), bool(rc), e, c))
-    return sorted(set(out))
+    # the order of Strategy's comparisons (its fields in order), without a comparison call
+    # per pair: a space has up to millions of points
+    return sorted(set(out), key=_FIELDS)
+
+
+_FIELDS = attrgetter(*(f.name for f in fields(Strategy)))  # Strategy's order, as a key
 
 
 def _powers_from(lo: int, hi: int) -> list[int]:

@@ -19,16 +19,17 @@ from typing import TypeVar
 from ..function import Function
 from ..op import Op
 from ..registry import get_op
+from ..sharding.facts import ProgramFacts
 from ..types import TensorType
 from ..value import Value
 from ._megatron_mesh import StageMesh
 from ._megatron_piece import analyse_pieces
 from ._megatron_shared import SharedAnalyses
 from ._rewrite import TransformError, batch_inputs, batch_size, returned_inputs_copied
-from ._rules import data_rule
+from ._rules import data_rule, distinct_ops, split_signature
 from ._spmd import P, R, Shard
 from ._spmd import Plan as _Plan
-from .horizontal import horizontal_plan
+from .horizontal import check_heads, horizontal_plan
 from .pipeline import _device_sequence
 from .stage_cut import annotated_stages, pipeline_degree, staged
 from .tensor_limits import TensorReplicationError, replicated_split
@@ -66,6 +67,13 @@ class TensorSplitError(TransformError):
     """Tensor parallelism over the asked ranks splits no weight of the program."""
 
 
+def _distinct(piece: Function) -> tuple[ProgramFacts, list[Op]]:
+    """The piece's op facts (signatures, read once by all its plans) and one op of each
+    signature (whose candidates the tensor plans' sharing compares)."""
+    facts = ProgramFacts(piece)
+    return facts, distinct_ops(facts)
+
+
 class MegatronPlan(StageMesh):
     """The analysis of ``t`` as a 3D step (see the module doc); raises a TransformError
     naming the level (data, tensor, pipeline) whose limit ``t`` meets."""
@@ -89,11 +97,15 @@ class MegatronPlan(StageMesh):
         cp: int = 1,
         ring_attention: bool = True,
         shared: SharedAnalyses | None = None,
+        checks_only: bool = False,
     ) -> None:
         source, vocabulary = t, vocab_parallel and tp > 1
         if shared is not None and shared.program is not source:
             raise TransformError("shared analyses of another program: make one per program")
         self._shared = shared
+        # checks_only: the analysis up to the tensor level's checks (what a tensor degree
+        # cannot split or would repeat), not what a build reads
+        self._checks_only = checks_only
         # the program's form: embeddings and cross-entropies split by vocabulary, keyed by
         # the ops rewritten (the same form for every degree that rewrites the same ops)
         self._form: tuple = ("form", ())
@@ -117,6 +129,8 @@ class MegatronPlan(StageMesh):
         if whole:  # a cross-entropy of logits the plan keeps whole: as it was, unsplit
             self.t = self._vocabulary_form(source, tp, frozenset(whole))
             self._analyse()
+        if checks_only:  # the tensor level's checks answered: the items change none
+            return
         self._itemize(schedule)
         self._plan_zero()
         if self.zero == 3:
@@ -192,15 +206,19 @@ class MegatronPlan(StageMesh):
         self.experts: set[Value] = set()
         self.level_states: dict[str, dict[Value, Shard]] = {}
         self._stage_of_piece = self._plan_levels(stage_of_piece)
-        if self.cp > 1 or self.ep > 1 or self.zero == 3:  # levels or ZeRO-3 change it
+        self._piece_share = piece_key
+        if self._checks_only:  # the checks read the (shared) plan's states only
+            self.hplan = self._tensor_plan(read_only=True)
+        elif self.cp > 1 or self.ep > 1 or self.zero == 3:  # levels or ZeRO-3 change it
             self.hplan = self._tensor_plan()
         else:  # the same for every strategy of this tensor level and pieces
             key = (piece_key, "tensor", self.tp, self.sequence_parallel, self.allow_replication)
             self.hplan = self._share(key, self._tensor_plan)
 
-    def _tensor_plan(self) -> _Plan:
+    def _tensor_plan(self, read_only: bool = False) -> _Plan:
         """The tensor-parallel plan of the piece, each weight gradient it returns in its
-        weight's layout; raises if ``tp`` splits nothing or (unless allowed) repeats work."""
+        weight's layout; raises if ``tp`` splits nothing or (unless allowed) repeats work
+        (``read_only``: the checks only, on a plan that may be shared, left as it is)."""
         t = self.t
         if self.tp > 1:
             lead = self._token_shape() if self.sequence_parallel else None
@@ -211,28 +229,58 @@ class MegatronPlan(StageMesh):
                     f"{len(lead) - 1} of {t.name}'s activations {self.tp} ways; give a length "
                     f"divisible by tp={self.tp} (or sequence_parallel=False)"
                 )
-            hplan = horizontal_plan(
-                self.piece,
-                self.tp,
-                VAR,
-                sequence=lead,
-                allow_replication=self.allow_replication,
-                links=self.links,
-            )
+            hplan = self._horizontal(self.tp, lead, read_only=read_only)
             if not any(s is not None and s.kind == "S" for s in hplan.state.values()):
                 raise TensorSplitError(
                     f"tensor level: no weight of {t.name} splits {self.tp} ways (tensor "
                     "parallelism splits MatMul pairs, attention heads and vocabularies)"
                 )
             if not self.allow_replication:  # past the heads (or any split's axis)?
-                structure = horizontal_plan(self.piece, 1, VAR, links=self.links)
+                structure = self._horizontal(1, None, read_only=True)
                 problem = replicated_split(self.piece, hplan, structure, self.tp)
                 if problem is not None:
                     raise TensorReplicationError(problem)
         else:
             hplan = _Plan(self.piece, 1, {}, data_rule, VAR, self.links)
-        self._gradients_in_weight_layout(hplan)
+        if not read_only:
+            self._gradients_in_weight_layout(hplan)
         return hplan
+
+    def _horizontal(
+        self, degree: int, lead: tuple[int, ...] | None, read_only: bool = False
+    ) -> _Plan:
+        """The tensor-parallel plan of the piece over ``degree`` ranks (``horizontal_plan``;
+        ``lead``: sequence parallelism's). With shared analyses, the degrees whose splits
+        divide alike (the same ways to run every op: ``split_signature``) share one plan's
+        decisions, each degree its own local program (``Plan.at_degree``; ``read_only``:
+        the shared plan itself, for a caller that reads its states only)."""
+        shared = self._shared is not None and not self.links and self.ep == self.cp == 1
+        if not shared:
+            return horizontal_plan(
+                self.piece,
+                degree,
+                VAR,
+                sequence=lead,
+                allow_replication=self.allow_replication,
+                links=self.links,
+            )
+        piece, key = self.piece, self._piece_share
+        facts, ops = self._share((key, "ops"), lambda: _distinct(piece))
+
+        def planned() -> _Plan:
+            return horizontal_plan(
+                piece, degree, VAR, sequence=lead, allow_replication=True, facts=facts
+            )
+
+        decided = self._share((key, "split", split_signature(ops, degree), lead), planned)
+        plan = decided
+        if decided.shaped:  # decisions of that degree only (never so far): plan this one
+            plan = planned()
+        elif not read_only:
+            plan = decided.at_degree(degree)
+        if degree > 1 and not self.allow_replication:
+            check_heads(plan, degree)  # as horizontal_plan checks its own
+        return plan
 
     def _itemize(self, schedule: str) -> None:
         """The plan's items in their stages and phases, each (stage, phase) task's items,

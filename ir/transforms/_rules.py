@@ -30,6 +30,7 @@ from ..ops.communication import split_sizes
 from ..registry import get_op
 from ..sharding import mesh
 from ..sharding.errors import PropagationError
+from ..sharding.facts import ProgramFacts
 from ..sharding.rules import Choice, Rule, axis_placements, rule_for
 from ..types import TensorType, TupleType, Type
 from ..value import Value
@@ -117,6 +118,24 @@ def candidates(op: Op, n: int) -> list[Candidate]:
 
 
 _CANDIDATES: dict[tuple, tuple[Any, list[Candidate]]] = {}
+
+
+def distinct_ops(facts: ProgramFacts) -> list[Op]:
+    """One op of ``facts``' program per signature (type, operand and result types,
+    attributes; an op with a body, or an attribute that cannot be hashed, is its own): the
+    ops whose candidates can differ."""
+    found: dict[Any, Op] = {}
+    for op, signature in facts.signatures().items():
+        found.setdefault(op if signature is None else signature, op)
+    return list(found.values())
+
+
+def split_signature(ops: Sequence[Op], n: int) -> tuple:
+    """The candidates of each of ``ops`` (a program's :func:`distinct_ops`) over ``n``
+    devices. A degree enters the SPMD rules only through the candidates (a split is offered
+    where every axis of its factor divides alike, :func:`_splits_evenly`): two degrees of
+    equal signatures get the same plan decisions (``_spmd.Plan.at_degree``)."""
+    return tuple(tuple(candidates(op, n)) for op in ops)
 
 
 def _candidates(op: Op, n: int) -> list[Candidate]:
@@ -415,5 +434,7 @@ __all__ = [
     "SequenceParallelRule",
     "candidates",
     "data_rule",
+    "distinct_ops",
     "linear_in_all",
+    "split_signature",
 ]

@@ -193,13 +193,15 @@ class Plan:
         var: str,
         links: Mapping[Value, Link] | None = None,
         born: Mapping[Op, Shard] | None = None,
+        facts: ProgramFacts | None = None,
     ) -> None:
         self.f, self.n, self.var, self.rule = f, n, var, rule
         self.links = dict(links or {})  # outer levels' conversion results: made when read
         # ops whose replicated operands broadcast to a split result: each device builds its
         # own part (a class token broadcast to the batch, built per shard as torch would)
         self.born: Mapping[Op, Shard] = born or {}
-        self.facts = ProgramFacts(f)  # the op signatures every shape group's program reads
+        # the op signatures every shape group's program reads (``facts``: of f, if made)
+        self.facts = ProgramFacts.of("Plan", f, facts)
         self.state: dict[Value, Shard | None] = {v: input_states.get(v, R) for v in f.inputs}
         self.prov: dict[Value, frozenset[Value]] = {v: frozenset() for v in f.inputs}
         self.current: dict[Value, Value] = {v: v for v in f.inputs}
@@ -207,6 +209,7 @@ class Plan:
         self.steps: list[Step] = []
         self.gathers: list[Value] = []  # activations that had to be all-gathered (S -> R)
         self.pending: dict[Value, Op] = {}  # lazy views of lazy inputs, planned when decided
+        self.shaped = False  # a result's state was read from local shapes (_infer)
         self.local = LocalProgram(self, 0)
         for op in f.ops:
             lazy = len(op.inputs) == 1 and self.state[self.current[op.inputs[0]]] is None
@@ -316,6 +319,7 @@ class Plan:
     def _infer(self, op: Op, keys: list[Value], v: Value, local: Value) -> Shard:
         if all(self.state[k] == R for k in keys):
             return R
+        self.shaped = True  # the decision depends on n: at_degree refuses this plan
         g, loc = v.type, local.type
         if not isinstance(g, TensorType):
             raise TransformError(f"cannot lay out the tuple result {v.name!r} of {op.op_type}")
@@ -344,6 +348,30 @@ class Plan:
         self.local.apply(len(self.steps), step)
         self.steps.append(step)
         self.converted[(key, to)] = new
+        return new
+
+    def at_degree(self, n: int) -> Plan:
+        """This plan's decisions over ``n`` devices: a new plan with the same states and
+        steps and its own local program, made again at ``n`` (converting values in it
+        leaves this one as it is). It is the plan of ``n`` where the rule decides alike
+        there: a degree enters the rules only through the ways each op can run
+        (``_rules.split_signature``), never here, where a decision read from local shapes
+        (``shaped``) would depend on it."""
+        if self.shaped:
+            raise TransformError(
+                "internal: a plan with states read from local shapes holds for its degree only"
+            )
+        new = object.__new__(Plan)
+        new.f, new.n, new.var, new.rule = self.f, n, self.var, self.rule
+        new.links, new.born, new.facts = dict(self.links), self.born, self.facts
+        new.state, new.prov = dict(self.state), dict(self.prov)
+        new.current, new.converted = dict(self.current), dict(self.converted)
+        new.steps, new.gathers = list(self.steps), list(self.gathers)
+        new.pending, new.shaped = dict(self.pending), False
+        new.local = LocalProgram(new, 0)
+        for i, step in enumerate(new.steps):
+            if step.link is None:  # (an outer level's conversion makes an input here)
+                new.local.apply(i, step)
         return new
 
     # -- shape groups -----------------------------------------------------------------

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..function import Function
 from ..registry import get_op
+from ..sharding.facts import ProgramFacts
 from ..types import DeviceRef
 from ..value import Value
 from ..verify import describe_op, verify
@@ -52,6 +53,7 @@ def horizontal_plan(
     sequence: tuple[int, ...] | None = None,
     allow_replication: bool = False,
     links: Mapping[Value, Link] | None = None,
+    facts: ProgramFacts | None = None,
 ) -> _Plan:
     """The plan of ``horizontal_parallel``; raises if no weight can be split.
 
@@ -60,7 +62,10 @@ def horizontal_plan(
     keep a fused attention whose heads ``degree`` does not divide whole on every device
     instead of refusing it (``T.megatron(..., allow_replication=True)``). ``links``: inputs
     an outer level's conversions make (``ir.transforms._megatron_levels``), never weights.
+    ``facts``: ``ProgramFacts(f)``, if made (its op signatures are read once for all the
+    planning rounds).
     """
+    facts = ProgramFacts.of("horizontal_plan", f, facts)
     links = links or {}
     params = [v for v in parameter_inputs(f) if v not in links]
     resident, grown = resident_state(f)
@@ -79,7 +84,7 @@ def horizontal_plan(
         rule: Any = MegatronRule(degree, forced, cache)
         if sequence is not None:
             rule = SequenceParallelRule(rule, frozenset(params), sequence)
-        plan = _Plan(f, degree, dict.fromkeys([*params, *resident]), rule, var, links)
+        plan = _Plan(f, degree, dict.fromkeys([*params, *resident]), rule, var, links, facts=facts)
         # with sequence parallelism, gathering token slices is the plan, not a failure
         tokens = rule.token_split if sequence is not None else set()
         bad = [k for k in plan.gathers if k not in tokens]
@@ -96,7 +101,7 @@ def horizontal_plan(
             break
         forced |= culprits
     if degree > 1 and not allow_replication:
-        _check_heads(plan, degree)
+        check_heads(plan, degree)
     return plan
 
 
@@ -116,7 +121,7 @@ def resident_state(f: Function) -> tuple[list[Value], set[Value]]:
     return list(resident), grown
 
 
-def _check_heads(plan: _Plan, degree: int) -> None:
+def check_heads(plan: _Plan, degree: int) -> None:
     """Refuse an op that splits by heads (its record's ``extra["heads_limit"]``: the fused
     ``Attention``) left whole, because ``degree`` does not divide its heads or because the
     plan could not split it: replicating it on every device would be a silent, slower
@@ -216,4 +221,4 @@ def horizontal_parallel(
     return verify(out)
 
 
-__all__ = ["horizontal_parallel", "horizontal_plan", "horizontal_plan_checked"]
+__all__ = ["check_heads", "horizontal_parallel", "horizontal_plan", "horizontal_plan_checked"]

@@ -161,18 +161,30 @@ def _repeated(segments: list[int]) -> tuple[list[int], int]:
     return [start + i * period for i in range(count + 1)], count
 
 
+def weight_cuts(f: Function, backward: set[Op]) -> tuple[list[Value], CutPoints]:
+    """The weights of ``f`` in order of first use and where a cut may fall among them
+    (:func:`cut_points`): what :func:`balanced_weights` reads, whatever the number of
+    stages."""
+    order = weights(f)
+    return order, cut_points(f, backward, order)
+
+
 def balanced_weights(
-    f: Function, n: int, backward: set[Op], what: str | None = None
+    f: Function,
+    n: int,
+    backward: set[Op],
+    what: str | None = None,
+    cuts: tuple[list[Value], CutPoints] | None = None,
 ) -> tuple[dict[Value, int], str]:
     """Weights cut into ``n`` consecutive groups of about equal bytes (see the module
     docstring), and where the cut fell (``AT_LAYERS``, ``AT_POINTS``, ``AT_WEIGHTS``).
 
-    ``what`` names the degree in errors (``"pp=4"``; default ``"n stages"``).
+    ``what`` names the degree in errors (``"pp=4"``; default ``"n stages"``); ``cuts``:
+    :func:`weight_cuts` of ``f``, if made already (for another number of stages).
     """
     what = what or f"{n} stages"
-    order = weights(f)
+    order, cut = cuts if cuts is not None else weight_cuts(f, backward)
     sizes = [w.type.size_bytes for w in order]
-    cut = cut_points(f, backward, order)
     if n > len(order):
         raise TransformError(_too_many(f, n, what, cut, len(order)))
     if n == 1:
@@ -236,4 +248,5 @@ __all__ = [
     "balanced_weights",
     "constant_ops",
     "cut_points",
+    "weight_cuts",
 ]

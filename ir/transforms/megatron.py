@@ -289,7 +289,7 @@ def tensor_split_problem(t: Function, tp: int) -> str | None:
     """
     tp = _positive("the tensor-parallel degree (tp)", tp)
     try:
-        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0, allow_replication=True)
+        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0, allow_replication=True, checks_only=True)
     except TensorSplitError as e:
         return str(e)
     except TransformError:
@@ -319,7 +319,7 @@ def tensor_replication_problem(
     """
     tp = _positive("the tensor-parallel degree (tp)", tp)
     try:
-        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0, shared=shared)
+        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0, shared=shared, checks_only=True)
     except TensorReplicationError as e:
         return str(e)
     except TransformError:

@@ -41,7 +41,14 @@ from ..op import Op
 from ..sharding.stages import is_stage_marker
 from ..value import Value
 from ._rewrite import TransformError, batch_inputs, is_optimizer
-from .layer_cut import AT_LAYERS, AT_POINTS, AT_WEIGHTS, balanced_weights, constant_ops
+from .layer_cut import (
+    AT_LAYERS,
+    AT_POINTS,
+    AT_WEIGHTS,
+    balanced_weights,
+    constant_ops,
+    weight_cuts,
+)
 from .stage_annotations import annotated_forward, annotated_stages, unmarked, weight_stages
 from .stage_constants import local_constants
 from .stage_replays import local_replays, replay_twins
@@ -79,6 +86,60 @@ def assign_stages(
     return _assign(f, n, marks, what)[0]
 
 
+class StageCuts:
+    """The cuts of one program into any number of stages (:func:`stage_assignment`'s, for
+    each ``n``), reading the analyses that do not depend on ``n`` once: the backward pass,
+    the replays' twins, where a cut may fall, the ops that make constants, the gradient
+    ops that follow a weight. A search's estimator asks the cut of every pipeline shape of
+    its space."""
+
+    def __init__(self, f: Function, marks: Mapping[Op, int]) -> None:
+        """``marks``: the annotated ops' stages (``annotated_stages``; empty: cut by cost)."""
+        self.f, self.marks = f, marks
+        self.backward = backward_ops(f)
+        self.gradients = gradient_ops(f)
+        self.twins = replay_twins(f, self.backward, self.gradients)
+        self.optimizers = {op for op in f.ops if is_optimizer(op)}
+        self._cuts: tuple | None = None
+        self._of_weights: dict[frozenset[Value], tuple] = {}
+
+    def assignment(self, n: int, what: str | None = None) -> dict[Op, int]:
+        """:func:`assign_stages` of ``f`` over ``n`` stages (``what`` names the degree in
+        errors)."""
+        return _assign(self.f, n, self.marks, what, self)[0]
+
+    def weight_cuts(self) -> tuple:
+        if self._cuts is None:
+            self._cuts = weight_cuts(self.f, self.backward)
+        return self._cuts
+
+    def of_weights(
+        self, weight_stage: Mapping[Value, int]
+    ) -> tuple[set[Op], dict[Op, Value], dict[Value, Op]]:
+        """For a cut placing ``weight_stage``'s weights (what depends on which weights it
+        places, not on where): the ops that make constants, the weight whose gradient each
+        op makes, and the op making each value that is no constant."""
+        key = frozenset(weight_stage)
+        found = self._of_weights.get(key)
+        if found is None:
+            f, producer = self.f, self.f.producers
+            # the weight whose gradient each op makes (an EmbeddingGrad reads only the
+            # weight's shape, not the weight): it runs on that weight's stage
+            grad_of: dict[Op, Value] = {}
+            for op in f.ops:
+                if op in self.optimizers and op.inputs[1] in producer:
+                    grad_of[producer[op.inputs[1]]] = op.inputs[0]
+            grad_of.update(_weight_gradient_chains(f, grad_of, weight_stage, self.gradients))
+            # Ops that depend on no batch input and no weight (constants: a mask, a scale,
+            # zeros; an imported Llama's rotary tables, computed from buffers) run where
+            # they are read, on the earliest stage that reads them; they pull neither their
+            # forward readers nor the backward ops that read them to an earlier stage.
+            free = constant_ops(f, weight_stage)
+            made_by = {v: op for v, op in producer.items() if op not in free}
+            found = self._of_weights[key] = (free, grad_of, made_by)
+        return found
+
+
 def staged(
     f: Function, n: int, marks: Mapping[Op, int], what: str | None = None
 ) -> tuple[Function, dict[Op, int]]:
@@ -108,36 +169,26 @@ def _check_every_stage_works(
 
 
 def _assign(
-    f: Function, n: int, marks: Mapping[Op, int], what: str | None
+    f: Function, n: int, marks: Mapping[Op, int], what: str | None, cuts: StageCuts | None = None
 ) -> tuple[dict[Op, int], str, dict[Op, Op]]:
-    """The stages, how the cut was chosen (``PipelineCut.at``) and the replays' twins."""
+    """The stages, how the cut was chosen (``PipelineCut.at``) and the replays' twins
+    (``cuts``: the analyses of ``f`` that other numbers of stages read too)."""
     if isinstance(n, bool) or not isinstance(n, int) or n < 1:
         raise TransformError(f"stages must be a positive integer, got {n!r}")
-    backward = backward_ops(f)
-    gradients = gradient_ops(f)
-    twins = replay_twins(f, backward, gradients)
+    if cuts is None:
+        cuts = StageCuts(f, marks)
+    backward, gradients, twins = cuts.backward, cuts.gradients, cuts.twins
+    optimizers = cuts.optimizers
     if marks:
         forward = annotated_forward(f, n, marks, backward)
         weight_stage = weight_stages(f, forward)
         at = AT_ANNOTATIONS
     else:
         forward = None
-        weight_stage, at = balanced_weights(f, n, backward, what)
+        weight_stage, at = balanced_weights(f, n, backward, what, cuts.weight_cuts())
     producer = f.producers
-    # the weight whose gradient each op makes (an EmbeddingGrad reads only the weight's
-    # shape, not the weight): it runs on that weight's stage
-    grad_of: dict[Op, Value] = {}
-    for op in f.ops:
-        if is_optimizer(op) and op.inputs[1] in producer:
-            grad_of[producer[op.inputs[1]]] = op.inputs[0]
-    grad_of.update(_weight_gradient_chains(f, grad_of, weight_stage, gradients))
+    free, grad_of, made_by = cuts.of_weights(weight_stage)
     stage: dict[Op, int] = {}
-    # Ops that depend on no batch input and no weight (constants: a mask, a scale, zeros; an
-    # imported Llama's rotary tables, computed from buffers) run where they are read, on
-    # the earliest stage that reads them; they pull neither their forward readers nor the
-    # backward ops that read them to an earlier stage.
-    free = constant_ops(f, weight_stage)
-    made_by = {v: op for v, op in producer.items() if op not in free}
     # A weight lives where the forward op that reads it runs (an op reading weights of two
     # groups runs on the later one); its gradient and optimizer step follow it there.
     home: dict[Value, int] = {}
@@ -146,7 +197,7 @@ def _assign(
             continue
         wstages = [home.get(v, weight_stage[v]) for v in op.inputs if v in weight_stage]
         made = [stage[made_by[v]] for v in op.inputs if v in made_by]
-        if is_optimizer(op):
+        if op in optimizers:
             w = op.inputs[0]
             stage[op] = home.get(w, weight_stage.get(w, max(made, default=0)))
         elif op not in backward:
@@ -176,12 +227,12 @@ def _assign(
     # gates, on the router's stage, while the experts it feeds ran a stage later): it runs
     # where its gradient readers run, or the backward would flow to a later stage.
     for op in reversed(f.ops):
-        if op in gradients and op not in grad_of and not is_optimizer(op):
+        if op in gradients and op not in grad_of and op not in optimizers:
             later = [
                 stage[u]
                 for v in op.outputs
                 for u in consumers.get(v, [])
-                if u in gradients and not is_optimizer(u)
+                if u in gradients and u not in optimizers
             ]
             stage[op] = max([stage[op], *later])
     for op in reversed(f.ops):
@@ -327,6 +378,7 @@ __all__ = [
     "AT_WEIGHTS",
     "PipelineCut",
     "StageCut",
+    "StageCuts",
     "annotated_stages",
     "assign_stages",
     "backward_ops",

@@ -110,8 +110,9 @@ def test_the_strategies_share_their_analyses():
     # another schedule: nothing analysed again
     assert seen[0] == seen[1] and seen[0]["pieces"] == seen[0]["tensor"] == 2
     # more microbatches: the data and tensor levels of both forms (vocabulary-parallel
-    # cross-entropy, and as it was: the MLP's logits are whole after a row-parallel layer)
-    assert seen[2] == {**seen[1], "pieces": 4, "tensor": 4}
+    # cross-entropy, and as it was: the MLP's logits are whole after a row-parallel layer),
+    # each new piece's op signatures and its tensor plan's decisions (one split signature)
+    assert seen[2] == {**seen[1], "pieces": 4, "tensor": 4, "ops": 4, "split": 4}
     # as many pieces at tp 1: the step as it was has its data level already (the cut of
     # the MLP changes none of its ops); its tensor level (tp 1) and its cut are new
     assert seen[3]["pieces"] == 4 and seen[3]["tensor"] == 5
