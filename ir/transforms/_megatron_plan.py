@@ -304,14 +304,17 @@ class MegatronPlan(StageMesh):
                 self.items.append(Item(i, local, st.keys, st.op.outputs, s, ph))
         # A conversion runs in the stage and phase of its first user.
         users: dict[Value, Item] = {}
+        makers: dict[Value, Item] = {}
         for item in self.items:
             for k in item.keys:
                 users.setdefault(k, item)
+            for v in item.outputs:
+                makers.setdefault(v, item)
         for item in reversed(self.items):
             if item.op is None:
                 user = users.get(item.outputs[0])
                 if user is None:  # an output: the stage of its producer
-                    user = next(x for x in self.items if item.keys[0] in x.outputs)
+                    user = makers[item.keys[0]]
                 item.stage, item.phase = user.stage, user.phase
         self.tasks: dict[tuple[int, str], list[Item]] = {}
         for item in self.items:
@@ -407,6 +410,7 @@ class MegatronPlan(StageMesh):
         self.weight_group: dict[Value, str] = {}  # weight -> the group summing its gradient
         piece_inputs = self.piece_inputs()
         by_key = {k: p for p, k in self.key_of.items() if p in self.summed}
+        inputs = set(self.t.inputs)
         for op in self.post:
             keys = self.post_keys[op]
             w = keys[0]
@@ -418,7 +422,7 @@ class MegatronPlan(StageMesh):
                     out = by_key.get(st.keys[0])
                     if out is not None:
                         self.weight_group[w] = self.grad_level(out)
-                elif k in self.t.inputs:
+                elif k in inputs:
                     self.state_of[k] = w
             if not self.zero:
                 continue
