@@ -7,13 +7,20 @@ transform's own analysis, scaled; op times from the device's cost and kernel mod
 collectives from the topology's collective model: what the simulator reads). A strategy
 then composes them in closed form:
 
-* pipeline: ``sum over ranks of (f + b) + (m - 1) * max over ranks of (f + b)`` (GPipe and
-  1F1B share the bubble; interleaving divides it by the chunks), plus two sends per
-  stage boundary on the first microbatch's path; a rank's compute is at least its host's
-  issue time;
+* pipeline: ``sum over ranks of c + (m - 1) * max over ranks of c``, ``c`` a rank's
+  forward and backward of a microbatch (GPipe and 1F1B share the bubble; interleaving
+  gives ``m * max c + (pp - 1) * max c / v``, Narayanan et al. 2021); a rank's compute is
+  at least its host's issue time; where the hosts synchronise after transfers,
+  ``c`` includes the exchanges with the neighbouring ranks (each a send's time and the
+  host's restart: after each task, or for the interleaved steady state after each
+  forward-backward pair, ``v`` a microbatch, as ``ir.transforms.pipeline.run_exchanges``
+  places them), else the sends of the first microbatch's path;
 * data parallelism: each rank's gradient all-reduces (ZeRO: reduce-scatters, then the
   updated weights all-gathered) overlap the last microbatch's backward, the rest and the
-  optimizer step exposed;
+  optimizer step exposed; ZeRO-2 reduce-scatters every microbatch's gradients as they
+  are made, and the sum waits for them (``T.megatron``): behind every backward but the
+  first; a host slower than its device issues the reductions within the last backward,
+  which the ranks before it wait for;
 * recomputation replays the forward ops ``T.recompute`` replays, in the backward, and
   keeps their results out of the saved activations;
 * memory: weights, their gradient sums and optimizer state (ZeRO splits the state, and
@@ -370,10 +377,11 @@ class Estimator:
     def _ranked(self, tp: int, rows: int, pp: int, v: int, sp: bool, recompute: bool):
         """Per pipeline rank (columns): forward and backward seconds of a microbatch, the
         gradient sums', optimizer, weight and state bytes, kept activation bytes, largest
-        op bytes, the host's seconds per microbatch, gradients, compute and collective
-        seconds per microbatch, the optimizer's host seconds, the bytes a microbatch leaves
-        returned to the step's end (rows, in that order); then the largest op's bytes and
-        the largest weight's."""
+        op bytes, the transfers it takes part in per microbatch, gradients, compute and
+        collective seconds per microbatch, the optimizer's host seconds, the bytes a
+        microbatch leaves returned to the step's end (rows, in that order); then the
+        largest op's bytes, the largest weight's, and whether its host is slower than its
+        device."""
 
         def make() -> np.ndarray:
             stages = pp * v
@@ -386,9 +394,10 @@ class Estimator:
             issue = self.costs.device.host_comm_s()  # the host's time to issue one transfer
             host = host + conv * issue
             work = np.maximum(dev, host) + comm  # a stage's compute: at least its host's issue
-            rank = np.arange(pp)
-            # two sends per boundary a rank has, each side issuing its part
-            sends = 2 * np.minimum(rank, 1) + 2 * np.minimum(pp - 1 - rank, 1)
+            # the transfers a stage takes part in per microbatch: its input in and its
+            # result out, its gradient in and out (none before the first, after the last)
+            stage = np.arange(stages)
+            sends = 2.0 * np.minimum(stage, 1) + 2.0 * np.minimum(stages - 1 - stage, 1)
             per_stage = np.stack(
                 [
                     work[:, 0],
@@ -398,7 +407,7 @@ class Estimator:
                     weights,
                     state,
                     saved / v,
-                    host.sum(axis=1) + sum_host,
+                    sends,
                     count,
                     dev.sum(axis=1),
                     comm.sum(axis=1),
@@ -407,10 +416,10 @@ class Estimator:
                 ]
             )
             ranked = per_stage.reshape(len(per_stage), v, pp).sum(axis=1)  # stage s: rank s % pp
-            ranked[7] += sends * v * issue
             big = largest.reshape(v, pp).max(axis=0)
             grad_big = grad.reshape(v, pp).max(axis=0)
-            return np.vstack([ranked, big[None, :], grad_big[None, :]])
+            bound = (host.sum(axis=1) + sum_host).reshape(v, pp).sum(axis=0) > ranked[9]
+            return np.vstack([ranked, big[None, :], grad_big[None, :], bound[None, :]])
 
         return self._cached(("ranked", tp, rows, pp, v, sp, recompute), make)
 
@@ -432,6 +441,27 @@ class Estimator:
 
         return self._cached(("send", tp, rows, pp, v, sp, rc, dp), make)
 
+    def _exchanges(
+        self, pp: int, v: int, m: np.ndarray, sends: np.ndarray, send: np.ndarray
+    ) -> np.ndarray:
+        """Per strategy and rank, the seconds a microbatch spends in the exchanges with the
+        neighbouring ranks where the hosts synchronise after transfers (Megatron-LM's
+        ``batch_isend_irecv``, then ``torch.cuda.synchronize``): an exchange holds both
+        sides until its transfers are done (one send's time: they run together), then the
+        host issues the next task's first op. Exchanges come between tasks
+        (``ir.transforms.pipeline.device_groups``): after every task, with two transfers
+        (``sends / 2`` a microbatch), but for the interleaved steady state, one after each
+        forward-backward pair (``v`` a microbatch); its ``2 (pp - rank - 1) + (v - 1) pp``
+        warm-up forwards and as many backwards exchange alone."""
+        col = (slice(None), None)
+        if v > 1:
+            rank = np.arange(pp)[None, :]
+            warm = np.minimum(2 * (pp - rank - 1) + (v - 1) * pp, (v * m)[col])
+            count = v + warm / m[col]
+        else:
+            count = sends / 2
+        return count * (send[col] + self.costs.device.host_comm_s())
+
     def _bucket(self, pp: int, v: int, members: list[tuple]) -> tuple[np.ndarray, ...]:
         """The estimates of strategies of one pipeline shape (``pp`` ranks, ``v`` chunks)."""
         ranked = np.stack([x[0] for x in members])  # (k, quantity, rank)
@@ -441,34 +471,41 @@ class Estimator:
         m = np.asarray([x[4] for x in members], dtype=np.float64)
         zero = np.asarray([x[5] for x in members])
         gpipe = np.asarray([x[6] for x in members])
-        f, b, acc, opt, w, st, acts, host_one, n_grads, busy_one, comm_one, opt_host, held = (
+        f, b, acc, opt, w, st, acts, sends, n_grads, busy_one, comm_one, opt_host, held = (
             ranked[:, i, :] for i in range(13)
         )
-        big, grad_big = ranked[:, 13, :], ranked[:, 14, :]
+        big, grad_big, host_bound = ranked[:, 13, :], ranked[:, 14, :], ranked[:, 15, :]
         total, tail, gather = data[:, 0, :], data[:, 1, :], data[:, 2, :]
         device = self.costs.device
         col = (slice(None), None)
+        # ZeRO-2 with microbatches: each microbatch's gradients reduce-scattered as made
+        # (ir.transforms.megatron), its sum waiting for them: behind every backward but the
+        # first microbatch's, the reductions at the end done already
+        scattered = (zero == 2) & (m > 1)
+        issue = device.host_comm_s()
+        per_mb = np.where(scattered[col], total + host_bound * n_grads * issue, 0.0)
         # the pipeline: per microbatch each rank's forward and backward (and the sums)
-        b_m = b + acc * ((m - 1) / m)[col]
+        b_m = b + (acc + per_mb) * ((m - 1) / m)[col]
         cycle = f + b_m
-        top = cycle.max(axis=1)
         boundaries = 2 * (pp - 1) * send  # filling and draining: the ranks' boundaries
+        if device.syncs_after_p2p and pp > 1:  # the exchanges hold the ranks (their sends)
+            cycle = cycle + self._exchanges(pp, v, m, sends, send)
+            boundaries = 0.0
+        top = cycle.max(axis=1)
         if v > 1:
             pipe = m * top + (pp - 1) * top / v + boundaries
         else:
             pipe = cycle.sum(axis=1) + (m - 1) * top + boundaries
-        if device.syncs_after_p2p and pp > 1:
-            # each host waits for its device after every send it takes part in: where the
-            # hosts are the slower, neighbouring ranks issue in turn (a microbatch costs
-            # the slowest pair of neighbours), after the first has crossed them all
-            pair = (host_one[:, :-1] + host_one[:, 1:]).max(axis=1)
-            pipe = np.maximum(pipe, (m - 1) * pair + host_one.sum(axis=1))
         # data parallelism: reductions behind the last microbatch's backward, the last
         # one (and ZeRO's all-gathers) exposed, then the optimizer step
-        exposed = np.maximum(total - b_m, 0.0) + tail + gather
+        exposed = np.where(scattered[col], gather, np.maximum(total - b_m, 0.0) + tail + gather)
         opt_m = opt / np.where(zero > 0, dp, 1.0)[col]
         reducing = np.where(dp > 1, np.where(zero > 0, 2.0, 1.0), 0.0)[col] * n_grads
-        issued = reducing * device.host_comm_s() + opt_host  # the host's share of the end
+        reducing = np.where(scattered[col], n_grads, reducing)  # ZeRO-2: the all-gathers
+        # a host slower than its device issues its reductions within the last backward,
+        # which the ranks before it wait for (the drain); a faster one while it runs
+        pipe = pipe + (reducing * issue * host_bound).sum(axis=1)
+        issued = reducing * issue * (1 - host_bound) + opt_host  # the host's share of the end
         step = (pipe[col] + np.maximum(exposed + opt_m, issued)).max(axis=1)
         # memory per rank: weights, gradient sums, optimizer state, activations in flight
         ranks = np.arange(pp)[None, :]
