@@ -7,13 +7,20 @@ transform's own analysis, scaled; op times from the device's cost and kernel mod
 collectives from the topology's collective model: what the simulator reads). A strategy
 then composes them in closed form:
 
-* pipeline: ``sum over ranks of (f + b) + (m - 1) * max over ranks of (f + b)`` (GPipe and
-  1F1B share the bubble; interleaving divides it by the chunks), plus two sends per
-  stage boundary on the first microbatch's path; a rank's compute is at least its host's
-  issue time;
+* pipeline: ``sum over ranks of c + (m - 1) * max over ranks of c``, ``c`` a rank's
+  forward and backward of a microbatch (GPipe and 1F1B share the bubble; interleaving
+  gives ``m * max c + (pp - 1) * max c / v``, Narayanan et al. 2021); a rank's compute is
+  at least its host's issue time; where the hosts synchronise after transfers,
+  ``c`` includes the exchanges with the neighbouring ranks (each a send's time and the
+  host's restart: after each task, or for the interleaved steady state after each
+  forward-backward pair, ``v`` a microbatch, as ``ir.transforms.pipeline.run_exchanges``
+  places them), else the sends of the first microbatch's path;
 * data parallelism: each rank's gradient all-reduces (ZeRO: reduce-scatters, then the
   updated weights all-gathered) overlap the last microbatch's backward, the rest and the
-  optimizer step exposed;
+  optimizer step exposed; ZeRO-2 reduce-scatters every microbatch's gradients as they
+  are made, and the sum waits for them (``T.megatron``): behind every backward but the
+  first; a host slower than its device issues the reductions within the last backward,
+  which the ranks before it wait for;
 * recomputation replays the forward ops ``T.recompute`` replays, in the backward, and
   keeps their results out of the saved activations;
 * memory: weights, their gradient sums and optimizer state (ZeRO splits the state, and
@@ -46,24 +53,43 @@ from ..function import Function
 from .profile import Costs, NotEstimableError, Profile, RefusedError, replayed_names
 from .space import SharedPlans, Strategy
 
-#: The estimator's relative error bounds against the simulator (step time, peak memory),
-#: measured on every strategy of the spaces of tests/search/test_estimate.py (largest
-#: errors seen there: see that file) with room to spare; the search widens them when a
-#: simulated strategy shows a larger error (ir.search.two_tier).
-TIME_MARGIN = 0.5
-MEMORY_MARGIN = 0.45
+#: The estimator's relative error bounds against the simulator, measured on every strategy
+#: of the spaces of tests/search/test_estimate.py (largest errors seen there: see that
+#: file) with room to spare; the search widens them when a simulated strategy shows a
+#: larger error (ir.search.tiers). The step time's applies to what the estimate adds to
+#: the busiest device's compute (:func:`optimistic_step_s`), the peak memory's to the
+#: whole peak.
+TIME_MARGIN = 0.75
+MEMORY_MARGIN = 0.35
+
+
+def optimistic_step_s(step_s: Any, busy_s: Any, margin: float) -> Any:
+    """The shortest step an estimate allows: its busiest device's compute (the ops' own
+    times, which the estimator takes from the simulator's models: no step is shorter),
+    and the rest (bubble, exposed communication, exchanges, the host) ``margin`` lower.
+    Per term rather than one ratio: a step of long kernels keeps a narrow range, one of
+    host-bound small ops, whose composition the closed form knows least, a wide one."""
+    return busy_s + (step_s - busy_s) / (1 + margin)
+
+
+def step_error(step_s: Any, busy_s: Any, simulated_s: Any) -> Any:
+    """How far an estimate's part above its compute exceeds the simulation's (the margin
+    :func:`optimistic_step_s` needs to stay at or below the simulated step)."""
+    return (step_s - busy_s) / np.maximum(simulated_s - busy_s, 1e-12 * simulated_s) - 1
 
 
 @dataclass(frozen=True)
 class Estimates:
     """Per strategy (in the order asked): estimated step time, peak bytes of the fullest
-    device, mean bubble and exposed communication; ``known`` is False where the estimator
-    cannot scale the step (the simulator decides those)."""
+    device, mean bubble and exposed communication, the busiest device's compute seconds
+    (``busy_s``: the ops' own times, which the step cannot be shorter than); ``known`` is
+    False where the estimator cannot scale the step (the simulator decides those)."""
 
     step_time_s: np.ndarray
     peak_memory_bytes: np.ndarray
     bubble: np.ndarray
     exposed_comm_s: np.ndarray
+    busy_s: np.ndarray
     known: np.ndarray
     refused: dict[int, str] = field(default_factory=dict)  # index -> the stage cut's refusal
 
@@ -334,7 +360,7 @@ class Estimator:
     def estimate(self, strategies: Sequence[Strategy]) -> Estimates:
         """:class:`Estimates` of ``strategies`` (NaN where not estimable)."""
         n = len(strategies)
-        out = [np.full(n, np.nan) for _ in range(4)]
+        out = [np.full(n, np.nan) for _ in range(5)]
         buckets: dict[tuple[int, int], list[int]] = {}
         for i, s in enumerate(strategies):  # by pipeline shape: one numpy pass each
             if s.ep > 1 or s.cp > 1 or s.zero == 3:
@@ -367,8 +393,8 @@ class Estimator:
             if rows:
                 for column, values in zip(out, self._bucket(pp, v, rows)):
                     column[keep] = values
-        step, peak, bubble, exposed = out
-        return Estimates(step, peak, bubble, exposed, ~np.isnan(step), refused)
+        step, peak, bubble, exposed, busy = out
+        return Estimates(step, peak, bubble, exposed, busy, ~np.isnan(step), refused)
 
     def _member(
         self, tp: int, rows: int, pp: int, v: int, sp: bool, rc: bool, dp: int, zero: int
@@ -385,10 +411,11 @@ class Estimator:
     def _ranked(self, tp: int, rows: int, pp: int, v: int, sp: bool, recompute: bool):
         """Per pipeline rank (columns): forward and backward seconds of a microbatch, the
         gradient sums', optimizer, weight and state bytes, kept activation bytes, largest
-        op bytes, the host's seconds per microbatch, gradients, compute and collective
-        seconds per microbatch, the optimizer's host seconds, the bytes a microbatch leaves
-        returned to the step's end (rows, in that order); then the largest op's bytes and
-        the largest weight's."""
+        op bytes, the transfers it takes part in per microbatch, gradients, compute and
+        collective seconds per microbatch, the optimizer's host seconds, the bytes a
+        microbatch leaves returned to the step's end (rows, in that order); then the
+        largest op's bytes, the largest weight's, and whether its host is slower than its
+        device."""
 
         def make() -> np.ndarray:
             stages = pp * v
@@ -401,9 +428,10 @@ class Estimator:
             issue = self.costs.device.host_comm_s()  # the host's time to issue one transfer
             host = host + conv * issue
             work = np.maximum(dev, host) + comm  # a stage's compute: at least its host's issue
-            rank = np.arange(pp)
-            # two sends per boundary a rank has, each side issuing its part
-            sends = 2 * np.minimum(rank, 1) + 2 * np.minimum(pp - 1 - rank, 1)
+            # the transfers a stage takes part in per microbatch: its input in and its
+            # result out, its gradient in and out (none before the first, after the last)
+            stage = np.arange(stages)
+            sends = 2.0 * np.minimum(stage, 1) + 2.0 * np.minimum(stages - 1 - stage, 1)
             per_stage = np.stack(
                 [
                     work[:, 0],
@@ -413,7 +441,7 @@ class Estimator:
                     weights,
                     state,
                     saved / v,
-                    host.sum(axis=1) + sum_host,
+                    sends,
                     count,
                     dev.sum(axis=1),
                     comm.sum(axis=1),
@@ -422,10 +450,10 @@ class Estimator:
                 ]
             )
             ranked = per_stage.reshape(len(per_stage), v, pp).sum(axis=1)  # stage s: rank s % pp
-            ranked[7] += sends * v * issue
             big = largest.reshape(v, pp).max(axis=0)
             grad_big = grad.reshape(v, pp).max(axis=0)
-            return np.vstack([ranked, big[None, :], grad_big[None, :]])
+            bound = (host.sum(axis=1) + sum_host).reshape(v, pp).sum(axis=0) > ranked[9]
+            return np.vstack([ranked, big[None, :], grad_big[None, :], bound[None, :]])
 
         return self._cached(("ranked", tp, rows, pp, v, sp, recompute), make)
 
@@ -447,6 +475,27 @@ class Estimator:
 
         return self._cached(("send", tp, rows, pp, v, sp, rc, dp), make)
 
+    def _exchanges(
+        self, pp: int, v: int, m: np.ndarray, sends: np.ndarray, send: np.ndarray
+    ) -> np.ndarray:
+        """Per strategy and rank, the seconds a microbatch spends in the exchanges with the
+        neighbouring ranks where the hosts synchronise after transfers (Megatron-LM's
+        ``batch_isend_irecv``, then ``torch.cuda.synchronize``): an exchange holds both
+        sides until its transfers are done (one send's time: they run together), then the
+        host issues the next task's first op. Exchanges come between tasks
+        (``ir.transforms.pipeline.device_groups``): after every task, with two transfers
+        (``sends / 2`` a microbatch), but for the interleaved steady state, one after each
+        forward-backward pair (``v`` a microbatch); its ``2 (pp - rank - 1) + (v - 1) pp``
+        warm-up forwards and as many backwards exchange alone."""
+        col = (slice(None), None)
+        if v > 1:
+            rank = np.arange(pp)[None, :]
+            warm = np.minimum(2 * (pp - rank - 1) + (v - 1) * pp, (v * m)[col])
+            count = v + warm / m[col]
+        else:
+            count = sends / 2
+        return count * (send[col] + self.costs.device.host_comm_s())
+
     def _bucket(self, pp: int, v: int, members: list[tuple]) -> tuple[np.ndarray, ...]:
         """The estimates of strategies of one pipeline shape (``pp`` ranks, ``v`` chunks)."""
         ranked = np.stack([x[0] for x in members])  # (k, quantity, rank)
@@ -456,35 +505,48 @@ class Estimator:
         m = np.asarray([x[4] for x in members], dtype=np.float64)
         zero = np.asarray([x[5] for x in members])
         gpipe = np.asarray([x[6] for x in members])
-        f, b, acc, opt, w, st, acts, host_one, n_grads, busy_one, comm_one, opt_host, held = (
+        f, b, acc, opt, w, st, acts, sends, n_grads, busy_one, comm_one, opt_host, held = (
             ranked[:, i, :] for i in range(13)
         )
-        big, grad_big = ranked[:, 13, :], ranked[:, 14, :]
+        big, grad_big, host_bound = ranked[:, 13, :], ranked[:, 14, :], ranked[:, 15, :]
         total, tail, gather = data[:, 0, :], data[:, 1, :], data[:, 2, :]
         device = self.costs.device
         col = (slice(None), None)
+        # ZeRO-2 with microbatches: each microbatch's gradients reduce-scattered as made
+        # (ir.transforms.megatron), its sum waiting for them: behind every backward but the
+        # first microbatch's, the reductions at the end done already
+        scattered = (zero == 2) & (m > 1)
+        acc = acc / np.where(scattered, dp, 1.0)[col]  # ZeRO-2 sums each microbatch's part
+        issue = device.host_comm_s()
+        per_mb = np.where(scattered[col], total + host_bound * n_grads * issue, 0.0)
         # the pipeline: per microbatch each rank's forward and backward (and the sums)
-        b_m = b + acc * ((m - 1) / m)[col]
+        b_m = b + (acc + per_mb) * ((m - 1) / m)[col]
         cycle = f + b_m
-        top = cycle.max(axis=1)
         boundaries = 2 * (pp - 1) * send  # filling and draining: the ranks' boundaries
+        if device.syncs_after_p2p and pp > 1:  # the exchanges hold the ranks (their sends)
+            cycle = cycle + self._exchanges(pp, v, m, sends, send)
+            boundaries = 0.0
+        top = cycle.max(axis=1)
         if v > 1:
             pipe = m * top + (pp - 1) * top / v + boundaries
         else:
             pipe = cycle.sum(axis=1) + (m - 1) * top + boundaries
-        if device.syncs_after_p2p and pp > 1:
-            # each host waits for its device after every send it takes part in: where the
-            # hosts are the slower, neighbouring ranks issue in turn (a microbatch costs
-            # the slowest pair of neighbours), after the first has crossed them all
-            pair = (host_one[:, :-1] + host_one[:, 1:]).max(axis=1)
-            pipe = np.maximum(pipe, (m - 1) * pair + host_one.sum(axis=1))
         # data parallelism: reductions behind the last microbatch's backward, the last
         # one (and ZeRO's all-gathers) exposed, then the optimizer step
-        exposed = np.maximum(total - b_m, 0.0) + tail + gather
+        exposed = np.where(scattered[col], gather, np.maximum(total - b_m, 0.0) + tail + gather)
         opt_m = opt / np.where(zero > 0, dp, 1.0)[col]
         reducing = np.where(dp > 1, np.where(zero > 0, 2.0, 1.0), 0.0)[col] * n_grads
-        issued = reducing * device.host_comm_s() + opt_host  # the host's share of the end
-        step = (pipe[col] + np.maximum(exposed + opt_m, issued)).max(axis=1)
+        reducing = np.where(scattered[col], n_grads, reducing)  # ZeRO-2: the all-gathers
+        # a host slower than its device issues its reductions within the last backward,
+        # which the ranks before it wait for (the drain); a faster one while it runs
+        pipe = pipe + (reducing * issue * host_bound).sum(axis=1)
+        issued = reducing * issue * (1 - host_bound) + opt_host  # the host's share of the end
+        # each weight's optimizer step runs once its reduction is done, in the order the
+        # reductions finish: behind the exposed reductions only the last one's (at most
+        # the largest weight's share of the optimizer's time)
+        opt_tail = opt_m * np.divide(grad_big, w, out=np.zeros_like(w), where=w > 0)
+        end = np.where(exposed > 0, np.maximum(exposed + opt_tail, opt_m), opt_m)
+        step = (pipe[col] + np.maximum(end, issued)).max(axis=1)
         # memory per rank: weights, gradient sums, optimizer state, activations in flight
         ranks = np.arange(pp)[None, :]
         flight = np.where(gpipe[col], m[col], np.minimum(m[col], pp - ranks))
@@ -503,10 +565,10 @@ class Estimator:
         # its gradient sum, at the last update the largest one (ZeRO: its reduced part)
         after = 2 * (w + st_m) + grad_big * np.where(zero > 0, 1.0 / dp, 1.0)[col] + held_m
         peak = np.maximum(during, after).max(axis=1)
-        busy = m[col] * busy_one + opt_m
+        busy = m[col] * busy_one + (m - 1)[col] * acc + opt_m  # the ops and the sums
         bubble = np.mean(np.maximum(step[col] - busy, 0.0), axis=1) / step
         exposed_comm = m * comm_one.mean(axis=1) + exposed.mean(axis=1)
-        return step, peak, bubble, exposed_comm
+        return step, peak, bubble, exposed_comm, busy.max(axis=1)
 
 
 def _bytes(shape: tuple[int, ...], t: object) -> float:

@@ -2,15 +2,17 @@
 can reach the front (:func:`decide`).
 
 With ``simulate="front"`` the strategies are taken in order of their estimated step time
-made optimistic by the estimator's measured error (:data:`ir.search.estimate.TIME_MARGIN`,
-:data:`~ir.search.estimate.MEMORY_MARGIN`: its estimates exceed the simulator's figures by
-at most that much): a strategy is simulated unless a strategy already simulated is
-faster than its optimistic step time and needs no more memory than its optimistic peak
-(then the simulation could not put it on the front), or its optimistic peak already
-exceeds the devices. Every simulated strategy checks the margins: where the estimate
-exceeded the simulation by more, the margins widen to that error (and half again) for
-the strategies still to come. ``simulate="all"`` simulates every strategy (the
-reference the two-tier front is tested against). Rows come out as they are decided.
+made optimistic by the estimator's measured error (:data:`ir.search.estimate.TIME_MARGIN`
+on what the estimate adds to the busiest device's compute,
+:func:`~ir.search.estimate.optimistic_step_s`; :data:`~ir.search.estimate.MEMORY_MARGIN`
+on the peak: its estimates exceed the simulator's figures by at most that much): a
+strategy is simulated unless a strategy already simulated is faster than its optimistic
+step time and needs no more memory than its optimistic peak (then the simulation could
+not put it on the front), or its optimistic peak already exceeds the devices. Every
+simulated strategy checks the margins: where the estimate exceeded the simulation by
+more, the margins widen to that error (and half again) for the strategies still to
+come. ``simulate="all"`` simulates every strategy (the reference the two-tier front is
+tested against). Rows come out as they are decided.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from .estimate import MEMORY_MARGIN, TIME_MARGIN, Estimator
+from .estimate import MEMORY_MARGIN, TIME_MARGIN, Estimator, optimistic_step_s, step_error
 from .result import Row
 from .space import Strategy
 
@@ -84,7 +86,7 @@ def decide(
                 estimated_peak_memory_bytes=float(est.peak_memory_bytes[i]),
             )
             if row.status in ("ok", "over capacity") and row.step_time_s > 0:
-                over_t = est.step_time_s[i] / row.step_time_s - 1
+                over_t = step_error(est.step_time_s[i], est.busy_s[i], row.step_time_s)
                 over_m = est.peak_memory_bytes[i] / max(row.peak_memory_bytes, 1.0) - 1
                 time_margin = max(time_margin, 1.5 * over_t)
                 memory_margin = max(memory_margin, 1.5 * over_m)
@@ -98,7 +100,7 @@ def decide(
             yield Row(s, "error", error=est.refused[i])
             continue
         if known[i]:
-            low_t = est.step_time_s[i] / (1 + time_margin)
+            low_t = optimistic_step_s(est.step_time_s[i], est.busy_s[i], time_margin)
             low_m = est.peak_memory_bytes[i] / (1 + memory_margin)
             why = None
             if low_m > capacity_bytes:
@@ -109,7 +111,8 @@ def decide(
             elif front.beats(low_t, low_m):
                 why = (
                     "a simulated strategy is faster and needs no more memory, even with this "
-                    f"one's estimate {time_margin:.0%} faster and {memory_margin:.0%} smaller"
+                    f"one's step at {low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest "
+                    f"{time_margin:.0%} shorter) and its peak {memory_margin:.0%} smaller"
                 )
             if why is not None:
                 yield Row(

@@ -153,6 +153,12 @@ class Engine(SlotTable):
         self.host_free = [0.0] * n
         self.host_comm = [d.host_comm_s() for d in topology.devices]
         self.host_sync = [d.syncs_after_p2p for d in topology.devices]
+        # Point-to-point transfers a host issues one after another (nothing issued between)
+        # are one batch_isend_irecv: all posted, then one wait for them all. The host's
+        # clock when it posted the batch's latest (p2p_posted[d]), and its clock after the
+        # wait (p2p_waited[d]): while host_free[d] is still that, the batch goes on.
+        self.p2p_posted = [0.0] * n
+        self.p2p_waited = [-1.0] * n
         self.hosted = any(self.host_comm) or any(d.kernels is not None for d in topology.devices)
         # A stream's time inside a pmap body's run: it last waited until seg_base[d] and
         # has run ops of seg_off[d] seconds since (compute_free[d] is always seg_base[d] +
@@ -333,7 +339,9 @@ class Engine(SlotTable):
                         for d in where:
                             compute_free[d] = seg_base[d] = start + dur
                             seg_off[d] = 0.0
-                    if hosted:
+                    if timing[5]:  # a batch of point-to-point transfers (see _post)
+                        start = self._post(timing[6], start)
+                    elif hosted:
                         start = self._issue(timing[6], start)
                     end = start + dur
                     if timing[5]:  # the hosts wait for their devices (torch.cuda.synchronize)
@@ -392,12 +400,36 @@ class Engine(SlotTable):
                 start = issued
         return start
 
+    def _post(self, hosts: tuple[int, ...], start: float) -> float:
+        """:meth:`_issue` for a point-to-point transfer after which the hosts synchronise:
+        a host that has issued nothing since its last such transfer posts this one in the
+        same batch (Megatron-LM's ``batch_isend_irecv`` of an exchange's sends and
+        receives), from its clock before that batch's wait, not after it: the transfers
+        of one exchange run together, and the host waits once for them all."""
+        host_free, host_comm, posted, waited = (
+            self.host_free,
+            self.host_comm,
+            self.p2p_posted,
+            self.p2p_waited,
+        )
+        for d in hosts:
+            clock = posted[d] if host_free[d] == waited[d] else host_free[d]
+            issued = posted[d] = clock + host_comm[d]
+            if issued > host_free[d]:
+                host_free[d] = self.host_base[d] = issued
+                self.host_off[d] = 0.0
+            if issued > start:
+                start = issued
+        return start
+
     def _sync(self, hosts: tuple[int, ...], end: float) -> None:
         """The hosts of ``hosts`` wait until the transfer and their devices' work are done."""
-        host_free, compute_free = self.host_free, self.compute_free
+        host_free, compute_free, waited = self.host_free, self.compute_free, self.p2p_waited
         for d in hosts:
             if self.host_sync[d]:
-                host_free[d] = self.host_base[d] = max(host_free[d], end, compute_free[d])
+                host_free[d] = self.host_base[d] = waited[d] = max(
+                    host_free[d], end, compute_free[d]
+                )
                 self.host_off[d] = 0.0
 
     def _false_class(self, op: Op, where: int) -> SimulationError:

@@ -30,7 +30,7 @@ from ._rules import data_rule, distinct_ops, split_signature
 from ._spmd import P, R, Shard
 from ._spmd import Plan as _Plan
 from .horizontal import check_heads, horizontal_plan
-from .pipeline import _device_sequence
+from .pipeline import device_groups
 from .stage_cut import annotated_stages, pipeline_degree, staged
 from .tensor_limits import TensorReplicationError, replicated_split
 from .vocab_parallel import undivided_vocabulary, vocabulary_form, vocabulary_rewrites
@@ -322,16 +322,16 @@ class MegatronPlan(StageMesh):
         if self.sequence_parallel:
             self._regather_for_backward()
         has_backward = any(ph == "B" for _, ph in self.tasks)
-        self.sequences = [
+        # each device's tasks between its exchanges with its neighbours (device_groups)
+        self.exchange_groups = [
             [
-                (s, mb, ph)
-                for s, mb, ph in _device_sequence(
-                    schedule, d, self.pp, self.v, self.m, has_backward
-                )
-                if (s, ph) in self.tasks
+                kept
+                for group in device_groups(schedule, d, self.pp, self.v, self.m, has_backward)
+                if (kept := [(s, mb, ph) for s, mb, ph in group if (s, ph) in self.tasks])
             ]
             for d in range(self.pp)
         ]
+        self.sequences = [[t for g in groups for t in g] for groups in self.exchange_groups]
         self.final = {k: hplan.current[k] for k in self.piece_out}
         self.piece_input_of = {
             self.source_of[p]: p for p in self.piece.inputs if p in self.source_of

@@ -24,7 +24,7 @@ from ._megatron_piece import copy_op
 from ._megatron_plan import VAR, Item, MegatronPlan, level
 from ._rewrite import TransformError
 from ._spmd import P, R, Shard
-from .pipeline import run_schedule
+from .pipeline import received_values, run_exchanges
 
 
 class StageEmission(MegatronPlan):
@@ -202,11 +202,17 @@ class StageEmission(MegatronPlan):
                     continue
                 for v in item.outputs:
                     producer[v] = key
-        deps = {
-            key: {producer[k] for it in items for k in it.keys if k in producer} - {key}
-            for key, items in self.tasks.items()
-        }
-        run_schedule(self.sequences, deps, self._emit_task)
+        # per task kind: what it reads from another pipeline rank, received at the
+        # exchange before the task (run_exchanges)
+        reads = {key: [(it.keys, it.outputs) for it in items] for key, items in self.tasks.items()}
+        self._received = received_values(reads, producer, lambda s: s % self.pp)
+        sources = {key: {producer[k] for k in keys} for key, keys in self._received.items()}
+        run_exchanges(self.exchange_groups, sources, self._emit_task, self._receive)
+
+    def _receive(self, s: int, mb: int, phase: str) -> None:
+        """Send task ``(s, mb, phase)`` what it reads from other pipeline ranks."""
+        for k in self._received[(s, phase)]:
+            self.value(k, mb, s)
 
     def _emit_task(self, s: int, mb: int, phase: str) -> None:
         # A task's steps are the same for every microbatch but the first (no sums yet)

@@ -6,8 +6,10 @@ stage of the weights it reads, the weights cut into ``stages`` consecutive
 groups (in order of first use); forward ops never before the stage of their
 operands, backward ops with the forward op they differentiate. The batch inputs
 are ``Split`` into K microbatches; every op that touches the batch is copied
-once per microbatch; a ``Send`` carries a value to another stage just before
-the first task there that reads it (as Megatron-LM receives the next forward's
+once per microbatch; a ``Send`` carries a value to another stage at the
+exchange between tasks where Megatron-LM's schedules send and receive it
+(:func:`run_exchanges`: out at the sender's exchange after the task that makes
+it, in at the receiver's before the first task that reads it; the next forward's
 input after a backward), so in program order 1F1B stage ``s`` holds at most
 ``p - s`` microbatches. The op order *is* the schedule (the simulator follows
 it): GPipe runs all forwards then all backwards on each stage; 1F1B runs
@@ -33,7 +35,8 @@ source program's inputs to a resident step's is :func:`setup_program`
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..arguments import bool_arg, function_arg
@@ -68,17 +71,27 @@ def _device_sequence(schedule: str, d: int, p: int, v: int, k: int, backward: bo
 
     ``v`` model chunks per device (interleaved: stage ``c * p + d`` is chunk c of d).
     """
+    return [task for group in device_groups(schedule, d, p, v, k, backward) for task in group]
+
+
+def device_groups(schedule: str, d: int, p: int, v: int, k: int, backward: bool) -> list[list]:
+    """Device ``d``'s tasks (:func:`_device_sequence`) in the groups between which
+    Megatron-LM's schedules exchange activations and gradients with the neighbouring
+    ranks (one ``batch_isend_irecv`` each, the host synchronising after it): a group per
+    task, but for the interleaved schedule's steady state, whose forward and backward
+    run back to back before one exchange (``send_forward_backward_recv_forward_backward``
+    in ``forward_backward_pipelining_with_interleaving``)."""
     if schedule != "interleaved":
         fwd = [(d, m, "F") for m in range(k)]
         if not backward:
-            return fwd
+            return [[t] for t in fwd]
         if schedule == "gpipe":
-            return fwd + [(d, m, "B") for m in range(k)]
+            return [[t] for t in fwd + [(d, m, "B") for m in range(k)]]
         warm = min(p - d - 1, k)
         seq = fwd[:warm]
         for i in range(k - warm):
             seq += [fwd[warm + i], (d, i, "B")]
-        return seq + [(d, m, "B") for m in range(k - warm, k)]
+        return [[t] for t in seq + [(d, m, "B") for m in range(k - warm, k)]]
 
     # Megatron-LM's interleaved 1F1B: microbatches go through the chunks in groups of p.
     def task(i: int, phase: str) -> tuple[int, int, str]:
@@ -89,12 +102,11 @@ def _device_sequence(schedule: str, d: int, p: int, v: int, k: int, backward: bo
 
     total = v * k
     if not backward:
-        return [task(i, "F") for i in range(total)]
+        return [[task(i, "F")] for i in range(total)]
     warm = min((p - d - 1) * 2 + (v - 1) * p, total)
-    seq = [task(i, "F") for i in range(warm)]
-    for i in range(total - warm):
-        seq += [task(warm + i, "F"), task(i, "B")]
-    return seq + [task(i, "B") for i in range(total - warm, total)]
+    groups = [[task(i, "F")] for i in range(warm)]
+    groups += [[task(warm + i, "F"), task(i, "B")] for i in range(total - warm)]
+    return groups + [[task(i, "B")] for i in range(total - warm, total)]
 
 
 class _Pipeline:
@@ -171,11 +183,11 @@ class _Pipeline:
                 tasks[(self.stage[op], "B" if op in self.backward else "F")].append(op)
         self.tasks = tasks
         has_backward = bool(self.backward & self.per_mb)
-        self.sequences = [
+        self.groups = [
             [
-                (s, m, ph)
-                for s, m, ph in _device_sequence(schedule, d, self.p, self.v, self.k, has_backward)
-                if (s, ph) in tasks
+                kept
+                for group in device_groups(schedule, d, self.p, self.v, self.k, has_backward)
+                if (kept := [(s, m, ph) for s, m, ph in group if (s, ph) in tasks])
             ]
             for d in range(self.p)
         ]
@@ -298,32 +310,117 @@ class _Pipeline:
             for op in ops:
                 for v in op.outputs:
                     producer_task[v] = (s, ph)
-        deps: dict[tuple[int, str], set[tuple[int, str]]] = {}
-        for key, ops in self.tasks.items():
-            deps[key] = {
-                producer_task[k] for op in ops for k in self.keys[op] if k in producer_task
-            } - {key}
-        run_schedule(self.sequences, deps, self.emit_task)
+        tasks = self.tasks.items()
+        reads = {key: [(self.keys[op], op.outputs) for op in ops] for key, ops in tasks}
+        self.received = received_values(reads, producer_task, lambda s: self.devices[s])
+        sources = {key: {producer_task[k] for k in keys} for key, keys in self.received.items()}
+        run_exchanges(self.groups, sources, self.emit_task, self.receive)
+
+    def receive(self, s: int, m: int, phase: str) -> None:
+        """Send task ``(s, m, phase)`` its inputs made on other devices (run_exchanges)."""
+        dev = self.devices[s]
+        for k in self.received[(s, phase)]:
+            self.move.at(self.glob[k] if self.plan.state[k] == R else self.piece(k, m), dev)
 
 
-def run_schedule(sequences: list[list], deps: dict, emit) -> None:
-    """Call ``emit(stage, microbatch, phase)`` for every task, each device's ``sequences``
-    in order, a task only after the tasks (same microbatch) that ``deps`` says it reads."""
-    done: set[tuple[int, int, str]] = set()  # (microbatch, stage, phase)
-    pos = [0] * len(sequences)
-    while any(pos[d] < len(seq) for d, seq in enumerate(sequences)):
-        progress = False
-        for d, seq in enumerate(sequences):
-            if pos[d] >= len(seq):
-                continue
-            s, m, ph = seq[pos[d]]
-            if all((m, *t) in done for t in deps[(s, ph)]):
-                emit(s, m, ph)
-                done.add((m, s, ph))
-                pos[d] += 1
-                progress = True
-        if not progress:
-            raise TransformError("the pipeline schedule deadlocks (a stage waits on itself)")
+def received_values(
+    reads: Mapping[tuple[int, str], Sequence[tuple[Sequence[Value], Sequence[Value]]]],
+    producer: Mapping[Value, tuple[int, str]],
+    device: Callable[[int], Any],
+) -> dict[tuple[int, str], list[Value]]:
+    """Per task kind ``(stage, phase)``, given the values each of its ops (items) reads and
+    makes in order (``reads``), the task that makes each value (``producer``) and each
+    stage's device (``device``): the values it reads from another device before making
+    them itself, which :func:`run_exchanges` receives before the task. A backward task
+    does not receive again what its stage's forward task received."""
+    out: dict[tuple[int, str], list[Value]] = {}
+    for (s, phase), ops in sorted(reads.items(), key=lambda x: x[0][1] == "B"):
+        made: set[Value] = set()
+        keys: dict[Value, None] = {}
+        for ins, outs in ops:
+            for k in ins:
+                if k not in made and k in producer and device(producer[k][0]) != device(s):
+                    keys[k] = None
+            made.update(outs)
+        before = set(out.get((s, "F"), ())) if phase == "B" else set()
+        out[(s, phase)] = [k for k in keys if k not in before]
+    return out
+
+
+def run_exchanges(
+    groups: list[list[list]],
+    deps: dict,
+    emit: Callable[[int, int, str], None],
+    receive: Callable[[int, int, str], None],
+) -> None:
+    """Call ``emit(stage, microbatch, phase)`` for every task of every device's ``groups``
+    (:func:`device_groups`, in order) and ``receive(stage, microbatch, phase)`` where the
+    task's inputs made on other devices cross over, at the exchanges between groups as
+    Megatron-LM's schedules make them: what a group makes goes out at the exchange after
+    it, what a group needs comes in at the exchange before it, and an exchange is one
+    meeting of the devices it joins (``batch_isend_irecv`` on each, which returns once
+    every transfer of it is done). So a transfer's place in the step is the same on both
+    of its sides: its sender's exchange after the producer and its receiver's before the
+    consumer (with the hosts synchronising after transfers, a transfer placed after the
+    sender's next group, or before the receiver's previous one, holds that device).
+    ``deps[(stage, phase)]``: the tasks (same microbatch) whose results the task receives
+    from other devices."""
+    where: dict[tuple[int, int, str], tuple[int, int]] = {}  # task -> (device, group)
+    for d, device in enumerate(groups):
+        for g, group in enumerate(device):
+            for task in group:
+                where[task] = (d, g)
+    # each transfer (a task's inputs from other devices) and the exchanges it joins: the
+    # receiver's before the consumer's group, each sender's after the producer's
+    transfers: list[tuple[tuple[int, int, str], set[tuple[int, int]]]] = []
+    joining: dict[tuple[int, int], list[int]] = {}  # exchange -> its transfers
+    left: dict[tuple[int, int], int] = {}  # exchange -> its transfers not yet made
+    for task, (d, g) in where.items():
+        s, m, phase = task
+        meets = {(d, g)}
+        for s2, ph2 in deps[(s, phase)]:
+            d2, g2 = where[(s2, m, ph2)]
+            if d2 != d:
+                meets.add((d2, g2 + 1))
+        if len(meets) == 1:
+            continue
+        for meet in meets:
+            joining.setdefault(meet, []).append(len(transfers))
+            left[meet] = left.get(meet, 0) + 1
+        transfers.append((task, meets))
+    absent = [len(meets) for _, meets in transfers]  # devices not yet at its exchanges
+    ready: deque[int] = deque()  # transfers whose devices have all come to their exchanges
+    free: deque[int] = deque()  # devices at an exchange with no transfer left to make
+    at = [0] * len(groups)  # each device's next group: it is at the exchange before it
+
+    def arrive(d: int) -> None:
+        meet = (d, at[d])
+        for u in joining.get(meet, ()):
+            absent[u] -= 1
+            if not absent[u]:
+                ready.append(u)
+        if not left.get(meet):
+            free.append(d)
+
+    for d in range(len(groups)):
+        arrive(d)
+    while ready or free:
+        if ready:
+            task, meets = transfers[ready.popleft()]
+            receive(*task)
+            for meet in meets:
+                left[meet] -= 1
+                if not left[meet]:
+                    free.append(meet[0])
+            continue
+        d = free.popleft()
+        if at[d] < len(groups[d]):
+            for task in groups[d][at[d]]:
+                emit(*task)
+            at[d] += 1
+            arrive(d)
+    if any(at[d] < len(device) for d, device in enumerate(groups)) or any(left.values()):
+        raise TransformError("the pipeline schedule deadlocks (its exchanges never meet)")
 
 
 def pipeline_parallel(

@@ -12,7 +12,14 @@ import pytest
 import ir
 from ir import models, transforms
 from ir.search import search, search_rows
-from ir.search.estimate import MEMORY_MARGIN, TIME_MARGIN, Estimator
+from ir.search.estimate import (
+    MEMORY_MARGIN,
+    TIME_MARGIN,
+    Estimator,
+    optimistic_step_s,
+    step_error,
+)
+from ir.search.space import Strategy
 
 KNOBS = dict(
     microbatches=[1, 2],
@@ -45,7 +52,14 @@ def exhaustive(request):
 def test_the_estimates_exceed_the_simulation_by_less_than_the_margins(exhaustive) -> None:
     """Every strategy simulated and estimated: the estimate may be below the simulation
     (it leaves out what the event simulation adds), never above by more than the margins
-    the search makes its estimates optimistic by."""
+    the search makes its estimates optimistic by. The busiest device's compute, which
+    the step time's margin leaves as it is, is never above the simulated step.
+
+    Measured (164 strategies each; estimate / simulation, the step-time error on what
+    the estimate adds to the compute, the peak's): MLP 0.85-1.14 (median 0.93), 27 %,
+    -36 %..+15 %; GPT 0.84-1.10 (0.91), 14 %, -26 %..+24 %; GPT on the ideal roofline
+    0.93-1.18 (1.00), 63 %, -26 %..+17 %. Before the pipelines' exchanges (single ratio):
+    MLP 0.80-1.27, GPT 0.82-1.28, ideal 0.95-1.18."""
     name, _, result, topology = exhaustive
     model, optimizer = CASES[name]
     t = transforms.training(model, optimizer)
@@ -54,7 +68,11 @@ def test_the_estimates_exceed_the_simulation_by_less_than_the_margins(exhaustive
     est = Estimator(t, topology, 16 if name == "gpt" else 256, [r.strategy for r in rows])
     e = est.estimate([r.strategy for r in rows])
     assert e.known.mean() > 0.8  # the estimator covers nearly all of the space
-    over_t = e.step_time_s[e.known] / np.array([r.step_time_s for r in rows])[e.known] - 1
+    simulated = np.array([r.step_time_s for r in rows])[e.known]
+    busy = e.busy_s[e.known]
+    assert (busy <= simulated).all()
+    over_t = step_error(e.step_time_s[e.known], busy, simulated)
+    assert (optimistic_step_s(e.step_time_s[e.known], busy, TIME_MARGIN) < simulated).all()
     peaks = np.array([r.peak_memory_bytes for r in rows])[e.known]
     over_m = e.peak_memory_bytes[e.known] / peaks - 1
     assert over_t.max() < TIME_MARGIN, f"step time {over_t.max():.1%} over"
@@ -125,3 +143,44 @@ def test_the_peak_memory_estimate_scales_the_split_steps_own_ops_with_the_microb
     # measured: -12.4 % to -0.2 % on these 96 (before the fix: +31 % to +70 %)
     assert error.max() < 0.05, f"peak memory {error.max():.1%} over"
     assert error.min() > -0.25, f"peak memory {-error.min():.1%} under"
+
+
+def test_gpt3_shaped_pipelines_interleaved_and_zero2_are_estimated_within_a_tenth() -> None:
+    """Issue 24: on GPT-3 175B on 1,024 A100s the estimator ranked deeply interleaved
+    strategies fastest and the simulator gave them 0.36-0.87 of it. GPT-3's layer (hidden
+    12288, 96 heads, sequence 2048, bfloat16, Adam) at tp 8 x pp 4 on 64 A100s, 16
+    layers, sequence parallel: 1F1B and interleaved over 2 and 4 chunks, ZeRO 0 and 2.
+    Measured, estimate / simulation: 1.01-1.07 (before the pipelines' exchanges and
+    ZeRO-2's per-microbatch reductions: interleaved v4 0.84-0.94, ZeRO-2 0.61-0.79;
+    the simulator had v4 slower than v2); the estimate's compute equal to the simulated
+    busiest device's, and both rank the schedules alike (v4 < v2 < 1F1B)."""
+    f = models.gpt(
+        batch=32, seq=2048, hidden=12288, heads=96, vocab=51200, layers=16, dtype="bfloat16"
+    )
+    t = transforms.training(f, "adam")
+    topology = ir.Topology.preset("a100-hgx", 64)
+    strategies = [
+        Strategy(2, 8, 4, m, "interleaved" if v > 1 else "1f1b", v, zero, True)
+        for m in (8, 16)
+        for v in (1, 2, 4)
+        for zero in (0, 2)
+    ]
+    e = Estimator(t, topology, 32, strategies).estimate(strategies)
+    assert e.known.all()
+    steps, busiest = [], []
+    for s in strategies:
+        r = ir.simulate(s.build(t, topology), topology)
+        steps.append(r.step_time_s)
+        busiest.append(max(r.busy_s.values()))
+    ratio = e.step_time_s / np.array(steps)
+    assert ratio.min() > 0.95 and ratio.max() < 1.12, ratio
+    assert np.allclose(e.busy_s, busiest, rtol=1e-3)
+    for m in (8, 16):
+        for zero in (0, 2):
+            by_v = {
+                s.chunks: i
+                for i, s in enumerate(strategies)
+                if (s.microbatches, s.zero) == (m, zero)
+            }
+            order = sorted(by_v, key=lambda v: steps[by_v[v]])
+            assert order == sorted(by_v, key=lambda v: e.step_time_s[by_v[v]]) == [4, 2, 1]

@@ -149,6 +149,28 @@ def test_the_host_waits_for_its_device_after_a_point_to_point_transfer():
     assert after.start_s == pytest.approx(send.start_s + send.dur_s + A100_SXM.host.op_s)
 
 
+def test_transfers_a_host_issues_one_after_another_are_one_batch():
+    """Megatron-LM posts an exchange's sends and receives in one batch_isend_irecv and
+    waits once: a host's transfers with nothing issued between them run together (the
+    second does not wait for the first's synchronisation); with an op issued between
+    them, the second waits for the host to come back from the first."""
+    a100 = ir.Topology.preset("a100-hgx", 3)
+    for between, together in ((False, True), (True, False)):
+        b = FunctionBuilder("exchange")
+        x = b.input("x", TensorType((8192, 8192), F16, 0))
+        y = b.call("MatMul", x, x)
+        to_1 = b.call("Send", y, to_device=1)
+        if between:
+            y = b.call("MatMul", y, x)
+        to_2 = b.call("Send", y, to_device=2)
+        r = ir.simulate(b.finish([to_1, to_2]), a100)
+        first, second = sorted(r.events_on(0, "communication"), key=lambda e: e.start_s)
+        if together:
+            assert second.start_s == pytest.approx(first.start_s, abs=A100_SXM.host.comm_s)
+        else:
+            assert second.start_s > first.end_s
+
+
 def _send_program() -> ir.Function:
     b = FunctionBuilder("p2p")
     x = b.input("x", TensorType((8192, 8192), F16, 0))
