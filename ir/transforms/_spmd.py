@@ -124,7 +124,9 @@ class LocalProgram:
     """The per-device program of one shape group, built step by step in a scratch builder."""
 
     def __init__(self, plan: Plan, rep: int) -> None:
-        self.plan, self.rep = plan, rep
+        # what it reads of the plan, not the plan: the plan holds its first local program,
+        # and a cycle would leave both (and every value and step they hold) to the cyclic GC
+        self.n, self.state, self.born, self.rep = plan.n, plan.state, plan.born, rep
         self.b = FunctionBuilder("local")
         self.env: dict[Value, Value] = {}
         self.step_ops: dict[int, Op] = {}
@@ -139,12 +141,12 @@ class LocalProgram:
         if state.kind != "S":
             return t
         shape = list(t.shape)
-        shape[state.dim] = split_sizes(shape[state.dim], self.plan.n)[self.rep]
+        shape[state.dim] = split_sizes(shape[state.dim], self.n)[self.rep]
         return t.with_shape(tuple(shape))
 
     def value(self, key: Value) -> Value:
         if key not in self.env:  # an input, created when its state is known
-            self.env[key] = self.b.input(key.name, self.local_type(key.type, self.plan.state[key]))
+            self.env[key] = self.b.input(key.name, self.local_type(key.type, self.state[key]))
         return self.env[key]
 
     def apply(self, index: int, step: Step) -> tuple[Value, ...]:
@@ -154,8 +156,8 @@ class LocalProgram:
             self.env[dst] = self.b.input(dst.name, self.local_type(dst.type, step.dst))
             return (self.env[dst],)
         op, inputs = step.op, [self.value(k) for k in step.keys]
-        if op in self.plan.born:  # results split though the operands are whole
-            states = [self.plan.born[op]] * len(op.outputs)
+        if op in self.born:  # results split though the operands are whole
+            states = [self.born[op]] * len(op.outputs)
             types = [self.local_type(v.type, s) for v, s in zip(op.outputs, states)]
             outs = localize_op(self.b, op, inputs, self.device, results=types)
             self.step_ops[index] = self.b.ops[-1]
