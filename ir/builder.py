@@ -131,23 +131,38 @@ class FunctionBuilder:
         pipeline stage's microbatches run the same pmap bodies and collectives) types
         each step once. ``like`` must be a verified op (one a builder added).
         """
-        self._check_open()
+        if self._finished:
+            self._check_open()
         if not isinstance(like, Op):
             raise VerifyError(f"add_like copies an Op (one a builder added), got {like!r}")
-        self._check_operands(like.op_type, inputs)
-        same = len(inputs) == len(like.inputs) and all(
-            [v.type is u.type or v.type == u.type for v, u in zip(inputs, like.inputs)]
-        )
+        inputs = tuple(inputs)
+        try:
+            known = self._defined.issuperset(inputs)  # Values only: one C-level pass
+        except TypeError:  # not hashable, so not a Value
+            known = False
+        if not known:
+            self._check_operands(like.op_type, inputs)
+        # the operand types: the same objects, as a repeated step's usually are, else equal
+        same = len(inputs) == len(like.inputs)
+        if same:
+            for v, u in zip(inputs, like.inputs):
+                if v.type is not u.type and v.type != u.type:
+                    same = False
+                    break
         if not same:  # not a repeat after all: the rule decides
             return self.add_op_like(like, inputs, names)
-        if len(names) != len(like.outputs):
+        results = like.outputs
+        if len(names) != len(results):
             raise VerifyError(
-                f"{like.op_type} has {len(like.outputs)} result(s), got {len(names)} names"
+                f"{like.op_type} has {len(results)} result(s), got {len(names)} names"
             )
-        outputs = tuple([Value(n, v.type) for n, v in zip(names, like.outputs)])
+        if len(results) == 1:
+            outputs: tuple[Value, ...] = (Value(names[0], results[0].type),)
+        else:
+            outputs = tuple([Value(n, v.type) for n, v in zip(names, results)])
         op = Op(
             like.op_type,
-            tuple(inputs),
+            inputs,
             outputs,
             like.attributes,
             like.device,
