@@ -149,6 +149,15 @@ class BodySchedule:
         self.nbytes = np.asarray([c[1] for c in costs], dtype=np.float64)
         self._timings: dict[int, BodyTiming] = {}
 
+    def like(self, body: Function, ops: list[Op]) -> BodySchedule:
+        """This schedule for ``body``, whose ops (``ops``, the ones scheduled) have this
+        one's costs, reads and results: the tables and the timings (shared as they are
+        found) are this one's, the body and its ops its own."""
+        twin = object.__new__(BodySchedule)
+        twin.__dict__.update(self.__dict__)
+        twin.body, twin.ops = body, tuple(ops)
+        return twin
+
     def timing(self, model: int, device_index: int) -> BodyTiming:
         """The schedule's timing on device model ``model`` (``device_index`` one of its
         devices: the cost entries hold a duration per device)."""
@@ -271,11 +280,22 @@ class BodySchedule:
         return tuple(segments), outs, end
 
 
-def schedule_of(body: Function, var: str, prepare: Callable[[Op], tuple]) -> BodySchedule | None:
+def schedule_of(
+    body: Function,
+    var: str,
+    prepare: Callable[[Op], tuple],
+    shapes: dict[tuple, BodySchedule] | None = None,
+) -> BodySchedule | None:
     """The schedule of ``body`` (a pmap body over device variable ``var``), or None if it
     does not qualify: every op must be a compute op on ``var`` itself with tensor
     operands and results (``PipelineStage`` markers pass their operand through);
-    anything else (a transfer, a nested pmap, a sub-device, a tuple) is walked."""
+    anything else (a transfer, a nested pmap, a sub-device, a tuple) is walked.
+
+    ``shapes``: the schedules found so far, by shape. A body of the shape of one of them
+    (the same cost entry per op, named by its last element, the cost key: type,
+    attributes, shapes; the same reads, results and outputs) shares its tables and
+    timings (:meth:`BodySchedule.like`): a step's stages of equal layers are timed, and
+    expanded (``ir.sim.expand``), once per shape and device model."""
     on = DeviceVar(var)
     local: dict[Any, int] = {}
     for v in body.inputs:
@@ -310,4 +330,12 @@ def schedule_of(body: Function, var: str, prepare: Callable[[Op], tuple]) -> Bod
     if not ops:
         return None
     outputs = [local[v] for v in body.outputs]
-    return BodySchedule(body, ops, costs, reads, writes, value_bytes, outputs)
+    if shapes is None:
+        return BodySchedule(body, ops, costs, reads, writes, value_bytes, outputs)
+    key = (tuple([c[-1] for c in costs]), tuple(reads), tuple(writes), tuple(outputs))
+    key += (len(body.inputs),)
+    found = shapes.get(key)
+    if found is not None:
+        return found.like(body, ops)
+    found = shapes[key] = BodySchedule(body, ops, costs, reads, writes, value_bytes, outputs)
+    return found

@@ -213,6 +213,9 @@ class Engine(SlotTable):
         self._comm_by_op: dict[tuple, tuple] = {}  # by (op, pmap bindings): pmap bodies
         self._comm_by_types: dict[tuple, list] = {}  # by types: [(attributes, timing)]
         self._schedules: dict[tuple[Function, str], BodySchedule | None] = {}
+        # bodies of one shape (ops alike, wired alike: a stage's layers, every stage of a
+        # model of equal layers) share their schedule's tables (ir.sim.bodies.schedule_of)
+        self._shapes: dict[tuple, BodySchedule] = {}
         self._pmap_plans: dict[tuple, tuple] = {}
 
     # -- entry ----------------------------------------------------------------
@@ -455,7 +458,8 @@ class Engine(SlotTable):
                     found = prepared[op] = self._prepare(op)
                 return found
 
-            self._schedules[key] = schedule_of(body, var, prepare) if self.share_bodies else None
+            found = schedule_of(body, var, prepare, self._shapes) if self.share_bodies else None
+            self._schedules[key] = found
         return self._schedules[key]
 
     def segments(self, app: int) -> tuple[tuple[int, float], ...]:
@@ -579,7 +583,8 @@ class Engine(SlotTable):
                 durations = self._durations(c, dtype)
             else:
                 durations = [measured] * len(self._model_of)
-            cost = (c.flops, nbytes, durations, sizes, self._host_times(c))
+            # the key last: what bodies of equal shape are told apart by (ir.sim.bodies)
+            cost = (c.flops, nbytes, durations, sizes, self._host_times(c), key)
             self._cost_by_types[key] = cost
         sizes = cost[3]
         if len(sizes) == 1 and sizes[0].__class__ is tuple:

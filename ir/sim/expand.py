@@ -17,6 +17,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from ..op import Op
+    from .bodies import BodyTiming
     from .engine import Engine
 
 
@@ -126,9 +127,11 @@ def expand(e: Engine) -> Columns:
         reader = np.repeat(pos, counts)
         np.maximum.at(last, np.asarray(e.use_slots, dtype=np.int64), end[reader])
 
-    groups: dict[tuple, list[int]] = {}
-    for a, key in enumerate(zip(e.app_schedule, e.app_timing)):
-        groups.setdefault(key, []).append(a)  # one numpy pass per body and device model
+    # one numpy pass per body shape and device model: a timing is one schedule's on one
+    # model, shared by the bodies of its shape (BodySchedule.like), whose tables are alike
+    groups: dict[BodyTiming, list[int]] = {}
+    for a, timing in enumerate(e.app_timing):
+        groups.setdefault(timing, []).append(a)
     in_start = np.zeros(len(app_units) + 1, dtype=np.int64)
     np.cumsum([schedule.num_inputs for schedule in e.app_schedule], out=in_start[1:])
     columns = (where, start, end, dur, flops, nbytes, slot_bytes, slot_device, producer, last)
@@ -141,7 +144,9 @@ def expand(e: Engine) -> Columns:
         np.asarray(e.app_first, dtype=np.int64),
     )
     next_slot = n_slots
-    for (schedule, timing), apps in groups.items():
+    schedules = e.app_schedule
+    for timing, apps in groups.items():
+        schedule = schedules[apps[0]]
         next_slot = _expand_group(e, schedule, timing, apps, app_columns, columns, next_slot)
 
     comm_units = np.asarray(e.comm_instances, dtype=np.int64)

@@ -235,3 +235,27 @@ def test_recomputation_and_a_small_device_name_the_same_op_out_of_memory():
     shared, walked = ir.simulate(g, topo), ir.simulate(g, topo, symmetry=False)
     assert any(op is not None for op in walked.oom.values())
     assert_same(shared, walked)
+
+
+@pytest.mark.parametrize(
+    ("model", "dp", "tp", "pp", "m"),
+    [
+        (transforms.training(models.mlp(64, 128, 128, 64, layers=8)), 1, 1, 4, 8),
+        (transforms.training(models.mlp(64, 128, 128, 64, layers=8)), 2, 2, 2, 4),
+        (GPT, 1, 2, 4, 4),
+    ],
+)
+def test_bodies_of_one_shape_share_a_schedule_and_equal_the_walk(model, dp, tp, pp, m):
+    """Stages of equal layers run bodies alike (other ops and values, the same costs and
+    wiring): they share one schedule's tables and timings, each keeping its own ops, so
+    the events still name each stage's own ops, and every figure is the walk's."""
+    g = transforms.megatron(model, dp, tp, pp, m)
+    topo = ir.Topology.preset("a100-hgx", dp * tp * pp)
+    shared = ir.simulate(g, topo)
+    engine = shared._e
+    bodies = {schedule.body for schedule in engine.app_schedule}
+    assert len(set(engine.app_timing)) < len(bodies)
+    for schedule in engine.app_schedule:
+        scheduled = [op for op in schedule.body.ops if op.op_type != "PipelineStage"]
+        assert schedule.ops == tuple(scheduled)
+    assert_same(shared, ir.simulate(g, topo, symmetry=False))
