@@ -218,6 +218,18 @@ class BodySchedule:
                 outs = [free + o for o in timing.out_offsets]
                 return ((0, free),), outs, free + timing.end_offset
         first = self.first_reader
+        if late and all([first[j] == 0 for j in late]):  # a stage's usual wait: op 0's input
+            # what the loop below finds at op 0 (the inputs and the host's issue hold the
+            # stream, whose offset there is 0) when the host then issues no op late
+            base = max([readies[j] for j in late])
+            issued = host + hc[1]
+            if issued > base:
+                base = issued
+            lead = timing.lead(0)
+            slack = 1e-9 * (abs(base) + abs(host) + hc[-1] + timing.end_offset) + 1e-300
+            if not lead or lead[-1] <= base - host - slack:
+                outs = [base + o for o in timing.out_offsets]
+                return ((0, base),), outs, base + timing.end_offset
         n = self.num_ops
         late = sorted((first[j], j) for j in late if first[j] < n)
         i_late = 0
