@@ -272,8 +272,14 @@ class StageEmission(MegatronPlan):
         return [_Run(inputs, results, body, summing)]
 
     def _emit_run(self, step: _Run, s: int, mb: int) -> None:
-        value = self.value
-        operands = [value(k, mb, s) for k in step.inputs] or [self._anchor(s)]
+        # what value() answers, looked up here for the common case (made on this stage)
+        at, home, value = self.at[mb], self.home[mb], self.value
+        operands = []
+        for k in step.inputs:
+            found = at.get(k)
+            operands.append(found if found is not None and home[k] == s else value(k, mb, s))
+        if not operands:
+            operands.append(self._anchor(s))
         acc = self.acc
         operands += [acc[v] for v in step.summing]
         names = [prefix + str(mb) for prefix in step.prefixes]
