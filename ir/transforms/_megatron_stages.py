@@ -206,13 +206,17 @@ class StageEmission(MegatronPlan):
         # exchange before the task (run_exchanges)
         reads = {key: [(it.keys, it.outputs) for it in items] for key, items in self.tasks.items()}
         self._received = received_values(reads, producer, lambda s: s % self.pp)
+        self._producer = producer
         sources = {key: {producer[k] for k in keys} for key, keys in self._received.items()}
         run_exchanges(self.exchange_groups, sources, self._emit_task, self._receive)
 
-    def _receive(self, s: int, mb: int, phase: str) -> None:
-        """Send task ``(s, mb, phase)`` what it reads from other pipeline ranks."""
+    def _receive(self, s: int, mb: int, phase: str, sources: frozenset) -> None:
+        """Send task ``(s, mb, phase)`` what it reads from the tasks ``sources`` on other
+        pipeline ranks."""
+        made_by = self._producer
         for k in self._received[(s, phase)]:
-            self.value(k, mb, s)
+            if made_by[k] in sources:
+                self.value(k, mb, s)
 
     def _emit_task(self, s: int, mb: int, phase: str) -> None:
         # A task's steps are the same for every microbatch but the first (no sums yet)

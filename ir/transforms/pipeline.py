@@ -313,14 +313,18 @@ class _Pipeline:
         tasks = self.tasks.items()
         reads = {key: [(self.keys[op], op.outputs) for op in ops] for key, ops in tasks}
         self.received = received_values(reads, producer_task, lambda s: self.devices[s])
+        self.producer_task = producer_task
         sources = {key: {producer_task[k] for k in keys} for key, keys in self.received.items()}
         run_exchanges(self.groups, sources, self.emit_task, self.receive)
 
-    def receive(self, s: int, m: int, phase: str) -> None:
-        """Send task ``(s, m, phase)`` its inputs made on other devices (run_exchanges)."""
-        dev = self.devices[s]
+    def receive(self, s: int, m: int, phase: str, sources: frozenset) -> None:
+        """Send task ``(s, m, phase)`` its inputs made by ``sources`` on other devices
+        (run_exchanges)."""
+        dev, made_by = self.devices[s], self.producer_task
         for k in self.received[(s, phase)]:
-            self.move.at(self.glob[k] if self.plan.state[k] == R else self.piece(k, m), dev)
+            if made_by[k] in sources:
+                state = self.plan.state[k]
+                self.move.at(self.glob[k] if state == R else self.piece(k, m), dev)
 
 
 def received_values(
@@ -351,54 +355,78 @@ def run_exchanges(
     groups: list[list[list]],
     deps: dict,
     emit: Callable[[int, int, str], None],
-    receive: Callable[[int, int, str], None],
+    receive: Callable[[int, int, str, frozenset], None],
 ) -> None:
     """Call ``emit(stage, microbatch, phase)`` for every task of every device's ``groups``
-    (:func:`device_groups`, in order) and ``receive(stage, microbatch, phase)`` where the
-    task's inputs made on other devices cross over, at the exchanges between groups as
+    (:func:`device_groups`, in order) and ``receive(stage, microbatch, phase, sources)``
+    where the task's inputs made by ``sources`` (task kinds on other devices) cross over.
+
+    From the neighbouring stage (a forward's input from the forward before it, a
+    backward's from the backward after it) they cross at the exchanges between groups as
     Megatron-LM's schedules make them: what a group makes goes out at the exchange after
     it, what a group needs comes in at the exchange before it, and an exchange is one
     meeting of the devices it joins (``batch_isend_irecv`` on each, which returns once
-    every transfer of it is done). So a transfer's place in the step is the same on both
-    of its sides: its sender's exchange after the producer and its receiver's before the
-    consumer (with the hosts synchronising after transfers, a transfer placed after the
-    sender's next group, or before the receiver's previous one, holds that device).
-    ``deps[(stage, phase)]``: the tasks (same microbatch) whose results the task receives
-    from other devices."""
+    every transfer of it is done). So such a transfer's place in the step is the same on
+    both of its sides: its sender's exchange after the producer and its receiver's
+    before the consumer (with the hosts synchronising after transfers, a transfer placed
+    after the sender's next group, or before the receiver's previous one, holds that
+    device). From any other stage (a skip connection past a stage, a MoE model's
+    auxiliary losses summed on the last stage), which no exchange of Megatron-LM's
+    carries, a value is sent once its producer has run, at the receiver's exchange
+    before the consumer: tying it to the sender's exchanges too could ask one device to
+    be at two exchanges at once. ``deps[(stage, phase)]``: the task kinds (same
+    microbatch) whose results the task receives from other devices."""
     where: dict[tuple[int, int, str], tuple[int, int]] = {}  # task -> (device, group)
     for d, device in enumerate(groups):
         for g, group in enumerate(device):
             for task in group:
                 where[task] = (d, g)
-    # each transfer (a task's inputs from other devices) and the exchanges it joins: the
-    # receiver's before the consumer's group, each sender's after the producer's
-    transfers: list[tuple[tuple[int, int, str], set[tuple[int, int]]]] = []
-    joining: dict[tuple[int, int], list[int]] = {}  # exchange -> its transfers
+    # each transfer (a task's inputs from other devices, by source), what it waits for
+    # (devices at exchanges, producers' groups emitted) and the exchanges that wait for it
+    transfers: list[tuple[tuple, frozenset, tuple[tuple[int, int], ...]]] = []
+    joining: dict[tuple[int, int], list[int]] = {}  # exchange -> transfers waiting for it
+    emitted: dict[tuple[int, int], list[int]] = {}  # (device, group) -> transfers waiting
     left: dict[tuple[int, int], int] = {}  # exchange -> its transfers not yet made
+    absent: list[int] = []  # per transfer, what it still waits for
     for task, (d, g) in where.items():
         s, m, phase = task
-        meets = {(d, g)}
-        for s2, ph2 in deps[(s, phase)]:
+        near: set = set()
+        for source in sorted(deps[(s, phase)]):
+            s2, ph2 = source
             d2, g2 = where[(s2, m, ph2)]
-            if d2 != d:
-                meets.add((d2, g2 + 1))
-        if len(meets) == 1:
-            continue
-        for meet in meets:
-            joining.setdefault(meet, []).append(len(transfers))
-            left[meet] = left.get(meet, 0) + 1
-        transfers.append((task, meets))
-    absent = [len(meets) for _, meets in transfers]  # devices not yet at its exchanges
-    ready: deque[int] = deque()  # transfers whose devices have all come to their exchanges
+            if d2 == d:
+                continue
+            if (s2, ph2) == ((s - 1, "F") if phase == "F" else (s + 1, "B")):
+                near.add(source)
+                continue
+            u = len(transfers)  # from afar: once made, at the receiver's exchange
+            transfers.append((task, frozenset([source]), ((d, g),)))
+            joining.setdefault((d, g), []).append(u)
+            emitted.setdefault((d2, g2), []).append(u)
+            absent.append(2)
+            left[(d, g)] = left.get((d, g), 0) + 1
+        if near:
+            meets = {(d, g)} | {(where[(s2, m, ph2)][0], where[(s2, m, ph2)][1] + 1)
+                                for s2, ph2 in near}  # fmt: skip
+            u = len(transfers)
+            transfers.append((task, frozenset(near), tuple(meets)))
+            for meet in meets:
+                joining.setdefault(meet, []).append(u)
+                left[meet] = left.get(meet, 0) + 1
+            absent.append(len(meets))
+    ready: deque[int] = deque()  # transfers with nothing left to wait for
     free: deque[int] = deque()  # devices at an exchange with no transfer left to make
     at = [0] * len(groups)  # each device's next group: it is at the exchange before it
 
-    def arrive(d: int) -> None:
-        meet = (d, at[d])
-        for u in joining.get(meet, ()):
+    def met(waiting: list[int]) -> None:
+        for u in waiting:
             absent[u] -= 1
             if not absent[u]:
                 ready.append(u)
+
+    def arrive(d: int) -> None:
+        meet = (d, at[d])
+        met(joining.get(meet, ()))
         if not left.get(meet):
             free.append(d)
 
@@ -406,8 +434,8 @@ def run_exchanges(
         arrive(d)
     while ready or free:
         if ready:
-            task, meets = transfers[ready.popleft()]
-            receive(*task)
+            task, sources, meets = transfers[ready.popleft()]
+            receive(*task, sources)
             for meet in meets:
                 left[meet] -= 1
                 if not left[meet]:
@@ -417,10 +445,17 @@ def run_exchanges(
         if at[d] < len(groups[d]):
             for task in groups[d][at[d]]:
                 emit(*task)
+            met(emitted.get((d, at[d]), ()))
             at[d] += 1
             arrive(d)
-    if any(at[d] < len(device) for d, device in enumerate(groups)) or any(left.values()):
-        raise TransformError("the pipeline schedule deadlocks (its exchanges never meet)")
+    stuck = [d for d, device in enumerate(groups) if at[d] < len(device)]
+    if stuck or any(left.values()):
+        waiting = [transfers[u][0] for u in range(len(transfers)) if absent[u]]
+        raise TransformError(
+            f"the pipeline schedule deadlocks: device(s) {stuck} never reach their next "
+            f"exchange; the transfers still waiting are for the tasks (stage, microbatch, "
+            f"phase) {waiting[:4]}{' ...' if len(waiting) > 4 else ''}"
+        )
 
 
 def pipeline_parallel(
