@@ -24,7 +24,7 @@ from ._megatron_piece import copy_op
 from ._megatron_plan import VAR, Item, MegatronPlan, level
 from ._rewrite import TransformError
 from ._spmd import P, R, Shard
-from .pipeline import received_values, run_exchanges
+from .pipeline import exchange_values
 
 
 class StageEmission(MegatronPlan):
@@ -205,18 +205,12 @@ class StageEmission(MegatronPlan):
         # per task kind: what it reads from another pipeline rank, received at the
         # exchange before the task (run_exchanges)
         reads = {key: [(it.keys, it.outputs) for it in items] for key, items in self.tasks.items()}
-        self._received = received_values(reads, producer, lambda s: s % self.pp)
-        self._producer = producer
-        sources = {key: {producer[k] for k in keys} for key, keys in self._received.items()}
-        run_exchanges(self.exchange_groups, sources, self._emit_task, self._receive)
+        groups, pp = self.exchange_groups, self.pp  # stage s runs on pipeline rank s % pp
+        exchange_values(groups, reads, producer, lambda s: s % pp, self._emit_task, self._send)
 
-    def _receive(self, s: int, mb: int, phase: str, sources: frozenset) -> None:
-        """Send task ``(s, mb, phase)`` what it reads from the tasks ``sources`` on other
-        pipeline ranks."""
-        made_by = self._producer
-        for k in self._received[(s, phase)]:
-            if made_by[k] in sources:
-                self.value(k, mb, s)
+    def _send(self, k: Value, s: int, mb: int) -> None:
+        """Send ``k`` (of microbatch ``mb``) to stage ``s`` (exchange_values)."""
+        self.value(k, mb, s)
 
     def _emit_task(self, s: int, mb: int, phase: str) -> None:
         # A task's steps are the same for every microbatch but the first (no sums yet)

@@ -312,19 +312,12 @@ class _Pipeline:
                     producer_task[v] = (s, ph)
         tasks = self.tasks.items()
         reads = {key: [(self.keys[op], op.outputs) for op in ops] for key, ops in tasks}
-        self.received = received_values(reads, producer_task, lambda s: self.devices[s])
-        self.producer_task = producer_task
-        sources = {key: {producer_task[k] for k in keys} for key, keys in self.received.items()}
-        run_exchanges(self.groups, sources, self.emit_task, self.receive)
+        device = self.devices.__getitem__
+        exchange_values(self.groups, reads, producer_task, device, self.emit_task, self.send)
 
-    def receive(self, s: int, m: int, phase: str, sources: frozenset) -> None:
-        """Send task ``(s, m, phase)`` its inputs made by ``sources`` on other devices
-        (run_exchanges)."""
-        dev, made_by = self.devices[s], self.producer_task
-        for k in self.received[(s, phase)]:
-            if made_by[k] in sources:
-                state = self.plan.state[k]
-                self.move.at(self.glob[k] if state == R else self.piece(k, m), dev)
+    def send(self, k: Value, s: int, m: int) -> None:
+        """Send ``k`` (microbatch ``m``'s piece, or the whole value) to stage ``s``'s device."""
+        self.move.at(self.glob[k] if self.plan.state[k] == R else self.piece(k, m), self.devices[s])
 
 
 def received_values(
@@ -349,6 +342,28 @@ def received_values(
         before = set(out.get((s, "F"), ())) if phase == "B" else set()
         out[(s, phase)] = [k for k in keys if k not in before]
     return out
+
+
+def exchange_values(
+    groups: list[list[list]],
+    reads: Mapping[tuple[int, str], Sequence[tuple[Sequence[Value], Sequence[Value]]]],
+    producer: Mapping[Value, tuple[int, str]],
+    device: Callable[[int], Any],
+    emit: Callable[[int, int, str], None],
+    send: Callable[[Value, int, int], None],
+) -> None:
+    """A pipeline's tasks and transfers in order: :func:`run_exchanges` over the values
+    each task kind receives (:func:`received_values`), ``send(value, stage, microbatch)``
+    for each value where it crosses."""
+    received = received_values(reads, producer, device)
+
+    def receive(s: int, m: int, phase: str, sources: frozenset) -> None:
+        for k in received[(s, phase)]:
+            if producer[k] in sources:
+                send(k, s, m)
+
+    deps = {key: {producer[k] for k in keys} for key, keys in received.items()}
+    run_exchanges(groups, deps, emit, receive)
 
 
 def run_exchanges(
@@ -390,14 +405,15 @@ def run_exchanges(
     absent: list[int] = []  # per transfer, what it still waits for
     for task, (d, g) in where.items():
         s, m, phase = task
-        near: set = set()
+        neighbour = (s - 1, "F") if phase == "F" else (s + 1, "B")
+        near: dict[tuple[int, str], tuple[int, int]] = {}  # source -> its exchange after it
         for source in sorted(deps[(s, phase)]):
             s2, ph2 = source
             d2, g2 = where[(s2, m, ph2)]
             if d2 == d:
                 continue
-            if (s2, ph2) == ((s - 1, "F") if phase == "F" else (s + 1, "B")):
-                near.add(source)
+            if source == neighbour:
+                near[source] = (d2, g2 + 1)
                 continue
             u = len(transfers)  # from afar: once made, at the receiver's exchange
             transfers.append((task, frozenset([source]), ((d, g),)))
@@ -406,8 +422,7 @@ def run_exchanges(
             absent.append(2)
             left[(d, g)] = left.get((d, g), 0) + 1
         if near:
-            meets = {(d, g)} | {(where[(s2, m, ph2)][0], where[(s2, m, ph2)][1] + 1)
-                                for s2, ph2 in near}  # fmt: skip
+            meets = {(d, g), *near.values()}
             u = len(transfers)
             transfers.append((task, frozenset(near), tuple(meets)))
             for meet in meets:
