@@ -1,7 +1,8 @@
 """Strategy search speed: the 35-strategy grid, GPT-3 at scale, and a space of 110,880.
 
-    python benchmarks/bench_search.py [--repeat 3] [--skip-gpt3] [--skip-space]
-                                      [--gpt3-microbatches 64] [--gpt3-dp 16 256]
+    python benchmarks/bench_search.py [--repeat 3] [--workers 2] [--skip-gpt3]
+                                      [--skip-space] [--gpt3-microbatches 64]
+                                      [--gpt3-dp 16 256]
 
 1. The 35 strategies of a 16-layer MLP (hidden 8192, batch 8192) on 16 A100s: every
    power-of-two dp x tp x pp, microbatches in {2, 8, 32} when pp > 1. Figures, best of
@@ -15,7 +16,11 @@
      (``symmetry=False``);
    * ``ir.search.search`` end to end over the same 35, simulating all of them
      (``simulate="all"``) and in two tiers (``simulate="front"``: estimated, the event
-     simulation on those that can reach the front), with how many it simulated.
+     simulation on those that can reach the front), with how many it simulated;
+   * the same two searches on a ``ProcessPoolExecutor`` of ``--workers`` processes
+     (started before the clock): each job a batch of strategies that share analyses,
+     built with one set of shared plans (wall clock only: the workers' CPU time is not
+     this process's).
 2. A GPT-3 175B-shaped model (96 layers, hidden 12288, 96 heads, sequence 2048, vocab
    51200, bfloat16, Adam) at tp 8 x pp 8 and ``--gpt3-microbatches`` microbatches of
    one sequence, on 1,024 and 16,384 ``a100-hgx`` GPUs (dp 16 and 256): model, build,
@@ -38,6 +43,7 @@ import json
 import subprocess
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 
 import ir
 from ir import models, transforms
@@ -71,7 +77,7 @@ def _best(repeat: int, run) -> tuple[float, float, object]:
     return wall, cpu, out
 
 
-def bench_grid(repeat: int) -> None:
+def bench_grid(repeat: int, workers: int) -> None:
     t = transforms.training(MLP)
     topology = ir.Topology.preset("a100-hgx", 16)
     space = mlp_strategies()
@@ -129,6 +135,15 @@ def bench_grid(repeat: int) -> None:
         ("search, simulate='all'", *_best(repeat, searched("all"))),
         ("search, two tiers ('front')", *_best(repeat, searched("front"))),
     ]
+    with ProcessPoolExecutor(workers) as pool:
+        list(pool.map(abs, range(workers)))  # the workers started (and ir imported) first
+        for mode in ("all", "front"):
+
+            def spread(mode=mode):
+                return ir.search.search(MLP, topology, simulate=mode, executor=pool, **knobs)
+
+            label = f"search, {mode!r}, {workers} processes"
+            rows.append((label, *_best(repeat, spread)))
     print(f"35 strategies of a 16-layer MLP (hidden 8192) on 16 A100s (best of {repeat}):")
     for label, wall, cpu, out in rows:
         n = 35
@@ -144,14 +159,17 @@ def bench_grid(repeat: int) -> None:
                 if (r.strategy.dp, r.strategy.tp, r.strategy.pp, r.strategy.microbatches) in grid
             ]
             pruned = sum(r.status == "pruned" for r in out.rows)
+            rate = f"{len(ran) / cpu:.1f} simulated/s of CPU"
+            if "processes" in label:  # this process's CPU time leaves out the workers'
+                rate = f"{len(ran) / wall:.1f} simulated/s of wall time"
             extra = (
                 f"; {len(mine)} of the 35 simulated, and {len(ran) - len(mine)} more outside "
-                f"the grid ({len(ran) / cpu:.1f} simulated/s of CPU), {pruned} pruned"
+                f"the grid ({rate}), {pruned} pruned"
             )
-        print(
-            f"  {label:<38}: {n / wall:6.1f} strategies/s ({wall:.2f} s; "
-            f"CPU {cpu:.2f} s: {n / cpu:.1f}/s){extra}"
-        )
+        cpu_part = f"CPU {cpu:.2f} s: {n / cpu:.1f}/s"
+        if "processes" in label:
+            cpu_part = "the workers' CPU not counted"
+        print(f"  {label:<38}: {n / wall:6.1f} strategies/s ({wall:.2f} s; {cpu_part}){extra}")
 
 
 def gpt3(dp: int, microbatches: int) -> dict[str, float]:
@@ -312,6 +330,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="passes; the best is shown")
     parser.add_argument("--gpt3-microbatches", type=int, default=64)
     parser.add_argument("--gpt3-dp", type=int, nargs="*", default=[16, 256])
+    parser.add_argument(
+        "--workers", type=int, default=2, help="processes of the grid's executor searches"
+    )
     parser.add_argument("--skip-gpt3", action="store_true")
     parser.add_argument("--skip-space", action="store_true")
     parser.add_argument(
@@ -326,7 +347,7 @@ def main() -> None:
     if args.only_full_search:
         bench_full_search()
         return
-    bench_grid(args.repeat)
+    bench_grid(args.repeat, args.workers)
     if not args.skip_gpt3:
         m = args.gpt3_microbatches
         print(f"GPT-3 175B shape, tp8 x pp8, {m} microbatches of 1 (a process each):")

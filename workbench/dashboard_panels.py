@@ -23,7 +23,7 @@ from widgets.chart import Chart
 
 from .measuring import MeasuredRun
 from .session import SCHEDULES, Derived, Session, SessionError, Strategy
-from .tasks import Steps, Task
+from .tasks import Task
 
 if TYPE_CHECKING:
     from .dashboard import Workbench
@@ -212,10 +212,9 @@ class ReadyTransformsPanel:
 
     def start_search(self, **space: Any) -> Task:
         """What the "Search all" button does: the search as a task of the kernel, its
-        progress (strategies simulated of all to simulate) on the activity line, the chart
+        progress (strategies decided of all the space's not pruned) on the activity line, the chart
         redrawn as rows come in, and a Cancel button that stops it with the rows it has
         (the rest marked cancelled)."""
-        steps = Steps(lambda done, total: self.activity.step(done, total))
 
         def done(result: SearchResult | None, error: BaseException | None) -> None:
             if isinstance(error, DistIRError):
@@ -226,9 +225,10 @@ class ReadyTransformsPanel:
                 raise error
             self._show_search(result)
 
-        return self.activity.run(
-            "searching strategies…", lambda: self._search(executor=steps, **space), done
-        )
+        def work() -> SearchResult:
+            return self._search(progress=self.activity.step, **space)
+
+        return self.activity.run("searching strategies…", work, done)
 
     def _search(self, **space: Any) -> SearchResult:
         space.setdefault("progress", False)

@@ -20,15 +20,15 @@ from __future__ import annotations
 import html
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import ipywidgets as w
 
-from ir.interrupt import cancellable, check
+from ir.interrupt import cancellable
 
-__all__ = ["Activity", "Steps", "Task"]
+__all__ = ["Activity", "Task"]
 
 SPINNER_CSS = (
     "<style>.distir-spin{display:inline-block;width:12px;height:12px;margin-right:6px;"
@@ -85,45 +85,6 @@ class Task:
         except BaseException as e:  # reported to done(), which shows it
             self.error = e
         self._done(self.result, self.error)
-
-
-class Steps:
-    """An executor for ``ir.search.search`` (``submit(fn, *args)``) that runs each job when
-    its result is asked for, in this thread, and calls ``on_step(done, total)`` after each:
-    the search's progress, in the dashboard's bar."""
-
-    def __init__(self, on_step: Callable[[int, int], None]) -> None:
-        self.on_step = on_step
-        self.total = 0
-        self.done = 0
-
-    def submit(self, fn: Callable[..., Any], *args: Any) -> _Later:
-        self.total += 1
-        return _Later(self, fn, args)
-
-
-class _Later:
-    """A job of :class:`Steps`: run by its first ``result()``."""
-
-    _NOT_RUN: Any = object()
-
-    def __init__(self, owner: Steps, fn: Callable[..., Any], args: Sequence[Any]) -> None:
-        self.owner, self.fn, self.args = owner, fn, args
-        self.value: Any = self._NOT_RUN
-
-    def result(self) -> Any:
-        if self.value is self._NOT_RUN:
-            check()  # a Cancel stops the search before the next strategy
-            self.value = self.fn(*self.args)
-            self.owner.done += 1
-            self.owner.on_step(self.owner.done, self.owner.total)
-        return self.value
-
-    def done(self) -> bool:
-        return self.value is not self._NOT_RUN
-
-    def cancel(self) -> bool:
-        return not self.done()
 
 
 class Activity(w.HBox):

@@ -29,6 +29,8 @@ others ``"cancelled"``.
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
@@ -63,7 +65,7 @@ def search(
     ep: Iterable[int] | int = (1,),
     cp: Iterable[int] | int = (1,),
     simulate: str = "front",
-    progress: bool = True,
+    progress: bool | Callable[[int, int], None] = True,
     executor: Any = None,
     on_row: Callable[[Row], None] | None = None,
 ) -> SearchResult:
@@ -77,11 +79,16 @@ def search(
     ``simulate``: ``"front"`` (two tiers: every strategy estimated in closed form, the
     event simulation on those that can reach the Pareto front; :mod:`ir.search.tiers`)
     or ``"all"`` (every strategy simulated). The front is the same either way.
+    ``progress``: a bar (tqdm) of the strategies decided, or a callable given
+    ``(decided, total)`` after each (a dashboard's own bar).
     ``executor``: where the strategies are built and simulated: ``None`` here, one after
     another; or anything with ``submit(fn, *args)`` returning futures with
     ``result()``: a ``concurrent.futures.ProcessPoolExecutor``, or a
     ``dask.distributed.Client`` when the work outgrows one machine (programs and
-    topologies pickle). The rows are the same either way, in the space's order.
+    topologies pickle). Each job is a batch of strategies that share analyses (the same
+    batch pieces, stages and tensor degree side by side), built with one set of shared
+    plans, a few batches per worker. The rows are the same either way, in the space's
+    order.
     ``on_row``: called with each row as it is decided (a dashboard draws the front as it
     grows); :func:`search_rows` yields them instead.
     Returns a :class:`SearchResult` (``.rows``, ``.pareto()``, ``.best()``, CSV).
@@ -122,7 +129,7 @@ def search_rows(
     ep: Iterable[int] | int = (1,),
     cp: Iterable[int] | int = (1,),
     simulate: str = "front",
-    progress: bool = False,
+    progress: bool | Callable[[int, int], None] = False,
     executor: Any = None,
 ) -> Iterator[Row]:
     """:func:`search`'s rows one by one as they are decided (pruned ones first, then the
@@ -207,22 +214,40 @@ def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> It
     args, shared = request[2:8], request[8]
     submit = None
     if executor is not None:
-        submit = lambda s: executor.submit(_simulate, s, *args)  # noqa: E731
+        submit = lambda ss: executor.submit(_simulate_batch, ss, *args)  # noqa: E731
     capacity = min(d.memory_bytes for d in topology.devices)
-    bar = tqdm(total=len(todo), desc="searching strategies", disable=not progress)
+    report = progress if callable(progress) else None
+    bar = tqdm(total=len(todo), desc="searching strategies", disable=report or not progress)
     with bar:
-        for row in decide(
-            todo,
-            lambda s: _simulate(s, *args, shared),
-            lambda: Estimator(t, topology, batch, todo, shared),
-            capacity,
-            simulate,
-            submit,
-            wave=8,
+        for done, row in enumerate(
+            decide(
+                todo,
+                lambda s: _simulate(s, *args, shared),
+                lambda: Estimator(t, topology, batch, todo, shared),
+                capacity,
+                simulate,
+                submit,
+                _workers(executor),
+            ),
+            1,
         ):
             bar.update()
+            if report is not None:
+                report(done, len(todo))
             yield row
             check()  # a dashboard's Cancel: stop between strategies
+
+
+def _workers(executor: Any) -> int:
+    """How many strategies ``executor`` runs at once: a dask Client's threads, a
+    ``concurrent.futures`` pool's workers, else this machine's cores."""
+    if executor is None:
+        return 1
+    threads = getattr(executor, "nthreads", None)
+    if callable(threads):  # dask.distributed.Client
+        with contextlib.suppress(Exception):
+            return max(1, sum(threads().values()))
+    return max(1, getattr(executor, "_max_workers", None) or os.cpu_count() or 1)
 
 
 def _check_request(
@@ -330,6 +355,24 @@ def _simulate(
         exposed_comm_s=exposed,
         bubble=bubble,
     )
+
+
+def _simulate_batch(
+    strategies: list[Strategy],
+    t: Function,
+    topology: Topology,
+    batch: int,
+    tokens: int,
+    model_flops: float,
+    peak_flops: float,
+) -> list[Row]:
+    """The rows of a batch of strategies (:func:`ir.search.tiers.batches`), built with one
+    :class:`SharedPlans`: what an executor's worker runs."""
+    shared = SharedPlans()
+    return [
+        _simulate(s, t, topology, batch, tokens, model_flops, peak_flops, shared)
+        for s in strategies
+    ]
 
 
 def _batch(t: Function) -> int:

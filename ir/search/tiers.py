@@ -60,22 +60,24 @@ def decide(
     estimator: Callable[[], Estimator],
     capacity_bytes: float,
     mode: str = "front",
-    submit: Callable[[Strategy], Any] | None = None,
-    wave: int = 1,
+    submit: Callable[[list[Strategy]], Any] | None = None,
+    workers: int = 1,
 ) -> Iterator[Row]:
     """Yield one row per strategy of ``todo``, as each is decided (see the module doc).
 
     ``simulate_one`` simulates a strategy into its row; ``submit`` (with an executor) gives
-    a future of that row instead, ``wave`` of them in flight at once."""
+    a future of the rows of a batch of strategies instead (:func:`batches`: those that
+    share analyses together, ``workers`` batches at once in the two-tier mode)."""
     if mode == "all":
-        yield from _all(todo, simulate_one, submit)
+        yield from _all(todo, simulate_one, submit, workers)
         return
     est = estimator().estimate(todo)
     time_margin, memory_margin = TIME_MARGIN, MEMORY_MARGIN
     known = est.known
     order = np.argsort(np.where(known, est.step_time_s, 0.0), kind="stable")
     front = Front()
-    pending: list[tuple[int, Any]] = []
+    wave = max(8, 2 * workers)  # strategies in flight at once on an executor
+    pending: list[tuple[int, Strategy]] = []
 
     def finish(i: int, row: Row) -> Row:
         nonlocal time_margin, memory_margin
@@ -126,54 +128,90 @@ def decide(
         if submit is None:
             yield finish(i, simulate_one(s))
             continue
-        pending.append((i, submit(s)))
+        pending.append((i, s))
         if len(pending) >= wave:
-            yield from _collect(pending, finish)
+            yield from _spread(pending, submit, workers, finish)
             pending = []
+    if pending:
+        yield from _spread(pending, submit, workers, finish)
+
+
+def shares(s: Strategy) -> tuple:
+    """What decides the analyses a strategy's build shares with others
+    (:class:`~ir.search.space.SharedPlans`): the recomputation, the batch pieces, the
+    stages, the tensor degree."""
+    return (s.recompute, s.dp * s.microbatches, s.pp * s.chunks, s.tp)
+
+
+def batches(items: Sequence[tuple[int, Strategy]], count: int) -> list[list[tuple[int, Strategy]]]:
+    """``items`` (index, strategy) in at most ``count`` batches of nearly equal size, the
+    strategies that share analyses (:func:`shares`) side by side: an executor's worker
+    builds a batch with one :class:`~ir.search.space.SharedPlans`."""
+    ordered = sorted(items, key=lambda item: shares(item[1]))
+    size = -(-len(ordered) // max(1, count))
+    return [ordered[k : k + size] for k in range(0, len(ordered), size)]
+
+
+Batch = tuple[list[int], Any]  # the indices of a batch's strategies, the future of its rows
+
+
+def _spread(
+    items: Sequence[tuple[int, Strategy]],
+    submit: Callable[[list[Strategy]], Any],
+    count: int,
+    finish: Callable[[int, Row], Row],
+) -> Iterator[Row]:
+    """The rows of ``items`` simulated on the executor in ``count`` batches, as each batch
+    finishes in order; interrupted (while submitting or waiting), the rows of the batches
+    that finished, the others cancelled."""
+    pending: list[Batch] = []
+    try:
+        for batch in batches(items, count):
+            pending.append(([i for i, _ in batch], submit([s for _, s in batch])))
+    except KeyboardInterrupt:
+        yield from _finished(pending, finish)
+        raise
     yield from _collect(pending, finish)
 
 
-def _collect(pending: list[tuple[int, Any]], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
-    """The rows of ``pending`` futures in order; interrupted, the unfinished are cancelled."""
+def _collect(pending: list[Batch], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
+    """The rows of ``pending`` batches in order; interrupted, the unfinished are cancelled."""
     done = 0
     try:
-        for j, future in pending:
-            row = future.result()
+        for indices, future in pending:
+            rows = future.result()
             done += 1
-            yield finish(j, row)
+            for j, row in zip(indices, rows, strict=True):
+                yield finish(j, row)
     except KeyboardInterrupt:
         yield from _finished(pending[done:], finish)
         raise
 
 
-def _finished(pending: list[tuple[int, Any]], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
-    """After an interrupt: the rows of the futures that finished (without waiting); the
+def _finished(pending: list[Batch], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
+    """After an interrupt: the rows of the batches that finished (without waiting); the
     others cancelled."""
-    for j, future in pending:
+    for indices, future in pending:
         if not future.done():
             future.cancel()
             continue
         try:
-            row = future.result()
+            rows = future.result()
         except (Exception, KeyboardInterrupt):  # its worker interrupted, or lost
             continue
-        yield finish(j, row)
+        for j, row in zip(indices, rows, strict=True):
+            yield finish(j, row)
 
 
 def _all(
     todo: Sequence[Strategy],
     simulate_one: Callable[[Strategy], Row],
-    submit: Callable[[Strategy], Any] | None,
+    submit: Callable[[list[Strategy]], Any] | None,
+    workers: int,
 ) -> Iterator[Row]:
     if submit is None:
         for s in todo:
             yield simulate_one(s)
         return
-    pending: list[tuple[int, Any]] = []
-    try:
-        for s in todo:
-            pending.append((0, submit(s)))
-    except KeyboardInterrupt:  # while submitting: what finished, the rest cancelled
-        yield from _finished(pending, lambda _, row: row)
-        raise
-    yield from _collect(pending, lambda _, row: row)
+    # a few batches per worker: the work stays balanced while each shares its analyses
+    yield from _spread(list(enumerate(todo)), submit, 4 * workers, lambda _, row: row)

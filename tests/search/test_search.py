@@ -258,55 +258,94 @@ class _Future:
 
 
 class _InterruptedExecutor:
-    """Runs the first two strategies, is interrupted waiting for the third (the user's
-    Ctrl-C), whose worker was interrupted too; the rest never started."""
+    """One worker's executor: runs the first two batches of strategies, is interrupted
+    waiting for the third (the user's Ctrl-C), whose worker was interrupted too; the rest
+    never started."""
+
+    _max_workers = 1  # as a concurrent.futures pool says it: the search makes 4 batches
 
     def __init__(self, while_submitting: bool = False) -> None:
         self.futures: list[_Future] = []
+        self.batches: list[list[Strategy]] = []
         self.while_submitting = while_submitting  # Ctrl-C while the third is submitted
 
-    def submit(self, fn, s, *args):
+    def submit(self, fn, batch, *args):
         n = len(self.futures)
         if n == 2 and self.while_submitting:
             raise KeyboardInterrupt
         if n < 2:
-            future = _Future(fn(s, *args))
+            future = _Future(fn(batch, *args))
         elif n == 2:
             future = _Future(KeyboardInterrupt())
         else:
             future = _Future(None, done=False)
         self.futures.append(future)
+        self.batches.append(list(batch))
         return future
 
 
 def test_an_interrupted_search_on_an_executor_keeps_what_finished_and_cancels_the_rest():
-    space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1]}
-    executor = _InterruptedExecutor(while_submitting=True)
+    space = {"dp": [1, 2, 4], "tp": [1, 2], "microbatches": [1, 2]}
+    topology = ir.Topology.preset("a100-hgx", 4)
+    for while_submitting in (True, False):
+        executor = _InterruptedExecutor(while_submitting)
+        result = search(GPT, topology, progress=False, executor=executor, simulate="all", **space)
+        built = [r for r in result.rows if r.status != "pruned"]
+        assert len(built) >= 8 and all(len(b) >= 2 for b in executor.batches[:2])
+        finished = {s for b in executor.batches[:2] for s in b}
+        assert len(executor.futures) == (2 if while_submitting else 4)
+        assert all(r.ok for r in built if r.strategy in finished)
+        assert all(r.status == "cancelled" for r in built if r.strategy not in finished)
+        assert not any(f.cancelled for f in executor.futures[:3])
+        assert all(f.cancelled for f in executor.futures[3:])
+
+
+class _Recording:
+    """An executor of two workers that runs each job at once, here, and keeps its batch."""
+
+    _max_workers = 2
+
+    def __init__(self) -> None:
+        self.batches: list[list[Strategy]] = []
+
+    def submit(self, fn, batch, *args):
+        self.batches.append(list(batch))
+        return _Future(fn(batch, *args))
+
+
+@pytest.mark.parametrize("mode", ["all", "front"])
+def test_an_executor_runs_batches_of_strategies_that_share_analyses(mode) -> None:
+    from ir.search.tiers import shares
+
+    space = {"dp": [1, 2, 4], "tp": [1, 2, 4], "microbatches": [1, 2, 4, 8]}
+    topology = ir.Topology.preset("a100-hgx", 8)
+    serial = search(GPT, topology, progress=False, simulate=mode, **space)
+    executor = _Recording()
+    spread = search(GPT, topology, progress=False, simulate=mode, executor=executor, **space)
+    assert [r.as_record() for r in spread.rows] == [r.as_record() for r in serial.rows]
+    simulated = [s for b in executor.batches for s in b]
+    assert sorted(map(str, simulated)) == sorted(
+        str(r.strategy) for r in serial.rows if r.status not in ("pruned", "estimated")
+    )
+    assert len(executor.batches) < len(simulated)  # jobs of several strategies
+    for batch in executor.batches:  # those that share analyses side by side
+        keys = [shares(s) for s in batch]
+        assert keys == sorted(keys)
+    if mode == "all":  # a few batches per worker, of nearly equal size
+        assert len(executor.batches) <= 8
+        assert max(map(len, executor.batches)) - min(map(len, executor.batches[:-1])) <= 0
+
+
+def test_progress_can_be_a_callable_given_decided_and_total() -> None:
+    seen: list[tuple[int, int]] = []
     result = search(
         GPT,
         ir.Topology.preset("a100-hgx", 4),
-        progress=False,
-        executor=executor,
-        simulate="all",
-        **space,
+        progress=lambda done, total: seen.append((done, total)),
+        microbatches=[1, 2],
     )
-    built = [r for r in result.rows if r.status != "pruned"]
-    assert len(executor.futures) == 2 and len(built) > 3
-    assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
-    executor = _InterruptedExecutor()
-    result = search(
-        GPT,
-        ir.Topology.preset("a100-hgx", 4),
-        progress=False,
-        executor=executor,
-        simulate="all",
-        **space,
-    )
-    built = [r for r in result.rows if r.status != "pruned"]
-    assert len(built) == len(executor.futures) > 3
-    assert [r.status for r in built] == ["ok", "ok"] + ["cancelled"] * (len(built) - 2)
-    assert not any(f.cancelled for f in executor.futures[:3])
-    assert all(f.cancelled for f in executor.futures[3:])
+    decided = [r for r in result.rows if r.status != "pruned"]
+    assert seen == [(k, len(decided)) for k in range(1, len(decided) + 1)]
 
 
 def test_tensor_parallelism_past_the_heads_is_pruned_with_the_reason() -> None:
