@@ -77,8 +77,11 @@ def search(
     batch you want; a mismatch is an error rather than a silent resize).
     The other keywords narrow or widen the space (see :func:`strategies`).
     ``simulate``: ``"front"`` (two tiers: every strategy estimated in closed form, the
-    event simulation on those that can reach the Pareto front; :mod:`ir.search.tiers`)
-    or ``"all"`` (every strategy simulated). The front is the same either way.
+    event simulation on those that can reach the Pareto front; :mod:`ir.search.tiers`),
+    ``"fastest"`` (two tiers, simulating only those that could be the fastest strategy
+    that fits: ``best()`` is the same, the rest of the front is left estimated) or
+    ``"all"`` (every strategy simulated). The front is the same with ``"front"`` and
+    ``"all"``.
     ``progress``: a bar (tqdm) of the strategies decided, or a callable given
     ``(decided, total)`` after each (a dashboard's own bar).
     ``executor``: where the strategies are built and simulated: ``None`` here, one after

@@ -103,6 +103,28 @@ def test_the_two_tier_front_is_the_front_of_simulating_everything(exhaustive) ->
             assert r.error and not math.isnan(r.estimated_step_time_s)
 
 
+def test_the_fastest_mode_finds_the_fastest_of_simulating_everything(exhaustive) -> None:
+    name, _, full, topology = exhaustive
+    model, optimizer = CASES[name]
+    fastest = search(
+        model, topology, optimizer=optimizer, progress=False, simulate="fastest", **KNOBS
+    )
+    front = search(model, topology, optimizer=optimizer, progress=False, **KNOBS)
+    best, truth = fastest.best(), full.best()
+    assert (best.strategy, best.step_time_s, best.peak_memory_bytes) == (
+        truth.strategy,
+        truth.step_time_s,
+        truth.peak_memory_bytes,
+    )
+
+    def simulated(result):
+        return sum(r.status in ("ok", "over capacity") for r in result.rows)
+
+    assert simulated(fastest) < simulated(front)  # the front's slower, leaner points not
+    left = [r for r in fastest.rows if r.status == "estimated"]
+    assert left and all("faster" in r.error or "GiB" in r.error for r in left)
+
+
 def test_rows_stream_in_the_order_the_search_decides_them() -> None:
     model, optimizer = CASES["mlp"]
     topology = ir.Topology.preset("a100-hgx", 4)
