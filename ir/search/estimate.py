@@ -25,7 +25,8 @@ then composes them in closed form:
   keeps their results out of the saved activations;
 * memory: weights, their gradient sums and optimizer state (ZeRO splits the state, and
   with stage 2 the gradients), the activations a microbatch saves for its backward times
-  the microbatches in flight (1F1B: the ranks after it, at most ``m``; GPipe: ``m``), what
+  the microbatches in flight (1F1B: the ranks after it, at most ``m``; GPipe: ``m``;
+  where no forward follows the first backward, the sums meet one microbatch fewer), what
   the step returns of every microbatch (a model's logits: live to the step's end, ``m``
   of them), and the largest op's results. Ops only the tensor-split step has (a
   vocabulary-parallel embedding and loss) are scaled from their own analyses at twice
@@ -60,7 +61,7 @@ from .space import SharedPlans, Strategy
 #: the busiest device's compute (:func:`optimistic_step_s`), the peak memory's to the
 #: whole peak.
 TIME_MARGIN = 0.75
-MEMORY_MARGIN = 0.35
+MEMORY_MARGIN = 0.15
 
 
 def optimistic_step_s(step_s: Any, busy_s: Any, margin: float) -> Any:
@@ -556,10 +557,22 @@ class Estimator:
             flight = np.minimum(m[col] * v, 2 * (pp - ranks - 1) + (v - 1) * pp + 1)
         st_m = st / np.where(zero > 0, dp, 1.0)[col]
         g_m = w / np.where(zero == 2, dp, 1.0)[col]
-        # the gradient sums live beside a later microbatch's activations (not with one)
-        # and what the step returns of each microbatch (its logits), kept to its end
+        # the gradient sums beside the activations in flight, and what the step returns of
+        # each microbatch (its logits), kept to its end. After the warm-up each backward
+        # is followed by a forward (the flight stays full) until the forwards run out
+        # (GPipe: at once); a chunk's sums exist from its first backward on, the chunks'
+        # first backwards ``pp`` apart from the last chunk back (Megatron-LM's order,
+        # ir.transforms.pipeline): the peak is the warm-up's or the moment the c-th
+        # chunk's sums appear, whichever holds more
         held_m = held * m[col]
-        during = w + g_m * (m > 1)[col] + st_m + acts * flight + big + held_m
+        sums = g_m * (m > 1)[col]
+        steady = m[col] * v - flight  # backwards followed by a forward
+        in_flight = acts * flight
+        for c in range(1, v + 1):
+            k = (c - 1) * pp + 1  # backwards done when the c-th chunk's sums appear
+            left = np.maximum(flight - np.maximum(k - steady, 0), 0)
+            in_flight = np.maximum(in_flight, sums * (c / v) + acts * left)
+        during = w + st_m + in_flight + big + held_m
         # at the optimizer step the updated weights and state beside the old (the step's
         # inputs and results, both live to its end) and, as each weight's update frees
         # its gradient sum, at the last update the largest one (ZeRO: its reduced part)

@@ -57,9 +57,11 @@ def test_the_estimates_exceed_the_simulation_by_less_than_the_margins(exhaustive
 
     Measured (164 strategies each; estimate / simulation, the step-time error on what
     the estimate adds to the compute, the peak's): MLP 0.85-1.14 (median 0.93), 27 %,
-    -36 %..+15 %; GPT 0.84-1.10 (0.91), 14 %, -26 %..+24 %; GPT on the ideal roofline
-    0.93-1.18 (1.00), 63 %, -26 %..+17 %. Before the pipelines' exchanges (single ratio):
-    MLP 0.80-1.27, GPT 0.82-1.28, ideal 0.95-1.18."""
+    -36 %..+6 %; GPT 0.84-1.10 (0.91), 14 %, -26 %..+3 %; GPT on the ideal roofline
+    0.93-1.18 (1.00), 63 %, -26 %..+3 %. Before the pipelines' exchanges (single ratio):
+    MLP 0.80-1.27, GPT 0.82-1.28, ideal 0.95-1.18. Before the peak's sums met one
+    microbatch fewer where no forward follows the first backward: peaks up to +15 %
+    (MLP), +24 % (GPT), +17 % (ideal)."""
     name, _, result, topology = exhaustive
     model, optimizer = CASES[name]
     t = transforms.training(model, optimizer)
@@ -81,6 +83,33 @@ def test_the_estimates_exceed_the_simulation_by_less_than_the_margins(exhaustive
 
 def _front(result: ir.search.SearchResult) -> list[tuple]:
     return [(str(r.strategy), r.step_time_s, r.peak_memory_bytes) for r in result.pareto()]
+
+
+def test_the_peak_estimate_holds_from_the_warm_up_to_the_steady_state() -> None:
+    """The peak through the regimes of the schedules: every forward before the first
+    backward (1F1B and interleaving with few microbatches: the gradient sums meet one
+    microbatch fewer in flight, the interleaved chunks' sums appearing ``pp`` backwards
+    apart) and a steady state (the flight refilled after each backward); GPipe, which
+    the search prunes (1F1B's time in less memory), is not searched. Measured on this
+    space (133 strategies): -7 %..+5 % (before the sums' timing: up to +24 %, dp4 pp2
+    m2 ZeRO-1, 1F1B or interleaved)."""
+    model, optimizer = CASES["gpt"]
+    topology = ir.Topology.preset("a100-hgx", 8)
+    space = dict(
+        microbatches=[1, 2, 4, 8],
+        schedules=("1f1b", "interleaved"),
+        chunks=(1, 2),
+        zero=(0, 1, 2),
+    )
+    result = search(model, topology, optimizer=optimizer, simulate="all", progress=False, **space)
+    rows = [r for r in result.rows if r.status in ("ok", "over capacity")]
+    assert len(rows) > 100 and {r.strategy.schedule for r in rows} == set(space["schedules"])
+    t = transforms.training(model, optimizer)
+    e = Estimator(t, topology, 16, [r.strategy for r in rows]).estimate([r.strategy for r in rows])
+    peaks = np.array([r.peak_memory_bytes for r in rows])[e.known]
+    over = e.peak_memory_bytes[e.known] / peaks - 1
+    assert e.known.mean() > 0.8
+    assert over.max() < 0.1 < MEMORY_MARGIN, f"peak memory {over.max():.1%} over"
 
 
 def test_the_two_tier_front_is_the_front_of_simulating_everything(exhaustive) -> None:
