@@ -297,9 +297,9 @@ def attention_context_form(b, op, ins, ctx):
     fixed = 5 if grad else 3
     q, k = op.inputs[0].type, op.inputs[1].type
     if len(ins) > fixed:
-        return f"{op.op_type} takes a mask"
+        return f"{op.op_type} takes a mask: build the model with no mask"
     if q.shape[2] != k.shape[2]:
-        return f"{op.op_type} has fewer queries than keys"
+        return f"{op.op_type} has fewer queries than keys: use cp=1"
     pos = ctx.positions()
     if not grad:
         name = op.outputs[0].name

@@ -200,6 +200,12 @@ register_op(
             # ir.inference moves a step's positions with this attribute (a decode step's
             # one token sits at position C of the sequence)
             "position_attribute": "offset",
+            # it rotates by each row's index, not by a position it is given: no sequence in
+            # another order (context parallelism) can take it
+            "context_form": lambda b, op, ins, ctx: (
+                "Rotary rotates each row by its index along the sequence, not by its "
+                "position: use cp=1"
+            ),
             "examples": lambda s: [
                 ctx(t(2, 3, 2 * s, 4)),
                 ctx(t(s, 3, 2 * s), theta=500000.0, offset=7),

@@ -91,7 +91,8 @@ register_op(
             # a causal one masks by each score's index: no sequence in another order
             # (context parallelism) can take it
             "context_form": lambda b, op, ins, ctx: (
-                "a causal Softmax masks by the index of each score"
+                "a causal Softmax masks by the index of each score: build the model with "
+                "attention='fused'"
                 if op.attributes["causal"]
                 else None
             ),
@@ -296,7 +297,10 @@ register_op(
         "gradient is CausalMask(dy, fill=0.0).",
         extra={
             "examples": lambda s: [ctx(t(2 * s, 2 * s)), ctx(t(2, 3 * s, 3 * s), fill=0.0)],
-            "context_form": lambda b, op, ins, ctx: "CausalMask masks by the index of each score",
+            "context_form": lambda b, op, ins, ctx: (
+                "CausalMask masks by the index of each score: build the model with "
+                "attention='fused'"
+            ),
         },
     )
 )

@@ -22,8 +22,8 @@ piece in that order compute what the sequential one does:
   what the sequential program drops.
 
 Ops that place tokens by their index and cannot take positions (``CausalMask``, a causal
-``Softmax``, an ``Attention`` with a mask or fewer queries than keys) are refused: build
-the model with ``attention="fused"``.
+``Softmax``, an ``Attention`` with a mask or fewer queries than keys, a ``Rotary``
+embedding, which rotates each row by its index) are refused, each op saying what to do.
 """
 
 from __future__ import annotations
@@ -147,8 +147,7 @@ def permuted_form(
         if isinstance(outs, str):
             raise TransformError(
                 f"context level: cp={cp} needs every op that depends on where a token sits to "
-                f"take its position, but {outs} ({op.outputs[0].name}); build the model with "
-                "attention='fused' and no mask"
+                f"take its position, but {outs} ({op.outputs[0].name})"
             )
         if outs is None and extra.get("broadcasting") and any(v in tables for v in op.inputs):
             table = next(v for v in op.inputs if v in tables)

@@ -197,3 +197,18 @@ def test_bad_context_degrees_are_refused_naming_the_limit() -> None:
     unfused = models.gpt(4, 16, 16, 4, 32, 1, attention="unfused")
     with pytest.raises(TransformError, match="attention='fused'"):
         megatron(transforms.training(unfused), 1, cp=2)
+
+
+@pytest.mark.parametrize("experts", [0, 2], ids=["llama", "moe-llama"])
+def test_rotary_embeddings_are_refused_rather_than_rotated_at_the_wrong_positions(
+    experts: int,
+) -> None:
+    """``Rotary`` rotates each row by its index along the sequence: under context
+    parallelism a rank's rows are other positions, and a Llama step with cp=2 used to build
+    and compute other logits and updates than the sequential step (logits off by ~5). It
+    is refused, naming the op; with cp=1 the same model runs equal to the sequential step."""
+    f = models.llama(2, 4, 8, 2, 8, 1, dtype=F64, ffn=8, experts=experts, top_k=1)
+    t = transforms.training(f, "sgd")
+    with pytest.raises(TransformError, match=r"cp=2 .*Rotary.*use cp=1"):
+        megatron(t, 1, cp=2)
+    _run(t, megatron(t, 2))
