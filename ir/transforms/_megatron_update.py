@@ -14,6 +14,7 @@ from ..op import Op
 from ..registry import get_op
 from ..types import DeviceVar
 from ..value import Value
+from ._emit import carried_inputs
 from ._megatron_plan import VAR, level
 from ._megatron_stages import StageEmission
 from ._rewrite import localize_op
@@ -102,6 +103,10 @@ class Megatron3D(StageEmission):
                     axes = self.weight_group[self.post_keys[op][0]]
                     glob[w1] = self.grouped("AllGather", glob[w1], {"dim": zd}, w1.name, axes)
         outs, layouts = [], []
+        # With one batch piece (dp = microbatches = 1) the data level sums nothing, so the
+        # optimizer steps run inside the piece: their results are the next step's inputs
+        # all the same, returned in those inputs' layouts (not as one microbatch's outputs).
+        updates = carried_inputs(t) if self.dp * self.m == 1 else {}
         for v in t.outputs:
             key = dplan.current[v]
             if key in glob:
@@ -114,6 +119,9 @@ class Megatron3D(StageEmission):
             if piece_value in self.summed:
                 outs.append(self.acc[h])
                 layouts.append(self._summed_layout(piece_value, level(hstate, self.tp)))
+            elif v in updates:  # one piece: its optimizer steps ran in it (no sum to wait for)
+                outs.append(self.at[0][h])
+                layouts.append(self.layouts[updates[v].name])
             else:
                 per_mb = [self.at[mb][h] for mb in range(self.m)]
                 outs.append(self.b.call("MakeTuple", *per_mb, name=v.name))
