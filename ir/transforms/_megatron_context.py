@@ -60,10 +60,14 @@ def context_level(
     cp = plan.cp
     seqs = {v.type.shape[SEQ] for v in batch if isinstance(v.type, TensorType) and v.type.rank > 1}
     if len(seqs) != 1 or any(v.type.rank < 2 for v in batch):  # type: ignore[union-attr]
-        shown = ", ".join(f"{v.name} {v.type.shape}" for v in batch)  # type: ignore[union-attr]
+        shown = ", ".join(
+            f"{v.name} {v.type.shape}"  # type: ignore[union-attr]
+            for v in sorted(batch, key=f.inputs.index)
+        )
         raise TransformError(
             f"context level: cp={cp} splits the sequence (axis 1) of the batch inputs, but "
-            f"they do not share one ({shown})"
+            f"they do not share one (one piece's: {shown}); a model without a sequence "
+            "axis takes cp=1"
         )
     seq = seqs.pop()
     if seq % (2 * cp):

@@ -194,6 +194,9 @@ def test_bad_context_degrees_are_refused_naming_the_limit() -> None:
         megatron(t, 1, cp=5)
     with pytest.raises(TransformError, match="positive integer"):
         megatron(t, 1, cp=0)
+    mlp = transforms.training(models.mlp(8, 4, 8, 4))  # no sequence: shown in input order
+    with pytest.raises(TransformError, match=r"\(one piece's: x \(8, 4\), z \(8,\)\).*cp=1"):
+        megatron(mlp, 1, cp=2)
     unfused = models.gpt(4, 16, 16, 4, 32, 1, attention="unfused")
     with pytest.raises(TransformError, match="attention='fused'"):
         megatron(transforms.training(unfused), 1, cp=2)
