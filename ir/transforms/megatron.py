@@ -195,6 +195,17 @@ def megatron(
         raise TransformError(f"devices must be consecutive ids, got {list(ids)}")
     if isinstance(zero, bool) or not isinstance(zero, int) or zero not in (0, 1, 2, 3):
         raise TransformError(f"zero must be 0, 1, 2 or 3 (the ZeRO stage), got {zero!r}")
+    if shared is not None and not isinstance(shared, SharedAnalyses):
+        raise TransformError(
+            f"shared must be a SharedAnalyses of the program (or None), got {shared!r}"
+        )
+    if recompute is not None and shared is not None and shared.program is t:
+        raise TransformError(
+            f"shared analyses of t with recompute={recompute!r}: the step is built from t's "
+            "recomputed program, so the analyses must be of that one: make it first "
+            "(step = T.recompute(t, ...)) and pass megatron(step, shared=SharedAnalyses(step)) "
+            "without recompute=, or drop shared="
+        )
     if recompute is not None:
         from .recompute import mode_activations
         from .recompute import recompute as replay

@@ -191,3 +191,24 @@ def test_horizontal_then_data_checks_the_batch_before_building(batch: int) -> No
 def test_a_failing_inner_rewrite_is_named(inner, mlp) -> None:
     with pytest.raises(TransformError, match="inner"):
         tfm.data_parallel(mlp, 2, inner=inner)
+
+
+def test_shared_analyses_are_checked_and_a_recomputed_steps_named() -> None:
+    """``megatron(shared=)``: a value that is no ``SharedAnalyses`` raised AttributeError
+    ('str' object has no attribute 'program'); analyses of ``t`` with ``recompute=`` said
+    "of another program" of the very program passed. With analyses of the recomputed step
+    the step is the one built without them."""
+    from ir.transforms._megatron_shared import SharedAnalyses
+
+    t = tfm.training(models.gpt(8, 4, 8, 2, 8, 2, dtype=ir.DType.float64), "adam")
+    with pytest.raises(TransformError, match=r"shared must be a SharedAnalyses.*'x'"):
+        tfm.megatron(t, shared="x")
+    with pytest.raises(TransformError, match=r"recompute='full'.*SharedAnalyses\(step\)"):
+        tfm.megatron(t, pp=2, microbatches=2, recompute="full", shared=SharedAnalyses(t))
+    with pytest.raises(TransformError, match="another program"):
+        tfm.megatron(t, shared=SharedAnalyses(tfm.training(models.mlp(8, 4, 4, 2))))
+    step = tfm.recompute(t, "full")
+    shared = SharedAnalyses(step)
+    tfm.megatron(step, tp=2, pp=2, microbatches=2, shared=shared)
+    built = tfm.megatron(step, pp=2, microbatches=2, shared=shared)
+    assert str(built) == str(tfm.megatron(t, pp=2, microbatches=2, recompute="full"))
