@@ -22,6 +22,7 @@ import sys
 import time
 import traceback
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +33,10 @@ from ir import transforms as tfm
 from ir.errors import DistIRError
 from ir.models_llama import llama
 from ir.transforms._megatron_shared import SharedAnalyses
+from ir.transforms.megatron import tensor_replication_problem
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "transforms"))
+from _parallel_programs import assert_same
 
 F64 = ir.DType.float64
 
@@ -54,7 +59,34 @@ def _models() -> dict[str, ir.Function]:
     out["moe_llama3"] = tfm.training(
         llama(8, 4, 8, 2, 8, 3, dtype=F64, ffn=8, experts=2, top_k=1, dense_layers=1), "sgd"
     )
+    out["skip"] = _skip_step()
     return out
+
+
+def _skip_step() -> ir.Function:
+    """Five MatMul layers; the last adds the first's output and the fourth the second's
+    (skip connections past several stages), trained by Adam."""
+    b = ir.FunctionBuilder("skip")
+    x = b.input("x", ir.TensorType((8, 4), F64, 0))
+    ws = [b.input(f"w{i}", ir.TensorType((4, 4), F64, 0)) for i in range(5)]
+    hs = [x]
+    for i, w in enumerate(ws):
+        a = b.call("MatMul", hs[-1], w, name=f"a{i}")
+        if i == 3:
+            a = b.call("Add", a, hs[2], name=f"s{i}")
+        if i == 4:
+            a = b.call("Add", a, hs[1], name=f"s{i}")
+        hs.append(b.call("Tanh", a, name=f"h{i}"))
+    return tfm.training(models.with_loss(b.finish(hs[-1])), "adam")
+
+
+def stage_cut(rng: random.Random, stages: int) -> dict[str, int] | None:
+    """A random monotone cut of the skip model's five layers into ``stages`` stages (each
+    at least one layer), or None when it has fewer layers."""
+    if stages > 5:
+        return None
+    bounds = sorted(rng.sample(range(1, 5), stages - 1))
+    return {f"h{i}": sum(i >= c for c in bounds) for i in range(5)}
 
 
 def _inputs(t: ir.Function, seed: int = 0) -> list:
@@ -65,14 +97,12 @@ def _inputs(t: ir.Function, seed: int = 0) -> list:
 
 
 def same_outputs(t: ir.Function, g: ir.Function) -> str | None:
-    """None if ``g`` computes ``t``'s outputs, else what differs."""
-    xs = _inputs(t)
-    want = ir.execute(t, xs)
-    got = ir.collect(g, ir.execute(g, ir.distribute(g, xs, source=t)), rtol=1e-7)
-    for v, w, o in zip(t.outputs, want, got):
-        for c in o if isinstance(o, tuple) else (o,):
-            if not np.allclose(c, w, rtol=1e-7, atol=1e-9):
-                return f"output {v.name} differs (max |d| {np.max(np.abs(c - w)):.3g})"
+    """None if two steps of ``g`` (the second on the first's outputs as they are) compute
+    those of ``t``, else what differs (tests/transforms/_parallel_programs.assert_same)."""
+    try:
+        assert_same(t, g, rtol=1e-7, steps=2)
+    except AssertionError as e:
+        return str(e).strip().splitlines()[0][:200]
     return None
 
 
@@ -89,6 +119,8 @@ KNOBS = dict(
     ep=[1, 1, 2],
     cp=[1, 1, 2],
     overlap_grad_reduce=[True, False],
+    allow_replication=[False, False, False, True],
+    vocab_parallel=[True, True, False],
 )
 
 
@@ -107,6 +139,31 @@ def draw(rng: random.Random, moe: bool) -> dict[str, Any]:
             k["recompute_layers"] = 1
         if k["dp"] * k["tp"] * k["pp"] * k["cp"] <= 8:
             return k
+
+
+def neighbour(rng: random.Random, k: dict[str, Any]) -> dict[str, Any]:
+    """``k`` with one knob changed that keeps its batch pieces (what shared analyses key
+    on): the tensor degree, the stages, sequence parallelism, ZeRO or the schedule."""
+    o = dict(k)
+    knob = rng.choice(
+        ["tp", "tp", "pp", "sequence_parallel", "zero", "schedule", "allow_replication"]
+    )
+    if knob == "tp":
+        o["tp"] = rng.choice([t for t in (1, 2, 4) if t != k["tp"]])
+    elif knob == "pp":
+        o["pp"] = rng.choice([p for p in (1, 2, 3, 4) if p != k["pp"]])
+        if o["schedule"] == "interleaved" and o["microbatches"] % o["pp"]:
+            o["schedule"], o["chunks"] = "1f1b", 1
+    elif knob == "schedule":
+        o["schedule"], o["chunks"] = rng.choice([("1f1b", 1), ("gpipe", 1), ("interleaved", 2)])
+    else:
+        o[knob] = rng.choice(KNOBS[knob])
+    return o
+
+
+def build_seed(t: ir.Function, k: dict[str, Any]) -> Any:
+    k = dict(k)
+    return tfm.pipeline_parallel(t, k.pop("pp"), k.pop("microbatches"), k.pop("schedule"), **k)
 
 
 def build(t: ir.Function, k: dict[str, Any], shared: SharedAnalyses | None = None) -> Any:
@@ -128,13 +185,36 @@ def main(cases: int = 200, seed: int = 0) -> int:
         name = rng.choice(list(programs))
         t = programs[name]
         k = draw(rng, "moe" in name)
-        n = k["dp"] * k["tp"] * k["pp"] * k["cp"]
+        if name == "skip" and rng.random() < 0.7:
+            k["stage_of"] = stage_cut(rng, k["pp"] * k["chunks"])
+        seed_pipeline = rng.random() < 0.2
+        if seed_pipeline:
+            k = {x: k[x] for x in ("pp", "microbatches", "schedule", "chunks", "stage_of")
+                 if x in k}  # fmt: skip
+            k["resident"] = rng.random() < 0.7
+        n = k.get("dp", 1) * k.get("tp", 1) * k["pp"] * k.get("cp", 1)
         label = f"[{i}] {name} {k}"
         try:
-            g = build(t, k)
+            g = build_seed(t, k) if seed_pipeline else build(t, k)
         except DistIRError as e:
-            refusals[type(e).__name__ + ": " + str(e)[:70]] += 1
+            refusals[type(e).__name__ + ": " + str(e)[:200]] += 1
             counts["refused"] += 1
+            if not seed_pipeline and k["recompute"] is None:
+                shared = SharedAnalyses(t)
+                for first in (neighbour(rng, k), k):
+                    try:
+                        build(t, first, shared)
+                        if first is k:
+                            failures += 1
+                            print("SHARED builds what fresh refuses", label, str(e)[:200])
+                    except DistIRError as e2:
+                        if first is k and str(e2) != str(e):
+                            failures += 1
+                            print("SHARED refusal differs", label, str(e)[:150], str(e2)[:150])
+                    except Exception:
+                        failures += 1
+                        print("CRASH (shared build)", label, first)
+                        traceback.print_exc(limit=-3)
             continue
         except Exception:
             failures += 1
@@ -154,31 +234,46 @@ def main(cases: int = 200, seed: int = 0) -> int:
         except Exception as e:
             failures += 1
             print("SIM", label, type(e).__name__, str(e)[:300])
-        # shared analyses: another strategy first, then this one, against a fresh build
-        if "recompute" in k and k["recompute"] is not None:
-            continue  # the shared analyses are of the recomputed step (see megatron's doc)
-        other = draw(rng, "moe" in name)
-        other["recompute"] = None
-        other.pop("recompute_layers", None)
-        shared = SharedAnalyses(t)
+        # shared analyses: other strategies (and the tensor checks) first, then this one,
+        # against a fresh build; with recompute=, analyses of the recomputed step
+        if seed_pipeline:
+            continue
+        program, k = t, dict(k)
+        if k["recompute"] is not None:
+            program = tfm.recompute(t)
+            k["recompute"] = None
+            k.pop("recompute_layers", None)
+            try:
+                g = build(program, k)
+            except DistIRError:
+                continue
+        shared = SharedAnalyses(program)
+        before = []
+        for _ in range(rng.randrange(1, 4)):
+            other = neighbour(rng, k) if rng.random() < 0.7 else draw(rng, "moe" in name)
+            other["recompute"] = None
+            other.pop("recompute_layers", None)
+            before.append(other)
+            try:
+                if rng.random() < 0.3:
+                    tensor_replication_problem(program, other["tp"], shared)
+                build(program, other, shared)
+            except DistIRError:
+                pass
+            except Exception:
+                failures += 1
+                print("CRASH (shared build of other)", label, other)
+                traceback.print_exc(limit=-3)
         try:
-            build(t, other, shared)
-        except DistIRError:
-            pass
-        except Exception:
-            failures += 1
-            print("CRASH (shared build of other)", label, other)
-            traceback.print_exc(limit=-3)
-        try:
-            h = build(t, k, shared)
+            h = build(program, k, shared)
         except Exception as e:
             failures += 1
-            print("SHARED refused", label, "after", other, type(e).__name__, str(e)[:200])
+            print("SHARED refused", label, "after", before, type(e).__name__, str(e)[:200])
             continue
         if str(h) != str(g):
             failures += 1
-            problem = same_outputs(t, h)
-            print("SHARED differs", label, "after", other, "execution:", problem or "equal")
+            problem = same_outputs(program, h)
+            print("SHARED differs", label, "after", before, "execution:", problem or "equal")
         counts["shared"] += 1
     print(f"{cases} cases in {time.perf_counter() - start:.0f} s: {dict(counts)}, "
           f"{failures} failures")  # fmt: skip
