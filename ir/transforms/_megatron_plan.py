@@ -302,19 +302,28 @@ class MegatronPlan(StageMesh):
                 s, ph = stage_of_piece[st.op]
                 local = hplan.local.step_ops[i]
                 self.items.append(Item(i, local, st.keys, st.op.outputs, s, ph))
-        # A conversion runs in the stage and phase of its first user.
-        users: dict[Value, Item] = {}
+        # A conversion runs in the stage and phase of the user that runs first: forwards in
+        # stage order, then backwards in reverse stage order (the first user in the
+        # program's order may be a backward of an earlier stage, which runs after the
+        # others that would then wait for it: a residual's gradient summed on one stage
+        # and read by the branch on the next).
+        users: dict[Value, list[Item]] = {}
         makers: dict[Value, Item] = {}
         for item in self.items:
             for k in item.keys:
-                users.setdefault(k, item)
+                users.setdefault(k, []).append(item)
             for v in item.outputs:
                 makers.setdefault(v, item)
+
+        def runs_first(item: Item) -> tuple[bool, int]:
+            backward = item.phase == "B"
+            return backward, -item.stage if backward else item.stage
+
         for item in reversed(self.items):
             if item.op is None:
-                user = users.get(item.outputs[0])
-                if user is None:  # an output: the stage of its producer
-                    user = makers[item.keys[0]]
+                found = users.get(item.outputs[0])
+                # an output: the stage of its producer
+                user = min(found, key=runs_first) if found else makers[item.keys[0]]
                 item.stage, item.phase = user.stage, user.phase
         self.tasks: dict[tuple[int, str], list[Item]] = {}
         for item in self.items:

@@ -22,6 +22,8 @@ from ir.search.space import Strategy
 from ir.transforms._rewrite import TransformError
 from ir.transforms.pipeline import device_groups, run_exchanges
 
+F64 = ir.DType.float64
+
 
 def _neighbours(p: int, v: int) -> dict:
     """Each task kind's inputs from other devices: a forward's from the stage before it, a
@@ -195,3 +197,30 @@ def test_a_moe_gpts_auxiliary_losses_reach_the_last_stage_of_an_interleaved_pipe
     g = transforms.megatron(t, pp=2, chunks=2, schedule="interleaved", microbatches=4)
     assert_same(t, g)
     assert ir.simulate(g, ir.Topology.preset("a100-hgx", 2)).step_time_s > 0
+
+
+@pytest.mark.parametrize(
+    "experts, stage_of, schedule",
+    [
+        (0, {"h0_q": 1}, "1f1b"),
+        (4, {"h0_moe_probs": 1}, "1f1b"),
+        (4, {"h0_moe_probs": 1, "h0_moe_aux_loss": 2, "h2_ln1_y": 3}, "interleaved"),
+    ],
+    ids=["gpt-attention", "moe-router", "moe-interleaved"],
+)
+def test_a_conversion_runs_with_its_user_that_runs_first(experts, stage_of, schedule) -> None:
+    """With sequence parallelism, a residual's gradient is summed on one stage and
+    converted for the branch read on the next: the conversion ran with its first user in
+    the program's order, the earlier stage's backward, which runs after the later one's
+    that reads it, and the step was refused as a deadlock. It runs with the user that
+    runs first (the later stage's backward) and the step computes the sequential one's."""
+    shared = 1 if experts else 0
+    f = models.gpt(8, 4, 8, 2, 8, 3, dtype=F64, experts=experts, top_k=2, shared_experts=shared)
+    t = transforms.training(f, "adam")
+    chunks = 2 if schedule == "interleaved" else 1
+    g = transforms.megatron(
+        t, tp=2, pp=2, microbatches=4, schedule=schedule, chunks=chunks,
+        stage_of=stage_of, sequence_parallel=True,
+    )  # fmt: skip
+    assert_same(t, g)
+    assert ir.simulate(g, ir.Topology.preset("a100-hgx", 4)).step_time_s > 0
