@@ -42,6 +42,7 @@ from ._megatron_ring import ring_level
 from ._rewrite import TransformError, is_optimizer
 from ._spmd import Link, P, S
 from ._spmd import Plan as _Plan
+from .stage_cut import gradient_ops
 
 if TYPE_CHECKING:
     from ._megatron_plan import MegatronPlan
@@ -140,6 +141,7 @@ def permuted_form(
     # output whose data-plan key is one, or what an optimizer step in the piece reads
     grads = {v for v in f.outputs if plan.key_of.get(v) in tables}
     grads |= {op.inputs[1] for op in f.ops if is_optimizer(op) and op.inputs[0] in tables}
+    _check_gradients_found(plan, f, tables)
     ctx = _Context(b, seq, cp)
     for op in f.ops:
         first = len(b.ops)
@@ -171,6 +173,25 @@ def permuted_form(
         for made in b.ops[first:]:
             origin[made] = op
     return b.finish([value_of[v] for v in f.outputs]), value_of, origin
+
+
+def _check_gradients_found(plan: MegatronPlan, f: Function, tables: Mapping) -> None:
+    """A position table's gradient is found as an optimizer step's operand; a program that
+    returns gradients with no optimizer step (``T.gradients``) and sums them over batch
+    pieces links none to its table, and its rows would come back in the ranks' permuted
+    order: refused rather than returned wrong."""
+    if not tables or plan.post or any(is_optimizer(op) for op in f.ops) or plan.dp * plan.m == 1:
+        return  # (one piece: its gradient is an output of the piece, put back as made)
+    if not gradient_ops(plan.t):
+        return  # no backward pass: no gradient to put back
+    named = ", ".join(sorted(w.name for w, table in tables.items() if w is table))
+    raise TransformError(
+        f"context level: cp={plan.cp} permutes the sequence, so the gradient of position "
+        f"table(s) {named} must have its rows put back in order, which the 3D step finds "
+        "as an optimizer step's operand; a program returning gradients without an "
+        "optimizer step (T.gradients) names none: train it with an optimizer "
+        "(T.training, return_gradients=True returns them too) or use cp=1"
+    )
 
 
 def _position_tables(plan: MegatronPlan, f: Function, seq: int) -> dict:

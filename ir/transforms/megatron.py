@@ -210,7 +210,9 @@ def megatron(
         from .recompute import mode_activations
         from .recompute import recompute as replay
 
-        values = mode_activations(t, recompute, recompute_layers, pp * chunks, stage_of)
+        values = mode_activations(
+            t, recompute, recompute_layers, pp * chunks, stage_of, name="recompute_layers"
+        )
         t = replay(t, values)
     elif recompute_layers is not None:
         raise TransformError("recompute_layers= goes with recompute='full'")

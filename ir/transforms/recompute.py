@@ -168,17 +168,23 @@ def _feeds_backward(v: Value, chosen: set[Value], readers, consumers) -> bool:
 
 
 def mode_activations(
-    f: Function, mode: str, layers: int | None = None, stages: int = 1, stage_of=None
+    f: Function,
+    mode: str,
+    layers: int | None = None,
+    stages: int = 1,
+    stage_of=None,
+    name: str = "layers",
 ) -> list[Value]:
     """The activations ``recompute(f, mode, layers=, stages=)`` replays (see the module
     docstring): ``"selective"`` or ``"full"``; ``layers``: with ``"full"``, the first
     ``layers`` transformer layers of each of ``stages`` pipeline stages (the stages as
-    ``ir.transforms.stage_assignment(f, stages, stage_of)`` cuts them)."""
+    ``ir.transforms.stage_assignment(f, stages, stage_of)`` cuts them). ``name``: what
+    the caller calls ``layers`` (``megatron``'s ``recompute_layers``), for its errors."""
     if mode not in MODES:
         raise RecomputeError(f"recompute mode must be one of {MODES}, got {mode!r}")
     if mode == "selective":
         if layers is not None:
-            raise RecomputeError("layers= counts layers recomputed whole: use it with 'full'")
+            raise RecomputeError(f"{name}= counts layers recomputed whole: use it with 'full'")
         return attention_core_activations(f)
     from ..models import gpt_layer_activations, gpt_layer_index
 
@@ -190,7 +196,7 @@ def mode_activations(
     if layers is None:
         return gpt_layer_activations(f)
     if isinstance(layers, bool) or not isinstance(layers, int) or layers < 0:
-        raise RecomputeError(f"layers must be an integer >= 0, got {layers!r}")
+        raise RecomputeError(f"{name} must be an integer >= 0, got {layers!r}")
     from .pipeline import stage_assignment
 
     stage = stage_assignment(f, stages, stage_of)

@@ -215,3 +215,20 @@ def test_rotary_embeddings_are_refused_rather_than_rotated_at_the_wrong_position
     with pytest.raises(TransformError, match=r"cp=2 .*Rotary.*use cp=1"):
         megatron(t, 1, cp=2)
     _run(t, megatron(t, 2))
+
+
+def test_gradients_summed_over_pieces_without_an_optimizer_are_refused() -> None:
+    """A position table's gradient has its rows put back in order once the 3D step finds
+    it (an optimizer step's operand). ``T.gradients`` returns gradients with no optimizer
+    step: with one batch piece the gradient is the piece's own output and comes back in
+    order; summed over pieces it came back in the ranks' permuted order (``dwpe`` wrong,
+    the reviewer's find). Refused there, naming the table and what to do; the training
+    step of the same model, which returns the same gradients, runs equal."""
+    f = models.gpt(8, 4, 8, 2, 8, 3, dtype=F64)
+    g = transforms.gradients(f)
+    for dp, m in ((2, 1), (1, 2)):
+        with pytest.raises(TransformError, match=r"cp=2 .*wpe.*T\.training.*or use cp=1"):
+            megatron(g, dp, cp=2, microbatches=m)
+    _run(g, megatron(g, 1, cp=2))
+    t = transforms.training(f, "sgd", return_gradients=True)
+    _run(t, megatron(t, 1, cp=2, microbatches=2))

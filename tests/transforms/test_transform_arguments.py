@@ -212,3 +212,15 @@ def test_shared_analyses_are_checked_and_a_recomputed_steps_named() -> None:
     tfm.megatron(step, tp=2, pp=2, microbatches=2, shared=shared)
     built = tfm.megatron(step, pp=2, microbatches=2, shared=shared)
     assert str(built) == str(tfm.megatron(t, pp=2, microbatches=2, recompute="full"))
+
+
+def test_megatron_names_its_own_recompute_layers_in_errors() -> None:
+    """``megatron``'s ``recompute_layers`` is ``T.recompute``'s ``layers``: an error says
+    the name the caller used."""
+    from ir.transforms.recompute import RecomputeError
+
+    t = tfm.training(models.gpt(8, 16, 32, 4, 64, 2))
+    with pytest.raises(RecomputeError, match=r"^recompute_layers= counts layers"):
+        tfm.megatron(t, pp=2, microbatches=2, recompute="selective", recompute_layers=1)
+    with pytest.raises(RecomputeError, match=r"^recompute_layers must be an integer"):
+        tfm.megatron(t, pp=2, microbatches=2, recompute="full", recompute_layers=-1)
