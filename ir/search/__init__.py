@@ -30,6 +30,7 @@ others ``"cancelled"``.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import os
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -43,7 +44,7 @@ from ..transforms._rewrite import batch_inputs, batch_size, is_optimizer
 from ..types import compute_dtype
 from .estimate import Estimator
 from .result import STATUSES, Row, SearchResult
-from .space import ModelFacts, SearchError, SharedPlans, Strategy, prune, strategies
+from .space import ModelFacts, SearchError, SharedPlans, Strategy, _choices, prune, strategies
 from .tiers import MODES, decide
 
 
@@ -99,6 +100,8 @@ def search(
     Interrupted (KeyboardInterrupt), it returns what it has: the rows decided so far and
     the others with status ``"cancelled"`` (an executor's pending work is cancelled).
     """
+    if on_row is not None and not callable(on_row):
+        raise SearchError(f"on_row must be a function of a row, got {type(on_row).__name__}")
     request = _request(model, topology, batch, optimizer, dp, tp, pp, microbatches, schedules,
                        chunks, zero, sequence_parallel, recompute, ep, cp)  # fmt: skip
     rows: dict[Strategy, Row] = {}
@@ -164,6 +167,8 @@ def _request(
         raise SearchError(f"topology must be an ir.Topology, got {type(topology).__name__}")
     trained = optimizer is None or any(is_optimizer(op) for op in model.ops)
     t = model if trained else transforms.training(model, optimizer)
+    if batch is not None and (isinstance(batch, bool) or not isinstance(batch, numbers.Integral)):
+        raise SearchError(f"batch must be an integer (the model's batch) or None, got {batch!r}")
     rows_of_batch = _batch(t)
     if batch is not None and batch != rows_of_batch:
         raise SearchError(
@@ -186,7 +191,7 @@ def _request(
         ep=ep,
         cp=cp,
     )
-    _check_request(len(topology.devices), rows_of_batch, t, strategies_, dp=dp, tp=tp, pp=pp)
+    _check_request(len(topology.devices), rows_of_batch, t, strategies_, dp=dp, tp=tp, pp=pp, cp=cp)
     capacity = min(d.memory_bytes for d in topology.devices)
     facts = ModelFacts.of(t, rows_of_batch)
     # the analyses strategies share (the tensor degree's, the stages', the batch pieces'),
@@ -262,9 +267,11 @@ def _check_request(
     dp: Iterable[int] | int | None,
     tp: Iterable[int] | int | None,
     pp: Iterable[int] | int | None,
+    cp: Iterable[int] | int | None = None,
 ) -> None:
     """Refuse, naming the constraint, a request that no strategy could satisfy."""
-    asked = {name: _listed(given) for name, given in (("dp", dp), ("tp", tp), ("pp", pp))}
+    named = (("dp", dp), ("tp", tp), ("pp", pp), ("cp", cp))
+    asked = {name: _listed(name, given) for name, given in named}
     for name, degrees in asked.items():
         over = [d for d in degrees or () if d > devices]
         if over:
@@ -273,7 +280,9 @@ def _check_request(
                 f"{devices} (a search runs on all of them: dp x cp x tp x pp = {devices})"
             )
     if not space:
-        shown = ", ".join(f"{n}={list(d)}" for n, d in asked.items() if d is not None)
+        shown = ", ".join(
+            f"{n}={d}" for n, d in asked.items() if d is not None and (n != "cp" or d != [1])
+        )
         raise SearchError(
             f"no dp x cp x tp x pp of the degrees asked ({shown}) uses exactly the topology's "
             f"{devices} devices, as a search does"
@@ -310,10 +319,8 @@ def _tensor_problems(
     return {k: why.splitlines()[0] if why else None for k, why in problems.items()}
 
 
-def _listed(given: Iterable[int] | int | None) -> list[int] | None:
-    if given is None:
-        return None
-    return [given] if isinstance(given, int) else list(given)
+def _listed(name: str, given: Iterable[int] | int | None) -> list[int] | None:
+    return None if given is None else _choices(name, given, ())
 
 
 def _simulate(

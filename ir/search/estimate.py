@@ -532,9 +532,11 @@ class Estimator:
             pipe = m * top + (pp - 1) * top / v + boundaries
         else:
             pipe = cycle.sum(axis=1) + (m - 1) * top + boundaries
-        # data parallelism: reductions behind the last microbatch's backward, the last
-        # one (and ZeRO's all-gathers) exposed, then the optimizer step
-        exposed = np.where(scattered[col], gather, np.maximum(total - b_m, 0.0) + tail + gather)
+        # data parallelism: reductions behind the last microbatch's backward (with its
+        # gradient sums): exposed, what they outlast it by, at least the last one (and
+        # ZeRO's all-gathers), then the optimizer step
+        last = b + np.where(m > 1, 1.0, 0.0)[col] * acc
+        exposed = np.where(scattered[col], gather, np.maximum(total - last, tail) + gather)
         opt_m = opt / np.where(zero > 0, dp, 1.0)[col]
         reducing = np.where(dp > 1, np.where(zero > 0, 2.0, 1.0), 0.0)[col] * n_grads
         reducing = np.where(scattered[col], n_grads, reducing)  # ZeRO-2: the all-gathers

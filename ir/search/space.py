@@ -10,9 +10,11 @@ or cannot win (another point of the space runs the same bubble in less memory).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Mapping, Sequence
+import numbers
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
+from typing import Any
 
 from ..device import Topology
 from ..errors import DistIRError
@@ -146,14 +148,41 @@ def divisors(n: int) -> list[int]:
 
 
 def _choices(name: str, given: Iterable | None, default: Sequence) -> list:
+    """The values of one keyword: ``None`` its default, one value, or a list of them
+    (numpy integers as ints)."""
     if given is None:
         return list(default)
-    if isinstance(given, (int, str, bool)):
-        return [given]
-    out = list(given)
+    if isinstance(given, (str, bool, numbers.Integral)):
+        return [_plain(given)]
+    try:
+        out = [_plain(v) for v in given]
+    except TypeError:
+        raise SearchError(f"{name} must be one value or a list of values, got {given!r}") from None
     if not out:
         raise SearchError(f"{name} lists no value to try")
     return out
+
+
+def _plain(value: Any) -> Any:
+    """A numpy integer or bool as Python's (what a widget or an array hands over)."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
+    return bool(value) if type(value).__name__ == "bool_" else value
+
+
+def _check_values(what: str, values: list, ok: Callable[[Any], bool]) -> None:
+    """A :class:`SearchError` naming the first of ``values`` that is not ``ok``."""
+    for v in values:
+        if not ok(v):
+            raise SearchError(f"{what}, got {v!r}")
+
+
+def _positive(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and v >= 1
+
+
+def _stage(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int) and 0 <= v <= 3
 
 
 def strategies(
@@ -179,13 +208,26 @@ def strategies(
     if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
         raise SearchError(f"devices must be a positive integer, got {devices!r}")
     for name, given in (("dp", dp), ("tp", tp), ("pp", pp), ("ep", ep), ("cp", cp)):
-        for d in _choices(name, given, [1]):
-            if isinstance(d, bool) or not isinstance(d, int) or d < 1:
-                raise SearchError(f"{name} degrees must be positive integers, got {d!r}")
+        _check_values(f"{name} degrees must be positive integers", _choices(name, given, [1]),
+                      _positive)  # fmt: skip
     scheds = _choices("schedules", schedules, ())
     unknown = [s for s in scheds if s not in SCHEDULES]
     if unknown:
         raise SearchError(f"unknown schedule(s) {unknown}; choose from {SCHEDULES}")
+    vs = _choices("chunks", chunks, ())
+    _check_values("microbatches must be positive integers",
+                  _choices("microbatches", microbatches, [1]), _positive)  # fmt: skip
+    _check_values("chunks must be positive integers", vs, _positive)
+    _check_values("zero must be a ZeRO stage: 0, 1, 2 or 3", _choices("zero", zero, ()), _stage)
+    for name, given in (("sequence_parallel", sequence_parallel), ("recompute", recompute)):
+        _check_values(f"{name} must be True or False", _choices(name, given, ()),
+                      lambda b: isinstance(b, bool))  # fmt: skip
+    if not any((s == "interleaved") == (v > 1) for s in scheds for v in vs):
+        raise SearchError(
+            f"schedules {scheds} with chunks {vs} make no strategy: chunks (model chunks per "
+            "device) above 1 belong to the 'interleaved' schedule, which needs 2 or more; "
+            "ask for schedules=('1f1b', 'interleaved') with chunks=(1, 2), say"
+        )
     out = []
     all_degrees = divisors(devices)
     for d, t, p, c, e in itertools.product(
@@ -211,7 +253,7 @@ def strategies(
         ):
             if (s == "interleaved") != (v > 1):
                 continue  # chunks belong to the interleaved schedule only
-            out.append(Strategy(d, t, p, m, s, v, z, bool(sp), bool(rc), e, c))
+            out.append(Strategy(d, t, p, m, s, v, z, sp, rc, e, c))
     # the order of Strategy's comparisons (its fields in order), without a comparison call
     # per pair: a space has up to millions of points
     return sorted(set(out), key=_FIELDS)

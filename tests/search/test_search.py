@@ -136,6 +136,43 @@ def test_bad_searches_are_refused() -> None:
         search("mlp", A100_8, progress=False)
 
 
+@pytest.mark.parametrize(
+    ("space", "says"),
+    [
+        (dict(dp=2.0), r"dp must be one value or a list of values, got 2\.0"),
+        (dict(microbatches=0), "microbatches must be positive integers, got 0"),
+        (dict(microbatches=-1), "microbatches must be positive integers, got -1"),
+        (dict(chunks="2", schedules="interleaved"), "chunks must be positive integers, got '2'"),
+        (dict(zero=4), "zero must be a ZeRO stage: 0, 1, 2 or 3, got 4"),
+        (dict(zero="1"), "zero must be a ZeRO stage: 0, 1, 2 or 3, got '1'"),
+        (dict(sequence_parallel="no"), "sequence_parallel must be True or False, got 'no'"),
+        (dict(recompute=2), "recompute must be True or False, got 2"),
+        (dict(schedules="interleaved"), r"schedules \['interleaved'\] with chunks \[1\] make no"),
+        (dict(chunks=2), r"schedules \['1f1b'\] with chunks \[2\] make no strategy"),
+        (dict(batch="64"), "batch must be an integer"),
+        (dict(cp=3), r"degrees asked \(cp=\[3\]\)"),
+        (dict(on_row=3), "on_row must be a function of a row, got int"),
+    ],
+)
+def test_bad_knobs_are_refused_naming_the_knob(space: dict, says: str) -> None:
+    """Each used to be a bare TypeError or ZeroDivisionError from deep inside, a row per
+    strategy with the same complaint, a message about degrees for a schedule mismatch,
+    or (a string for a switch) silently taken as True."""
+    with pytest.raises(SearchError, match=says):
+        search(MLP, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
+
+
+def test_numpy_integers_are_degrees_like_ints() -> None:
+    import numpy as np
+
+    topology = ir.Topology.preset("a100-hgx", 4)
+    asked = search(MLP, topology, dp=np.int64(2), microbatches=[np.int64(2)], progress=False)
+    plain = search(MLP, topology, dp=2, microbatches=[2], progress=False)
+    assert [(r.strategy, r.status, r.step_time_s) for r in asked.rows] == [
+        (r.strategy, r.status, r.step_time_s) for r in plain.rows
+    ]
+
+
 def test_a_row_prints_its_strategy() -> None:
     row = Row(Strategy(2, 2, 2, 4), "pruned", error="why")
     assert row.as_record()["strategy"] == "dp2 tp2 pp2 m4 1f1b"
