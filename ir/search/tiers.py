@@ -24,7 +24,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -33,6 +33,7 @@ from .result import Row
 from .space import Strategy
 
 MODES = ("front", "fastest", "all")
+T = TypeVar("T")
 
 
 class Front:
@@ -71,7 +72,8 @@ def decide(
 
     ``simulate_one`` simulates a strategy into its row; ``submit`` (with an executor) gives
     a future of the rows of a batch of strategies instead (:func:`batches`: those that
-    share analyses together, ``workers`` batches at once in the two-tier mode)."""
+    share analyses together; the two tiers simulate a wave ahead, ``workers`` batches,
+    and decide each strategy on the rows before it: the rows are a serial search's)."""
     if mode == "all":
         yield from _all(todo, simulate_one, submit, workers)
         return
@@ -81,7 +83,6 @@ def decide(
     order = np.argsort(np.where(known, est.step_time_s, 0.0), kind="stable")
     front = Front()
     wave = max(8, 2 * workers)  # strategies in flight at once on an executor
-    pending: list[tuple[int, Strategy]] = []
 
     def finish(i: int, row: Row) -> Row:
         nonlocal time_margin, memory_margin
@@ -100,50 +101,90 @@ def decide(
             front.add(row.step_time_s, row.peak_memory_bytes)
         return row
 
-    for i in order.tolist():
-        s = todo[i]
+    def skipped(i: int) -> str | None:
+        """Why strategy ``i`` need not be simulated given the rows so far, or None."""
+        if not known[i]:
+            return None
+        low_t = optimistic_step_s(est.step_time_s[i], est.busy_s[i], time_margin)
+        low_m = est.peak_memory_bytes[i] / (1 + memory_margin)
+        if low_m > capacity_bytes:
+            return (
+                f"estimated peak {est.peak_memory_bytes[i] / 2**30:.2f} GiB: over the "
+                f"devices' {capacity_bytes / 2**30:.2f} GiB even {memory_margin:.0%} lower"
+            )
+        if mode == "fastest" and front.times and front.times[0] < low_t:
+            return (
+                "a simulated strategy that fits is faster, even with this one's step at "
+                f"{low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest "
+                f"{time_margin:.0%} shorter)"
+            )
+        if mode == "front" and front.beats(low_t, low_m):
+            return (
+                "a simulated strategy is faster and needs no more memory, even with this "
+                f"one's step at {low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest "
+                f"{time_margin:.0%} shorter) and its peak {memory_margin:.0%} smaller"
+            )
+        return None
+
+    def left(i: int, why: str) -> Row:
+        return Row(
+            todo[i],
+            "estimated",
+            estimated_step_time_s=float(est.step_time_s[i]),
+            estimated_peak_memory_bytes=float(est.peak_memory_bytes[i]),
+            error=why,
+        )
+
+    ranked = order.tolist()
+    pos, done = 0, {}  # the next strategy to decide; the rows simulated ahead of it
+    while pos < len(ranked):
+        i = ranked[pos]
         if i in est.refused:  # the transform's own stage cut refuses it: nothing to build
-            yield Row(s, "error", error=est.refused[i])
+            yield Row(todo[i], "error", error=est.refused[i])
+            pos += 1
             continue
-        if known[i]:
-            low_t = optimistic_step_s(est.step_time_s[i], est.busy_s[i], time_margin)
-            low_m = est.peak_memory_bytes[i] / (1 + memory_margin)
-            why = None
-            if low_m > capacity_bytes:
-                why = (
-                    f"estimated peak {est.peak_memory_bytes[i] / 2**30:.2f} GiB: over the "
-                    f"devices' {capacity_bytes / 2**30:.2f} GiB even {memory_margin:.0%} lower"
-                )
-            elif mode == "fastest" and front.times and front.times[0] < low_t:
-                why = (
-                    "a simulated strategy that fits is faster, even with this one's step at "
-                    f"{low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest "
-                    f"{time_margin:.0%} shorter)"
-                )
-            elif mode == "front" and front.beats(low_t, low_m):
-                why = (
-                    "a simulated strategy is faster and needs no more memory, even with this "
-                    f"one's step at {low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest "
-                    f"{time_margin:.0%} shorter) and its peak {memory_margin:.0%} smaller"
-                )
-            if why is not None:
-                yield Row(
-                    s,
-                    "estimated",
-                    estimated_step_time_s=float(est.step_time_s[i]),
-                    estimated_peak_memory_bytes=float(est.peak_memory_bytes[i]),
-                    error=why,
-                )
-                continue
+        why = skipped(i)
+        if why is not None:  # (a row simulated ahead that a serial search skips: dropped)
+            done.pop(i, None)
+            yield left(i, why)
+            pos += 1
+            continue
+        if i in done:
+            yield finish(i, done.pop(i))
+            pos += 1
+            continue
         if submit is None:
-            yield finish(i, simulate_one(s))
+            yield finish(i, simulate_one(todo[i]))
+            pos += 1
             continue
-        pending.append((i, s))
-        if len(pending) >= wave:
-            yield from _spread(pending, submit, workers, finish)
-            pending = []
-    if pending:
-        yield from _spread(pending, submit, workers, finish)
+        # On an executor: the next ``wave`` strategies the rows so far leave to simulate,
+        # simulated together; each is then decided in order as a serial search decides
+        # it, on the rows before it (the rows are a serial search's, whatever the waves)
+        ahead = [i]
+        for j in ranked[pos + 1 :]:
+            if len(ahead) >= wave:
+                break
+            if j not in est.refused and skipped(j) is None:
+                ahead.append(j)
+        try:
+            for j, row in _spread([(j, todo[j]) for j in ahead], submit, workers, _pair):
+                done[j] = row
+        except KeyboardInterrupt:  # the rows a serial search would have decided so far
+            for i in ranked[pos:]:
+                why = None if i in est.refused else skipped(i)
+                if i in est.refused:
+                    yield Row(todo[i], "error", error=est.refused[i])
+                elif why is not None:
+                    yield left(i, why)
+                elif i in done:
+                    yield finish(i, done.pop(i))
+                else:
+                    break
+            raise
+
+
+def _pair(i: int, row: Row) -> tuple[int, Row]:
+    return i, row
 
 
 def shares(s: Strategy) -> tuple:
@@ -169,8 +210,8 @@ def _spread(
     items: Sequence[tuple[int, Strategy]],
     submit: Callable[[list[Strategy]], Any],
     count: int,
-    finish: Callable[[int, Row], Row],
-) -> Iterator[Row]:
+    finish: Callable[[int, Row], T],
+) -> Iterator[T]:
     """The rows of ``items`` simulated on the executor in ``count`` batches, as each batch
     finishes in order; interrupted (while submitting or waiting), the rows of the batches
     that finished, the others cancelled."""
@@ -184,7 +225,7 @@ def _spread(
     yield from _collect(pending, finish)
 
 
-def _collect(pending: list[Batch], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
+def _collect(pending: list[Batch], finish: Callable[[int, Row], T]) -> Iterator[T]:
     """The rows of ``pending`` batches in order; interrupted, the unfinished are cancelled."""
     done = 0
     try:
@@ -198,7 +239,7 @@ def _collect(pending: list[Batch], finish: Callable[[int, Row], Row]) -> Iterato
         raise
 
 
-def _finished(pending: list[Batch], finish: Callable[[int, Row], Row]) -> Iterator[Row]:
+def _finished(pending: list[Batch], finish: Callable[[int, Row], T]) -> Iterator[T]:
     """After an interrupt: the rows of the batches that finished (without waiting); the
     others cancelled."""
     for indices, future in pending:

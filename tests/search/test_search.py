@@ -361,9 +361,9 @@ def test_an_executor_runs_batches_of_strategies_that_share_analyses(mode) -> Non
     spread = search(GPT, topology, progress=False, simulate=mode, executor=executor, **space)
     assert [r.as_record() for r in spread.rows] == [r.as_record() for r in serial.rows]
     simulated = [s for b in executor.batches for s in b]
-    assert sorted(map(str, simulated)) == sorted(
-        str(r.strategy) for r in serial.rows if r.status not in ("pruned", "estimated")
-    )
+    assert set(simulated) >= {  # (the two tiers may simulate ahead what they then drop)
+        r.strategy for r in serial.rows if r.status not in ("pruned", "estimated")
+    }
     assert len(executor.batches) < len(simulated)  # jobs of several strategies
     for batch in executor.batches:  # those that share analyses side by side
         keys = [shares(s) for s in batch]
@@ -371,6 +371,26 @@ def test_an_executor_runs_batches_of_strategies_that_share_analyses(mode) -> Non
     if mode == "all":  # a few batches per worker, of nearly equal size
         assert len(executor.batches) <= 8
         assert max(map(len, executor.batches)) - min(map(len, executor.batches[:-1])) <= 0
+
+
+@pytest.mark.parametrize("mode", ["front", "fastest"])
+def test_the_two_tiers_on_an_executor_decide_every_row_as_a_serial_search(mode) -> None:
+    """The two tiers simulate a wave of strategies at a time on an executor, then decide
+    each in order on the rows before it, as a serial search does: a row simulated ahead
+    that a serial search leaves estimated is dropped (the reviewer's space: 17 rows left
+    estimated serially, 14 on a process pool before)."""
+    space = dict(
+        microbatches=[1, 2, 4], zero=(0, 1), schedules=("1f1b", "interleaved"), chunks=(1, 2)
+    )
+    topology = ir.Topology.preset("cpu", 4)
+    serial = search(GPT, topology, progress=False, simulate=mode, **space)
+    executor = _Recording()
+    spread = search(GPT, topology, progress=False, simulate=mode, executor=executor, **space)
+    assert [r.as_record() for r in spread.rows] == [r.as_record() for r in serial.rows]
+    left = [r for r in serial.rows if r.status == "estimated"]
+    assert left and len({s for b in executor.batches for s in b}) > len(serial.rows) - len(
+        left
+    ) - sum(r.status == "pruned" for r in serial.rows)  # some simulated ahead, dropped
 
 
 def test_progress_can_be_a_callable_given_decided_and_total() -> None:
@@ -427,3 +447,18 @@ def test_a_program_leaving_a_device_idle_is_never_an_ok_row(monkeypatch) -> None
     result = search(MLP, ir.Topology.preset("a100-hgx", 2), progress=False, dp=2, tp=1, pp=1)
     (row,) = result.rows
     assert row.status == "error" and "device(s) [1] of the 2 compute nothing" in row.error
+
+
+def test_an_interrupted_two_tier_search_on_an_executor_keeps_the_rows_decided() -> None:
+    space = dict(
+        microbatches=[1, 2, 4], zero=(0, 1), schedules=("1f1b", "interleaved"), chunks=(1, 2)
+    )
+    topology = ir.Topology.preset("cpu", 4)
+    serial = {r.strategy: r for r in search(GPT, topology, progress=False, **space).rows}
+    for while_submitting in (True, False):
+        executor = _InterruptedExecutor(while_submitting)
+        result = search(GPT, topology, progress=False, executor=executor, **space)
+        statuses = [r.status for r in result.rows]
+        assert "cancelled" in statuses and statuses.count("ok") >= 8
+        for r in result.rows:  # what was decided is what a serial search decides
+            assert r.status == "cancelled" or r.as_record() == serial[r.strategy].as_record()
