@@ -2,8 +2,9 @@
 can reach the front (:func:`decide`).
 
 With ``simulate="front"`` the strategies are taken in order of their estimated step time
-made optimistic by the estimator's measured error (:data:`ir.search.estimate.TIME_MARGIN`
-on what the estimate adds to the busiest device's compute,
+made optimistic by the estimator's measured error (:data:`ir.search.estimate.TIME_MARGIN`,
+on roofline and host-synchronising topologies ``ROOFLINE_TIME_MARGIN``, on what the
+estimate adds to the busiest device's compute,
 :func:`~ir.search.estimate.optimistic_step_s`; :data:`~ir.search.estimate.MEMORY_MARGIN`
 on the peak: its estimates exceed the simulator's figures by at most that much): a
 strategy is simulated unless a strategy already simulated is faster than its optimistic
@@ -28,7 +29,8 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from .estimate import MEMORY_MARGIN, TIME_MARGIN, Estimator, optimistic_step_s, step_error
+from .estimate import MEMORY_MARGIN, Estimator, optimistic_step_s, step_error
+from .estimate import time_margin as starting_margin
 from .result import Row
 from .space import Strategy
 
@@ -77,8 +79,9 @@ def decide(
     if mode == "all":
         yield from _all(todo, simulate_one, submit, workers)
         return
-    est = estimator().estimate(todo)
-    time_margin, memory_margin = TIME_MARGIN, MEMORY_MARGIN
+    model = estimator()
+    est = model.estimate(todo)
+    time_margin, memory_margin = starting_margin(model.topology), MEMORY_MARGIN
     known = est.known
     order = np.argsort(np.where(known, est.step_time_s, 0.0), kind="stable")
     front = Front()
