@@ -62,12 +62,12 @@ from .space import SharedPlans, Strategy
 #: whole peak.
 TIME_MARGIN = 0.75
 MEMORY_MARGIN = 0.15
-#: The step time's margin on a roofline topology (``ideal=True``: no kernel or collective
-#: model) or one whose hosts wait for their devices after each transfer (the ``cpu``
-#: preset): there the estimate of interleaved and tensor-split pipelines has been seen up
-#: to 2.45 times the simulation's part above the compute (a review's 1,682 random
-#: strategies on such presets: 49 above :data:`TIME_MARGIN`, most interleaved with
-#: pp > 1), against 1.003 at most on the efficiency-model presets (2,076 strategies).
+#: The step time's margin on a roofline topology (``ideal=True`` presets and the ``cpu``
+#: preset: no kernel or collective model): there the estimate of interleaved and
+#: tensor-split pipelines has been seen up to 2.45 times the simulation's part above the
+#: compute (a review's 1,682 random strategies on such presets: 49 above
+#: :data:`TIME_MARGIN`, most interleaved with pp > 1), against 1.003 at most on the
+#: efficiency-model presets (2,076 strategies).
 ROOFLINE_TIME_MARGIN = 3.0
 
 
@@ -75,10 +75,7 @@ def time_margin(topology: Topology) -> float:
     """The step time's margin the search starts from on ``topology``
     (:data:`TIME_MARGIN`, or :data:`ROOFLINE_TIME_MARGIN` where the estimator is known to
     be further off)."""
-    device = topology.devices[0]
-    if topology.ideal or device.syncs_after_p2p:
-        return ROOFLINE_TIME_MARGIN
-    return TIME_MARGIN
+    return ROOFLINE_TIME_MARGIN if topology.ideal else TIME_MARGIN
 
 
 def optimistic_step_s(step_s: Any, busy_s: Any, margin: float) -> Any:

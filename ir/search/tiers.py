@@ -3,7 +3,7 @@ can reach the front (:func:`decide`).
 
 With ``simulate="front"`` the strategies are taken in order of their estimated step time
 made optimistic by the estimator's measured error (:data:`ir.search.estimate.TIME_MARGIN`,
-on roofline and host-synchronising topologies ``ROOFLINE_TIME_MARGIN``, on what the
+on roofline topologies ``ROOFLINE_TIME_MARGIN``, on what the
 estimate adds to the busiest device's compute,
 :func:`~ir.search.estimate.optimistic_step_s`; :data:`~ir.search.estimate.MEMORY_MARGIN`
 on the peak: its estimates exceed the simulator's figures by at most that much): a

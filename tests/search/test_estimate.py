@@ -268,10 +268,10 @@ def test_reductions_outlasting_the_last_backward_are_counted_once() -> None:
 
 
 def test_roofline_and_host_synchronising_topologies_start_from_the_wider_margin() -> None:
-    """The estimator's interleaved and tensor-split pipelines on the ideal roofline and on
-    hosts that wait after each transfer were seen 2.45 times over the simulation's part
-    above the compute (a review's random spaces), against 1.003 on the efficiency-model
-    presets: the search starts from ROOFLINE_TIME_MARGIN there."""
+    """The estimator's interleaved and tensor-split pipelines on the roofline (ideal
+    presets, the cpu preset) were seen 2.45 times over the simulation's part above the
+    compute (a review's random spaces), against 1.003 on the efficiency-model presets:
+    the search starts from ROOFLINE_TIME_MARGIN there."""
     from ir.search.estimate import ROOFLINE_TIME_MARGIN, time_margin
 
     assert time_margin(ir.Topology.preset("a100-hgx", 8)) == TIME_MARGIN
