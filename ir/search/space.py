@@ -371,6 +371,17 @@ def prune(
             reasons[s] = "sequence parallelism with one tensor rank is the plain step"
         elif s.schedule == "gpipe" and _replace(s, schedule="1f1b") in present:
             reasons[s] = "dominated by 1F1B: the same bubble, fewer microbatches alive"
+        elif (
+            s.schedule == "interleaved"
+            and s.pp == 1
+            and _replace(s, schedule="1f1b", chunks=1) in present
+        ):
+            # Megatron-LM's get_forward_backward_func runs a step of one pipeline rank
+            # without a pipeline schedule, whatever its virtual stages
+            reasons[s] = (
+                "interleaving needs pipeline ranks to interleave: with pp=1 Megatron-LM runs "
+                "the step without a pipeline, the 1F1B row's step"
+            )
     return reasons
 
 

@@ -462,3 +462,20 @@ def test_an_interrupted_two_tier_search_on_an_executor_keeps_the_rows_decided() 
         assert "cancelled" in statuses and statuses.count("ok") >= 8
         for r in result.rows:  # what was decided is what a serial search decides
             assert r.status == "cancelled" or r.as_record() == serial[r.strategy].as_record()
+
+
+def test_interleaving_with_one_pipeline_rank_is_pruned_beside_its_1f1b_step() -> None:
+    space = dict(pp=1, microbatches=[2], schedules=("1f1b", "interleaved"), chunks=(1, 2))
+    result = search(GPT, ir.Topology.preset("a100-hgx", 4), progress=False, **space)
+    interleaved = [r for r in result.rows if r.strategy.schedule == "interleaved"]
+    assert interleaved and all(
+        r.status == "pruned" and "without a pipeline" in r.error for r in interleaved
+    )
+    assert any(r.ok and r.strategy.schedule == "1f1b" for r in result.rows)
+    alone = search(
+        GPT,
+        ir.Topology.preset("a100-hgx", 4),
+        progress=False,
+        **{**space, "schedules": ("interleaved",)},
+    )
+    assert all(r.status != "pruned" or "without" not in r.error for r in alone.rows)
