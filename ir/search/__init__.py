@@ -367,22 +367,12 @@ def _simulate(
     )
 
 
-def _simulate_batch(
-    strategies: list[Strategy],
-    t: Function,
-    topology: Topology,
-    batch: int,
-    tokens: int,
-    model_flops: float,
-    peak_flops: float,
-) -> list[Row]:
-    """The rows of a batch of strategies (:func:`ir.search.tiers.batches`), built with one
-    :class:`SharedPlans`: what an executor's worker runs."""
+def _simulate_batch(strategies: list[Strategy], *args: Any) -> list[Row]:
+    """The rows of a batch of strategies (:func:`ir.search.tiers.batches`), each
+    :func:`_simulate`'d on ``args`` with one :class:`SharedPlans`: what an executor's
+    worker runs."""
     shared = SharedPlans()
-    return [
-        _simulate(s, t, topology, batch, tokens, model_flops, peak_flops, shared)
-        for s in strategies
-    ]
+    return [_simulate(s, *args, shared) for s in strategies]
 
 
 def _batch(t: Function) -> int:

@@ -138,26 +138,27 @@ def decide(
             error=why,
         )
 
-    ranked = order.tolist()
-    pos, done = 0, {}  # the next strategy to decide; the rows simulated ahead of it
-    while pos < len(ranked):
-        i = ranked[pos]
+    done: dict[int, Row] = {}  # rows simulated ahead of the strategy being decided
+
+    def decided(i: int) -> Row | None:
+        """Strategy ``i``'s row if the rows so far decide it without a new simulation."""
         if i in est.refused:  # the transform's own stage cut refuses it: nothing to build
-            yield Row(todo[i], "error", error=est.refused[i])
-            pos += 1
-            continue
+            return Row(todo[i], "error", error=est.refused[i])
         why = skipped(i)
         if why is not None:  # (a row simulated ahead that a serial search skips: dropped)
             done.pop(i, None)
-            yield left(i, why)
-            pos += 1
-            continue
-        if i in done:
-            yield finish(i, done.pop(i))
-            pos += 1
-            continue
-        if submit is None:
-            yield finish(i, simulate_one(todo[i]))
+            return left(i, why)
+        return finish(i, done.pop(i)) if i in done else None
+
+    ranked = order.tolist()
+    pos = 0  # the next strategy to decide
+    while pos < len(ranked):
+        i = ranked[pos]
+        row = decided(i)
+        if row is None and submit is None:
+            row = finish(i, simulate_one(todo[i]))
+        if row is not None:
+            yield row
             pos += 1
             continue
         # On an executor: the next ``wave`` strategies the rows so far leave to simulate,
@@ -174,15 +175,10 @@ def decide(
                 done[j] = row
         except KeyboardInterrupt:  # the rows a serial search would have decided so far
             for i in ranked[pos:]:
-                why = None if i in est.refused else skipped(i)
-                if i in est.refused:
-                    yield Row(todo[i], "error", error=est.refused[i])
-                elif why is not None:
-                    yield left(i, why)
-                elif i in done:
-                    yield finish(i, done.pop(i))
-                else:
+                row = decided(i)
+                if row is None:
                     break
+                yield row
             raise
 
 
