@@ -14,8 +14,8 @@
      included;
    * the reference it is tested against: every op of every device walked
      (``symmetry=False``);
-   * ``ir.search.search`` end to end over the same 35, simulating all of them
-     (``simulate="all"``) and in two tiers (``simulate="front"``: estimated, the event
+   * ``ir.search.search`` end to end over the same 35 (``strategies=``), simulating all
+     of them (``simulate="all"``) and in two tiers (``simulate="front"``: estimated, the event
      simulation on those that can reach the front), with how many it simulated;
    * the same two searches on a ``ProcessPoolExecutor`` of ``--workers`` processes
      (started before the clock): each job a batch of strategies that share analyses,
@@ -90,28 +90,27 @@ def bench_grid(repeat: int, workers: int) -> None:
 
         return run
 
-    knobs = dict(
-        dp=(1, 2, 4, 8, 16),
-        tp=(1, 2, 4, 8, 16),
-        pp=(1, 2, 4, 8, 16),
-        microbatches=(1, 2, 8, 32),
-        progress=False,
-        optimizer="sgd",
-    )
+    grid = [ir.search.Strategy(dp, tp, pp, m) for dp, tp, pp, m in space]
 
-    def searched(mode: str):
-        return lambda: ir.search.search(MLP, topology, simulate=mode, **knobs)
+    def searched(mode: str, executor=None):
+        return lambda: ir.search.search(
+            MLP,
+            topology,
+            optimizer="sgd",
+            strategies=grid,
+            simulate=mode,
+            progress=False,
+            executor=executor,
+        )
 
     simulate_each(True)()  # warm-up: imports, the registry's and types' caches
-    degrees = [knobs[k] for k in ("dp", "tp", "pp", "microbatches")]
-    defaults = (("1f1b",), (1,), (0,), (False,), (False,), (1,), (1,))
-    request = _request(MLP, topology, None, "sgd", *degrees, *defaults)
-    todo = [s for s in request[0] if s not in request[1]]
+    request = _request(MLP, topology, None, "sgd", *[None] * 11, chosen=grid)
+    todo = [s for s in request.space if s not in request.pruned]
 
     def each_searched(shared: bool):
         def run():
             plans = SharedPlans() if shared else None
-            return [_simulate(s, *request[2:8], shared=plans) for s in todo]
+            return [_simulate(s, *request.args(), shared=plans) for s in todo]
 
         return run
 
@@ -122,7 +121,7 @@ def bench_grid(repeat: int, workers: int) -> None:
         == (b.status, b.step_time_s, b.peak_memory_bytes, b.error, b.bubble, b.exposed_comm_s)
         for a, b in zip(alone[2], together[2], strict=True)
     )
-    print(f"the search's {len(todo)} grid strategies built and simulated (best of {repeat}):")
+    print(f"the grid's {len(todo)} strategies built and simulated (best of {repeat}):")
     for label, (wall, cpu, _) in (("each plan alone", alone), ("plans shared", together)):
         print(
             f"  {label:<38}: {len(todo) / wall:6.1f} strategies/s ({wall:.2f} s; "
@@ -138,34 +137,16 @@ def bench_grid(repeat: int, workers: int) -> None:
     with ProcessPoolExecutor(workers) as pool:
         list(pool.map(abs, range(workers)))  # the workers started (and ir imported) first
         for mode in ("all", "front"):
-
-            def spread(mode=mode):
-                return ir.search.search(MLP, topology, simulate=mode, executor=pool, **knobs)
-
             label = f"search, {mode!r}, {workers} processes"
-            rows.append((label, *_best(repeat, spread)))
+            rows.append((label, *_best(repeat, searched(mode, pool))))
     print(f"35 strategies of a 16-layer MLP (hidden 8192) on 16 A100s (best of {repeat}):")
     for label, wall, cpu, out in rows:
-        n = 35
+        n = len(grid)
         extra = ""
         if isinstance(out, ir.search.SearchResult):
-            # the search's knobs also make pp 1 with m > 1 and m 1 with pp > 1 (25 more
-            # strategies, outside the grid): they are simulated too, in the same time
-            grid = {(d, k, p, m) for d, k, p, m in space}
-            ran = [r for r in out.rows if r.status in ("ok", "over capacity", "error")]
-            mine = [
-                r
-                for r in ran
-                if (r.strategy.dp, r.strategy.tp, r.strategy.pp, r.strategy.microbatches) in grid
-            ]
+            simulated = sum(r.status in ("ok", "over capacity", "error") for r in out.rows)
             pruned = sum(r.status == "pruned" for r in out.rows)
-            rate = f"{len(ran) / cpu:.1f} simulated/s of CPU"
-            if "processes" in label:  # this process's CPU time leaves out the workers'
-                rate = f"{len(ran) / wall:.1f} simulated/s of wall time"
-            extra = (
-                f"; {len(mine)} of the 35 simulated, and {len(ran) - len(mine)} more outside "
-                f"the grid ({rate}), {pruned} pruned"
-            )
+            extra = f"; {simulated} simulated, {pruned} pruned"
         cpu_part = f"CPU {cpu:.2f} s: {n / cpu:.1f}/s"
         if "processes" in label:
             cpu_part = "the workers' CPU not counted"

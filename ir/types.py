@@ -277,8 +277,10 @@ class TupleType:
         found = self.__dict__.get("_fields_kept")
         if found is None:
             elements = self.elements
-            if all(e.__class__ is TensorType for e in elements):  # C-level: map, zip
-                found = tuple(zip(*(map(attrgetter(f), elements) for f in _TENSOR_FIELDS)))
+            if all(e.__class__ is TensorType for e in elements):  # C-level: map
+                # a tuple per field, not one per element: three objects for the collector
+                # to track, not thousands (a type of a 1,024-device step is kept per op)
+                found = tuple(tuple(map(attrgetter(f), elements)) for f in _TENSOR_FIELDS)
             else:
                 found = tuple(
                     (e.shape, e.dtype, e.device) if e.__class__ is TensorType else e

@@ -32,8 +32,11 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import threading
+import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..device import Topology
 from ..errors import DistIRError
@@ -44,7 +47,16 @@ from ..transforms._rewrite import batch_inputs, batch_size, is_optimizer
 from ..types import compute_dtype
 from .estimate import Estimator
 from .result import STATUSES, Row, SearchResult
-from .space import ModelFacts, SearchError, SharedPlans, Strategy, _choices, prune, strategies
+from .space import (
+    ModelFacts,
+    SearchError,
+    SharedPlans,
+    Strategy,
+    _choices,
+    listed,
+    prune,
+    strategies,
+)
 from .tiers import MODES, decide
 
 
@@ -65,6 +77,7 @@ def search(
     recompute: Iterable[bool] | bool = (False,),
     ep: Iterable[int] | int = (1,),
     cp: Iterable[int] | int = (1,),
+    strategies: Iterable[Strategy] | None = None,
     simulate: str = "front",
     progress: bool | Callable[[int, int], None] = True,
     executor: Any = None,
@@ -76,7 +89,10 @@ def search(
     it is, as the workbench's ready transforms run it) or a training step.
     ``batch``: the global batch, which must be the model's (build the model with the
     batch you want; a mismatch is an error rather than a silent resize).
-    The other keywords narrow or widen the space (see :func:`strategies`).
+    The other keywords narrow or widen the space (see :func:`strategies`); or
+    ``strategies`` lists the strategies to search instead (``Strategy`` objects: a grid
+    that is no product of knobs, rows kept from an earlier search), each checked as the
+    knobs are and then pruned, estimated and simulated as the space's would be.
     ``simulate``: ``"front"`` (two tiers: every strategy estimated in closed form, the
     event simulation on those that can reach the Pareto front; :mod:`ir.search.tiers`),
     ``"fastest"`` (two tiers, simulating only those that could be the fastest strategy
@@ -103,7 +119,8 @@ def search(
     if on_row is not None and not callable(on_row):
         raise SearchError(f"on_row must be a function of a row, got {type(on_row).__name__}")
     request = _request(model, topology, batch, optimizer, dp, tp, pp, microbatches, schedules,
-                       chunks, zero, sequence_parallel, recompute, ep, cp)  # fmt: skip
+                       chunks, zero, sequence_parallel, recompute, ep, cp,
+                       chosen=strategies)  # fmt: skip
     rows: dict[Strategy, Row] = {}
     try:
         for row in _decided(request, simulate, progress, executor):
@@ -113,7 +130,7 @@ def search(
     except KeyboardInterrupt:
         pass  # the rows so far; the rest are cancelled below
     cancelled = "the search was interrupted before this strategy was simulated"
-    space = request[0]
+    space = request.space
     return SearchResult([rows.get(s) or Row(s, "cancelled", error=cancelled) for s in space])
 
 
@@ -134,6 +151,7 @@ def search_rows(
     recompute: Iterable[bool] | bool = (False,),
     ep: Iterable[int] | int = (1,),
     cp: Iterable[int] | int = (1,),
+    strategies: Iterable[Strategy] | None = None,
     simulate: str = "front",
     progress: bool | Callable[[int, int], None] = False,
     executor: Any = None,
@@ -150,15 +168,40 @@ def search_rows(
     ['ok']
     """
     request = _request(model, topology, batch, optimizer, dp, tp, pp, microbatches, schedules,
-                       chunks, zero, sequence_parallel, recompute, ep, cp)  # fmt: skip
+                       chunks, zero, sequence_parallel, recompute, ep, cp,
+                       chosen=strategies)  # fmt: skip
     yield from _decided(request, simulate, progress, executor)
 
 
+class _Request(NamedTuple):
+    """A search request: its space and pruned rows, then what each strategy is built and
+    simulated with (``args()``: :func:`_simulate`'s arguments after the strategy)."""
+
+    space: list[Strategy]
+    pruned: dict[Strategy, str]
+    t: Function  # the training step
+    topology: Topology
+    batch: int
+    tokens: int  # per sample
+    model_flops: float
+    peak_flops: float
+    shared: SharedPlans  # the analyses the request's strategies share
+    name: str  # a fresh random name: what names it to an executor's workers
+
+    def args(self) -> tuple:
+        return (self.t, self.topology, self.batch, self.tokens, self.model_flops,
+                self.peak_flops)  # fmt: skip
+
+
 def _request(
-    model: Function, topology: Topology, batch: int | None, optimizer: str | None, *space: Any
-) -> tuple:
-    """(space, pruned rows, training step, topology, batch, tokens, model FLOPs, peak, the
-    request's :class:`SharedPlans`)."""
+    model: Function,
+    topology: Topology,
+    batch: int | None,
+    optimizer: str | None,
+    *space: Any,
+    chosen: Iterable[Strategy] | None = None,
+) -> _Request:
+    """The space asked for and what its strategies are built and simulated with."""
     from .. import transforms
 
     if not isinstance(model, Function):
@@ -176,6 +219,8 @@ def _request(
             f"the model with the batch to search"
         )
     dp, tp, pp, microbatches, schedules, chunks, zero, sequence_parallel, recompute, ep, cp = space
+    if chosen is not None:
+        return _request_listed(t, topology, rows_of_batch, chosen, space)
     strategies_ = strategies(
         len(topology.devices),
         rows_of_batch,
@@ -192,6 +237,34 @@ def _request(
         cp=cp,
     )
     _check_request(len(topology.devices), rows_of_batch, t, strategies_, dp=dp, tp=tp, pp=pp, cp=cp)
+    return _requested(t, topology, rows_of_batch, strategies_)
+
+
+# the knobs' defaults in search's signature: strategies= takes their place
+_KNOB_DEFAULTS = (None, None, None, None, ["1f1b"], [1], [0], [False], [False], [1], [1])
+_KNOB_NAMES = ("dp", "tp", "pp", "microbatches", "schedules", "chunks", "zero",
+               "sequence_parallel", "recompute", "ep", "cp")  # fmt: skip
+
+
+def _request_listed(
+    t: Function, topology: Topology, batch: int, chosen: Iterable[Strategy], knobs: tuple
+) -> _Request:
+    """_request for ``search(strategies=[...])``: the listed strategies are the space."""
+    for name, given, default in zip(_KNOB_NAMES, knobs, _KNOB_DEFAULTS, strict=True):
+        if given is not None and _choices(name, given, ()) != default:
+            raise SearchError(
+                f"give either strategies= or the knobs that make a space, not both "
+                f"({name}={given!r} with strategies=)"
+            )
+    space = listed(len(topology.devices), batch, chosen)
+    if any(s.tp > 1 for s in space):
+        _check_request(len(topology.devices), batch, t, space, dp=None,
+                       tp=[s.tp for s in space], pp=None)  # fmt: skip
+    return _requested(t, topology, batch, space)
+
+
+def _requested(t: Function, topology: Topology, rows_of_batch: int, strategies_: list) -> _Request:
+    """The request of space ``strategies_`` of training step ``t`` (see _request)."""
     capacity = min(d.memory_bytes for d in topology.devices)
     facts = ModelFacts.of(t, rows_of_batch)
     # the analyses strategies share (the tensor degree's, the stages', the batch pieces'),
@@ -202,13 +275,15 @@ def _request(
     model_flops, dtype = _flops(t)
     peak = topology.devices[0].peak_flops_for(dtype, True, allow_tf32=topology.allow_tf32)
     tokens = _tokens_per_sample(t)
-    return (strategies_, pruned, t, topology, rows_of_batch, tokens, model_flops, peak, shared)
+    name = uuid.uuid4().hex  # what names the request to an executor's workers (_simulate_batch)
+    return _Request(strategies_, pruned, t, topology, rows_of_batch, tokens, model_flops, peak,
+                    shared, name)  # fmt: skip
 
 
-def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> Iterator[Row]:
+def _decided(request: _Request, simulate: str, progress: bool, executor: Any) -> Iterator[Row]:
     from tqdm.auto import tqdm
 
-    space, pruned, t, topology, batch = request[:5]
+    space, pruned, t, topology, batch = request.space, request.pruned, *request.args()[:3]
     if simulate not in MODES:
         raise SearchError(f"simulate must be one of {MODES}, got {simulate!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):
@@ -219,14 +294,17 @@ def _decided(request: tuple, simulate: str, progress: bool, executor: Any) -> It
     for s, why in pruned.items():
         yield Row(s, "pruned", error=why)
     todo = [s for s in space if s not in pruned]
-    args, shared = request[2:8], request[8]
+    args, shared, name = request.args(), request.shared, request.name
     submit = None
     if executor is not None:
-        submit = lambda ss: executor.submit(_simulate_batch, ss, *args)  # noqa: E731
+        submit = lambda ss: executor.submit(_simulate_batch, ss, name, *args)  # noqa: E731
+        # an executor in this process (threads) shares the request's own plans
+        with _WORKER_PLANS_LOCK:
+            _WORKER_PLANS[name] = (t, shared)
     capacity = min(d.memory_bytes for d in topology.devices)
     report = progress if callable(progress) else None
     bar = tqdm(total=len(todo), desc="searching strategies", disable=report or not progress)
-    with bar:
+    with bar, _forgotten(name):
         for done, row in enumerate(
             decide(
                 todo,
@@ -367,12 +445,44 @@ def _simulate(
     )
 
 
-def _simulate_batch(strategies: list[Strategy], *args: Any) -> list[Row]:
+def _simulate_batch(strategies: list[Strategy], request: str, *args: Any) -> list[Row]:
     """The rows of a batch of strategies (:func:`ir.search.tiers.batches`), each
-    :func:`_simulate`'d on ``args`` with one :class:`SharedPlans`: what an executor's
-    worker runs."""
-    shared = SharedPlans()
-    return [_simulate(s, *args, shared) for s in strategies]
+    :func:`_simulate`'d on ``args``: what an executor's worker runs. ``request`` names the
+    search the batch belongs to (:func:`_requested`): the worker's batches of one search
+    share one :class:`SharedPlans` (each analysis made once per worker, not once per
+    batch), with the first batch's copy of the training step they were made of."""
+    t, plans = _worker_plans(request, args[0])
+    return [_simulate(s, t, *args[1:], plans) for s in strategies]
+
+
+# In a worker: the shared plans of the last few searches it ran batches of, by request
+# name (a fresh random name per search request, never an object's id): kept while a
+# search runs, dropped two searches later. Locked: a dask worker runs batches in threads.
+_WORKER_PLANS: OrderedDict[str, tuple[Function, SharedPlans]] = OrderedDict()
+_WORKER_PLANS_KEPT = 2
+_WORKER_PLANS_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _forgotten(request: str) -> Iterator[None]:
+    """This process's plans of ``request`` dropped when its search ends (the workers'
+    are dropped two searches later)."""
+    try:
+        yield
+    finally:
+        with _WORKER_PLANS_LOCK:
+            _WORKER_PLANS.pop(request, None)
+
+
+def _worker_plans(request: str, t: Function) -> tuple[Function, SharedPlans]:
+    with _WORKER_PLANS_LOCK:
+        found = _WORKER_PLANS.get(request)
+        if found is None:
+            found = _WORKER_PLANS[request] = (t, SharedPlans())
+            while len(_WORKER_PLANS) > _WORKER_PLANS_KEPT:
+                _WORKER_PLANS.popitem(last=False)
+        _WORKER_PLANS.move_to_end(request)
+        return found
 
 
 def _batch(t: Function) -> int:

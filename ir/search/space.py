@@ -262,6 +262,61 @@ def strategies(
 _FIELDS = attrgetter(*(f.name for f in fields(Strategy)))  # Strategy's order, as a key
 
 
+def listed(devices: int, batch: int, given: Iterable[Strategy]) -> list[Strategy]:
+    """The strategies of ``given`` (a list a user wrote, rows copied from an earlier
+    search) on ``devices`` devices, each checked as :func:`strategies` checks its
+    knobs, in the space's order without repeats. A strategy that is no point of any space
+    (a degree that is not a positive integer, chunks on a 1F1B schedule, ``dp * cp * tp
+    * pp`` other than ``devices``) is a :class:`SearchError` naming it and why."""
+    if isinstance(given, (Strategy, str)):
+        given = [given]  # type: ignore[list-item]
+    try:
+        chosen = list(given)
+    except TypeError:
+        raise SearchError(
+            f"strategies must be a list of ir.search.Strategy, got {given!r}"
+        ) from None
+    if not chosen:
+        raise SearchError("strategies lists no strategy to try")
+    out = []
+    for i, s in enumerate(chosen):
+        if not isinstance(s, Strategy):
+            raise SearchError(
+                f"strategies[{i}] is {s!r}, not an ir.search.Strategy (write "
+                "Strategy(dp=4, tp=2, pp=2, microbatches=8), say)"
+            )
+        knobs = {f.name: _plain(getattr(s, f.name)) for f in fields(Strategy)}
+        try:
+            found = strategies(
+                devices,
+                batch,
+                dp=knobs["dp"],
+                tp=knobs["tp"],
+                pp=knobs["pp"],
+                microbatches=knobs["microbatches"],
+                schedules=knobs["schedule"],
+                chunks=knobs["chunks"],
+                zero=knobs["zero"],
+                sequence_parallel=knobs["sequence_parallel"],
+                recompute=knobs["recompute"],
+                ep=knobs["ep"],
+                cp=knobs["cp"],
+            )
+        except SearchError as e:
+            raise SearchError(f"strategies[{i}] ({s}): {e}") from None
+        if not found:
+            if s.devices != devices:
+                why = (
+                    f"dp x cp x tp x pp = {s.devices}, but a search runs on all of the "
+                    f"topology's {devices} devices"
+                )
+            else:
+                why = f"ep={s.ep} does not divide dp={s.dp} (expert ranks split the replicas)"
+            raise SearchError(f"strategies[{i}] ({s}): {why}")
+        out += found
+    return sorted(set(out), key=_FIELDS)
+
+
 def _powers_from(lo: int, hi: int) -> list[int]:
     out, m = [], lo
     while m <= hi:

@@ -193,13 +193,34 @@ def shares(s: Strategy) -> tuple:
     return (s.recompute, s.dp * s.microbatches, s.pp * s.chunks, s.tp)
 
 
+def work(s: Strategy) -> int:
+    """A strategy's relative cost to build and simulate (to balance an executor's
+    batches): a fixed part, a part per pipeline stage and one per task (a microbatch on
+    a stage). Measured on the 35-strategy grid of a 16-layer MLP on 16 GPUs (8 ms for
+    dp16, 21 ms for pp16 with 2 microbatches, 76 ms with 32): about 70 : 5 : 1."""
+    stages = s.pp * s.chunks
+    return 70 + 5 * stages + s.microbatches * stages
+
+
 def batches(items: Sequence[tuple[int, Strategy]], count: int) -> list[list[tuple[int, Strategy]]]:
-    """``items`` (index, strategy) in at most ``count`` batches of nearly equal size, the
-    strategies that share analyses (:func:`shares`) side by side: an executor's worker
-    builds a batch with one :class:`~ir.search.space.SharedPlans`."""
+    """``items`` (index, strategy) in at most ``count`` batches of nearly equal
+    :func:`work`, the strategies that share analyses (:func:`shares`) side by side: an
+    executor's worker builds a batch with its :class:`~ir.search.space.SharedPlans`.
+    Equal work, not equal counts: a batch of 32-microbatch pipelines takes several times
+    one of single-stage steps, and the last batch to finish ends the search."""
     ordered = sorted(items, key=lambda item: shares(item[1]))
-    size = -(-len(ordered) // max(1, count))
-    return [ordered[k : k + size] for k in range(0, len(ordered), size)]
+    weights = [work(s) for _, s in ordered]
+    total = sum(weights)
+    count = max(1, min(count, len(ordered)))
+    out: list[list[tuple[int, Strategy]]] = [[]]
+    done = 0
+    for item, w in zip(ordered, weights, strict=True):
+        # a batch ends where the work so far reaches its share of the total
+        if out[-1] and done + w / 2 > total * len(out) / count and len(out) < count:
+            out.append([])
+        out[-1].append(item)
+        done += w
+    return out
 
 
 Batch = tuple[list[int], Any]  # the indices of a batch's strategies, the future of its rows

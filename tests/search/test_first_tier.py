@@ -56,7 +56,9 @@ def _tensor_problem_alone(t: ir.Function, tp: int) -> str | None:
 )
 def test_the_first_tier_gives_the_reference_rows(model, optimizer, devices) -> None:
     topology = ir.Topology.preset("a100-hgx", devices)
-    space, pruned, t, _, batch, *_, shared = _request(model, topology, None, optimizer, *KNOBS)
+    request = _request(model, topology, None, optimizer, *KNOBS)
+    space, pruned, t, batch, shared = (request.space, request.pruned, request.t, request.batch,
+                                       request.shared)  # fmt: skip
     assert len(space) > 500
     # pruned: with each tensor degree analysed alone, in full
     capacity = min(d.memory_bytes for d in topology.devices)

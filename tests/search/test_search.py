@@ -12,6 +12,7 @@ import ir
 from ir import models, transforms
 from ir.search import SearchError, SearchResult, Strategy, search, strategies
 from ir.search.result import Row
+from ir.search.tiers import batches, shares, work
 
 MLP = models.mlp(64, 32, 32, 8, layers=4)
 GPT = models.gpt(batch=8, seq=16, hidden=32, heads=4, vocab=64, layers=2)
@@ -352,8 +353,6 @@ class _Recording:
 
 @pytest.mark.parametrize("mode", ["all", "front"])
 def test_an_executor_runs_batches_of_strategies_that_share_analyses(mode) -> None:
-    from ir.search.tiers import shares
-
     space = {"dp": [1, 2, 4], "tp": [1, 2, 4], "microbatches": [1, 2, 4, 8]}
     topology = ir.Topology.preset("a100-hgx", 8)
     serial = search(GPT, topology, progress=False, simulate=mode, **space)
@@ -368,9 +367,28 @@ def test_an_executor_runs_batches_of_strategies_that_share_analyses(mode) -> Non
     for batch in executor.batches:  # those that share analyses side by side
         keys = [shares(s) for s in batch]
         assert keys == sorted(keys)
-    if mode == "all":  # a few batches per worker, of nearly equal size
-        assert len(executor.batches) <= 8
-        assert max(map(len, executor.batches)) - min(map(len, executor.batches[:-1])) <= 0
+    if mode == "all":  # a few batches per worker, of nearly equal work (not count)
+        assert len(executor.batches) == 8
+        totals = [sum(map(work, b)) for b in executor.batches]
+        assert max(totals) - min(totals) <= 2 * max(map(work, simulated))
+        assert max(map(len, executor.batches)) > min(map(len, executor.batches))
+
+
+def test_batches_balance_work_not_counts() -> None:
+    """A batch of 32-microbatch pipelines costs several single-stage steps: batches of
+    equal counts left one worker with most of the 35-strategy grid."""
+    grid = [Strategy(dp, 16 // (dp * pp), pp, m)
+            for dp in (1, 2, 4, 8, 16) for pp in (1, 2, 4, 8, 16) if 16 % (dp * pp) == 0
+            for m in ((2, 8, 32) if pp > 1 else (1,))]  # fmt: skip
+    assert len(grid) == 35
+    for count in (2, 4, 8):
+        made = batches(list(enumerate(grid)), count)
+        assert len(made) == count
+        assert sorted(i for b in made for i, _ in b) == list(range(35))  # each once
+        totals = [sum(work(s) for _, s in b) for b in made]
+        assert max(totals) - min(totals) <= 2 * max(map(work, grid))
+        assert max(totals) < 1.5 * sum(totals) / count
+    assert batches([(0, grid[0])], 8) == [[(0, grid[0])]]
 
 
 @pytest.mark.parametrize("mode", ["front", "fastest"])
@@ -479,3 +497,51 @@ def test_interleaving_with_one_pipeline_rank_is_pruned_beside_its_1f1b_step() ->
         **{**space, "schedules": ("interleaved",)},
     )
     assert all(r.status != "pruned" or "without" not in r.error for r in alone.rows)
+
+
+def test_a_listed_grid_is_searched_as_the_space_would_be() -> None:
+    """search(strategies=[...]): a grid that is no product of knobs (microbatches only
+    where there is a pipeline) gives the rows the knobs' space gives for those
+    strategies, in the space's order, once each."""
+    topology = ir.Topology.preset("a100-hgx", 4)
+    grid = [Strategy(dp, 4 // (dp * pp), pp, 4 if pp > 1 else 1)
+            for dp in (1, 2, 4) for pp in (1, 2, 4) if 4 % (dp * pp) == 0]  # fmt: skip
+    listed = search(GPT, topology, strategies=grid[::-1] + grid[:2], simulate="all",
+                    progress=False)  # fmt: skip
+    assert [r.strategy for r in listed.rows] == sorted(set(grid), key=lambda s: (s.dp, s.tp, s.pp))
+    space = search(GPT, topology, microbatches=[1, 4], simulate="all", progress=False)
+    of_space = {r.strategy: r.as_record() for r in space.rows}
+    assert all(r.status in ("ok", "over capacity") for r in listed.rows)
+    assert [r.as_record() for r in listed.rows] == [of_space[r.strategy] for r in listed.rows]
+    two_tiers = search(GPT, topology, strategies=grid, progress=False)
+    best = two_tiers.best()  # (with the estimate beside it)
+    assert (best.strategy, best.step_time_s) == (listed.best().strategy, listed.best().step_time_s)
+
+
+@pytest.mark.parametrize(
+    ("listed", "says"),
+    [
+        ([Strategy(2, 2, 2, 4)], r"strategies\[0\] \(dp2 tp2 pp2 m4 1f1b\): dp x cp x tp x pp = 8"),
+        ([Strategy(2, 2, 1), "dp4 tp1"], r"strategies\[1\] is 'dp4 tp1', not an ir\.search\.Str"),
+        ([Strategy(2, 2, 1, 0)], r"strategies\[0\] .*microbatches must be positive integers"),
+        ([Strategy(4, 1, 1, chunks=2)], r"strategies\[0\] .*chunks \(model chunks per device\)"),
+        ([Strategy(2, 2, 1, ep=4)], r"strategies\[0\] .*ep=4 does not divide dp=2"),
+        ([], "strategies lists no strategy"),
+        (3, "strategies must be a list of ir.search.Strategy, got 3"),
+    ],
+)
+def test_a_listed_strategy_that_is_no_point_of_a_space_is_refused_naming_it(
+    listed, says: str
+) -> None:
+    with pytest.raises(SearchError, match=says):
+        search(MLP, ir.Topology.preset("a100-hgx", 4), strategies=listed, progress=False)
+
+
+def test_listed_strategies_and_knobs_are_not_mixed() -> None:
+    with pytest.raises(SearchError, match=r"either strategies= or the knobs .*\(pp=2 with"):
+        search(MLP, ir.Topology.preset("a100-hgx", 4), pp=2, strategies=[Strategy(4, 1, 1)],
+               progress=False)  # fmt: skip
+    # a knob at its default is no knob
+    rows = search(MLP, ir.Topology.preset("a100-hgx", 4), schedules="1f1b",
+                  strategies=[Strategy(4, 1, 1)], progress=False).rows  # fmt: skip
+    assert [r.strategy for r in rows] == [Strategy(4, 1, 1)]

@@ -30,7 +30,8 @@ SPACE = (
 
 def _rows(model: ir.Function, optimizer: str, devices: int, shared: bool) -> list[tuple]:
     topology = ir.Topology.preset("a100-hgx", devices)
-    space, pruned, *args, _ = _request(model, topology, None, optimizer, *SPACE)
+    request = _request(model, topology, None, optimizer, *SPACE)
+    space, pruned, args = request.space, request.pruned, request.args()
     plans = SharedPlans() if shared else None
     rows = []
     for s in space:
