@@ -545,3 +545,34 @@ def test_listed_strategies_and_knobs_are_not_mixed() -> None:
     rows = search(MLP, ir.Topology.preset("a100-hgx", 4), schedules="1f1b",
                   strategies=[Strategy(4, 1, 1)], progress=False).rows  # fmt: skip
     assert [r.strategy for r in rows] == [Strategy(4, 1, 1)]
+
+
+def test_a_workers_batches_of_one_search_share_its_analyses() -> None:
+    """An executor's worker keeps one SharedPlans per search (by the request's name, not
+    an object's id), so each analysis runs once per worker, not once per batch; it keeps
+    the last two searches', and a search's own process drops its plans when it ends."""
+    import pickle
+
+    from ir.search import _WORKER_PLANS, _request, _simulate, _simulate_batch
+
+    topology = ir.Topology.preset("a100-hgx", 4)
+    chosen = [Strategy(2, 2, 1), Strategy(2, 1, 2, 2), Strategy(1, 2, 2, 4)]
+    request = _request(GPT, topology, None, "adam", *[None] * 11, chosen=chosen)
+    t, *rest = request.args()
+    first = _simulate_batch(request.space[:2], request.name, pickle.loads(pickle.dumps(t)), *rest)
+    t_kept, plans = _WORKER_PLANS[request.name]
+    analysed = len(plans.of(t_kept, False)[1])
+    assert analysed > 0
+    again = _simulate_batch(request.space[:2], request.name, pickle.loads(pickle.dumps(t)), *rest)
+    assert _WORKER_PLANS[request.name] == (t_kept, plans)
+    assert len(plans.of(t_kept, False)[1]) == analysed  # nothing analysed twice
+    assert [r.as_record() for r in again] == [r.as_record() for r in first]
+    assert [r.as_record() for r in first] == [
+        _simulate(s, *request.args()).as_record() for s in request.space[:2]
+    ]
+    for other in ("a", "b"):
+        _simulate_batch(request.space[:1], other, pickle.loads(pickle.dumps(t)), *rest)
+    assert request.name not in _WORKER_PLANS and list(_WORKER_PLANS)[-2:] == ["a", "b"]
+    _WORKER_PLANS.clear()
+    search(GPT, topology, strategies=request.space, executor=_Recording(), progress=False)
+    assert not _WORKER_PLANS
