@@ -73,9 +73,10 @@ def decide(
     """Yield one row per strategy of ``todo``, as each is decided (see the module doc).
 
     ``simulate_one`` simulates a strategy into its row; ``submit`` (with an executor) gives
-    a future of the rows of a batch of strategies instead (:func:`batches`: those that
-    share analyses together; the two tiers simulate a wave ahead, ``workers`` batches,
-    and decide each strategy on the rows before it: the rows are a serial search's)."""
+    a future of the rows of a batch of strategies instead (``"all"``: :func:`batches`,
+    those that share analyses together; the two tiers keep the next strategies in flight,
+    one a job, and decide each on the rows before it: the rows are a serial search's,
+    :func:`_rolling`)."""
     if mode == "all":
         yield from _all(todo, simulate_one, submit, workers)
         return
@@ -85,7 +86,6 @@ def decide(
     known = est.known
     order = np.argsort(np.where(known, est.step_time_s, 0.0), kind="stable")
     front = Front()
-    wave = max(8, 2 * workers)  # strategies in flight at once on an executor
 
     def finish(i: int, row: Row) -> Row:
         nonlocal time_margin, memory_margin
@@ -151,39 +151,62 @@ def decide(
         return finish(i, done.pop(i)) if i in done else None
 
     ranked = order.tolist()
-    pos = 0  # the next strategy to decide
-    while pos < len(ranked):
-        i = ranked[pos]
+    if submit is not None:
+        yield from _rolling(ranked, todo, decided, skipped, est.refused, done, submit, workers)
+        return
+    for i in ranked:
         row = decided(i)
-        if row is None and submit is None:
-            row = finish(i, simulate_one(todo[i]))
-        if row is not None:
-            yield row
-            pos += 1
-            continue
-        # On an executor: the next ``wave`` strategies the rows so far leave to simulate,
-        # simulated together; each is then decided in order as a serial search decides
-        # it, on the rows before it (the rows are a serial search's, whatever the waves)
-        ahead = [i]
-        for j in ranked[pos + 1 :]:
-            if len(ahead) >= wave:
-                break
-            if j not in est.refused and skipped(j) is None:
-                ahead.append(j)
-        try:
-            for j, row in _spread([(j, todo[j]) for j in ahead], submit, workers, _pair):
-                done[j] = row
-        except KeyboardInterrupt:  # the rows a serial search would have decided so far
-            for i in ranked[pos:]:
-                row = decided(i)
-                if row is None:
-                    break
+        yield row if row is not None else finish(i, simulate_one(todo[i]))
+
+
+def _rolling(
+    ranked: list[int],
+    todo: Sequence[Strategy],
+    decided: Callable[[int], Row | None],
+    skipped: Callable[[int], str | None],
+    refused: Any,
+    done: dict[int, Row],
+    submit: Callable[[list[Strategy]], Any],
+    workers: int,
+) -> Iterator[Row]:
+    """The two tiers on an executor: the strategies decided in order as a serial search
+    decides them, each on the rows before it, while the next ``2 x workers`` that the rows
+    so far leave to simulate are in flight (a job each: a worker keeps the search's shared
+    plans across its jobs), so that no worker waits for a wave's slowest strategy. A
+    strategy in flight that the rows then skip is cancelled if it has not started, and its
+    row dropped if it has (the rows are a serial search's)."""
+    window = 2 * workers
+    flight: dict[int, Any] = {}  # strategy index -> the future of its row
+    pos = 0  # the next strategy to decide
+    try:
+        while pos < len(ranked):
+            i = ranked[pos]
+            row = decided(i)
+            if row is not None:
                 yield row
-            raise
-
-
-def _pair(i: int, row: Row) -> tuple[int, Row]:
-    return i, row
+                pos += 1
+                continue
+            for j in [j for j in flight if j != i and skipped(j) is not None]:
+                flight.pop(j).cancel()  # no longer needed (dropped if it has run)
+            if i not in flight:
+                flight[i] = submit([todo[i]])
+            for j in ranked[pos + 1 :]:
+                if len(flight) >= window:
+                    break
+                if j not in flight and j not in done and j not in refused and skipped(j) is None:
+                    flight[j] = submit([todo[j]])
+            (done[i],) = flight.pop(i).result()
+            for j in [j for j, f in flight.items() if f.done()]:
+                (done[j],) = flight.pop(j).result()
+    except KeyboardInterrupt:  # the rows a serial search would have decided so far
+        for future in flight.values():
+            future.cancel()
+        for i in ranked[pos:]:
+            row = decided(i)
+            if row is None:
+                break
+            yield row
+        raise
 
 
 def shares(s: Strategy) -> tuple:
