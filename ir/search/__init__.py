@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import numbers
 import os
+import pickle
 import threading
 import uuid
 from collections import OrderedDict
@@ -297,7 +298,8 @@ def _decided(request: _Request, simulate: str, progress: bool, executor: Any) ->
     args, shared, name = request.args(), request.shared, request.name
     submit = None
     if executor is not None:
-        submit = lambda ss: executor.submit(_simulate_batch, ss, name, *args)  # noqa: E731
+        step = pickle.dumps(t, protocol=pickle.HIGHEST_PROTOCOL)  # once, not once a job
+        submit = lambda ss: executor.submit(_simulate_batch, ss, name, step, *args[1:])  # noqa: E731
         # an executor in this process (threads) shares the request's own plans
         with _WORKER_PLANS_LOCK:
             _WORKER_PLANS[name] = (t, shared)
@@ -445,14 +447,17 @@ def _simulate(
     )
 
 
-def _simulate_batch(strategies: list[Strategy], request: str, *args: Any) -> list[Row]:
+def _simulate_batch(
+    strategies: list[Strategy], request: str, step: bytes | Function, *args: Any
+) -> list[Row]:
     """The rows of a batch of strategies (:func:`ir.search.tiers.batches`), each
-    :func:`_simulate`'d on ``args``: what an executor's worker runs. ``request`` names the
-    search the batch belongs to (:func:`_requested`): the worker's batches of one search
-    share one :class:`SharedPlans` (each analysis made once per worker, not once per
-    batch), with the first batch's copy of the training step they were made of."""
-    t, plans = _worker_plans(request, args[0])
-    return [_simulate(s, t, *args[1:], plans) for s in strategies]
+    :func:`_simulate`'d on the training step and ``args``: what an executor's worker runs.
+    ``request`` names the search the batch belongs to (:func:`_requested`): the worker's
+    batches of one search share one :class:`SharedPlans` (each analysis made once per
+    worker, not once per batch) and the training step they were made of, unpickled from
+    ``step`` (the search pickles it once) by the worker's first batch only."""
+    t, plans = _worker_plans(request, step)
+    return [_simulate(s, t, *args, plans) for s in strategies]
 
 
 # In a worker: the shared plans of the last few searches it ran batches of, by request
@@ -474,10 +479,11 @@ def _forgotten(request: str) -> Iterator[None]:
             _WORKER_PLANS.pop(request, None)
 
 
-def _worker_plans(request: str, t: Function) -> tuple[Function, SharedPlans]:
+def _worker_plans(request: str, step: bytes | Function) -> tuple[Function, SharedPlans]:
     with _WORKER_PLANS_LOCK:
         found = _WORKER_PLANS.get(request)
         if found is None:
+            t = pickle.loads(step) if isinstance(step, bytes) else step
             found = _WORKER_PLANS[request] = (t, SharedPlans())
             while len(_WORKER_PLANS) > _WORKER_PLANS_KEPT:
                 _WORKER_PLANS.popitem(last=False)
