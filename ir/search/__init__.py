@@ -416,8 +416,10 @@ def _simulate(
     from .. import simulate
 
     try:
-        # tensor degrees that would repeat work were pruned (_tensor_problems): no recheck
-        g = s.build(t, topology, allow_replication=True, shared=shared)
+        # tensor degrees that would repeat work were pruned (_tensor_problems): no recheck;
+        # the plans' lock: a thread executor's jobs build with the same plans at once
+        with shared.lock if shared is not None else contextlib.nullcontext():
+            g = s.build(t, topology, allow_replication=True, shared=shared)
         r = simulate(g, topology)
     except DistIRError as e:
         return Row(s, "error", error=str(e).splitlines()[0])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import numbers
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
@@ -118,11 +119,14 @@ class Strategy:
 class SharedPlans:
     """The analyses one search's strategies share (made per search request, dropped with
     it): for each recomputation choice, the step program and its
-    :class:`~ir.transforms._megatron_shared.SharedAnalyses`."""
+    :class:`~ir.transforms._megatron_shared.SharedAnalyses`. ``lock``: held by a build
+    that uses them (the analyses fill in as builds ask; an executor's threads, a thread
+    pool's or a dask worker's, build with the same plans)."""
 
     def __init__(self) -> None:
         self._steps: dict[bool, tuple[Function, SharedAnalyses]] = {}
         self._program: Function | None = None
+        self.lock = threading.Lock()
 
     def of(self, t: Function, recompute: bool) -> tuple[Function, SharedAnalyses]:
         """The step of ``t`` (recomputed or not) and its shared analyses."""

@@ -207,6 +207,10 @@ def _rolling(
                 break
             yield row
         raise
+    finally:  # also when the search's caller stops early (GeneratorExit) or rows skip them
+        for future in flight.values():
+            if not future.done():
+                future.cancel()
 
 
 def shares(s: Strategy) -> tuple:
@@ -280,6 +284,10 @@ def _collect(pending: list[Batch], finish: Callable[[int, Row], T]) -> Iterator[
     except KeyboardInterrupt:
         yield from _finished(pending[done:], finish)
         raise
+    finally:  # the caller stopped early (GeneratorExit: on_row or a Cancel raised)
+        for _, future in pending[done:]:
+            if not future.done():
+                future.cancel()
 
 
 def _finished(pending: list[Batch], finish: Callable[[int, Row], T]) -> Iterator[T]:
