@@ -17,6 +17,8 @@ from dataclasses import dataclass, fields
 from operator import attrgetter
 from typing import Any
 
+import numpy as np
+
 from ..device import Topology
 from ..errors import DistIRError
 from ..function import Function
@@ -156,8 +158,9 @@ def _choices(name: str, given: Iterable | None, default: Sequence) -> list:
     (numpy integers as ints)."""
     if given is None:
         return list(default)
+    given = _plain(given)
     if isinstance(given, (str, bool, numbers.Integral)):
-        return [_plain(given)]
+        return [given]
     try:
         out = [_plain(v) for v in given]
     except TypeError:
@@ -171,7 +174,7 @@ def _plain(value: Any) -> Any:
     """A numpy integer or bool as Python's (what a widget or an array hands over)."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return int(value)
-    return bool(value) if type(value).__name__ == "bool_" else value
+    return bool(value) if isinstance(value, np.bool_) else value
 
 
 def _check_values(what: str, values: list, ok: Callable[[Any], bool]) -> None:
@@ -290,6 +293,7 @@ def listed(devices: int, batch: int, given: Iterable[Strategy]) -> list[Strategy
                 "Strategy(dp=4, tp=2, pp=2, microbatches=8), say)"
             )
         knobs = {f.name: _plain(getattr(s, f.name)) for f in fields(Strategy)}
+        _one_value(i, s, knobs)
         try:
             found = strategies(
                 devices,
@@ -319,6 +323,22 @@ def listed(devices: int, batch: int, given: Iterable[Strategy]) -> list[Strategy
             raise SearchError(f"strategies[{i}] ({s}): {why}")
         out += found
     return sorted(set(out), key=_FIELDS)
+
+
+# what each field of a listed strategy must be (the others: integers)
+_KINDS: dict[str, type] = {"schedule": str, "sequence_parallel": bool, "recompute": bool}
+
+
+def _one_value(i: int, s: Strategy, knobs: dict[str, Any]) -> None:
+    """A :class:`SearchError` unless each field of ``strategies[i]`` is one value of its
+    kind (a ``None`` or a list there would widen one listed strategy into several)."""
+    for name, v in knobs.items():
+        kind = _KINDS.get(name, int)
+        if not isinstance(v, kind) or (kind is int and isinstance(v, bool)):
+            raise SearchError(
+                f"strategies[{i}] ({s!r}): {name} must be one {kind.__name__}, got {v!r} "
+                "(a listed strategy is one point; list each point, or search the knobs)"
+            )
 
 
 def _powers_from(lo: int, hi: int) -> list[int]:
