@@ -258,9 +258,16 @@ def _request_listed(
                 f"({name}={given!r} with strategies=)"
             )
     space = listed(len(topology.devices), batch, chosen)
-    if any(s.tp > 1 for s in space):
-        _check_request(len(topology.devices), batch, t, space, dp=None,
-                       tp=[s.tp for s in space], pp=None)  # fmt: skip
+    if all(s.tp > 1 for s in space):  # else those that cannot split are rows saying why
+        from ..transforms.megatron import tensor_split_problem
+
+        problems = {k: tensor_split_problem(t, k) for k in sorted({s.tp for s in space})}
+        if all(problems.values()):
+            raise SearchError(
+                f"strategies: tensor parallelism cannot split {t.name}, and every strategy "
+                f"listed splits it ({space[0]}: {problems[space[0].tp]}); list strategies "
+                "with tp=1"
+            )
     return _requested(t, topology, batch, space)
 
 

@@ -41,3 +41,17 @@ def test_numpy_bools_are_switches_like_bools() -> None:
                    sequence_parallel=np.True_)  # fmt: skip
     assert [r.as_record() for r in listed.rows] == [r.as_record() for r in knobs.rows]
     assert [r.strategy for r in listed.rows] == [Strategy(4, 1, 1, sequence_parallel=True)]
+
+
+def test_listed_strategies_that_all_split_an_unsplittable_model_are_refused_naming_one() -> None:
+    one_layer = models.mlp(8, 4, 4, 3, layers=1)  # no MatMul pair, 3 classes: nothing splits
+    topology = ir.Topology.preset("a100-hgx", 4)
+    says = r"strategies: tensor parallelism cannot split mlp.* \(dp1 tp4 pp1 m1 1f1b: tensor"
+    with pytest.raises(SearchError, match=says + r".*list strategies with tp=1"):
+        search(one_layer, topology, strategies=[Strategy(2, 2, 1), Strategy(1, 4, 1)],
+               progress=False)  # fmt: skip
+    # beside a strategy that runs, the one that cannot split is a row saying why
+    rows = search(one_layer, topology, strategies=[Strategy(2, 2, 1), Strategy(4, 1, 1)],
+                  progress=False).rows  # fmt: skip
+    assert [r.status for r in rows] == ["error", "ok"]
+    assert rows[0].error.startswith("tensor level: no weight of mlp splits 2 ways")
