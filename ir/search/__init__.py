@@ -13,7 +13,8 @@ True
 The space (``dp``, ``tp``, ``pp``, ``microbatches``, ``schedules``, ``chunks``,
 ``zero`` (0 to 3), ``sequence_parallel``, ``recompute``, and the expert and context
 degrees ``ep`` and ``cp``) is enumerated by
-:func:`ir.search.space.strategies`, pruned without building anything
+:func:`ir.search.space.strategies` (or listed: ``strategies=[Strategy(...), ...]``,
+:func:`ir.search.space.listed`), pruned without building anything
 (:func:`ir.search.space.prune`: the batch does not divide, ``ep`` does not divide the
 experts or ``2 cp`` the sequence, the state alone does not fit, the tensor degree would
 repeat work on every rank, another point is at least as good by construction), every
