@@ -31,6 +31,7 @@ others ``"cancelled"``.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import numbers
 import os
 import pickle
@@ -242,18 +243,21 @@ def _request(
     return _requested(t, topology, rows_of_batch, strategies_)
 
 
-# the knobs' defaults in search's signature: strategies= takes their place
-_KNOB_DEFAULTS = (None, None, None, None, ["1f1b"], [1], [0], [False], [False], [1], [1])
-_KNOB_NAMES = ("dp", "tp", "pp", "microbatches", "schedules", "chunks", "zero",
-               "sequence_parallel", "recompute", "ep", "cp")  # fmt: skip
+# the knobs, in _request's order, and their defaults (strategies' own, as search's):
+# strategies= takes their place
+_KNOBS = {
+    name: p.default
+    for name, p in inspect.signature(strategies).parameters.items()
+    if p.kind is inspect.Parameter.KEYWORD_ONLY
+}
 
 
 def _request_listed(
     t: Function, topology: Topology, batch: int, chosen: Iterable[Strategy], knobs: tuple
 ) -> _Request:
     """_request for ``search(strategies=[...])``: the listed strategies are the space."""
-    for name, given, default in zip(_KNOB_NAMES, knobs, _KNOB_DEFAULTS, strict=True):
-        if given is not None and _choices(name, given, ()) != default:
+    for (name, default), given in zip(_KNOBS.items(), knobs, strict=True):
+        if given is not None and _choices(name, given, ()) != _choices(name, default, ()):
             raise SearchError(
                 f"give either strategies= or the knobs that make a space, not both "
                 f"({name}={given!r} with strategies=)"
@@ -292,7 +296,8 @@ def _requested(t: Function, topology: Topology, rows_of_batch: int, strategies_:
 def _decided(request: _Request, simulate: str, progress: bool, executor: Any) -> Iterator[Row]:
     from tqdm.auto import tqdm
 
-    space, pruned, t, topology, batch = request.space, request.pruned, *request.args()[:3]
+    space, pruned, t, topology, batch = (request.space, request.pruned, request.t,
+                                         request.topology, request.batch)  # fmt: skip
     if simulate not in MODES:
         raise SearchError(f"simulate must be one of {MODES}, got {simulate!r}")
     if executor is not None and not callable(getattr(executor, "submit", None)):

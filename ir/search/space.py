@@ -294,22 +294,9 @@ def listed(devices: int, batch: int, given: Iterable[Strategy]) -> list[Strategy
             )
         knobs = {f.name: _plain(getattr(s, f.name)) for f in fields(Strategy)}
         _one_value(i, s, knobs)
+        knobs["schedules"] = knobs.pop("schedule")  # the knob's name: the others are the fields'
         try:
-            found = strategies(
-                devices,
-                batch,
-                dp=knobs["dp"],
-                tp=knobs["tp"],
-                pp=knobs["pp"],
-                microbatches=knobs["microbatches"],
-                schedules=knobs["schedule"],
-                chunks=knobs["chunks"],
-                zero=knobs["zero"],
-                sequence_parallel=knobs["sequence_parallel"],
-                recompute=knobs["recompute"],
-                ep=knobs["ep"],
-                cp=knobs["cp"],
-            )
+            found = strategies(devices, batch, **knobs)
         except SearchError as e:
             raise SearchError(f"strategies[{i}] ({s}): {e}") from None
         if not found:

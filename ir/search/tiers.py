@@ -199,15 +199,13 @@ def _rolling(
             for j in [j for j, f in flight.items() if f.done()]:
                 (done[j],) = flight.pop(j).result()
     except KeyboardInterrupt:  # the rows a serial search would have decided so far
-        for future in flight.values():
-            future.cancel()
         for i in ranked[pos:]:
             row = decided(i)
             if row is None:
                 break
             yield row
         raise
-    finally:  # also when the search's caller stops early (GeneratorExit) or rows skip them
+    finally:  # interrupted, stopped early by the caller (GeneratorExit), or left skipped
         for future in flight.values():
             if not future.done():
                 future.cancel()
