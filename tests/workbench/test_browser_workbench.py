@@ -149,6 +149,18 @@ OVERLAP = """(pairs) => pairs.map(([a, b]) => {
   return false;
 })"""
 
+# records whether the activity line's progress bar was ever in the page (added, or given its
+# class), however briefly: a search that ends within a frame shows it for less than a poll
+SEEN_PROGRESS = """() => { window.__progressSeen = false;
+  const line = document.querySelector('.distir-activity');
+  const bar = (n) => n.nodeType === 1 && (n.matches('.distir-activity-progress')
+    || n.querySelector('.distir-activity-progress') !== null);
+  new MutationObserver((records) => {
+    if (records.some((r) => bar(r.target) || [...r.addedNodes].some(bar)))
+      window.__progressSeen = true;
+  }).observe(line, {subtree: true, childList: true, attributes: true,
+                    attributeFilter: ['class']}); }"""
+
 CUT = """(sel) => [...document.querySelectorAll(sel)]
   .filter((e) => e.scrollWidth > e.clientWidth + 1 && e.clientWidth > 0)
   .map((e) => e.textContent.trim())"""
@@ -260,10 +272,13 @@ def test_colours_layout_feedback_comparison_and_export_at(page, width: int) -> N
 
     # the search: progress on the activity line, then Cancel stops it with what it has
     # (the example's search takes under a second in the kernel: its strategies share plans
-    # and the two tiers simulate about half; Cancel may land after the end, so the chart
-    # says "cancelled" or not; test_dashboard_search cancels mid-search deterministically)
+    # and the two tiers simulate about half, so the bar may be on screen for less than a
+    # frame: an observer installed before the click records it, where polling for it
+    # missed it in CI; Cancel may land after the end, so the chart says "cancelled" or not;
+    # test_dashboard_search cancels mid-search deterministically)
+    page.evaluate(SEEN_PROGRESS)
     page.locator("button.distir-search").click()
-    page.locator(".distir-activity .distir-activity-progress").wait_for(timeout=60_000)
+    page.wait_for_function("() => window.__progressSeen", timeout=60_000)
     with contextlib.suppress(Exception):
         page.locator("button.distir-cancel").click(timeout=2_000)
     page.locator(".distir-search-result .gtitle").first.wait_for(timeout=120_000)
