@@ -543,7 +543,10 @@ class Estimator:
             boundaries = 0.0
         top = cycle.max(axis=1)
         if v > 1:
-            pipe = m * top + (pp - 1) * top / v + boundaries
+            # 1F1B's fill and drain (each rank's cycle once, the slowest the rest) with
+            # chunks 1/v of a cycle: m top + (pp - 1) top / v where the ranks are alike,
+            # and a last rank with the loss no longer counted at every rank's fill
+            pipe = cycle.sum(axis=1) / v + (m - 1 / v) * top + boundaries
         else:
             pipe = cycle.sum(axis=1) + (m - 1) * top + boundaries
         # data parallelism: reductions behind the last microbatch's backward (with its
