@@ -71,7 +71,8 @@ def main() -> None:
         pruned = prune(space, ModelFacts.of(t, batch), capacity, _tensor_problems(t, space))
         space = [s for s in space if s not in pruned]
         sample = rng.sample(space, min(args.per_case, len(space)))
-        est = Estimator(t, topology, batch, sample).estimate(sample)
+        model = Estimator(t, topology, batch, sample)
+        est = model.estimate(sample)
         for i, s in enumerate(sample):
             if not est.known[i]:
                 continue
@@ -87,6 +88,8 @@ def main() -> None:
                     est.step_time_s[i] / r.step_time_s,
                     float(step_error(est.step_time_s[i], est.busy_s[i], r.step_time_s)),
                     est.peak_memory_bytes[i] / peak - 1,
+                    model.bound_s(s) / r.step_time_s,
+                    est.busy_s[i] / r.step_time_s,
                 )
             )
     print(f"{sum(map(len, found.values()))} strategies estimated and simulated in "
@@ -102,6 +105,15 @@ def main() -> None:
             f"compute at most {over_t.max():+.0%} (margin {margin:.0%}); peak "
             f"{over_m.min():+.1%}..{over_m.max():+.1%} (margin {MEMORY_MARGIN:.0%})"
         )
+        bound = np.array([r[5] for r in rows])
+        busy = np.array([r[6] for r in rows])
+        print(
+            f"    compute bound / simulated step at most {bound.max():.4f} (must stay <= 1; "
+            f"median {np.median(bound):.2f}, the busiest device's compute alone "
+            f"{np.median(busy):.2f})"
+        )
+        worst = max(rows, key=lambda r: r[5])
+        print(f"    bound closest: {worst[0]} {worst[1]} ({worst[5]:.4f})")
         worst = max(rows, key=lambda r: r[4])
         print(f"    peak most over: {worst[0]} {worst[1]} ({worst[4]:+.1%})")
         worst = max(rows, key=lambda r: r[3])

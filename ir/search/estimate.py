@@ -69,6 +69,11 @@ MEMORY_MARGIN = 0.15
 #: :data:`TIME_MARGIN`, most interleaved with pp > 1), against 1.003 at most on the
 #: efficiency-model presets (2,076 strategies).
 ROOFLINE_TIME_MARGIN = 3.0
+#: :meth:`Estimator.bound_s` takes this much off its longest path: the estimator scales
+#: each op's shapes from its analyses where the simulator costs the built program's
+#: (the busiest device's compute agrees to 1e-3 in tests/search/test_estimate.py).
+BOUND_SLACK = 1e-3
+_NEVER = float("-inf")
 
 
 def time_margin(topology: Topology) -> float:
@@ -479,6 +484,92 @@ class Estimator:
 
         return self._cached(("ranked data", tp, pp, v, sp, dp, zero), make)
 
+    # -- a floor no simulation goes below ---------------------------------------------------
+
+    def bound_s(self, s: Strategy) -> float:
+        """A step time the simulation of ``s`` cannot beat (0.0 where not estimable).
+
+        Unlike the estimate, which composes a schedule, this is a longest path: each
+        device's compute stream runs its ops one at a time in program order, and an op
+        waits for its inputs, so every microbatch's forward or backward on a stage takes
+        at least the longest chain, in its own records' order, from its first compute op
+        to its last (:meth:`_chains`: the ops' times and the tensor-parallel collectives
+        the chain waits for, from the cost and collective models the simulator reads).
+        A rank's stream holds ``m`` of each of its stages' tasks, the gradient sums and
+        the optimizer step; before its first task the first microbatch's forward crosses
+        the stages before it (the fill), and after its last the last backward crosses
+        them back (the drain). Transfers, data-parallel reductions, the hosts and
+        everything else the simulator adds only make the step longer. The two-tier
+        search uses it beside the margin-widened estimate (``ir.search.tiers``): where
+        the tensor-parallel collectives are much of the step, the estimate's margin
+        allows steps the chain rules out."""
+        if s.ep > 1 or s.cp > 1 or s.zero == 3 or self.batch % (s.dp * s.microbatches):
+            return 0.0
+        sp = s.sequence_parallel and s.tp > 1
+        rows, pp, v, m = self.batch // (s.dp * s.microbatches), s.pp, s.chunks, s.microbatches
+        try:
+            span_f, span_b, out_f, out_b, on_f, on_b, end_b = self._chains(
+                s.tp, rows, pp * v, sp, s.recompute
+            )
+            ranked = self._ranked(s.tp, rows, pp, v, sp, s.recompute)
+        except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
+            return 0.0
+        acc = ranked[2] / (s.dp if s.zero == 2 and m > 1 else 1)
+        opt = ranked[3] / (s.dp if s.zero else 1)
+        spans = (span_f + span_b).reshape(v, pp).sum(axis=0)  # stage c pp + r: rank r
+        # the gradient sums' adds are off the chains: they can fill a chain's waits for
+        # its collectives (the simulator runs them beside the all-reduces)
+        busy = m * ranked[9] + (m - 1) * acc
+        best = 0.0
+        for r in range(pp):
+            # the first microbatch's forward through chunk 0's stages before rank r
+            fill = out_f[0] + float(on_f[1:r].sum()) if r else 0.0
+            best = max(best, fill + max(m * spans[r], busy[r]) + opt[r])
+            if r:  # its last backward (chunk 0's) back through them
+                last = m * spans[r] - span_b[r] + out_b[r]
+                best = max(best, fill + last + float(on_b[1:r].sum()) + end_b[0])
+        return float(best) * (1 - BOUND_SLACK)
+
+    def _chains(self, tp: int, rows: int, stages: int, sp: bool, recompute: bool) -> tuple:
+        """Per stage, the longest chains of one microbatch's forward and backward (a
+        recomputed backward replays its forward first), each walked in record order with
+        the device's compute one op at a time: from the first compute op to the last
+        (``span``) and to the first value the next stage reads (``out``: the activation,
+        the backward's gradient); and from that value's arrival from the neighbour to the
+        first value its own next reads (``on``), and, backward, to its last op (``end``)."""
+
+        def make() -> tuple:
+            prof, _ = self._entry(tp, sp)
+            dev, _, comm, _, _, _, _, again, _ = self._records(tp, rows, sp, recompute)
+            records, phase, stage = prof.records, prof.phase, prof.stage_of(stages)
+            conv = prof.is_conv
+            made: dict[tuple[str, int], int] = {}  # (name, phase) -> its stage
+            read: dict[tuple[int, int], set[str]] = {}  # (stage, phase) -> names read
+            tasks: list[list[int]] = [[] for _ in range(2 * stages)]
+            for i, rec in enumerate(records):
+                key = (int(stage[i]), int(phase[i]))
+                tasks[2 * key[0] + key[1]].append(i)
+                read.setdefault(key, set()).update(rec.reads)
+                for w in (*rec.writes, rec.converted):
+                    made.setdefault((w, key[1]), key[0])
+            for st in range(stages):  # a recomputed backward replays its forward first
+                tasks[2 * st + 1][:0] = [i for i in tasks[2 * st] if again[i]]
+            out = np.zeros((7, stages))
+            for st in range(stages):
+                for ph, step in ((0, -1), (1, 1)):  # the neighbour it receives from
+                    task = tasks[2 * st + ph]
+                    arrive = {n for n in read.get((st, ph), ()) if made.get((n, ph)) == st + step}
+                    sent = {n for n in read.get((st - step, ph), ()) if made.get((n, ph)) == st}
+                    out[ph, st], ready = _walk(task, records, conv, dev, comm, 0.0, ())
+                    out[2 + ph, st] = _first(ready, sent)
+                    if arrive:
+                        end, ready = _walk(task, records, conv, dev, comm, _NEVER, arrive)
+                        out[4 + ph, st] = _first(ready, sent)
+                        out[6, st] = max(end, 0.0) if ph else out[6, st]
+            return tuple(out)
+
+        return self._cached(("chains", tp, rows, stages, sp, recompute), make)
+
     def _send(self, tp: int, rows: int, pp: int, v: int, sp: bool, rc: bool, dp: int) -> float:
         """Seconds of one activation crossing a stage boundary (to the next stage's devices)."""
         if pp * v == 1:
@@ -601,6 +692,39 @@ class Estimator:
         bubble = np.mean(np.maximum(step[col] - busy, 0.0), axis=1) / step
         exposed_comm = m * comm_one.mean(axis=1) + exposed.mean(axis=1)
         return step, peak, bubble, exposed_comm, busy.max(axis=1)
+
+
+def _walk(
+    task: list[int],
+    records: list,
+    conv: np.ndarray,
+    dev: np.ndarray,
+    comm: np.ndarray,
+    start: float,
+    arrived: set[str] | tuple,
+) -> tuple[float, dict[str, float]]:
+    """One task's records in order, the compute one op at a time from ``start``, a
+    collective after its operand, the values ``arrived`` ready at 0 and every other input
+    from outside the task at any time before (``-inf``): the last compute op's end, and
+    when each value is ready."""
+    ready = dict.fromkeys(arrived, 0.0)
+    free = start
+    for i in task:
+        rec = records[i]
+        t = max([ready.get(n, _NEVER) for n in rec.reads], default=_NEVER)
+        if conv[i]:  # a collective: the converted value once its operand is
+            ready[rec.converted] = t + comm[i]
+            continue
+        free = max(free, t) + dev[i]
+        for w in rec.writes:
+            ready[w] = free
+    return free, ready
+
+
+def _first(ready: dict[str, float], names: set[str]) -> float:
+    """The first of ``names`` ready (0.0 if none is, or none is known)."""
+    times = [ready[n] for n in names if n in ready]
+    return max(min(times), 0.0) if times else 0.0
 
 
 def _bytes(shape: tuple[int, ...], t: object) -> float:

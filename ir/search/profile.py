@@ -59,6 +59,7 @@ class Record:
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     scale: list[list[tuple[int, int]]] = field(default_factory=list)
+    converted: str = ""  # a conversion: the name of the value it makes (what ops read)
 
     def shapes(self, rows_ratio: float, split_ratio: float) -> list[tuple[int, ...]]:
         """The shapes at ``rows / rows_ref`` and ``degree_ref / degree``."""
@@ -123,6 +124,8 @@ class Profile:
                 # what it reads: a backward conversion of a forward value keeps it alive
                 reads = (source.name,)
                 rec = Record(name, _kind(item), item.phase, None, [source.type], 1, reads, ())
+                if item.outputs:
+                    rec.converted = local.value(item.outputs[0]).name
             else:
                 op = item.op
                 first = op.outputs[0].name if op.outputs else op.op_type

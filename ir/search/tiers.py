@@ -88,7 +88,7 @@ def decide(
     front = Front()
 
     def finish(i: int, row: Row) -> Row:
-        nonlocal time_margin, memory_margin
+        nonlocal time_margin, memory_margin, floor_holds
         if known[i]:
             row = replace(
                 row,
@@ -100,9 +100,22 @@ def decide(
                 over_m = est.peak_memory_bytes[i] / max(row.peak_memory_bytes, 1.0) - 1
                 time_margin = max(time_margin, 1.5 * over_t)
                 memory_margin = max(memory_margin, 1.5 * over_m)
+                if floor_holds and row.step_time_s < floor(i):
+                    floor_holds = False  # the chain missed something: trust none
         if row.ok:
             front.add(row.step_time_s, row.peak_memory_bytes)
         return row
+
+    floors: dict[int, float] = {}
+    floor_holds = True  # no simulated step has been below its strategy's floor
+
+    def floor(i: int) -> float:
+        """Strategy ``i``'s longest chain (:meth:`Estimator.bound_s`), made only for the
+        strategies the estimate with its margin leaves, or 0 once a simulation has been
+        below one (then no floor is trusted)."""
+        if i not in floors:
+            floors[i] = model.bound_s(todo[i])
+        return floors[i] if floor_holds else 0.0
 
     def skipped(i: int) -> str | None:
         """Why strategy ``i`` need not be simulated given the rows so far, or None."""
@@ -115,18 +128,26 @@ def decide(
                 f"estimated peak {est.peak_memory_bytes[i] / 2**30:.2f} GiB: over the "
                 f"devices' {capacity_bytes / 2**30:.2f} GiB even {memory_margin:.0%} lower"
             )
-        if mode == "fastest" and front.times and front.times[0] < low_t:
-            return (
-                "a simulated strategy that fits is faster, even with this one's step at "
-                f"{low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest "
-                f"{time_margin:.0%} shorter)"
-            )
-        if mode == "front" and front.beats(low_t, low_m):
-            return (
-                "a simulated strategy is faster and needs no more memory, even with this "
-                f"one's step at {low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest "
-                f"{time_margin:.0%} shorter) and its peak {memory_margin:.0%} smaller"
-            )
+        why = (
+            f"{low_t:.4g} s (its compute {est.busy_s[i]:.4g} s, the rest {time_margin:.0%} shorter)"
+        )
+        if mode == "fastest" and front.times:
+            if front.times[0] >= low_t and front.times[0] < floor(i):
+                low_t = floor(i)
+                why = f"{low_t:.4g} s (the longest chain of its compute and collectives)"
+            if front.times[0] < low_t:
+                return (
+                    f"a simulated strategy that fits is faster, even with this one's step at {why}"
+                )
+        if mode == "front" and front.times:
+            if not front.beats(low_t, low_m) and front.beats(floor(i), low_m):
+                low_t = floor(i)
+                why = f"{low_t:.4g} s (the longest chain of its compute and collectives)"
+            if front.beats(low_t, low_m):
+                return (
+                    "a simulated strategy is faster and needs no more memory, even with this "
+                    f"one's step at {why} and its peak {memory_margin:.0%} smaller"
+                )
         return None
 
     def left(i: int, why: str) -> Row:
