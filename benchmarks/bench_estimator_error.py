@@ -90,6 +90,7 @@ def main() -> None:
                     est.peak_memory_bytes[i] / peak - 1,
                     model.bound_s(s) / r.step_time_s,
                     est.busy_s[i] / r.step_time_s,
+                    float(step_error(est.step_time_s[i], model.bound_s(s), r.step_time_s)),
                 )
             )
     print(f"{sum(map(len, found.values()))} strategies estimated and simulated in "
@@ -112,6 +113,10 @@ def main() -> None:
             f"median {np.median(bound):.2f}, the busiest device's compute alone "
             f"{np.median(busy):.2f})"
         )
+        above = np.array([r[7] for r in rows])
+        print(f"    step error above the floor at most {above.max():+.0%}")
+        worst = max(rows, key=lambda r: r[7])
+        print(f"    above the floor most over: {worst[0]} {worst[1]} ({worst[7]:+.0%})")
         worst = max(rows, key=lambda r: r[5])
         print(f"    bound closest: {worst[0]} {worst[1]} ({worst[5]:.4f})")
         worst = max(rows, key=lambda r: r[4])

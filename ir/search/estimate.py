@@ -508,19 +508,18 @@ class Estimator:
         sp = s.sequence_parallel and s.tp > 1
         rows, pp, v, m = self.batch // (s.dp * s.microbatches), s.pp, s.chunks, s.microbatches
         try:
-            span_f, span_b, out_f, out_b, on_f, on_b, end_b = self._chains(
-                s.tp, rows, pp * v, sp, s.recompute
-            )
+            chains = self._chains(s.tp, rows, pp * v, sp, s.recompute)
             ranked = self._ranked(s.tp, rows, pp, v, sp, s.recompute)
         except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
             return 0.0
+        span_f, span_b, out_f, out_b, on_f, on_b, _, end_b = chains
         acc = ranked[2] / (s.dp if s.zero == 2 and m > 1 else 1)
         opt = ranked[3] / (s.dp if s.zero else 1)
         spans = (span_f + span_b).reshape(v, pp).sum(axis=0)  # stage c pp + r: rank r
         # the gradient sums' adds are off the chains: they can fill a chain's waits for
         # its collectives (the simulator runs them beside the all-reduces)
         busy = m * ranked[9] + (m - 1) * acc
-        best = 0.0
+        best = _scheduled(s.schedule, pp, v, m, chains, opt)
         for r in range(pp):
             # the first microbatch's forward through chunk 0's stages before rank r
             fill = out_f[0] + float(on_f[1:r].sum()) if r else 0.0
@@ -536,7 +535,8 @@ class Estimator:
         the device's compute one op at a time: from the first compute op to the last
         (``span``) and to the first value the next stage reads (``out``: the activation,
         the backward's gradient); and from that value's arrival from the neighbour to the
-        first value its own next reads (``on``), and, backward, to its last op (``end``)."""
+        first value its own next reads (``on``) and to its last op (``end``): rows span,
+        out, on and end, each forward then backward."""
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
@@ -554,7 +554,7 @@ class Estimator:
                     made.setdefault((w, key[1]), key[0])
             for st in range(stages):  # a recomputed backward replays its forward first
                 tasks[2 * st + 1][:0] = [i for i in tasks[2 * st] if again[i]]
-            out = np.zeros((7, stages))
+            out = np.zeros((8, stages))
             for st in range(stages):
                 for ph, step in ((0, -1), (1, 1)):  # the neighbour it receives from
                     task = tasks[2 * st + ph]
@@ -565,7 +565,7 @@ class Estimator:
                     if arrive:
                         end, ready = _walk(task, records, conv, dev, comm, _NEVER, arrive)
                         out[4 + ph, st] = _first(ready, sent)
-                        out[6, st] = max(end, 0.0) if ph else out[6, st]
+                        out[6 + ph, st] = max(end, 0.0)
             return tuple(out)
 
         return self._cached(("chains", tp, rows, stages, sp, recompute), make)
@@ -692,6 +692,53 @@ class Estimator:
         bubble = np.mean(np.maximum(step[col] - busy, 0.0), axis=1) / step
         exposed_comm = m * comm_one.mean(axis=1) + exposed.mean(axis=1)
         return step, peak, bubble, exposed_comm, busy.max(axis=1)
+
+
+def _scheduled(schedule: str, pp: int, v: int, m: int, chains: tuple, opt: np.ndarray) -> float:
+    """The pipeline's tasks in each rank's order (``T.megatron``'s, from
+    ``ir.transforms.pipeline.device_groups``), each at least its chains long
+    (:meth:`Estimator._chains`): a task starts when its rank's previous one has ended,
+    its last compute op ends at least ``span`` after its start and ``end`` after its input
+    arrives, and the value the next stage reads is made at least ``out`` after its start
+    and ``on`` after that arrival (transfers take no time here). The last task's end and
+    its rank's optimizer step; 0.0 for a schedule whose tasks cannot all be placed."""
+    from ..transforms.pipeline import device_groups
+
+    span_f, span_b, out_f, out_b, on_f, on_b, end_f, end_b = chains
+    stages = pp * v
+    made: dict[tuple[int, int, str], float] = {}  # task -> its value for the next made
+    order = [
+        [task for group in device_groups(schedule, d, pp, v, m, True) for task in group]
+        for d in range(pp)
+    ]
+    at, free, left = [0] * pp, [0.0] * pp, sum(map(len, order))
+    while left:
+        moved = False
+        for d in range(pp):
+            tasks = order[d]
+            while at[d] < len(tasks):
+                st, mb, phase = tasks[at[d]]
+                if phase == "F":
+                    before = (st - 1, mb, "F") if st else None
+                    span, out, on, end = span_f[st], out_f[st], on_f[st], end_f[st]
+                else:  # the last stage's backward starts from its own forward (its rank's)
+                    before = (st + 1, mb, "B") if st < stages - 1 else None
+                    span, out, on, end = span_b[st], out_b[st], on_b[st], end_b[st]
+                start = free[d]
+                finish, value = start + span, start + out
+                if before is not None:
+                    arrival = made.get(before)
+                    if arrival is None:
+                        break  # its input is another rank's still to place
+                    finish, value = max(finish, arrival + end), max(value, arrival + on)
+                made[(st, mb, phase)] = value
+                free[d] = finish
+                at[d] += 1
+                left -= 1
+                moved = True
+        if not moved:
+            return 0.0
+    return float(max(f + o for f, o in zip(free, opt)))
 
 
 def _walk(

@@ -390,3 +390,25 @@ def test_random_strategies_nobody_fitted_stay_within_the_margins() -> None:
     assert max(floor)[0] <= 1.0, max(floor)
     # and not an empty one: with tensor parallelism its collectives are on the chains
     assert max(x for x, split, _ in floor if split) > 0.9
+
+
+def test_the_scheduled_floor_places_each_task_after_its_rank_and_its_input() -> None:
+    """``_scheduled`` on a two-stage 1F1B pipeline of two microbatches, forward 1 s and
+    backward 2 s a task, each depending on its whole neighbour: rank 0 runs F0 F1 B0 B1,
+    rank 1 F0 B0 F1 B1; the last backward ends at (m + pp - 1) (f + b) = 9 s, then
+    rank 0's optimizer step (0.5 s)."""
+    from ir.search.estimate import _scheduled
+
+    z = np.zeros(2)
+    span_f, span_b = np.array([1.0, 1.0]), np.array([2.0, 2.0])
+    out_f, out_b = np.array([1.0, 0.0]), np.array([0.0, 2.0])  # the value for the next
+    on_f, on_b = z, z  # (each value is made at the task's end: no shorter path)
+    end_f, end_b = np.array([0.0, 1.0]), np.array([2.0, 0.0])  # from the input's arrival
+    chains = (span_f, span_b, out_f, out_b, on_f, on_b, end_f, end_b)
+    assert _scheduled("1f1b", 2, 1, 2, chains, np.array([0.5, 0.25])) == 9.5
+    # GPipe: both forwards, then both backwards: rank 1's B1 ends at 1 + 1 + 1 + 2 + 2 = 7
+    # (its F1 waits for rank 0's second forward), rank 0's B1 at 7 + 2 = 9, the same here
+    assert _scheduled("gpipe", 2, 1, 2, chains, np.array([0.5, 0.25])) == 9.5
+    # one stage: the tasks back to back
+    one = tuple(x[:1] for x in chains)
+    assert _scheduled("1f1b", 1, 1, 3, one, np.array([0.0])) == 9.0
