@@ -12,7 +12,12 @@ step time and needs no more memory than its optimistic peak (then the simulation
 not put it on the front), or its optimistic peak already exceeds the devices. Every
 simulated strategy checks the margins: where the estimate exceeded the simulation by
 more, the margins widen to that error (and half again) for the strategies still to
-come. ``simulate="fastest"`` asks only for the fastest strategy that fits: a strategy is
+come. The optimistic step time is raised to the strategy's floor where that is higher
+(:meth:`~ir.search.estimate.Estimator.bound_s`: longest paths of its compute and the
+collectives it waits for, each rank's tasks in the schedule's order, which no
+simulation goes below), made only for strategies the margin alone leaves; a simulated
+step below its floor turns the floors off for the rest of the search.
+``simulate="fastest"`` asks only for the fastest strategy that fits: a strategy is
 simulated unless a simulated strategy that fits is faster than its optimistic step time
 (whatever the memory), or its optimistic peak exceeds the devices; the front's slower,
 leaner points are left estimated (on GPT-3's every-knob space on 1,024 GPUs, about a
