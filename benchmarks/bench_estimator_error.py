@@ -3,8 +3,10 @@ strategies of several models on several hardware presets, each estimated
 (``ir.search.estimate.Estimator``) and built and simulated, and the estimator's errors
 printed per preset: the step time's ratio and its error on what the estimate adds to the
 busiest device's compute (``step_error``: what ``TIME_MARGIN`` must cover), and the peak
-memory's (what ``MEMORY_MARGIN`` must cover). Only an overestimate can make the two-tier
-search skip a strategy it should have simulated; an underestimate costs a simulation.
+memory's (what ``MEMORY_MARGIN`` must cover), and the floors (``bound_s``,
+``peak_floor_bytes``: never above the simulation) against it. Only an overestimate can
+make the two-tier search skip a strategy it should have simulated; an underestimate
+costs a simulation.
 
     python benchmarks/bench_estimator_error.py [--per-case N] [--seed S]
 
@@ -91,6 +93,7 @@ def main() -> None:
                     model.bound_s(s) / r.step_time_s,
                     est.busy_s[i] / r.step_time_s,
                     float(step_error(est.step_time_s[i], model.bound_s(s), r.step_time_s)),
+                    model.peak_floor_bytes(s) / peak,
                 )
             )
     print(f"{sum(map(len, found.values()))} strategies estimated and simulated in "
@@ -119,6 +122,13 @@ def main() -> None:
         print(f"    above the floor most over: {worst[0]} {worst[1]} ({worst[7]:+.0%})")
         worst = max(rows, key=lambda r: r[5])
         print(f"    bound closest: {worst[0]} {worst[1]} ({worst[5]:.4f})")
+        least = np.array([r[8] for r in rows])
+        print(
+            f"    peak floor / simulated peak {least.min():.2f}-{least.max():.4f} (must stay "
+            f"<= 1; median {np.median(least):.2f})"
+        )
+        worst = max(rows, key=lambda r: r[8])
+        print(f"    peak floor closest: {worst[0]} {worst[1]} ({worst[8]:.4f})")
         worst = max(rows, key=lambda r: r[4])
         print(f"    peak most over: {worst[0]} {worst[1]} ({worst[4]:+.1%})")
         worst = max(rows, key=lambda r: r[3])

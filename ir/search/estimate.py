@@ -214,15 +214,15 @@ class Estimator:
             dev, host, comm = np.zeros(n), np.zeros(n), np.zeros(n)
             kept, total, first, held = np.zeros(n), np.zeros(n), np.zeros(n), np.zeros(n)
             devices = tuple(range(tp))
+            sized = self._sizes(tp, rows, sp)
             for k, (rec, keep, _) in enumerate(prof.classes):
-                shapes = rec.shapes(rows_ratio, split_ratio)
-                sizes = [_bytes(x, y) for x, y in zip(shapes, rec.types)]
                 if rec.op is None:
-                    full = sizes[0] * (tp if rec.kind == "allgather" else 1)
+                    full = sized[k][0] * (tp if rec.kind == "allgather" else 1)
                     comm[k] = self.costs.collective(rec.kind, full, devices)
                     continue
+                shapes = rec.shapes(rows_ratio, split_ratio)
                 dev[k], host[k] = self.costs.op(rec.op, shapes, rec.types, rec.n_in)
-                outs = sizes[rec.n_in :]
+                outs = sized[k]
                 returned = prof.returned[k]
                 held[k] = sum(x for x, out in zip(outs, returned) if out)
                 # kept for the backward, less what the step returns (live anyway)
@@ -528,6 +528,105 @@ class Estimator:
                 last = m * spans[r] - span_b[r] + out_b[r]
                 best = max(best, fill + last + float(on_b[1:r].sum()) + end_b[0])
         return float(best) * (1 - BOUND_SLACK)
+
+    def peak_floor_bytes(self, s: Strategy) -> float:
+        """Bytes the simulation of ``s`` holds at least at once on its fullest device (0.0
+        where not estimable): the search skips a strategy whose floor is over the
+        devices, where the estimate less its margin is not.
+
+        Unlike the estimate's peak, only what the simulator's liveness (``ir.sim.memory``)
+        must hold at once, walked in each rank's task order (``T.megatron``'s, as
+        :func:`_scheduled`): the step's inputs (weights, optimizer state: ZeRO's share)
+        all step; after each task, the values a forward made that a backward on the same
+        stage reads (:meth:`_kept_here`: not what recomputation replays) until that
+        backward, what the step returns from then on, and from a stage's first backward
+        its gradients (their sum, ZeRO-2's reduced part) until the optimizer step; at the
+        end the step's results beside its inputs. No op's temporaries, no transfer
+        buffers, nothing a stage receives: the simulation only adds to it."""
+        if s.ep > 1 or s.cp > 1 or s.zero == 3 or self.batch % (s.dp * s.microbatches):
+            return 0.0
+        from ..transforms.pipeline import device_groups
+
+        sp = s.sequence_parallel and s.tp > 1
+        rows, pp, v, m = self.batch // (s.dp * s.microbatches), s.pp, s.chunks, s.microbatches
+        try:
+            kept, held_f, held_b = self._kept_here(s.tp, rows, pp * v, sp, s.recompute)
+            weights, state = self._state(s.tp, pp * v, sp)[:2]
+        except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
+            return 0.0
+        state = state / (s.dp if s.zero else 1)
+        grads = weights / (s.dp if s.zero == 2 else 1)
+        best = 0.0
+        for r in range(pp):
+            own = np.arange(v) * pp + r  # rank r's stages
+            base = float(weights[own].sum() + state[own].sum())
+            live, top, summed = base, base, set()
+            for group in device_groups(s.schedule, r, pp, v, m, True):
+                for st, _, phase in group:
+                    if phase == "F":
+                        live += kept[st] + held_f[st]
+                    else:
+                        live += held_b[st] - kept[st]
+                        if st not in summed:
+                            summed.add(st)
+                            live += grads[st]
+                    top = max(top, live)
+            returned = float(held_f[own].sum() + held_b[own].sum())
+            best = max(best, top, 2 * base + m * returned)
+        return best * (1 - BOUND_SLACK)
+
+    def _kept_here(self, tp: int, rows: int, stages: int, sp: bool, recompute: bool) -> tuple:
+        """Per stage: the bytes of one microbatch's forward results that a backward on the
+        same stage reads (kept on its devices until then; not replayed by recomputation,
+        not returned; with sequence parallelism the token slices the backward gathers
+        again, where the op reading the gathered value is on their stage), and the bytes
+        the step returns from a microbatch's forward and from its backward."""
+
+        def make() -> tuple:
+            prof, _ = self._entry(tp, sp)
+            again = self._records(tp, rows, sp, recompute)[7]
+            sizes = self._sizes(tp, rows, sp)
+            records, phase, stage = prof.records, prof.phase, prof.stage_of(stages)
+            back: dict[str, set[int]] = {}  # name -> the stages whose backward reads it
+            forward: dict[str, set[int]] = {}  # name -> the stages whose forward ops read it
+            for i, rec in enumerate(records):
+                if rec.op is not None:
+                    into = back if phase[i] else forward
+                    for n in rec.reads:
+                        into.setdefault(n, set()).add(int(stage[i]))
+            for i, rec in enumerate(records):  # the token slices gathered again
+                if rec.op is None and not phase[i] and rec.reads[0] in prof.regathered:
+                    for st in forward.get(rec.converted or "", ()):
+                        back.setdefault(rec.reads[0], set()).add(st)
+            kept, held_f, held_b = np.zeros(stages), np.zeros(stages), np.zeros(stages)
+            for i, rec in enumerate(records):
+                if rec.op is None:
+                    continue
+                k, st = prof.class_of[i], int(stage[i])
+                for w, size, out in zip(rec.writes, sizes[k], prof.returned[k]):
+                    if out:
+                        (held_b if phase[i] else held_f)[st] += size
+                    elif not phase[i] and not again[i] and st in back.get(w, ()):
+                        kept[st] += size
+            return kept, held_f, held_b
+
+        return self._cached(("kept here", tp, rows, stages, sp, recompute), make)
+
+    def _sizes(self, tp: int, rows: int, sp: bool) -> list[list[float]]:
+        """Per record class at (degree, rows): its results' bytes (a conversion's: the
+        tensor it converts)."""
+
+        def make() -> list[list[float]]:
+            prof, tp_ref = self._entry(tp, sp)
+            rows_ratio, split_ratio = rows / (self.batch // prof.pieces), tp_ref / tp
+            out = []
+            for rec, _, _ in prof.classes:
+                shapes = rec.shapes(rows_ratio, split_ratio)
+                sizes = [_bytes(x, y) for x, y in zip(shapes, rec.types)]
+                out.append(sizes if rec.op is None else sizes[rec.n_in :])
+            return out
+
+        return self._cached(("sizes", tp, rows, sp), make)
 
     def _chains(self, tp: int, rows: int, stages: int, sp: bool, recompute: bool) -> tuple:
         """Per stage, the longest chains of one microbatch's forward and backward (a

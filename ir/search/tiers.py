@@ -16,7 +16,11 @@ come. The optimistic step time is raised to the strategy's floor where that is h
 (:meth:`~ir.search.estimate.Estimator.bound_s`: longest paths of its compute and the
 collectives it waits for, each rank's tasks in the schedule's order, which no
 simulation goes below), made only for strategies the margin alone leaves; a simulated
-step below its floor turns the floors off for the rest of the search.
+step below its floor turns the floors off for the rest of the search. Likewise a
+strategy whose peak, less the margin, fits is skipped if what its schedule must hold at
+once is over the devices (:meth:`~ir.search.estimate.Estimator.peak_floor_bytes`: its
+inputs, and the activations and gradient sums live at once in its rank's task order,
+which no simulated peak is below), made last, for the strategies nothing else skips.
 ``simulate="fastest"`` asks only for the fastest strategy that fits: a strategy is
 simulated unless a simulated strategy that fits is faster than its optimistic step time
 (whatever the memory), or its optimistic peak exceeds the devices; the front's slower,
@@ -93,7 +97,7 @@ def decide(
     front = Front()
 
     def finish(i: int, row: Row) -> Row:
-        nonlocal time_margin, memory_margin, floor_holds
+        nonlocal time_margin, memory_margin, floor_holds, peak_floor_holds
         if known[i]:
             row = replace(
                 row,
@@ -107,6 +111,8 @@ def decide(
                 memory_margin = max(memory_margin, 1.5 * over_m)
                 if floor_holds and row.step_time_s < floor(i):
                     floor_holds = False  # the chain missed something: trust none
+                if i in peak_floors and row.peak_memory_bytes < peak_floors[i]:
+                    peak_floor_holds = False  # the liveness missed something: trust none
         if row.ok:
             front.add(row.step_time_s, row.peak_memory_bytes)
         return row
@@ -121,6 +127,17 @@ def decide(
         if i not in floors:
             floors[i] = model.bound_s(todo[i])
         return floors[i] if floor_holds else 0.0
+
+    peak_floors: dict[int, float] = {}
+    peak_floor_holds = True  # no simulated peak has been below its strategy's floor
+
+    def peak_floor(i: int) -> float:
+        """Strategy ``i``'s least peak (:meth:`Estimator.peak_floor_bytes`), made only for
+        the strategies whose estimate with its margin fits, or 0 once a simulated peak
+        has been below one."""
+        if i not in peak_floors:
+            peak_floors[i] = model.peak_floor_bytes(todo[i])
+        return peak_floors[i] if peak_floor_holds else 0.0
 
     def skipped(i: int) -> str | None:
         """Why strategy ``i`` need not be simulated given the rows so far, or None."""
@@ -153,6 +170,12 @@ def decide(
                     "a simulated strategy is faster and needs no more memory, even with this "
                     f"one's step at {why} and its peak {memory_margin:.0%} smaller"
                 )
+        if peak_floor(i) > capacity_bytes:  # (made last: it walks every task)
+            return (
+                f"at least {peak_floor(i) / 2**30:.2f} GiB live at once (its inputs, and the "
+                f"activations and gradients its schedule keeps): over the devices' "
+                f"{capacity_bytes / 2**30:.2f} GiB"
+            )
         return None
 
     def left(i: int, why: str) -> Row:
