@@ -293,9 +293,7 @@ class Estimator:
             rows = []
             for op in plan.post:
                 w = plan.post_keys[op][0]
-                p = piece_of.get(w)
-                split = plan.hplan.state.get(p) if p is not None else None
-                dim = split.dim if split is not None and split.kind == "S" else None
+                dim = _split_dim(plan, piece_of, w)
                 share = 1.0 / tp if dim is not None else 1.0
                 local = w.type.size_bytes * share
                 state = share * sum(v.type.size_bytes for v in op.inputs[2:] if v.name in inputs)
@@ -313,6 +311,33 @@ class Estimator:
             return tuple(np.asarray(c, dtype=np.float64) for c in columns)
 
         return self._cached(("weights", tp, sp), make)
+
+    def _gathers(self, tp: int, stages: int, sp: bool, dp: int) -> np.ndarray:
+        """Per stage: the seconds of ZeRO's all-gathers of its updated weights among ``dp``
+        replicas, of the weights ``T.megatron`` splits (a local dimension ``dp`` divides;
+        none for a step with experts, whose weights split otherwise)."""
+
+        def make() -> np.ndarray:
+            prof, _ = self._entry(tp, sp)
+            plan = prof.plan
+            where = self._state(tp, stages, sp)[-2]
+            if dp == 1 or not len(where) or getattr(plan, "experts", None):
+                return np.zeros(stages)
+            piece_of = {src: p for p, src in plan.source_of.items()}
+            group = tuple(range(0, dp * tp, tp))
+            out = np.zeros(stages)
+            for k, op in enumerate(plan.post):
+                w = plan.post_keys[op][0]
+                shape = list(w.type.shape)
+                dim = _split_dim(plan, piece_of, w)
+                if dim is not None:
+                    shape[dim] //= tp
+                if any(n % dp == 0 for n in shape):
+                    size = w.type.size_bytes * (1.0 / tp if dim is not None else 1.0)
+                    out[where[k]] += self.costs.collective("allgather", size, group)
+            return out
+
+        return self._cached(("gathers", tp, stages, sp, dp), make)
 
     def _state(self, tp: int, stages: int, sp: bool) -> tuple:
         """Per stage: weight and state bytes, optimizer seconds, the seconds adding one
@@ -512,14 +537,29 @@ class Estimator:
             ranked = self._ranked(s.tp, rows, pp, v, sp, s.recompute)
         except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
             return 0.0
-        span_f, span_b, out_f, out_b, on_f, on_b, _, end_b = chains
+        span_f, span_b, out_f, out_b, on_f, on_b, _, end_b = chains[:8]
+        send, syncs = np.zeros((2, pp * v)), False
+        if pp > 1:  # every stage's neighbours on other ranks (``dp tp`` devices on)
+            pair = (0, s.dp * s.tp)
+            send = np.vectorize(lambda x: self.costs.collective("send", x, pair))(chains[8:])
+            syncs = self.costs.device.syncs_after_p2p
         acc = ranked[2] / (s.dp if s.zero == 2 and m > 1 else 1)
         opt = ranked[3] / (s.dp if s.zero else 1)
+        reduce, gathers = None, None
+        if s.dp > 1:  # the gradients' reductions; ZeRO's all-gathers after the optimizer
+            try:
+                reduce = self._data(s.tp, pp * v, sp, s.dp, s.zero)[0]
+                if s.zero:
+                    gathers = self._gathers(s.tp, pp * v, sp, s.dp).reshape(v, pp).sum(axis=0)
+            except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
+                return 0.0
         spans = (span_f + span_b).reshape(v, pp).sum(axis=0)  # stage c pp + r: rank r
         # the gradient sums' adds are off the chains: they can fill a chain's waits for
         # its collectives (the simulator runs them beside the all-reduces)
         busy = m * ranked[9] + (m - 1) * acc
-        best = _scheduled(s.schedule, pp, v, m, chains, opt)
+        best = _scheduled(s.schedule, pp, v, m, chains[:8], opt, send, syncs, reduce, gathers)
+        if gathers is not None:
+            opt = np.maximum(opt, gathers)  # (after every task, one at a time)
         for r in range(pp):
             # the first microbatch's forward through chunk 0's stages before rank r
             fill = out_f[0] + float(on_f[1:r].sum()) if r else 0.0
@@ -635,7 +675,8 @@ class Estimator:
         (``span``) and to the first value the next stage reads (``out``: the activation,
         the backward's gradient); and from that value's arrival from the neighbour to the
         first value its own next reads (``on``) and to its last op (``end``): rows span,
-        out, on and end, each forward then backward."""
+        out, on and end, each forward then backward; then the least bytes of what arrives
+        from the neighbour, forward then backward."""
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
@@ -653,11 +694,20 @@ class Estimator:
                     made.setdefault((w, key[1]), key[0])
             for st in range(stages):  # a recomputed backward replays its forward first
                 tasks[2 * st + 1][:0] = [i for i in tasks[2 * st] if again[i]]
-            out = np.zeros((8, stages))
+            sizes = self._sizes(tp, rows, sp)
+            size = {
+                w: x
+                for i, rec in enumerate(records)
+                if rec.op is not None
+                for w, x in zip(rec.writes, sizes[prof.class_of[i]])
+            }
+            out = np.zeros((10, stages))
             for st in range(stages):
                 for ph, step in ((0, -1), (1, 1)):  # the neighbour it receives from
                     task = tasks[2 * st + ph]
                     arrive = {n for n in read.get((st, ph), ()) if made.get((n, ph)) == st + step}
+                    # the least bytes of what arrives (0 if any is not an op's result)
+                    out[8 + ph, st] = min((size.get(n, 0.0) for n in arrive), default=0.0)
                     sent = {n for n in read.get((st - step, ph), ()) if made.get((n, ph)) == st}
                     out[ph, st], ready = _walk(task, records, conv, dev, comm, 0.0, ())
                     out[2 + ph, st] = _first(ready, sent)
@@ -793,24 +843,57 @@ class Estimator:
         return step, peak, bubble, exposed_comm, busy.max(axis=1)
 
 
-def _scheduled(schedule: str, pp: int, v: int, m: int, chains: tuple, opt: np.ndarray) -> float:
+def _split_dim(plan: Any, piece_of: dict, w: Any) -> int | None:
+    """The dimension of weight ``w`` (an input of the analysed step) that the tensor plan
+    splits, or None."""
+    p = piece_of.get(w)
+    split = plan.hplan.state.get(p) if p is not None else None
+    return split.dim if split is not None and split.kind == "S" else None
+
+
+def _scheduled(
+    schedule: str,
+    pp: int,
+    v: int,
+    m: int,
+    chains: tuple,
+    opt: np.ndarray,
+    send: np.ndarray | None = None,
+    syncs: bool = False,
+    reduce: np.ndarray | None = None,
+    gathers: np.ndarray | None = None,
+) -> float:
     """The pipeline's tasks in each rank's order (``T.megatron``'s, from
     ``ir.transforms.pipeline.device_groups``), each at least its chains long
     (:meth:`Estimator._chains`): a task starts when its rank's previous one has ended,
     its last compute op ends at least ``span`` after its start and ``end`` after its input
     arrives, and the value the next stage reads is made at least ``out`` after its start
-    and ``on`` after that arrival (transfers take no time here). The last task's end and
-    its rank's optimizer step; 0.0 for a schedule whose tasks cannot all be placed."""
+    and ``on`` after that arrival. ``send[phase, stage]``: the least seconds of a transfer
+    into ``stage`` in that phase (forward, backward; none: transfers take no time): an
+    input arrives that long after it is made; where the hosts synchronise after
+    transfers (``syncs``), a rank's next group of tasks also starts no sooner than the
+    transfers out of its last group end (``ir.transforms.pipeline.run_exchanges``: an
+    exchange between groups). The last task's end and its rank's optimizer step; 0.0
+    for a schedule whose tasks cannot all be placed. ``reduce[stage]``: the seconds of
+    the data-parallel reductions of its gradients, released no sooner than its last
+    backward starts, one at a time on its rank's one communicator (its replicas' group);
+    ``gathers[rank]``: ZeRO's all-gathers of the updated weights on it, after those
+    reductions and after the rank's last task (the optimizer steps follow every task)."""
     from ..transforms.pipeline import device_groups
 
     span_f, span_b, out_f, out_b, on_f, on_b, end_f, end_b = chains
     stages = pp * v
+    if send is None:
+        send = np.zeros((2, stages))
     made: dict[tuple[int, int, str], float] = {}  # task -> its value for the next made
-    order = [
-        [task for group in device_groups(schedule, d, pp, v, m, True) for task in group]
-        for d in range(pp)
-    ]
+    order, last = [], []  # each rank's tasks, and whether each ends its group
+    for d in range(pp):
+        groups = device_groups(schedule, d, pp, v, m, True)
+        order.append([task for group in groups for task in group])
+        last.append([i == len(group) - 1 for group in groups for i in range(len(group))])
     at, free, left = [0] * pp, [0.0] * pp, sum(map(len, order))
+    held = [0.0] * pp  # a synchronising host's wait for its group's transfers out
+    began: dict[int, float] = {}  # stage -> when its last backward starts
     while left:
         moved = False
         for d in range(pp):
@@ -820,24 +903,51 @@ def _scheduled(schedule: str, pp: int, v: int, m: int, chains: tuple, opt: np.nd
                 if phase == "F":
                     before = (st - 1, mb, "F") if st else None
                     span, out, on, end = span_f[st], out_f[st], on_f[st], end_f[st]
+                    into = st + 1 < stages and send[0, st + 1]  # its result's transfer
                 else:  # the last stage's backward starts from its own forward (its rank's)
                     before = (st + 1, mb, "B") if st < stages - 1 else None
                     span, out, on, end = span_b[st], out_b[st], on_b[st], end_b[st]
+                    into = st > 0 and send[1, st - 1]
                 start = free[d]
                 finish, value = start + span, start + out
                 if before is not None:
                     arrival = made.get(before)
                     if arrival is None:
                         break  # its input is another rank's still to place
+                    arrival += send[0, st] if phase == "F" else send[1, st]
                     finish, value = max(finish, arrival + end), max(value, arrival + on)
+                    if syncs:  # received in the exchange before its group, then waited for
+                        finish, value = max(finish, arrival + span), max(value, arrival + out)
                 made[(st, mb, phase)] = value
+                if phase == "B":
+                    began[st] = start  # (its last backward's, once all are placed)
                 free[d] = finish
+                if syncs and into:
+                    held[d] = max(held[d], value + into)
+                if last[d][at[d]]:  # the exchange: the host waits for its transfers
+                    free[d] = max(free[d], held[d])
                 at[d] += 1
                 left -= 1
                 moved = True
         if not moved:
             return 0.0
-    return float(max(f + o for f, o in zip(free, opt)))
+    ends = []
+    for d in range(pp):
+        end = free[d] + opt[d]
+        if reduce is not None:
+            # jobs released over time on one channel: done no sooner than any release
+            # plus everything released at or after it
+            done, rest = 0.0, 0.0
+            for at_s, x in sorted(
+                ((began.get(st, 0.0), reduce[st]) for st in range(d, stages, pp)), reverse=True
+            ):
+                rest += x
+                done = max(done, at_s + rest)
+            end = max(end, done)
+            if gathers is not None:
+                end = max(end, max(free[d], done) + gathers[d])
+        ends.append(end)
+    return float(max(ends))
 
 
 def _walk(

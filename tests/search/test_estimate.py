@@ -443,7 +443,8 @@ def test_the_scheduled_floor_places_each_task_after_its_rank_and_its_input() -> 
     """``_scheduled`` on a two-stage 1F1B pipeline of two microbatches, forward 1 s and
     backward 2 s a task, each depending on its whole neighbour: rank 0 runs F0 F1 B0 B1,
     rank 1 F0 B0 F1 B1; the last backward ends at (m + pp - 1) (f + b) = 9 s, then
-    rank 0's optimizer step (0.5 s)."""
+    rank 0's optimizer step (0.5 s). Then with transfers, hosts that wait for them, and
+    the data-parallel reductions and ZeRO's all-gathers on each rank's communicator."""
     from ir.search.estimate import _scheduled
 
     z = np.zeros(2)
@@ -459,3 +460,19 @@ def test_the_scheduled_floor_places_each_task_after_its_rank_and_its_input() -> 
     # one stage: the tasks back to back
     one = tuple(x[:1] for x in chains)
     assert _scheduled("1f1b", 1, 1, 3, one, np.array([0.0])) == 9.0
+    # transfers of 0.5 s each way: every input arrives 0.5 s after it is made, two on
+    # the critical path (rank 1's F0, rank 0's B1): 9 + 2 x 0.5, then the optimizer step
+    opt = np.array([0.5, 0.25])
+    send = np.full((2, 2), 0.5)
+    assert _scheduled("1f1b", 2, 1, 2, chains, opt, send) == 10.5
+    # hosts that synchronise after transfers: a sender waits for its transfer out too
+    # (rank 0's F1 starts at 1.5, rank 1's F1 at 5 after B0's gradient left), 11 s
+    assert _scheduled("1f1b", 2, 1, 2, chains, opt, send, True) == 11.0
+    # data-parallel reductions of 1 s (stage 0) and 3 s (stage 1), each released when its
+    # stage's last backward starts (rank 0 at 7, rank 1 at 5): rank 1 done at 8; then
+    # ZeRO's all-gathers after each rank's last task and its reductions: rank 0
+    # max(9, 8) + 1, rank 1 max(7, 8) + 2.5
+    reduce = np.array([1.0, 3.0])
+    assert _scheduled("1f1b", 2, 1, 2, chains, opt, None, False, reduce) == 9.5
+    gathers = np.array([1.0, 2.5])
+    assert _scheduled("1f1b", 2, 1, 2, chains, opt, None, False, reduce, gathers) == 10.5
