@@ -98,18 +98,27 @@ def test_the_longest_chain_spares_simulations_and_keeps_the_fastest(monkeypatch)
     f = models.gpt(32, 1024, 2048, 16, 51200, 8, dtype="bfloat16")
     topology = ir.Topology.preset("a100-hgx", 16)
     knobs = dict(microbatches=[1, 2, 4, 8], zero=(0, 1), sequence_parallel=(False, True))
-
-    def fastest():
-        r = search(f, topology, optimizer="adam", progress=False, simulate="fastest", **knobs)
-        return r, sum(x.status in ("ok", "over capacity") for x in r.rows)
-
-    with_floor, n_floor = fastest()
+    simulated = lambda r: r.status in ("ok", "over capacity")  # noqa: E731
+    (with_floor, n_floor), (margin_only, n_margin) = _fastest_with_and_without(
+        monkeypatch, f, topology, knobs, "bound_s", simulated
+    )
     assert any("longest chain" in (r.error or "") for r in with_floor.rows)
-    monkeypatch.setattr(Estimator, "bound_s", lambda self, s: 0.0)
-    margin_only, n_margin = fastest()
     assert n_floor < n_margin
     a, b = with_floor.best(), margin_only.best()
     assert (a.strategy, a.step_time_s) == (b.strategy, b.step_time_s)
+
+
+def _fastest_with_and_without(monkeypatch, f, topology, knobs, floor: str, counted) -> tuple:
+    """``simulate="fastest"`` searches of ``f`` with the estimator's ``floor`` method and
+    with it returning 0: each result and how many of its rows ``counted`` keeps."""
+
+    def fastest():
+        r = search(f, topology, optimizer="adam", progress=False, simulate="fastest", **knobs)
+        return r, sum(counted(x) for x in r.rows)
+
+    with_floor = fastest()
+    monkeypatch.setattr(Estimator, floor, lambda self, s: 0.0)
+    return with_floor, fastest()
 
 
 def test_what_must_be_live_at_once_spares_simulations_over_capacity(monkeypatch) -> None:
@@ -127,15 +136,11 @@ def test_what_must_be_live_at_once_spares_simulations_over_capacity(monkeypatch)
         microbatches=[2, 4, 8, 16, 32], schedules=("1f1b", "interleaved"), chunks=(1, 2),
         zero=(0, 1), sequence_parallel=(False, True), recompute=(False, True),
     )  # fmt: skip
-
-    def fastest():
-        r = search(f, topology, optimizer="adam", progress=False, simulate="fastest", **knobs)
-        return r, sum(x.status == "over capacity" for x in r.rows)
-
-    with_floor, over_floor = fastest()
+    over = lambda r: r.status == "over capacity"  # noqa: E731
+    (with_floor, over_floor), (margin_only, over_margin) = _fastest_with_and_without(
+        monkeypatch, f, topology, knobs, "peak_floor_bytes", over
+    )
     assert any("live at once" in (r.error or "") for r in with_floor.rows)
-    monkeypatch.setattr(Estimator, "peak_floor_bytes", lambda self, s: 0.0)
-    margin_only, over_margin = fastest()
     assert over_floor < over_margin
     a, b = with_floor.best(), margin_only.best()
     assert (a.strategy, a.step_time_s, a.peak_memory_bytes) == (
