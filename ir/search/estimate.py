@@ -314,8 +314,9 @@ class Estimator:
 
     def _gathers(self, tp: int, stages: int, sp: bool, dp: int) -> np.ndarray:
         """Per stage: the seconds of ZeRO's all-gathers of its updated weights among ``dp``
-        replicas, of the weights ``T.megatron`` splits (a local dimension ``dp`` divides;
-        none for a step with experts, whose weights split otherwise)."""
+        replicas, of the weights ``T.megatron`` splits (a dimension ``dp`` divides, other
+        than the one tensor parallelism splits; none for a step with experts, whose
+        weights split otherwise)."""
 
         def make() -> np.ndarray:
             prof, _ = self._entry(tp, sp)
@@ -328,11 +329,9 @@ class Estimator:
             out = np.zeros(stages)
             for k, op in enumerate(plan.post):
                 w = plan.post_keys[op][0]
-                shape = list(w.type.shape)
                 dim = _split_dim(plan, piece_of, w)
-                if dim is not None:
-                    shape[dim] //= tp
-                if any(n % dp == 0 for n in shape):
+                # (not along the tensor plan's split: _megatron_plan's ZeRO axes)
+                if any(n % dp == 0 for d, n in enumerate(w.type.shape) if d != dim):
                     size = w.type.size_bytes * (1.0 / tp if dim is not None else 1.0)
                     out[where[k]] += self.costs.collective("allgather", size, group)
             return out
