@@ -319,22 +319,18 @@ class Estimator:
         weights split otherwise)."""
 
         def make() -> np.ndarray:
-            prof, _ = self._entry(tp, sp)
-            plan = prof.plan
+            plan = self._entry(tp, sp)[0].plan
             where = self._state(tp, stages, sp)[-2]
             if dp == 1 or not len(where) or getattr(plan, "experts", None):
                 return np.zeros(stages)
             piece_of = {src: p for p, src in plan.source_of.items()}
-            group = tuple(range(0, dp * tp, tp))
-            out = np.zeros(stages)
-            for k, op in enumerate(plan.post):
+            split = []  # (not along the tensor plan's split: _megatron_plan's ZeRO axes)
+            for op in plan.post:
                 w = plan.post_keys[op][0]
                 dim = _split_dim(plan, piece_of, w)
-                # (not along the tensor plan's split: _megatron_plan's ZeRO axes)
-                if any(n % dp == 0 for d, n in enumerate(w.type.shape) if d != dim):
-                    size = w.type.size_bytes * (1.0 / tp if dim is not None else 1.0)
-                    out[where[k]] += self.costs.collective("allgather", size, group)
-            return out
+                split.append(any(n % dp == 0 for d, n in enumerate(w.type.shape) if d != dim))
+            gather = self._per_weight(tp, sp, dp, 1)[1] * np.asarray(split, dtype=np.float64)
+            return np.bincount(where, weights=gather, minlength=stages)
 
         return self._cached(("gathers", tp, stages, sp, dp), make)
 
@@ -369,12 +365,12 @@ class Estimator:
 
         return self._cached(("state", tp, stages, sp), make)
 
-    def _data(self, tp: int, stages: int, sp: bool, dp: int, zero: int) -> tuple:
-        """Per stage: its gradients' reduction among ``dp`` replicas (all-reduces, or
-        ZeRO's reduce-scatters), the largest one's seconds (the last is not hidden), and
-        ZeRO's all-gathers after the optimizer step."""
+    def _per_weight(self, tp: int, sp: bool, dp: int, zero: int) -> tuple[np.ndarray, ...]:
+        """Per optimizer step (weight): the seconds of its gradient's reduction among
+        ``dp`` replicas (an all-reduce, or ZeRO's reduce-scatter) and of ZeRO's all-gather
+        of its update (0 without ZeRO)."""
 
-        def per_weight() -> tuple[np.ndarray, np.ndarray]:
+        def make() -> tuple[np.ndarray, np.ndarray]:
             # each distinct size once (a model's layers repeat a few weight shapes)
             sizes, of = np.unique(self._weights(tp, sp)[0], return_inverse=True)
             group = tuple(range(0, dp * tp, tp))
@@ -387,11 +383,18 @@ class Estimator:
                 )
             return reduce[of], gather[of]
 
+        return self._cached(("per weight", tp, sp, dp, bool(zero)), make)
+
+    def _data(self, tp: int, stages: int, sp: bool, dp: int, zero: int) -> tuple:
+        """Per stage: its gradients' reduction among ``dp`` replicas (all-reduces, or
+        ZeRO's reduce-scatters), the largest one's seconds (the last is not hidden), and
+        ZeRO's all-gathers after the optimizer step."""
+
         def make() -> tuple:
             where = self._state(tp, stages, sp)[-2]
             if dp == 1 or not len(where):
                 return np.zeros(stages), np.zeros(stages), np.zeros(stages)
-            reduce, gather = self._cached(("per weight", tp, sp, dp, zero), per_weight)
+            reduce, gather = self._per_weight(tp, sp, dp, zero)
             tail = np.zeros(stages)
             np.maximum.at(tail, where, reduce)
             total = np.bincount(where, weights=reduce, minlength=stages)
