@@ -21,7 +21,11 @@ strategy whose peak, less the margin, fits is skipped if what its schedule must 
 once is over the devices (:meth:`~ir.search.estimate.Estimator.peak_floor_bytes`: its
 inputs, and the activations and gradient sums live at once in its rank's task order,
 which no simulated peak is below), made last, for the strategies nothing else skips.
-``simulate="fastest"`` asks only for the fastest strategy that fits: a strategy is
+The order is the estimates', but a strategy about to be simulated whose floor is above
+its estimate (the estimate is then known short: interleaved stages of uneven length stall
+where the closed form's bubble does not) waits for its floor's place, so that the
+strategies ahead of it can spare its simulation. ``simulate="fastest"`` asks only for the
+fastest strategy that fits: a strategy is
 simulated unless a simulated strategy that fits is faster than its optimistic step time
 (whatever the memory), or its optimistic peak exceeds the devices; the front's slower,
 leaner points are left estimated (on GPT-3's every-knob space on 1,024 GPUs, about a
@@ -31,7 +35,7 @@ reference both are tested against). Rows come out as they are decided.
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
@@ -45,6 +49,8 @@ from .space import Strategy
 
 MODES = ("front", "fastest", "all")
 T = TypeVar("T")
+#: What :func:`decide`'s ``decided`` answers for a strategy its floor moved later.
+LATER: Any = object()
 
 
 class Front:
@@ -188,24 +194,51 @@ def decide(
         )
 
     done: dict[int, Row] = {}  # rows simulated ahead of the strategy being decided
+    ranked = order.tolist()
+    # the order's key: the estimated step, raised to the strategy's floor where a strategy
+    # about to be simulated has a floor above its estimate (the estimate is then known
+    # short: a pipeline of uneven stages stalls where the closed form's bubble does not)
+    key = np.where(known, est.step_time_s, 0.0).tolist()
+    keyed: set[int] = set()  # the strategies whose floor the key has seen
 
-    def decided(i: int) -> Row | None:
-        """Strategy ``i``'s row if the rows so far decide it without a new simulation."""
+    def misranked(i: int) -> bool:
+        """Whether strategy ``i``'s floor is above its place in the order."""
+        return known[i] and i not in keyed and floor(i) > key[i]
+
+    def decided(pos: int) -> Row | None:
+        """The row of the strategy at ``ranked[pos]`` if the rows so far decide it without a
+        new simulation; :data:`LATER` if its floor moved it later in the order (the
+        strategy now at ``pos`` is the next to decide)."""
+        i = ranked[pos]
         if i in est.refused:  # the transform's own stage cut refuses it: nothing to build
             return Row(todo[i], "error", error=est.refused[i])
         why = skipped(i)
         if why is not None:  # (a row simulated ahead that a serial search skips: dropped)
             done.pop(i, None)
             return left(i, why)
+        if misranked(i):  # simulated later, where its floor ranks it (a row made: kept)
+            key[i] = floor(i)
+            del ranked[pos]
+            ranked.insert(bisect_right(ranked, key[i], lo=pos, key=key.__getitem__), i)
+            keyed.add(i)
+            return LATER
+        keyed.add(i)
         return finish(i, done.pop(i)) if i in done else None
 
-    ranked = order.tolist()
     if submit is not None:
-        yield from _rolling(ranked, todo, decided, skipped, est.refused, done, submit, workers)
+
+        def ahead(j: int) -> bool:  # worth simulating before its turn
+            return j not in est.refused and skipped(j) is None and not misranked(j)
+
+        yield from _rolling(ranked, todo, decided, skipped, ahead, done, submit, workers)
         return
-    for i in ranked:
-        row = decided(i)
-        yield row if row is not None else finish(i, simulate_one(todo[i]))
+    pos = 0
+    while pos < len(ranked):
+        row = decided(pos)
+        if row is LATER:
+            continue
+        yield row if row is not None else finish(ranked[pos], simulate_one(todo[ranked[pos]]))
+        pos += 1
 
 
 def _rolling(
@@ -213,28 +246,32 @@ def _rolling(
     todo: Sequence[Strategy],
     decided: Callable[[int], Row | None],
     skipped: Callable[[int], str | None],
-    refused: Any,
+    ahead: Callable[[int], bool],
     done: dict[int, Row],
     submit: Callable[[list[Strategy]], Any],
     workers: int,
 ) -> Iterator[Row]:
     """The two tiers on an executor: the strategies decided in order as a serial search
-    decides them, each on the rows before it, while the next ``2 x workers`` that the rows
-    so far leave to simulate are in flight (a job each: a worker keeps the search's shared
-    plans across its jobs), so that no worker waits for a wave's slowest strategy. A
-    strategy in flight that the rows then skip is cancelled if it has not started, and its
-    row dropped if it has (the rows are a serial search's)."""
+    decides them, each on the rows before it (``decided(pos)``: the row of
+    ``ranked[pos]``, None to simulate it, or :data:`LATER` where it moved later in
+    ``ranked``), while the next ``2 x workers`` that the rows so far leave to simulate
+    (``ahead``) are in flight (a job each: a worker keeps the search's shared plans across
+    its jobs), so that no worker waits for a wave's slowest strategy. A strategy in flight
+    that the rows then skip is cancelled if it has not started, and its row dropped if it
+    has (the rows are a serial search's)."""
     window = 2 * workers
     flight: dict[int, Any] = {}  # strategy index -> the future of its row
     pos = 0  # the next strategy to decide
     try:
         while pos < len(ranked):
-            i = ranked[pos]
-            row = decided(i)
+            row = decided(pos)
+            if row is LATER:
+                continue
             if row is not None:
                 yield row
                 pos += 1
                 continue
+            i = ranked[pos]
             for j in [j for j in flight if j != i and skipped(j) is not None]:
                 flight.pop(j).cancel()  # no longer needed (dropped if it has run)
             if i not in flight:
@@ -242,17 +279,20 @@ def _rolling(
             for j in ranked[pos + 1 :]:
                 if len(flight) >= window:
                     break
-                if j not in flight and j not in done and j not in refused and skipped(j) is None:
+                if j not in flight and j not in done and ahead(j):
                     flight[j] = submit([todo[j]])
             (done[i],) = flight.pop(i).result()
             for j in [j for j, f in flight.items() if f.done()]:
                 (done[j],) = flight.pop(j).result()
     except KeyboardInterrupt:  # the rows a serial search would have decided so far
-        for i in ranked[pos:]:
-            row = decided(i)
+        while pos < len(ranked):
+            row = decided(pos)
+            if row is LATER:
+                continue
             if row is None:
                 break
             yield row
+            pos += 1
         raise
     finally:  # interrupted, stopped early by the caller (GeneratorExit), or left skipped
         for future in flight.values():
