@@ -128,8 +128,9 @@ def decide(
 
     def floor(i: int) -> float:
         """Strategy ``i``'s longest chain (:meth:`Estimator.bound_s`), made only for the
-        strategies the estimate with its margin leaves, or 0 once a simulation has been
-        below one (then no floor is trusted)."""
+        strategies the estimate with its margin leaves and those about to be simulated
+        (or sent to a worker ahead), or 0 once a simulation has been below one (then no
+        floor is trusted)."""
         if i not in floors:
             floors[i] = model.bound_s(todo[i])
         return floors[i] if floor_holds else 0.0
@@ -216,7 +217,7 @@ def decide(
         if why is not None:  # (a row simulated ahead that a serial search skips: dropped)
             done.pop(i, None)
             return left(i, why)
-        if misranked(i):  # simulated later, where its floor ranks it (a row made: kept)
+        if misranked(i):  # decided later, where its floor ranks it (never sent ahead)
             key[i] = floor(i)
             del ranked[pos]
             ranked.insert(bisect_right(ranked, key[i], lo=pos, key=key.__getitem__), i)
