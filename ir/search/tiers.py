@@ -49,8 +49,6 @@ from .space import Strategy
 
 MODES = ("front", "fastest", "all")
 T = TypeVar("T")
-#: What :func:`decide`'s ``decided`` answers for a strategy its floor moved later.
-LATER: Any = object()
 
 
 class Front:
@@ -200,31 +198,29 @@ def decide(
     # about to be simulated has a floor above its estimate (the estimate is then known
     # short: a pipeline of uneven stages stalls where the closed form's bubble does not)
     key = np.where(known, est.step_time_s, 0.0).tolist()
-    keyed: set[int] = set()  # the strategies whose floor the key has seen
-
-    def misranked(i: int) -> bool:
-        """Whether strategy ``i``'s floor is above its place in the order."""
-        return known[i] and i not in keyed and floor(i) > key[i]
 
     def decided(pos: int) -> Row | None:
         """The row of the strategy at ``ranked[pos]`` if the rows so far decide it without a
-        new simulation; :data:`LATER` if its floor moved it later in the order (the
-        strategy now at ``pos`` is the next to decide)."""
-        i = ranked[pos]
-        if i in est.refused:  # the transform's own stage cut refuses it: nothing to build
-            return Row(todo[i], "error", error=est.refused[i])
-        why = skipped(i)
-        if why is not None:  # (a row simulated ahead that a serial search skips: dropped)
-            done.pop(i, None)
-            return left(i, why)
-        if misranked(i):  # decided later, where its floor ranks it (never sent ahead)
-            key[i] = floor(i)
+        new simulation, None to simulate it. A strategy whose floor is above its key is
+        first moved later, to where its floor ranks it (never sent ahead before), and the
+        one then at ``pos`` decided instead."""
+        while True:
+            i = ranked[pos]
+            if i in est.refused:  # the transform's own stage cut refuses it: nothing to build
+                return Row(todo[i], "error", error=est.refused[i])
+            why = skipped(i)
+            if why is not None:  # (a row simulated ahead that a serial search skips: dropped)
+                done.pop(i, None)
+                return left(i, why)
+            if not misranked(i):
+                return finish(i, done.pop(i)) if i in done else None
+            key[i] = floor(i)  # (then no longer misranked)
             del ranked[pos]
             ranked.insert(bisect_right(ranked, key[i], lo=pos, key=key.__getitem__), i)
-            keyed.add(i)
-            return LATER
-        keyed.add(i)
-        return finish(i, done.pop(i)) if i in done else None
+
+    def misranked(i: int) -> bool:
+        """Whether strategy ``i``'s floor is above its key (its place in the order)."""
+        return known[i] and floor(i) > key[i]
 
     if submit is not None:
 
@@ -233,13 +229,9 @@ def decide(
 
         yield from _rolling(ranked, todo, decided, skipped, ahead, done, submit, workers)
         return
-    pos = 0
-    while pos < len(ranked):
+    for pos in range(len(ranked)):  # (a move keeps the length)
         row = decided(pos)
-        if row is LATER:
-            continue
         yield row if row is not None else finish(ranked[pos], simulate_one(todo[ranked[pos]]))
-        pos += 1
 
 
 def _rolling(
@@ -254,7 +246,7 @@ def _rolling(
 ) -> Iterator[Row]:
     """The two tiers on an executor: the strategies decided in order as a serial search
     decides them, each on the rows before it (``decided(pos)``: the row of
-    ``ranked[pos]``, None to simulate it, or :data:`LATER` where it moved later in
+    ``ranked[pos]``, or None to simulate it; it may first move strategies later in
     ``ranked``), while the next ``2 x workers`` that the rows so far leave to simulate
     (``ahead``) are in flight (a job each: a worker keeps the search's shared plans across
     its jobs), so that no worker waits for a wave's slowest strategy. A strategy in flight
@@ -266,8 +258,6 @@ def _rolling(
     try:
         while pos < len(ranked):
             row = decided(pos)
-            if row is LATER:
-                continue
             if row is not None:
                 yield row
                 pos += 1
@@ -286,14 +276,11 @@ def _rolling(
             for j in [j for j, f in flight.items() if f.done()]:
                 (done[j],) = flight.pop(j).result()
     except KeyboardInterrupt:  # the rows a serial search would have decided so far
-        while pos < len(ranked):
-            row = decided(pos)
-            if row is LATER:
-                continue
+        for k in range(pos, len(ranked)):
+            row = decided(k)
             if row is None:
                 break
             yield row
-            pos += 1
         raise
     finally:  # interrupted, stopped early by the caller (GeneratorExit), or left skipped
         for future in flight.values():
