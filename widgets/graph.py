@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from ir.function import Function
 from ir.op import Op
+from ir.transforms import inline_tasks
 from ir.value import Value
 
 from .drawing import Drawing
@@ -128,7 +129,8 @@ def start_render(
     if options.view == "logical":
         drawing = LogicalDrawing(function, placements or {}, options, result)
     elif options.view == "unrolled":
-        drawing = Drawing(function, placements or {}, options)
+        # a task's ops drawn in its place (T.megatron(tasks=True) writes repeated tasks once)
+        drawing = Drawing(inline_tasks(function), placements or {}, options)
     else:
         raise ValueError(f"GraphOptions.view is {options.view!r}: use 'logical' or 'unrolled'")
     dot = drawing.dot()

@@ -158,6 +158,8 @@ def _run(function: Function, args: Sequence[Any]) -> tuple[Any, ...]:
         operands = [env[v] for v in op.inputs]
         if op.op_type == "Pmap":
             results = _run_pmap(op, operands)
+        elif op.op_type == "Task":  # its body, on the operands
+            results = _run(op.subfunctions[0], operands)
         else:
             opdef = get_op(op.op_type)
             try:

@@ -133,6 +133,71 @@ register_op(
 )
 
 
+def _task_types(ctx: TypeContext):
+    if len(ctx.subfunctions) != 1:
+        raise TypeRuleError(f"task needs exactly one body, got {len(ctx.subfunctions)}")
+    (body,) = ctx.subfunctions
+    if body.pmap_nesting > MAX_PMAP_NESTING:
+        raise TypeRuleError(
+            f"the task's body nests pmaps {body.pmap_nesting} deep, more than the limit "
+            f"{MAX_PMAP_NESTING} (ir.limits.MAX_PMAP_NESTING)"
+        )
+    if len(body.inputs) != len(ctx.input_types):
+        raise TypeRuleError(
+            f"the body takes {len(body.inputs)} inputs but the task is given "
+            f"{len(ctx.input_types)} operands"
+        )
+    for i, (t, param) in enumerate(zip(ctx.input_types, body.inputs)):
+        if t is not param.type and t != param.type:
+            raise TypeRuleError(
+                f"task operand {i} is {t}, but the body's input {param.name!r} is {param.type}"
+            )
+    return [out.type for out in body.outputs]
+
+
+def _task_examples(s: int) -> list[TypeContext]:
+    """Registry-walk examples: a body on one device, and a body of a pmap and a collective
+    on two."""
+    from ..builder import FunctionBuilder
+
+    b = FunctionBuilder("step")
+    x, w = b.input("x", ex.t(s, 3)), b.input("w", ex.t(3, 2 * s))
+    one = b.finish([b.call("Relu", b.call("MatMul", x, w))])
+    d = DeviceVar("d")
+    inner = FunctionBuilder("local")
+    y = inner.input("y", ex.t(2 * s, device=d))
+    local = inner.finish([inner.call("Relu", y)])
+    b = FunctionBuilder("step2")
+    ys = b.input("ys", ex.per_device(2 * s))
+    (relus,) = b.add_op("Pmap", [ys], {"device_var": "d"}, subfunctions=[local]).outputs
+    summed = b.call("AllReduce", relus)
+    two = b.finish([summed, relus])
+    return [
+        TypeContext((ex.t(s, 3), ex.t(3, 2 * s)), {}, (one,)),
+        TypeContext((ex.per_device(2 * s),), {}, (two,)),
+    ]
+
+
+register_op(
+    OpDef(
+        name="Task",
+        operands=("args",),
+        results=("results",),
+        type_rule=_task_types,
+        kernel=None,  # the executor runs the body
+        cost_rule=no_cost,
+        variadic=True,
+        kind=OpKind.CONTROL,
+        doc=(
+            "Run the body (a program of pmaps, collectives and transfers on concrete "
+            "devices) on the operands; its results are the body's. A pipeline stage's "
+            "forward or backward of one microbatch, written once and run per microbatch."
+        ),
+        extra={"variadic_results": True, "examples": _task_examples},
+    )
+)
+
+
 def _tuple_get_types(ctx: TypeContext):
     xs = tuple_operand(ctx, 0)
     i = ctx.attributes["index"]

@@ -245,12 +245,21 @@ class Engine(SlotTable):
     # -- the walk -------------------------------------------------------------
 
     def _run_ops(
-        self, ops: tuple[Op, ...], env: dict[Value, Any], scope: _Scope, once: bool = False
+        self,
+        ops: tuple[Op, ...],
+        env: dict[Value, Any],
+        scope: _Scope,
+        once: bool = False,
+        top: bool = True,
     ) -> None:
-        # The one walk (the top level and pmap bodies): each op prepared once, its devices
-        # and comm timing resolved per pmap iteration. Locals for everything it touches,
-        # one append per instance and per slot, C-level map/max over operands, last uses
-        # settled later with numpy.
+        # The one walk (the top level, task bodies and pmap bodies): each op prepared once,
+        # its devices and comm timing resolved per pmap iteration. Locals for everything it
+        # touches, one append per instance and per slot, C-level map/max over operands,
+        # last uses settled later with numpy. ``once``: ops of their own (the top level's
+        # and a task body's: each runs once per run of its program); ``top``: the top
+        # level's, each run once in all (nothing kept per op), where a task body's ops run
+        # once per application of the task (prepared once, like a pmap body's).
+        fresh = once and top
         prepared = self._prepared
         slot_ready = self.slot_ready
         new_ready, new_bytes = slot_ready.append, self.slot_bytes.append
@@ -279,10 +288,10 @@ class Engine(SlotTable):
         blocking = self.blocking_comm
         add_top = self.top_start.append
         for op in ops:
-            if once:  # a top-level op runs once: keep nothing per op (costs are shared)
+            if fresh:  # a top-level op runs once: keep nothing per op (costs are shared)
                 add_top(len(inst_op))
                 prep = prepare(op)
-            else:  # a pmap body's op runs once per device
+            else:  # a body's op runs once per device, or per application of its task
                 prep = prepared.get(op)
                 if prep is None:
                     prep = prepared[op] = prepare(op)
@@ -334,7 +343,7 @@ class Engine(SlotTable):
                 elif kind is comm_kind:
                     ins = leaves_of(list(map(value_of, op.inputs)))
                     ready = max(map(ready_of, ins)) if ins else 0.0
-                    timing = self._collective(op, scope, prep, once)
+                    timing = self._collective(op, scope, prep, fresh)
                     where, dur, cost, channels, group = timing[:5]
                     start = max([ready, *(comm_free[c] for c in channels)])
                     if blocking or op.attributes.get("stream") == "compute":
@@ -757,6 +766,16 @@ def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
         env[v] = layout.assemble([outs[j] for outs in per_rep])
 
 
+def _task(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
+    # The body's ops as if they stood in its place (each on its own, program order): the
+    # same walk as the flat program's, with the body's values bound to this application's.
+    (body,) = op.subfunctions
+    inner = dict(zip(body.inputs, map(env.__getitem__, op.inputs)))
+    engine._run_ops(body.ops, inner, scope, once=True, top=False)
+    for v, out in zip(op.outputs, body.outputs):
+        env[v] = inner[out]
+
+
 def _tuple_get(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
     env[op.outputs[0]] = element(env[op.inputs[0]], op.attributes["index"])
 
@@ -773,6 +792,7 @@ def _annotation(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) ->
 # Dispatch per structural node kind, as the executor's interpreter does.
 _STRUCTURAL = {
     "Pmap": _pmap,
+    "Task": _task,
     "TupleGet": _tuple_get,
     "MakeTuple": _make_tuple,
     "PipelineStage": _annotation,

@@ -47,7 +47,7 @@ def traffic_bytes(f: Function, kinds: Iterable[str] | None = None) -> dict[str, 
     """
     wanted = None if kinds is None else set(kinds)
     out: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))
-    for op in f.ops:
+    for op in _top_level(f.ops):
         c = _collective(op)
         if c is None or c.kind == "local" or (wanted is not None and c.kind not in wanted):
             continue
@@ -65,6 +65,15 @@ def traffic_bytes(f: Function, kinds: Iterable[str] | None = None) -> dict[str, 
             elif c.root is not None:
                 out[c.kind][c.root] += c.size_bytes
     return {k: dict(v) for k, v in out.items()}
+
+
+def _top_level(ops):
+    """The ops, each task's body in its place (a task runs its body once)."""
+    for op in ops:
+        if op.op_type == "Task":
+            yield from _top_level(op.subfunctions[0].ops)
+        else:
+            yield op
 
 
 def _collective(op: Op):

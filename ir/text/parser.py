@@ -243,6 +243,8 @@ class _Parser:
             )
         if op_tok.text.lower() in _PMAP_NAMES:
             outputs = parse_pmap(self, scope, results, start)
+        elif op_tok.text == "task" and self.cur.peek().is_punct("("):
+            outputs = parse_pmap(self, scope, results, start, task=True)
         else:
             outputs = self._call(scope, results, start)
         for result, value in zip(results, outputs):
@@ -498,8 +500,10 @@ class _Parser:
 
     # -- pmap ---------------------------------------------------------------------------
 
-    def body_scope(self, scope: _Scope, device_var: str) -> _Scope:
-        """A fresh scope for a pmap body inside ``scope``, binding ``device_var``."""
+    def body_scope(self, scope: _Scope, device_var: str | None) -> _Scope:
+        """A fresh scope for a pmap body inside ``scope``, binding ``device_var`` (None: a
+        task's body, which binds none)."""
         self.bodies += 1
         builder = FunctionBuilder(f"{scope.builder.name}_body{self.bodies}")
-        return _Scope(builder, (*scope.device_vars, device_var), parent=scope)
+        bound = scope.device_vars if device_var is None else (*scope.device_vars, device_var)
+        return _Scope(builder, bound, parent=scope)

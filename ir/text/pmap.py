@@ -26,12 +26,15 @@ _BODY_KEYWORDS = ("fn", "body")
 
 
 def parse_pmap(
-    p: _Parser, scope: _Scope, results: list[_Result], start: Token
+    p: _Parser, scope: _Scope, results: list[_Result], start: Token, task: bool = False
 ) -> tuple[Value, ...]:
-    """Parse ``pmap(...)`` at the cursor, add the Pmap op to ``scope`` and return its results."""
+    """Parse ``pmap(...)`` at the cursor, add the Pmap op to ``scope`` and return its results.
+    ``task``: parse ``task(fn=lambda (x: T), ...: {...}, (xs, ...))``, a Task op (its body
+    typed on concrete devices: no device variable, no device map)."""
     cur = p.cur
+    what = "task" if task else "pmap"
     op_tok = cur.advance()
-    opener = cur.expect("(", "after 'pmap'")
+    opener = cur.expect("(", f"after '{what}'")
     first_use = len(p.terms.subdevice_uses)
     device_var: str | None = None
     device_map: Any = None
@@ -42,6 +45,12 @@ def parse_pmap(
         if tok.kind == "NAME" and cur.peek().is_punct("="):
             cur.advance()
             cur.advance()
+            if task and tok.text not in _BODY_KEYWORDS:
+                raise cur.error(
+                    f"task has no argument {tok.text!r}: it takes fn= (or body=) and a tuple "
+                    "of operands such as (x, w)",
+                    tok,
+                )
             if tok.text == "device_var":
                 name = cur.expect_name("for the pmap's device variable").text
                 _same_var(p, tok, device_var, name)
@@ -57,7 +66,7 @@ def parse_pmap(
                     )
             elif tok.text in _BODY_KEYWORDS:
                 _no_second_body(p, body, tok)
-                body, device_var = _lambda(p, scope, device_var)
+                body, device_var = _lambda(p, scope, device_var, task)
             else:
                 raise cur.error(
                     f"pmap has no argument {tok.text!r}: it takes device_var=, device_map=, "
@@ -66,10 +75,10 @@ def parse_pmap(
                 )
         elif tok.is_name("lambda"):
             _no_second_body(p, body, tok)
-            body, device_var = _lambda(p, scope, device_var)
+            body, device_var = _lambda(p, scope, device_var, task)
         elif tok.is_punct("(") or tok.kind == "NAME":
             if data is not None:
-                raise cur.error("pmap is given its operands twice", tok)
+                raise cur.error(f"{what} is given its operands twice", tok)
             data = _data(p, scope)
         else:
             raise cur.error(
@@ -78,11 +87,18 @@ def parse_pmap(
             )
         if not cur.accept(","):
             break
-    cur.close(opener, "after the arguments of pmap")
+    cur.close(opener, f"after the arguments of {what}")
     if body is None:
-        raise cur.error("pmap needs a body: fn=lambda (x: T), ...: { ... return y }", op_tok)
+        raise cur.error(f"{what} needs a body: fn=lambda (x: T), ...: {{ ... return y }}", op_tok)
     if data is None:
+        if task:
+            raise cur.error("task needs its operands, e.g. (x, w)", op_tok)
         raise cur.error("pmap needs the per-device tuples it maps over, e.g. (xs, ws)", op_tok)
+    if task:
+        p.check_result_count("task", tuple(v.name for v in body.outputs), results, start)
+        opdef = get_op("Task")
+        names = [p.value_name(r, opdef, i) for i, r in enumerate(results)]
+        return p.add_op(scope, op_tok, "Task", data, {}, names, (body,)).outputs
     if device_map is None:
         for sub, tok in p.terms.subdevice_uses[first_use:]:
             if sub.name == device_var:
@@ -125,10 +141,24 @@ def _data(p: _Parser, scope: _Scope) -> list[Value]:
     return values
 
 
-def _lambda(p: _Parser, scope: _Scope, device_var: str | None) -> tuple[Function, str]:
-    """``lambda [d: lambda] params: { statements return ... }`` -> (body, device variable)."""
+def _lambda(
+    p: _Parser, scope: _Scope, device_var: str | None, task: bool = False
+) -> tuple[Function, str]:
+    """``lambda [d: lambda] params: { statements return ... }`` -> (body, device variable).
+    ``task``: ``lambda params: {...}``, a task's body (it binds no device variable)."""
     cur = p.cur
-    lambda_tok = cur.expect_keyword("lambda", "for the pmap body")
+    lambda_tok = cur.expect_keyword("lambda", "for the task body" if task else "for the pmap body")
+    if task:
+        body_scope = p.body_scope(scope, None)
+        _parameters(p, body_scope)
+        brace = cur.expect("{", "to open the task body")
+        outputs = p.statements(body_scope, closer="}")
+        if outputs is None:
+            if cur.tok.kind == "EOF":
+                cur.close(brace, "after the task body")
+            raise cur.error("the task body ends without 'return': return its results")
+        cur.close(brace, "after the body's return")
+        return p.finish(body_scope, outputs, lambda_tok), device_var
     if cur.tok.kind == "NAME" and cur.peek().is_punct(":"):
         binder = cur.advance()
         cur.advance()

@@ -79,6 +79,9 @@ def format_op(op: Op) -> str:
     if op.op_type == "Pmap":
         data = ", ".join(names(v) for v in op.inputs)
         return f"{_lhs(op, names)} = pmap(device_var={op.attributes['device_var']}, ({data}))"
+    if op.op_type == "Task":
+        data = ", ".join(names(v) for v in op.inputs)
+        return f"{_lhs(op, names)} = task({op.subfunctions[0].name}, ({data}))"
     return _op_line(op, names)
 
 
@@ -149,6 +152,8 @@ def _body_lines(
     for op in function.ops:
         if op.op_type == "Pmap":
             _pmap_lines(op, names, lines, indent)
+        elif op.op_type == "Task":
+            _pmap_lines(op, names, lines, indent, task=True)
         else:
             lines.append(indent + _op_line(op, names))
     layouts = layouts or (None,) * len(function.outputs)
@@ -201,14 +206,16 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _pmap_lines(op: Op, names: _Names, lines: list[str], indent: str) -> None:
+def _pmap_lines(op: Op, names: _Names, lines: list[str], indent: str, task: bool = False) -> None:
+    """A pmap (or, ``task``, a task: its body on concrete devices, no device variable)."""
     (body,) = op.subfunctions
     inner = indent + _INDENT
     lines.append(indent + "(")
     for v in op.outputs:
         lines.append(f"{inner}{names(v)}: {format_type(v.type)},")
-    lines.append(indent + ") = pmap(")
-    lines.append(f"{inner}device_var={op.attributes['device_var']},")
+    lines.append(indent + (") = task(" if task else ") = pmap("))
+    if not task:
+        lines.append(f"{inner}device_var={op.attributes['device_var']},")
     if op.attributes.get("device_map") is not None:
         lines.append(f"{inner}device_map={format_attribute(op.attributes['device_map'])},")
     body_names = _Names()  # a body is its own scope

@@ -26,7 +26,7 @@ from .recompute import (
 )
 from .setup import setup_program
 from .stage_cut import PipelineCut, StageCut, pipeline_cut
-from .unroll import device_programs, unroll_pmap
+from .unroll import device_programs, inline_tasks, unroll_pmap
 
 __all__ = [
     "AutodiffError",
@@ -44,6 +44,7 @@ __all__ = [
     "gradients",
     "horizontal_parallel",
     "horizontal_then_data",
+    "inline_tasks",
     "live_microbatches",
     "megatron",
     "mode_activations",

@@ -63,6 +63,12 @@ def _inline(
         ins = [env[v] for v in op.inputs]
         if op.op_type == "Pmap":
             results = _unroll(b, op, ins, suffix)
+        elif op.op_type == "Task":  # its body in its place (its pmaps unrolled too)
+            (body,) = op.subfunctions
+            inner = dict(zip(body.inputs, ins))
+            outer = {v: r.name for v, r in zip(body.outputs, op.outputs)}
+            _inline(b, body.ops, inner, bind, suffix, outer)
+            results = [inner[v] for v in body.outputs]
         else:
             new = b.add_op(
                 op.op_type,
@@ -73,6 +79,52 @@ def _inline(
                 op_name=op.name,
             )
             results = new.outputs
+        env.update(zip(op.outputs, results))
+
+
+def inline_tasks(f: Function) -> Function:
+    """``f`` with every ``Task`` replaced by its body (tasks in bodies too): the flat
+    program, op for op, for the consumers that read top-level ops one by one (a per-rank
+    backend, traffic counts). The values a body makes are named after the task's results
+    where it returns them, else as in the body.
+
+    >>> import ir
+    >>> from ir.transforms import inline_tasks
+    >>> body = ir.FunctionBuilder("twice")
+    >>> x = body.input("x", ir.TensorType((2,), device=0))
+    >>> body = body.finish([body.call("Add", x, x)])
+    >>> b = ir.FunctionBuilder("f")
+    >>> a = b.input("a", ir.TensorType((2,), device=0))
+    >>> (y,) = b.add_op("Task", [a], subfunctions=[body], names=["y"]).outputs
+    >>> print(inline_tasks(b.finish([y])))
+    def f(a: Tensor[(2,), 0]):
+        y: Tensor[(2,), 0] = Add(a, a)
+        return y
+    """
+    from dataclasses import replace
+
+    function_arg("inline_tasks", "f", f)
+    if not any(op.op_type == "Task" for op in f.ops):
+        return f
+    b = FunctionBuilder(f.name)
+    env = {v: b.input(v.name, v.type) for v in f.inputs}
+    _flatten(b, f.ops, env, {})
+    g = layouts_of(b.finish([env[v] for v in f.outputs]), f)
+    return replace(g, rank_classes=f.rank_classes)
+
+
+def _flatten(b: FunctionBuilder, ops, env: dict[Value, Value], names: Mapping[Value, str]) -> None:
+    """Copy ``ops`` (each like itself: typed once), inlining tasks."""
+    for op in ops:
+        ins = [env[v] for v in op.inputs]
+        if op.op_type == "Task":
+            (body,) = op.subfunctions
+            inner = dict(zip(body.inputs, ins))
+            outer = {v: names.get(r, r.name) for v, r in zip(body.outputs, op.outputs)}
+            _flatten(b, body.ops, inner, outer)
+            results = [inner[v] for v in body.outputs]
+        else:
+            results = b.add_like(op, ins, [names.get(v, v.name) for v in op.outputs]).outputs
         env.update(zip(op.outputs, results))
 
 
@@ -139,4 +191,4 @@ def device_programs(f: Function) -> dict[str, list[str]]:
     return out
 
 
-__all__ = ["device_programs", "unroll_pmap"]
+__all__ = ["device_programs", "inline_tasks", "unroll_pmap"]

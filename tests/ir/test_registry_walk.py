@@ -73,7 +73,7 @@ def test_every_op_has_a_doc_examples_and_a_kernel_or_a_body():
     for op in OPS:
         assert op.doc.strip(), f"{op.name} has no doc"
         assert callable(op.extra.get("examples")), f"{op.name} has no extra['examples']"
-        assert op.kernel is not None or op.name == "Pmap", f"{op.name} has no kernel"
+        assert op.kernel is not None or op.name in ("Pmap", "Task"), f"{op.name} has no kernel"
         for scale in SCALES:
             assert op.extra["examples"](scale), f"{op.name} has no examples at scale {scale}"
 
@@ -107,7 +107,7 @@ def test_kernel_agrees_with_type_rule(name: str):
                 assert len(types) == len(op.results), where
             ranges = input_value_ranges(_one_op_function(op, example))
             inputs = [_random(t, rng, ranges.get(i)) for i, t in enumerate(example.input_types)]
-            if op.kernel is None:  # Pmap: the executor runs its body per device
+            if op.kernel is None:  # Pmap, Task: the executor runs the body
                 results = ir.execute(_one_op_function(op, example), inputs)
             else:
                 snapshot = [np.copy(x) if isinstance(x, np.ndarray) else x for x in inputs]

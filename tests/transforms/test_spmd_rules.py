@@ -81,8 +81,8 @@ def test_local_attributes_come_from_the_records() -> None:
 
 def test_transforms_compare_op_types_only_for_the_ir_structure() -> None:
     """Facts about compute ops live in their records: the transforms compare ``op_type`` only
-    with the structural ops they build and take apart themselves (pmaps, tuples, the
-    pipeline's output concatenation)."""
+    with the structural ops they build and take apart themselves (pmaps, tasks, tuples,
+    the pipeline's output concatenation)."""
     import ast
     from pathlib import Path
 
@@ -99,4 +99,4 @@ def test_transforms_compare_op_types_only_for_the_ir_structure() -> None:
                 for c in ast.walk(s):
                     if isinstance(c, ast.Constant) and isinstance(c.value, str):
                         named.setdefault(c.value, set()).add(path.name)
-    assert set(named) <= {"Pmap", "TupleGet", "MakeTuple", "Concat"}, named
+    assert set(named) <= {"Pmap", "Task", "TupleGet", "MakeTuple", "Concat"}, named
