@@ -12,7 +12,8 @@ like the first (``FunctionBuilder.add_like``).
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections import ChainMap
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..builder import FunctionBuilder
@@ -32,6 +33,9 @@ class StageEmission(MegatronPlan):
 
     # the gradient reductions left for after the tasks (None: each made when ready)
     _deferred: list[tuple[Value, int]] | None = None
+    # T.megatron(tasks=True): each task of a microbatch between the first and the last
+    # one Task op, its body written once per (stage, phase) (_emit_as_task)
+    as_tasks: bool = False
 
     # -- emission --------------------------------------------------------------------------
 
@@ -48,6 +52,10 @@ class StageEmission(MegatronPlan):
         self.at: list[dict[Value, Value]] = [{} for _ in range(self.m)]
         self.home: list[dict[Value, int]] = [{} for _ in range(self.m)]
         self.sent: dict[tuple[Value, int, int], Value] = {}
+        self._sent_as: dict[Value, tuple[Value, int]] = {}  # a sent copy -> (key, stage)
+        self._tasks: dict[tuple, Any] = {}  # each kind of task: _TaskForm, or None (flat)
+        self._shaped: dict[tuple, Function] = {}  # tasks=True: a body per shape (_shape_of)
+        self._op_shapes: dict[Op, tuple] = {}  # each local op's part of a shape
         self.weights: dict[Value, Value] = {}
         self.weights_on: dict[tuple[Value, int], Value] = {}  # a buffer sent to a stage
         self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
@@ -189,6 +197,7 @@ class StageEmission(MegatronPlan):
             step = ("send", key, home, stage)
             (moved,) = self._add(step, "SendEach", [found], attributes, names)
             self.sent[(key, mb, stage)] = moved
+            self._sent_as[moved] = (key, stage)
         return moved
 
     def _merge(self) -> None:
@@ -219,11 +228,140 @@ class StageEmission(MegatronPlan):
         steps = self._steps.get(kind)
         if steps is None:
             steps = self._steps[kind] = self._task_steps(s, mb, phase)
+        if self.as_tasks and 0 < mb < self.m - 1 and self._emit_as_task(kind, steps, s, mb):
+            return
+        self._emit_steps(steps, s, mb)
+
+    def _emit_steps(self, steps: list, s: int, mb: int) -> None:
         for step in steps:
             if step.__class__ is Item:
                 self._emit_conversion(step, s, mb)
             else:
                 self._emit_run(step, s, mb)
+
+    def _emit_as_task(self, kind: tuple, steps: list, s: int, mb: int) -> bool:
+        """Microbatch ``mb``'s task of ``kind`` as one Task op (False: emit it flat). The
+        first of a kind is written into a body (:meth:`_task_form`); every later one is
+        that op again on this microbatch's values (typed once: ``add_like``)."""
+        form = self._tasks.get(kind, _UNSEEN)
+        if form is _UNSEEN:
+            form = self._tasks[kind] = self._task_form(steps, s, mb, kind[1])
+            return form is not None
+        if form is None:
+            return False
+        at, acc, sent = self.at[mb], self.acc, self.sent
+        operands = []
+        try:
+            for role, x in form.ins:
+                if role is _AT:
+                    operands.append(at[x])
+                elif role is _SENT:
+                    operands.append(sent[(x[0], mb, x[1])])
+                elif role is _ACC:
+                    operands.append(acc[x])
+                else:
+                    operands.append(x)
+        except KeyError as e:
+            raise TransformError(
+                f"internal: microbatch {mb}'s task on stage {s} lacks {e} that its kind reads"
+            ) from None
+        suffix = str(mb)
+        names = [f"{a}{suffix}{b}" for a, b in form.names]
+        results = self.b.add_like(form.op, operands, names).outputs
+        for (role, x), out in zip(form.outs, results):
+            if role is _AT:
+                at[x] = out
+            elif role is _ACC:
+                acc[x] = out
+            else:
+                sent[(x[0], mb, x[1])] = out
+                self._sent_as[out] = x
+        home = self.home[mb]
+        for k, st in form.homes:
+            home.setdefault(k, st)
+        return True
+
+    def _task_form(self, steps: list, s: int, mb: int, phase: str) -> _TaskForm | None:
+        """Emit microbatch ``mb``'s task as a Task op whose body holds its steps, and what
+        the task reads and makes by role (a key of the microbatch, a copy sent to a stage,
+        a gradient's sum so far, or a value every microbatch reads alike), so that the
+        next microbatches' tasks are the same op on their values. None (nothing emitted)
+        where the task cannot be one (it makes nothing, or stores a value it did not make)
+        or is one op (nothing to share)."""
+        main, at, home, acc, sent = self.b, self.at[mb], self.home[mb], self.acc, self.sent
+        body_b = _Capturing(f"{self.t.name}_s{s}_{'forward' if phase == 'F' else 'backward'}")
+        # the steps write into fresh maps over the step's: what they add is what the
+        # task makes (and nothing the step had is touched if it cannot be a task)
+        self.b = body_b
+        self.at[mb], self.home[mb] = ChainMap({}, at), ChainMap({}, home)
+        self.acc, self.sent = ChainMap({}, acc), ChainMap({}, sent)
+        try:
+            self._emit_steps(steps, s, mb)
+            new_at, new_home = self.at[mb].maps[0], self.home[mb].maps[0]
+            new_acc, new_sent = self.acc.maps[0], self.sent.maps[0]
+        finally:
+            self.b, self.at[mb], self.home[mb], self.acc, self.sent = main, at, home, acc, sent
+        made = body_b.made
+        outs: list[tuple[Any, Any]] = []
+        values: list[Value] = []
+        names: list[tuple[str, str]] = []
+        reading = self._reading_tasks()
+        kept, here = self._kept, (s, phase)
+        for k, v in new_at.items():
+            if k not in kept and reading.get(k, set()) <= {here}:
+                continue  # read by this task alone: the body's own
+            outs.append((_AT, k))
+            values.append(v)
+            names.append((f"{k.name}_mb", ""))
+        for k, v in new_acc.items():
+            outs.append((_ACC, k))
+            values.append(v)
+            names.append((f"{k.name}_acc", ""))
+        for (k, m_, st), v in new_sent.items():
+            if m_ != mb:
+                return None
+            outs.append((_SENT, (k, st)))
+            values.append(v)
+            names.append((f"{k.name}_mb", f"_s{st}"))
+        if not values or not all(v in made for v in values) or len(body_b.ops) < 2:
+            return None  # (a task of one op is that op)
+        by_value = {v: k for k, v in at.items()}
+        summed = {v: k for k, v in acc.items()}
+        ins: list[tuple[Any, Any]] = []
+        for x in body_b.captured:
+            if x in by_value:
+                ins.append((_AT, by_value[x]))
+            elif x in summed:
+                ins.append((_ACC, summed[x]))
+            elif x in self._sent_as:
+                ins.append((_SENT, self._sent_as[x]))
+            else:  # the weights, a buffer sent once, a stage's anchor: every microbatch's
+                ins.append((_FIXED, x))
+        body = body_b.finish(values)
+        outs_named = [f"{a}{mb}{b}" for a, b in names]
+        op = main.add_op("Task", list(body_b.captured), {}, names=outs_named, subfunctions=[body])
+        for (role, x), out in zip(outs, op.outputs):
+            if role is _AT:
+                at[x] = out
+            elif role is _ACC:
+                acc[x] = out
+            else:
+                sent[(x[0], mb, x[1])] = out
+                self._sent_as[out] = x
+        for k, st in new_home.items():
+            home.setdefault(k, st)
+        return _TaskForm(op, ins, outs, names, tuple(new_home.items()))
+
+    def _reading_tasks(self) -> dict[Value, set[tuple[int, str]]]:
+        """Each key -> the tasks (stage, phase) whose items read it (regathers too)."""
+        found = getattr(self, "_reading", None)
+        if found is None:
+            found = self._reading = {}
+            for key, items in self.tasks.items():
+                for item in items:
+                    for k in item.keys:
+                        found.setdefault(k, set()).add(key)
+        return found
 
     def _task_steps(self, s: int, mb: int, phase: str) -> list[Item | _Run]:
         """Task ``(s, phase)``'s conversions and runs of local ops, as microbatch ``mb``
@@ -267,7 +405,7 @@ class StageEmission(MegatronPlan):
         inputs, results, body = found
         if not results:
             return []
-        return [_Run(inputs, results, body, summing)]
+        return [_Run(inputs, results, body, summing, s % self.pp)]
 
     def _emit_run(self, step: _Run, s: int, mb: int) -> None:
         # what value() answers, looked up here for the common case (made on this stage)
@@ -329,6 +467,61 @@ class StageEmission(MegatronPlan):
         results = [v for item in run for v in item.outputs if v in later]
         if not results:
             return inputs, results, None
+        shape = self._shape_of(run, inputs, results, summing) if self.as_tasks else None
+        if shape is not None:
+            found = self._shaped.get(shape)
+            if found is not None:
+                return inputs, results, found
+        body = self._new_body(run, s, summing, inputs, results)
+        if shape is not None:
+            self._shaped[shape] = body
+        return inputs, results, body
+
+    def _shape_of(
+        self, run: list[Item], inputs: list[Value], results: list[Value], summing: tuple
+    ) -> tuple | None:
+        """What fixes ``run``'s body up to its names: the operand types, each op's type,
+        attributes and operand types and where its operands come from (an input, an
+        earlier op's result), and which results the body returns and sums. Runs of one
+        shape (every layer of a model of equal layers, on any stage) share one body
+        (``tasks=True``); None where an op has a body or an attribute that is no key."""
+        if not inputs:  # its anchor is whatever the stage holds (_anchor)
+            return None
+        local = self.hplan.local
+        where: dict[Value, tuple[int, int]] = {k: (-1, i) for i, k in enumerate(inputs)}
+        shape: list[Any] = [tuple(local.value(k).type for k in inputs)]
+        ops = self._op_shapes
+        for n, item in enumerate(run):
+            op = item.op
+            own = ops.get(op)
+            if own is None:
+                if op.subfunctions:
+                    return None
+                own = ops[op] = (
+                    op.op_type,
+                    tuple(op.attributes.items()),
+                    tuple(v.type for v in op.inputs),
+                )
+            shape.append((own, tuple(where[k] for k in item.keys)))
+            for j, v in enumerate(item.outputs):
+                where[v] = (n, j)
+        shape.append(tuple(where[v] for v in results))
+        shape.append(tuple(where[v] for v in summing))
+        key = tuple(shape)
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def _new_body(
+        self,
+        run: list[Item],
+        s: int,
+        summing: tuple[Value, ...],
+        inputs: list[Value],
+        results: list[Value],
+    ) -> Function:
         body_b = FunctionBuilder(f"{self.t.name}_s{s}")
         env: dict[Value, Value] = {}
         for k in inputs:
@@ -343,7 +536,7 @@ class StageEmission(MegatronPlan):
                 env[v] = y
         for v in summing:  # after the body's ops, as the separate sums ran before
             env[v] = body_b.call("Add", sums[v], env[v], name=f"{v.name}_sum")
-        return inputs, results, body_b.finish([env[v] for v in results])
+        return body_b.finish([env[v] for v in results])
 
     def _anchor(self, s: int) -> Value:
         """A per-device tuple on ``s``'s devices that a pmap of ops with no operand (an
@@ -539,6 +732,53 @@ class StageEmission(MegatronPlan):
         return found
 
 
+_UNSEEN = object()
+_AT, _SENT, _ACC, _FIXED = "at", "sent", "acc", "fixed"  # what a task operand is
+
+
+class _TaskForm:
+    """A kind of task written as a Task op: the op (the first microbatch's), its operands'
+    and results' roles, its results' names (around the microbatch) and the stages it
+    records as its keys' homes."""
+
+    __slots__ = ("homes", "ins", "names", "op", "outs")
+
+    def __init__(self, op: Op, ins: list, outs: list, names: list, homes: tuple) -> None:
+        self.op, self.ins, self.outs, self.names, self.homes = op, ins, outs, names, homes
+
+
+class _Capturing(FunctionBuilder):
+    """A task's body: an operand it has not made (a value of the step around it) becomes
+    a body input, once (``captured``: the step's value -> the input, in first-use order)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.captured: dict[Value, Value] = {}
+        self.made: set[Value] = set()
+
+    def _inside(self, inputs: Sequence[Value]) -> list[Value]:
+        defined, captured = self._defined, self.captured
+        out = []
+        for v in inputs:
+            if v not in defined:
+                found = captured.get(v)
+                if found is None:
+                    found = captured[v] = self.input(v.name, v.type)
+                v = found
+            out.append(v)
+        return out
+
+    def add_op(self, op_type: str, inputs: Sequence[Value], *args: Any, **kwargs: Any) -> Op:
+        op = super().add_op(op_type, self._inside(inputs), *args, **kwargs)
+        self.made.update(op.outputs)
+        return op
+
+    def add_like(self, like: Op, inputs: Sequence[Value], names: Sequence[str]) -> Op:
+        op = super().add_like(like, self._inside(inputs), names)
+        self.made.update(op.outputs)
+        return op
+
+
 _PMAP_ATTRIBUTES = {"device_var": VAR}
 _VAR = DeviceVar(VAR)
 
@@ -550,9 +790,9 @@ class _Run:
     __slots__ = ("body", "inputs", "key", "prefixes", "results", "summed", "summing")
 
     def __init__(
-        self, inputs: list[Value], results: list[Value], body: Function, summing: tuple
+        self, inputs: list[Value], results: list[Value], body: Function, summing: tuple, rank: int
     ) -> None:
         self.inputs, self.results, self.body, self.summing = inputs, results, body, summing
-        self.key = ("pmap", body)
+        self.key = ("pmap", body, rank)  # (a body of one shape may run on several ranks)
         self.summed = [v in summing for v in results]
         self.prefixes = [f"{v.name}_acc" if v in summing else f"{v.name}_mb" for v in results]

@@ -119,6 +119,7 @@ def megatron(
     ring_attention: bool = True,
     overlap_grad_reduce: bool = True,
     shared: SharedAnalyses | None = None,
+    tasks: bool = False,
 ) -> Function:
     """``t`` (a training or forward program on one device) as a 3D-parallel steady-state step
     on ``dp * cp * tp * pp`` devices (see the module docstring).
@@ -159,9 +160,16 @@ def megatron(
     ``recompute=``) that several calls share (a search's strategies): the analyses that
     depend only on the tensor degree, the stages and the batch pieces run once for all of
     them; the step is the same as without it.
+    ``tasks=True``: each stage's forward and backward of every microbatch but the first
+    and the last is one ``Task`` op, its body (the pmaps, collectives and transfers of
+    one microbatch's task) written once per stage and phase and applied to each
+    microbatch's values: the same program with its repeated tasks named once
+    (``ir.transforms.inline_tasks`` writes it out flat; executed and simulated, the two
+    are the same to the last bit), a fraction of the ops to build.
     """
     check_common("megatron", t, topology, "t")
     overlap_grad_reduce = bool_arg("megatron", "overlap_grad_reduce", overlap_grad_reduce)
+    tasks = bool_arg("megatron", "tasks", tasks)
     sequence_parallel = bool_arg("megatron", "sequence_parallel", sequence_parallel)
     allow_replication = bool_arg("megatron", "allow_replication", allow_replication)
     vocab_parallel = bool_arg("megatron", "vocab_parallel", vocab_parallel)
@@ -223,7 +231,7 @@ def megatron(
                 "optimizer); it contradicts zero=2: pass one of them"
             )
         zero = 1
-    return Megatron3D(
+    step = Megatron3D(
         t,
         dp,
         tp,
@@ -241,7 +249,9 @@ def megatron(
         cp=cp,
         ring_attention=ring_attention,
         shared=shared,
-    ).run(overlap_grad_reduce)
+    )
+    step.as_tasks = tasks
+    return step.run(overlap_grad_reduce)
 
 
 def gradient_accumulation(
