@@ -153,7 +153,7 @@ def bench_grid(repeat: int, workers: int) -> None:
         print(f"  {label:<38}: {n / wall:6.1f} strategies/s ({wall:.2f} s; {cpu_part}){extra}")
 
 
-def gpt3(dp: int, microbatches: int) -> dict[str, float]:
+def gpt3(dp: int, microbatches: int, tasks: bool = False) -> dict[str, float]:
     import resource
 
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -168,7 +168,7 @@ def gpt3(dp: int, microbatches: int) -> dict[str, float]:
     )
     t = transforms.training(f, "adam")
     t1 = time.perf_counter()
-    g = transforms.megatron(t, dp, 8, 8, microbatches, "1f1b")
+    g = transforms.megatron(t, dp, 8, 8, microbatches, "1f1b", tasks=tasks)
     t2 = time.perf_counter()
     result = ir.simulate(g, ir.Topology.preset("a100-hgx", dp * 64))
     t3 = time.perf_counter()
@@ -345,9 +345,10 @@ def main() -> None:
     )
     parser.add_argument("--only-full-search", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--gpt3-one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--gpt3-tasks", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gpt3_one is not None:
-        print(json.dumps(gpt3(args.gpt3_one, args.gpt3_microbatches)))
+        print(json.dumps(gpt3(args.gpt3_one, args.gpt3_microbatches, args.gpt3_tasks)))
         return
     if args.only_full_search:
         bench_full_search(args.full_search_mode, args.full_search_workers)
@@ -355,10 +356,22 @@ def main() -> None:
     bench_grid(args.repeat, args.workers)
     if not args.skip_gpt3:
         m = args.gpt3_microbatches
-        print(f"GPT-3 175B shape, tp8 x pp8, {m} microbatches of 1 (a process each):")
-        for dp in args.gpt3_dp:
+        print(
+            f"GPT-3 175B shape, tp8 x pp8, {m} microbatches of 1 (a process each; 'tasks': "
+            "each repeated task one Task op, T.megatron(tasks=True), as the search builds):"
+        )
+        for dp, tasks in itertools.product(args.gpt3_dp, (False, True)):
+            extra = ["--gpt3-tasks"] if tasks else []
             out = subprocess.run(
-                [sys.executable, __file__, "--gpt3-one", str(dp), "--gpt3-microbatches", str(m)],
+                [
+                    sys.executable,
+                    __file__,
+                    "--gpt3-one",
+                    str(dp),
+                    "--gpt3-microbatches",
+                    str(m),
+                    *extra,
+                ],
                 capture_output=True,
                 text=True,
                 check=True,
@@ -366,7 +379,8 @@ def main() -> None:
             r = json.loads(out.stdout.strip().splitlines()[-1])
             total = r["model_s"] + r["build_s"] + r["simulate_s"] + r["memory_s"]
             print(
-                f"  {dp * 64:>6} GPUs: model {r['model_s']:.1f} + build {r['build_s']:.1f} + "
+                f"  {dp * 64:>6} GPUs{' tasks' if tasks else ''}: model {r['model_s']:.1f} + "
+                f"build {r['build_s']:.1f} + "
                 f"simulate {r['simulate_s']:.1f} + memory {r['memory_s']:.1f} = {total:.1f} s "
                 f"(CPU {r['cpu_s']:.1f} s); "
                 f"{r['top_level_ops']} ops; step {r['step_s']:.2f} s, device peak "

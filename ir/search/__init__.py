@@ -432,7 +432,8 @@ def _simulate(
         # tensor degrees that would repeat work were pruned (_tensor_problems): no recheck;
         # the plans' lock: a thread executor's jobs build with the same plans at once
         with shared.lock if shared is not None else contextlib.nullcontext():
-            g = s.build(t, topology, allow_replication=True, shared=shared)
+            # each repeated task one op (T.megatron(tasks=True)): the same simulation
+            g = s.build(t, topology, allow_replication=True, shared=shared, tasks=True)
         r = simulate(g, topology)
     except DistIRError as e:
         return Row(s, "error", error=str(e).splitlines()[0])

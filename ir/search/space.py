@@ -85,11 +85,12 @@ class Strategy:
         *,
         allow_replication: bool = False,
         shared: SharedPlans | None = None,
+        tasks: bool = False,
     ) -> Function:
         """The steady-state step of training step ``t`` under this strategy
-        (``allow_replication``: as ``T.megatron``'s). ``shared``: one search's
-        :class:`SharedPlans` of ``t``: the analyses strategies have in common run once
-        (the step is the same without it)."""
+        (``allow_replication`` and ``tasks``: as ``T.megatron``'s). ``shared``: one
+        search's :class:`SharedPlans` of ``t``: the analyses strategies have in common run
+        once (the step is the same without it)."""
         from .. import transforms
 
         if shared is not None:
@@ -112,6 +113,7 @@ class Strategy:
             topology=topology,
             allow_replication=allow_replication,
             shared=analyses,
+            tasks=tasks,
         )
 
     def as_record(self) -> dict:
