@@ -126,11 +126,12 @@ def start_render(
     logical view only) puts simulated times on collectives."""
     options = options or GraphOptions()
     drawing: Drawing | LogicalDrawing
+    # a task's ops drawn in its place (T.megatron(tasks=True) writes repeated tasks once)
+    flat = inline_tasks(function)
     if options.view == "logical":
-        drawing = LogicalDrawing(function, placements or {}, options, result)
+        drawing = LogicalDrawing(flat, placements or {}, options, result)
     elif options.view == "unrolled":
-        # a task's ops drawn in its place (T.megatron(tasks=True) writes repeated tasks once)
-        drawing = Drawing(inline_tasks(function), placements or {}, options)
+        drawing = Drawing(flat, placements or {}, options)
     else:
         raise ValueError(f"GraphOptions.view is {options.view!r}: use 'logical' or 'unrolled'")
     dot = drawing.dot()

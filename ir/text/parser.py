@@ -461,9 +461,9 @@ class _Parser:
         outer = scope.outer_definition(tok.text)
         if outer is not None:
             raise self.cur.error(
-                f"undefined value {tok.text!r} in this pmap body: a body reads only its own "
-                f"parameters ({tok.text!r} is defined outside it, at line {outer.line}); "
-                "pass it in through the pmap's operands",
+                f"undefined value {tok.text!r} in this body: a pmap's or task's body reads "
+                f"only its own parameters ({tok.text!r} is defined outside it, at line "
+                f"{outer.line}); pass it in through the pmap's or task's operands",
                 tok,
             )
         close = difflib.get_close_matches(tok.text, list(scope.values), n=1, cutoff=0.6)

@@ -221,7 +221,9 @@ def _pmap_lines(op: Op, names: _Names, lines: list[str], indent: str, task: bool
     body_names = _Names()  # a body is its own scope
     params = [f"({body_names(v)}: {format_type(v.type)})" for v in body.inputs]
     head = f"{inner}fn=lambda "
-    if len(head) + sum(len(p) + 2 for p in params) + 3 <= _MAX_LINE or len(params) == 1:
+    if not params:  # a task of no operands
+        lines.append(head + "(): {")
+    elif len(head) + sum(len(p) + 2 for p in params) + 3 <= _MAX_LINE or len(params) == 1:
         lines.append(head + ", ".join(params) + ": {")
     else:
         pad = " " * len(head)

@@ -489,7 +489,9 @@ class StageEmission(MegatronPlan):
             return None
         local = self.hplan.local
         where: dict[Value, tuple[int, int]] = {k: (-1, i) for i, k in enumerate(inputs)}
-        shape: list[Any] = [tuple(local.value(k).type for k in inputs)]
+        # (the phase too: a forward run and a backward one are not one body, so a body's
+        # ops keep one role for the viewers, ir.search's rows aside)
+        shape: list[Any] = [run[0].phase, tuple(local.value(k).type for k in inputs)]
         ops = self._op_shapes
         for n, item in enumerate(run):
             op = item.op
@@ -497,9 +499,9 @@ class StageEmission(MegatronPlan):
             if own is None:
                 if op.subfunctions:
                     return None
-                own = ops[op] = (
+                own = ops[op] = (  # (attributes by text: 1 and 1.0 are not one)
                     op.op_type,
-                    tuple(op.attributes.items()),
+                    tuple((k, repr(x)) for k, x in op.attributes.items()),
                     tuple(v.type for v in op.inputs),
                 )
             shape.append((own, tuple(where[k] for k in item.keys)))

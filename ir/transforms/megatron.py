@@ -165,7 +165,12 @@ def megatron(
     one microbatch's task) written once per stage and phase and applied to each
     microbatch's values: the same program with its repeated tasks named once
     (``ir.transforms.inline_tasks`` writes it out flat; executed and simulated, the two
-    are the same to the last bit), a fraction of the ops to build.
+    are the same to the last bit), a fraction of the ops to build; and the pmap bodies of
+    runs of one shape (every layer of a model of equal layers) are one body. It is the
+    form for simulating many strategies (``ir.search`` builds it): a body's ops are
+    shared, so an event, and a timeline's label or hover text, names the op of the body
+    that ran (the first task or layer of its kind), and a replayed forward run may be
+    labelled with the backward; read timelines of the flat step (the default).
     """
     check_common("megatron", t, topology, "t")
     overlap_grad_reduce = bool_arg("megatron", "overlap_grad_reduce", overlap_grad_reduce)

@@ -83,7 +83,8 @@ def _inline(
 
 
 def inline_tasks(f: Function) -> Function:
-    """``f`` with every ``Task`` replaced by its body (tasks in bodies too): the flat
+    """``f`` with every ``Task`` replaced by its body (a task's body may hold tasks; a
+    pmap's body is copied as it is): the flat
     program, op for op, for the consumers that read top-level ops one by one (a per-rank
     backend, traffic counts). The values a body makes are named after the task's results
     where it returns them, else as in the body.

@@ -4,6 +4,8 @@ to the last bit) and by writing it out flat (``inline_tasks``)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -148,3 +150,28 @@ def test_a_task_given_operands_its_body_does_not_take_is_refused() -> None:
         b.add_op("Task", [wrong], subfunctions=[body])
     with pytest.raises(ir.VerifyError, match="the body takes 1 inputs but the task is given 2"):
         b.add_op("Task", [wrong, wrong], subfunctions=[body])
+
+
+def test_a_task_of_no_operands_prints_and_parses_back() -> None:
+    body = ir.FunctionBuilder("zeros")
+    body = body.finish([body.call("Constant", shape=[2, 3], value=0.0, device=0)])
+    b = ir.FunctionBuilder("f")
+    (z,) = b.add_op("Task", [], subfunctions=[body], names=["z"]).outputs
+    f = b.finish([b.call("Relu", z)])
+    text = str(f)
+    assert "fn=lambda (): {" in text
+    assert ir.parse(text).is_equivalent(f)
+
+
+def test_tasks_without_a_pmap_lower_to_ranks_as_their_ops() -> None:
+    """A program of tasks (no top-level pmap) splits into the per-rank programs its
+    tasks written out do."""
+    from ir.sharding.lower import lower_to_ranks
+
+    text = (Path(__file__).parent / "task_program.txt").read_text()
+    f = ir.parse(text)
+    assert [op.op_type for op in f.ops] == ["Task", "Task"]
+    got, want = lower_to_ranks(f), lower_to_ranks(inline_tasks(f))
+    assert got.ranks == want.ranks
+    for rank in got.ranks:
+        assert got.programs[rank].is_equivalent(want.programs[rank])
