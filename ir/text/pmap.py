@@ -147,41 +147,32 @@ def _lambda(
     """``lambda [d: lambda] params: { statements return ... }`` -> (body, device variable).
     ``task``: ``lambda params: {...}``, a task's body (it binds no device variable)."""
     cur = p.cur
-    lambda_tok = cur.expect_keyword("lambda", "for the task body" if task else "for the pmap body")
-    if task:
-        body_scope = p.body_scope(scope, None)
-        _parameters(p, body_scope)
-        brace = cur.expect("{", "to open the task body")
-        outputs = p.statements(body_scope, closer="}")
-        if outputs is None:
-            if cur.tok.kind == "EOF":
-                cur.close(brace, "after the task body")
-            raise cur.error("the task body ends without 'return': return its results")
-        cur.close(brace, "after the body's return")
-        return p.finish(body_scope, outputs, lambda_tok), device_var
-    if cur.tok.kind == "NAME" and cur.peek().is_punct(":"):
+    what = "task" if task else "pmap"
+    lambda_tok = cur.expect_keyword("lambda", f"for the {what} body")
+    # (a task's body binds no device variable: lambda (x: T), ...: {...})
+    if not task and cur.tok.kind == "NAME" and cur.peek().is_punct(":"):
         binder = cur.advance()
         cur.advance()
         _same_var(p, binder, device_var, binder.text)
         device_var = binder.text
         cur.expect_keyword("lambda", f"after 'lambda {binder.text}:' (the body's lambda)")
-    if device_var is None:
+    if device_var is None and not task:
         raise cur.error(
             "the pmap body's device variable is not bound yet: write device_var=d before fn=, "
             "or lambda d: lambda (...): {...}",
             lambda_tok,
         )
-    body_scope = p.body_scope(scope, device_var)
+    body_scope = p.body_scope(scope, None if task else device_var)
     _parameters(p, body_scope)
-    brace = cur.expect("{", "to open the pmap body")
+    brace = cur.expect("{", f"to open the {what} body")
     outputs = p.statements(body_scope, closer="}")
     if outputs is None:
         if cur.tok.kind == "EOF":
-            cur.close(brace, "after the pmap body")
+            cur.close(brace, f"after the {what} body")
         raise cur.error(
-            "the pmap body ends without 'return': a body must return its results (return y, ...)"
+            f"the {what} body ends without 'return': a body must return its results (return y, ...)"
         )
-    if not outputs:
+    if not outputs and not task:
         raise cur.error("the pmap body returns nothing: return at least one value")
     cur.close(brace, "after the body's return")
     return p.finish(body_scope, outputs, lambda_tok), device_var

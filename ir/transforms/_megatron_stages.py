@@ -268,7 +268,13 @@ class StageEmission(MegatronPlan):
         suffix = str(mb)
         names = [f"{a}{suffix}{b}" for a, b in form.names]
         results = self.b.add_like(form.op, operands, names).outputs
-        for (role, x), out in zip(form.outs, results):
+        self._task_made(mb, form.outs, results, form.homes)
+        return True
+
+    def _task_made(self, mb: int, outs: list, results: Sequence[Value], homes: Any) -> None:
+        """A task's results where the step keeps them, by role (_task_form)."""
+        at, acc, sent = self.at[mb], self.acc, self.sent
+        for (role, x), out in zip(outs, results):
             if role is _AT:
                 at[x] = out
             elif role is _ACC:
@@ -277,9 +283,8 @@ class StageEmission(MegatronPlan):
                 sent[(x[0], mb, x[1])] = out
                 self._sent_as[out] = x
         home = self.home[mb]
-        for k, st in form.homes:
+        for k, st in homes:
             home.setdefault(k, st)
-        return True
 
     def _task_form(self, steps: list, s: int, mb: int, phase: str) -> _TaskForm | None:
         """Emit microbatch ``mb``'s task as a Task op whose body holds its steps, and what
@@ -340,17 +345,9 @@ class StageEmission(MegatronPlan):
         body = body_b.finish(values)
         outs_named = [f"{a}{mb}{b}" for a, b in names]
         op = main.add_op("Task", list(body_b.captured), {}, names=outs_named, subfunctions=[body])
-        for (role, x), out in zip(outs, op.outputs):
-            if role is _AT:
-                at[x] = out
-            elif role is _ACC:
-                acc[x] = out
-            else:
-                sent[(x[0], mb, x[1])] = out
-                self._sent_as[out] = x
-        for k, st in new_home.items():
-            home.setdefault(k, st)
-        return _TaskForm(op, ins, outs, names, tuple(new_home.items()))
+        homes = tuple(new_home.items())
+        self._task_made(mb, outs, op.outputs, homes)
+        return _TaskForm(op, ins, outs, names, homes)
 
     def _reading_tasks(self) -> dict[Value, set[tuple[int, str]]]:
         """Each key -> the tasks (stage, phase) whose items read it (regathers too)."""
