@@ -74,11 +74,13 @@ def parse(text: str, sizes: Mapping[str, int] | None = None) -> Function:
 
 @dataclass
 class _Scope:
-    """The values visible in one function or pmap body, and the device variables bound."""
+    """The values visible in one function or pmap (or task) body, and the device variables
+    bound."""
 
     builder: FunctionBuilder
     device_vars: tuple[str, ...]
     parent: _Scope | None = None
+    kind: str = "pmap"  # what a body belongs to (error messages): "pmap" or "task"
     values: dict[str, tuple[Value, Token]] = field(default_factory=dict)
     tuple_gets: dict[tuple[Value, int], Value] = field(default_factory=dict)
 
@@ -461,9 +463,9 @@ class _Parser:
         outer = scope.outer_definition(tok.text)
         if outer is not None:
             raise self.cur.error(
-                f"undefined value {tok.text!r} in this body: a pmap's or task's body reads "
-                f"only its own parameters ({tok.text!r} is defined outside it, at line "
-                f"{outer.line}); pass it in through the pmap's or task's operands",
+                f"undefined value {tok.text!r} in this {scope.kind} body: a body reads only "
+                f"its own parameters ({tok.text!r} is defined outside it, at line "
+                f"{outer.line}); pass it in through the {scope.kind}'s operands",
                 tok,
             )
         close = difflib.get_close_matches(tok.text, list(scope.values), n=1, cutoff=0.6)
@@ -505,5 +507,6 @@ class _Parser:
         task's body, which binds none)."""
         self.bodies += 1
         builder = FunctionBuilder(f"{scope.builder.name}_body{self.bodies}")
-        bound = scope.device_vars if device_var is None else (*scope.device_vars, device_var)
-        return _Scope(builder, bound, parent=scope)
+        if device_var is None:
+            return _Scope(builder, scope.device_vars, parent=scope, kind="task")
+        return _Scope(builder, (*scope.device_vars, device_var), parent=scope)
