@@ -615,7 +615,7 @@ def measure(
 
 
 def _runnable(function: Function) -> Function:
-    if any(op.op_type in ("Pmap", "Task") for op in function.ops):
+    if any(op.subfunctions for op in function.ops):  # pmaps and tasks
         from ..transforms import unroll_pmap
 
         return unroll_pmap(function)

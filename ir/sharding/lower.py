@@ -155,7 +155,7 @@ def lower_to_ranks(function: Function, *, pad: bool = False) -> RankedProgram:
     Pmaps (a propagated step's symmetric ops, a transform's stage bodies) are unrolled
     into per-device ops first, and tasks written out in their place.
     """
-    if any(op.op_type in ("Pmap", "Task") for op in function.ops):
+    if any(op.subfunctions for op in function.ops):  # pmaps and tasks
         from ..transforms.unroll import unroll_pmap
 
         function = unroll_pmap(function)
@@ -349,7 +349,7 @@ class _Lowering:
             self.rep[op.outputs[0]] = tuple(self.local(v) for v in op.inputs)
         elif (rule := get_op(t).lower_rule) is not None:  # ir.sharding.lower_comm's
             rule(self, op)
-        elif t in ("Pmap", "Task") or get_op(t).kind is OpKind.COMMUNICATION:
+        elif op.subfunctions or get_op(t).kind is OpKind.COMMUNICATION:
             raise LoweringError(
                 f"cannot lower {describe_op(op)}: expected per-device ops, tuple collectives, "
                 "sends, scatters, broadcasts, gathers and reductions (unroll pmaps first)"

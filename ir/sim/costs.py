@@ -124,7 +124,7 @@ class OpCosts:
 def unrolled(program: Function) -> Function:
     """``program`` with every pmap unrolled (each device's copy, its types bound); itself
     when it has none. The table's keys are those of the unrolled ops."""
-    if any(op.op_type in ("Pmap", "Task") for op in program.ops):
+    if any(op.subfunctions for op in program.ops):  # pmaps and tasks
         from ..transforms import unroll_pmap
 
         return unroll_pmap(program)

@@ -56,6 +56,7 @@ class StageEmission(MegatronPlan):
         self._tasks: dict[tuple, Any] = {}  # each kind of task: _TaskForm, or None (flat)
         self._shaped: dict[tuple, Function] = {}  # tasks=True: a body per shape (_shape_of)
         self._op_shapes: dict[Op, tuple] = {}  # each local op's part of a shape
+        self._reading: dict[Value, set[tuple[int, str]]] | None = None  # _reading_tasks
         self.weights: dict[Value, Value] = {}
         self.weights_on: dict[tuple[Value, int], Value] = {}  # a buffer sent to a stage
         self._bodies: dict[Value, Function] = {}  # gradient sums' bodies, by gradient
@@ -265,9 +266,7 @@ class StageEmission(MegatronPlan):
             raise TransformError(
                 f"internal: microbatch {mb}'s task on stage {s} lacks {e} that its kind reads"
             ) from None
-        suffix = str(mb)
-        names = [f"{a}{suffix}{b}" for a, b in form.names]
-        results = self.b.add_like(form.op, operands, names).outputs
+        results = self.b.add_like(form.op, operands, _named(form.names, mb)).outputs
         self._task_made(mb, form.outs, results, form.homes)
         return True
 
@@ -306,7 +305,6 @@ class StageEmission(MegatronPlan):
             new_acc, new_sent = self.acc.maps[0], self.sent.maps[0]
         finally:
             self.b, self.at[mb], self.home[mb], self.acc, self.sent = main, at, home, acc, sent
-        made = body_b.made
         outs: list[tuple[Any, Any]] = []
         values: list[Value] = []
         names: list[tuple[str, str]] = []
@@ -328,7 +326,7 @@ class StageEmission(MegatronPlan):
             outs.append((_SENT, (k, st)))
             values.append(v)
             names.append((f"{k.name}_mb", f"_s{st}"))
-        if not values or not all(v in made for v in values) or len(body_b.ops) < 2:
+        if not values or not all(map(body_b.defines, values)) or len(body_b.ops) < 2:
             return None  # (a task of one op is that op)
         by_value = {v: k for k, v in at.items()}
         summed = {v: k for k, v in acc.items()}
@@ -343,15 +341,15 @@ class StageEmission(MegatronPlan):
             else:  # the weights, a buffer sent once, a stage's anchor: every microbatch's
                 ins.append((_FIXED, x))
         body = body_b.finish(values)
-        outs_named = [f"{a}{mb}{b}" for a, b in names]
-        op = main.add_op("Task", list(body_b.captured), {}, names=outs_named, subfunctions=[body])
+        named = _named(names, mb)
+        op = main.add_op("Task", list(body_b.captured), {}, names=named, subfunctions=[body])
         homes = tuple(new_home.items())
         self._task_made(mb, outs, op.outputs, homes)
         return _TaskForm(op, ins, outs, names, homes)
 
     def _reading_tasks(self) -> dict[Value, set[tuple[int, str]]]:
         """Each key -> the tasks (stage, phase) whose items read it (regathers too)."""
-        found = getattr(self, "_reading", None)
+        found = self._reading
         if found is None:
             found = self._reading = {}
             for key, items in self.tasks.items():
@@ -481,7 +479,7 @@ class StageEmission(MegatronPlan):
         attributes and operand types and where its operands come from (an input, an
         earlier op's result), and which results the body returns and sums. Runs of one
         shape (every layer of a model of equal layers, on any stage) share one body
-        (``tasks=True``); None where an op has a body or an attribute that is no key."""
+        (``tasks=True``); None where an op has a body, or the run no input."""
         if not inputs:  # its anchor is whatever the stage holds (_anchor)
             return None
         local = self.hplan.local
@@ -506,12 +504,7 @@ class StageEmission(MegatronPlan):
                 where[v] = (n, j)
         shape.append(tuple(where[v] for v in results))
         shape.append(tuple(where[v] for v in summing))
-        key = tuple(shape)
-        try:
-            hash(key)
-        except TypeError:
-            return None
-        return key
+        return tuple(shape)
 
     def _new_body(
         self,
@@ -735,6 +728,11 @@ _UNSEEN = object()
 _AT, _SENT, _ACC, _FIXED = "at", "sent", "acc", "fixed"  # what a task operand is
 
 
+def _named(names: list[tuple[str, str]], mb: int) -> list[str]:
+    """A task's result names for microbatch ``mb`` (each a prefix and a suffix around it)."""
+    return [f"{a}{mb}{b}" for a, b in names]
+
+
 class _TaskForm:
     """A kind of task written as a Task op: the op (the first microbatch's), its operands'
     and results' roles, its results' names (around the microbatch) and the stages it
@@ -753,7 +751,10 @@ class _Capturing(FunctionBuilder):
     def __init__(self, name: str) -> None:
         super().__init__(name)
         self.captured: dict[Value, Value] = {}
-        self.made: set[Value] = set()
+
+    def defines(self, v: Value) -> bool:
+        """Whether ``v`` is the body's own (an input or an op's result), not the step's."""
+        return v in self._defined
 
     def _inside(self, inputs: Sequence[Value]) -> list[Value]:
         defined, captured = self._defined, self.captured
@@ -768,14 +769,10 @@ class _Capturing(FunctionBuilder):
         return out
 
     def add_op(self, op_type: str, inputs: Sequence[Value], *args: Any, **kwargs: Any) -> Op:
-        op = super().add_op(op_type, self._inside(inputs), *args, **kwargs)
-        self.made.update(op.outputs)
-        return op
+        return super().add_op(op_type, self._inside(inputs), *args, **kwargs)
 
     def add_like(self, like: Op, inputs: Sequence[Value], names: Sequence[str]) -> Op:
-        op = super().add_like(like, self._inside(inputs), names)
-        self.made.update(op.outputs)
-        return op
+        return super().add_like(like, self._inside(inputs), names)
 
 
 _PMAP_ATTRIBUTES = {"device_var": VAR}
