@@ -540,10 +540,14 @@ class Estimator:
         except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
             return 0.0
         span_f, span_b, out_f, out_b, on_f, on_b, _, end_b = chains[:8]
+        # a microbatch between the first and the last adds its gradients to their sums in
+        # the bodies that make them (the last ends a body at each gradient, so that its
+        # reduction starts: its sums are left out, as ZeRO-2's, which come after those)
+        summing = chains[10:14] if s.zero < 2 and m > 2 else None
         send, syncs = np.zeros((2, pp * v)), False
         if pp > 1:  # every stage's neighbours on other ranks (``dp tp`` devices on)
             pair = (0, s.dp * s.tp)
-            send = np.vectorize(lambda x: self.costs.collective("send", x, pair))(chains[8:])
+            send = np.vectorize(lambda x: self.costs.collective("send", x, pair))(chains[8:10])
             syncs = self.costs.device.syncs_after_p2p
         acc = ranked[2] / (s.dp if s.zero == 2 and m > 1 else 1)
         opt = ranked[3] / (s.dp if s.zero else 1)
@@ -555,19 +559,25 @@ class Estimator:
                     gathers = self._gathers(s.tp, pp * v, sp, s.dp).reshape(v, pp).sum(axis=0)
             except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
                 return 0.0
-        spans = (span_f + span_b).reshape(v, pp).sum(axis=0)  # stage c pp + r: rank r
-        # the gradient sums' adds are off the chains: they can fill a chain's waits for
-        # its collectives (the simulator runs them beside the all-reduces)
+        tasks = m * span_f + min(m, 2) * span_b
+        if summing is not None:
+            tasks = tasks + (m - 2) * summing[0]
+        else:
+            tasks = tasks + max(m - 2, 0) * span_b
+        spans = tasks.reshape(v, pp).sum(axis=0)  # stage c pp + r: rank r
+        # the compute alone, every gradient sum counted (on the chains or beside them)
         busy = m * ranked[9] + (m - 1) * acc
-        best = _scheduled(s.schedule, pp, v, m, chains[:8], opt, send, syncs, reduce, gathers)
+        best = _scheduled(
+            s.schedule, pp, v, m, chains[:8], opt, send, syncs, reduce, gathers, summing
+        )
         if gathers is not None:
             opt = np.maximum(opt, gathers)  # (after every task, one at a time)
         for r in range(pp):
             # the first microbatch's forward through chunk 0's stages before rank r
             fill = out_f[0] + float(on_f[1:r].sum()) if r else 0.0
-            best = max(best, fill + max(m * spans[r], busy[r]) + opt[r])
+            best = max(best, fill + max(spans[r], busy[r]) + opt[r])
             if r:  # its last backward (chunk 0's) back through them
-                last = m * spans[r] - span_b[r] + out_b[r]
+                last = spans[r] - span_b[r] + out_b[r]
                 best = max(best, fill + last + float(on_b[1:r].sum()) + end_b[0])
         return float(best) * (1 - BOUND_SLACK)
 
@@ -678,7 +688,9 @@ class Estimator:
         the backward's gradient); and from that value's arrival from the neighbour to the
         first value its own next reads (``on``) and to its last op (``end``): rows span,
         out, on and end, each forward then backward; then the least bytes of what arrives
-        from the neighbour, forward then backward."""
+        from the neighbour, forward then backward; then the backward's span, out, on and
+        end again as a microbatch runs it that adds its gradients to their sums (all but
+        the first; see :meth:`_sums`)."""
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
@@ -703,7 +715,8 @@ class Estimator:
                 if rec.op is not None
                 for w, x in zip(rec.writes, sizes[prof.class_of[i]])
             }
-            out = np.zeros((10, stages))
+            sums = self._sums(tp, sp)
+            out = np.zeros((14, stages))
             for st in range(stages):
                 for ph, step in ((0, -1), (1, 1)):  # the neighbour it receives from
                     task = tasks[2 * st + ph]
@@ -711,15 +724,47 @@ class Estimator:
                     # the least bytes of what arrives (0 if any is not an op's result)
                     out[8 + ph, st] = min((size.get(n, 0.0) for n in arrive), default=0.0)
                     sent = {n for n in read.get((st - step, ph), ()) if made.get((n, ph)) == st}
-                    out[ph, st], ready = _walk(task, records, conv, dev, comm, 0.0, ())
-                    out[2 + ph, st] = _first(ready, sent)
-                    if arrive:
-                        end, ready = _walk(task, records, conv, dev, comm, _NEVER, arrive)
-                        out[4 + ph, st] = _first(ready, sent)
-                        out[6 + ph, st] = max(end, 0.0)
+                    # rows of span, out, on, end; the backward again with the gradient sums
+                    ways = [((ph, 2 + ph, 4 + ph, 6 + ph), None)]
+                    if ph:
+                        ways.append(((10, 11, 12, 13), sums))
+                    for (span, first, on, end), add in ways:
+                        out[span, st], ready = _walk(task, records, conv, dev, comm, 0.0, (), add)
+                        out[first, st] = _first(ready, sent)
+                        if arrive:
+                            last, ready = _walk(task, records, conv, dev, comm, _NEVER, arrive, add)
+                            out[on, st] = _first(ready, sent)
+                            out[end, st] = max(last, 0.0)
             return tuple(out)
 
         return self._cached(("chains", tp, rows, stages, sp, recompute), make)
+
+    def _sums(self, tp: int, sp: bool) -> np.ndarray:
+        """Per record: the seconds of adding a microbatch's gradients that it makes to
+        their sums, where ``T.megatron`` adds them in the pmap body of the run that makes
+        them (``_walk``): a weight's final gradient that a backward op makes and nothing
+        else reads (not a partial gradient summed or converted first, such as a layer
+        norm's under sequence parallelism: its sum comes later, and is left out, which
+        only shortens the chain)."""
+
+        def make() -> np.ndarray:
+            prof, _ = self._entry(tp, sp)
+            records, phase = prof.records, prof.phase
+            read = {n for rec in records for n in rec.reads}
+            writer: dict[str, int] = {}
+            for i, rec in enumerate(records):
+                if phase[i] == 1 and not prof.is_conv[i]:
+                    for w in rec.writes:
+                        writer.setdefault(w, i)
+            add = self._weights(tp, sp)[4]
+            sums = np.zeros(len(records))
+            for k, op in enumerate(prof.plan.post):
+                g = op.inputs[1].name  # (an optimizer's operand 1: the gradient)
+                if g in writer and g not in read:
+                    sums[writer[g]] += add[k]
+            return sums
+
+        return self._cached(("sums", tp, sp), make)
 
     def _send(self, tp: int, rows: int, pp: int, v: int, sp: bool, rc: bool, dp: int) -> float:
         """Seconds of one activation crossing a stage boundary (to the next stage's devices)."""
@@ -864,6 +909,7 @@ def _scheduled(
     syncs: bool = False,
     reduce: np.ndarray | None = None,
     gathers: np.ndarray | None = None,
+    summing: tuple | None = None,
 ) -> float:
     """The pipeline's tasks in each rank's order (``T.megatron``'s, from
     ``ir.transforms.pipeline.device_groups``), each at least its chains long
@@ -880,7 +926,9 @@ def _scheduled(
     the data-parallel reductions of its gradients, released no sooner than its last
     backward starts, one at a time on its rank's one communicator (its replicas' group);
     ``gathers[rank]``: ZeRO's all-gathers of the updated weights on it, after those
-    reductions and after the rank's last task (the optimizer steps follow every task)."""
+    reductions and after the rank's last task (the optimizer steps follow every task).
+    ``summing``: the backward's span, out, on and end for the microbatches between the
+    first and the last (those add their gradients to the sums on their chains)."""
     from ..transforms.pipeline import device_groups
 
     span_f, span_b, out_f, out_b, on_f, on_b, end_f, end_b = chains
@@ -908,7 +956,10 @@ def _scheduled(
                     into = st + 1 < stages and send[0, st + 1]  # its result's transfer
                 else:  # the last stage's backward starts from its own forward (its rank's)
                     before = (st + 1, mb, "B") if st < stages - 1 else None
-                    span, out, on, end = span_b[st], out_b[st], on_b[st], end_b[st]
+                    if summing is not None and 0 < mb < m - 1:
+                        span, out, on, end = (x[st] for x in summing)
+                    else:
+                        span, out, on, end = span_b[st], out_b[st], on_b[st], end_b[st]
                     into = st > 0 and send[1, st - 1]
                 start = free[d]
                 finish, value = start + span, start + out
@@ -960,23 +1011,31 @@ def _walk(
     comm: np.ndarray,
     start: float,
     arrived: set[str] | tuple,
+    sums: np.ndarray | None = None,
 ) -> tuple[float, dict[str, float]]:
     """One task's records in order, the compute one op at a time from ``start``, a
     collective after its operand, the values ``arrived`` ready at 0 and every other input
     from outside the task at any time before (``-inf``): the last compute op's end, and
-    when each value is ready."""
+    when each value is ready. ``sums[i]``: the seconds of the gradient sums that follow
+    record ``i``'s in its run (``T.megatron`` adds a microbatch's gradients to their sums
+    at the end of the pmap body that makes them: a run of compute records, which a
+    conversion ends), on the same stream after the run's last op."""
     ready = dict.fromkeys(arrived, 0.0)
     free = start
+    pending = 0.0  # the sums the run so far has made
     for i in task:
         rec = records[i]
         t = max([ready.get(n, _NEVER) for n in rec.reads], default=_NEVER)
         if conv[i]:  # a collective: the converted value once its operand is
             ready[rec.converted] = t + comm[i]
+            free, pending = free + pending, 0.0  # (the run before it ends with its sums)
             continue
         free = max(free, t) + dev[i]
         for w in rec.writes:
             ready[w] = free
-    return free, ready
+        if sums is not None:
+            pending += sums[i]
+    return free + pending, ready
 
 
 def _first(ready: dict[str, float], names: set[str]) -> float:
