@@ -551,10 +551,14 @@ class Estimator:
             syncs = self.costs.device.syncs_after_p2p
         acc = ranked[2] / (s.dp if s.zero == 2 and m > 1 else 1)
         opt = ranked[3] / (s.dp if s.zero else 1)
-        reduce, gathers = None, None
+        jobs, gathers = None, None
         if s.dp > 1:  # the gradients' reductions; ZeRO's all-gathers after the optimizer
             try:
-                reduce = self._data(s.tp, pp * v, sp, s.dp, s.zero)[0]
+                # each gradient's reduction, released when the last backward makes it
+                where = self._state(s.tp, pp * v, sp)[-2]
+                steps = self._weights(s.tp, sp)[2] / (s.dp if s.zero else 1)
+                reduce = self._per_weight(s.tp, sp, s.dp, s.zero)[0]
+                jobs = (where, chains[14], reduce, steps)
                 if s.zero:
                     gathers = self._gathers(s.tp, pp * v, sp, s.dp).reshape(v, pp).sum(axis=0)
             except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
@@ -568,7 +572,7 @@ class Estimator:
         # the compute alone, every gradient sum counted (on the chains or beside them)
         busy = m * ranked[9] + (m - 1) * acc
         best = _scheduled(
-            s.schedule, pp, v, m, chains[:8], opt, send, syncs, reduce, gathers, summing
+            s.schedule, pp, v, m, chains[:8], opt, send, syncs, None, gathers, summing, jobs
         )
         if gathers is not None:
             opt = np.maximum(opt, gathers)  # (after every task, one at a time)
@@ -690,7 +694,8 @@ class Estimator:
         out, on and end, each forward then backward; then the least bytes of what arrives
         from the neighbour, forward then backward; then the backward's span, out, on and
         end again as a microbatch runs it that adds its gradients to their sums (all but
-        the first; see :meth:`_sums`)."""
+        the first; see :meth:`_sums`); and per optimizer step, how long after its
+        stage's backward starts its gradient is made at the earliest."""
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
@@ -706,8 +711,9 @@ class Estimator:
                 read.setdefault(key, set()).update(rec.reads)
                 for w in (*rec.writes, rec.converted):
                     made.setdefault((w, key[1]), key[0])
+            own = [tasks[2 * st + 1] for st in range(stages)]  # the backward's own records
             for st in range(stages):  # a recomputed backward replays its forward first
-                tasks[2 * st + 1][:0] = [i for i in tasks[2 * st] if again[i]]
+                tasks[2 * st + 1] = [i for i in tasks[2 * st] if again[i]] + own[st]
             sizes = self._sizes(tp, rows, sp)
             size = {
                 w: x
@@ -717,6 +723,7 @@ class Estimator:
             }
             sums = self._sums(tp, sp)
             out = np.zeros((14, stages))
+            made_at: dict[str, float] = {}  # a backward's values, from its start
             for st in range(stages):
                 for ph, step in ((0, -1), (1, 1)):  # the neighbour it receives from
                     task = tasks[2 * st + ph]
@@ -731,11 +738,17 @@ class Estimator:
                     for (span, first, on, end), add in ways:
                         out[span, st], ready = _walk(task, records, conv, dev, comm, 0.0, (), add)
                         out[first, st] = _first(ready, sent)
+                        if ph and add is None:  # (the replays run layer by layer: none)
+                            if len(own[st]) < len(task):
+                                ready = _walk(own[st], records, conv, dev, comm, 0.0, ())[1]
+                            made_at.update(ready)
                         if arrive:
                             last, ready = _walk(task, records, conv, dev, comm, _NEVER, arrive, add)
                             out[on, st] = _first(ready, sent)
                             out[end, st] = max(last, 0.0)
-            return tuple(out)
+            # each optimizer step's gradient: made no sooner after its backward starts
+            grads = [op.inputs[1].name for op in prof.plan.post]
+            return (*out, np.asarray([max(made_at.get(g, 0.0), 0.0) for g in grads]))
 
         return self._cached(("chains", tp, rows, stages, sp, recompute), make)
 
@@ -910,6 +923,7 @@ def _scheduled(
     reduce: np.ndarray | None = None,
     gathers: np.ndarray | None = None,
     summing: tuple | None = None,
+    jobs: tuple | None = None,
 ) -> float:
     """The pipeline's tasks in each rank's order (``T.megatron``'s, from
     ``ir.transforms.pipeline.device_groups``), each at least its chains long
@@ -928,7 +942,12 @@ def _scheduled(
     ``gathers[rank]``: ZeRO's all-gathers of the updated weights on it, after those
     reductions and after the rank's last task (the optimizer steps follow every task).
     ``summing``: the backward's span, out, on and end for the microbatches between the
-    first and the last (those add their gradients to the sums on their chains)."""
+    first and the last (those add their gradients to the sums on their chains).
+    ``jobs``: instead of ``reduce``, each gradient's reduction apart, as arrays (its
+    stage, how long after its stage's last backward starts the gradient is made at the
+    earliest, the reduction's seconds, its optimizer step's seconds): each released when
+    its gradient is made, and the rank's step ends no sooner than one optimizer step after
+    the last is done (each step reads its reduced gradient)."""
     from ..transforms.pipeline import device_groups
 
     span_f, span_b, out_f, out_b, on_f, on_b, end_f, end_b = chains
@@ -987,20 +1006,36 @@ def _scheduled(
     ends = []
     for d in range(pp):
         end = free[d] + opt[d]
-        if reduce is not None:
-            # jobs released over time on one channel: done no sooner than any release
-            # plus everything released at or after it
-            done, rest = 0.0, 0.0
-            for at_s, x in sorted(
-                ((began.get(st, 0.0), reduce[st]) for st in range(d, stages, pp)), reverse=True
-            ):
-                rest += x
-                done = max(done, at_s + rest)
+        if jobs is not None:
+            stage, made_s, seconds, steps = jobs
+            mine = stage % pp == d
+            if mine.any():
+                at_s = np.asarray([began.get(st, 0.0) for st in stage[mine].tolist()])
+                done = _released(at_s + made_s[mine], seconds[mine])
+                least = float(steps[mine].min())
+                end = max(end, done + least)
+                if gathers is not None:
+                    end = max(end, max(free[d] + least, done) + gathers[d])
+        elif reduce is not None:
+            done = _released(
+                np.asarray([began.get(st, 0.0) for st in range(d, stages, pp)]),
+                np.asarray(reduce[d:stages:pp]),
+            )
             end = max(end, done)
             if gathers is not None:
                 end = max(end, max(free[d], done) + gathers[d])
         ends.append(end)
     return float(max(ends))
+
+
+def _released(at_s: np.ndarray, seconds: np.ndarray) -> float:
+    """When jobs released at ``at_s`` and run one at a time on one channel (in any order)
+    are done at the earliest: no sooner than any release plus everything released at or
+    after it."""
+    if not len(at_s):
+        return 0.0
+    order = np.argsort(-at_s, kind="stable")
+    return float(np.max(at_s[order] + np.cumsum(seconds[order])))
 
 
 def _walk(
