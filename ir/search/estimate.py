@@ -960,6 +960,26 @@ def _scheduled(
         groups = device_groups(schedule, d, pp, v, m, True)
         order.append([task for group in groups for task in group])
         last.append([i == len(group) - 1 for group in groups for i in range(len(group))])
+
+    def received(task: tuple[int, int, str]) -> tuple | None:
+        """The neighbour's task whose value ``task`` receives, and the transfer's seconds."""
+        st, mb, phase = task
+        if phase == "F":
+            return ((st - 1, mb, "F"), send[0, st]) if st else None
+        return ((st + 1, mb, "B"), send[1, st]) if st < stages - 1 else None
+
+    # where the hosts synchronise after transfers, a group starts once every transfer into
+    # it is done (the exchange before it carries them all, and returns once all are):
+    # per rank and task, those of the group it opens (None for a task within a group)
+    opens: list[list[list | None]] = []
+    for d in range(pp):
+        opens.append([])
+        for i, task in enumerate(order[d]):
+            if i and not last[d][i - 1]:
+                opens[d].append(None)
+                continue
+            group = order[d][i : last[d].index(True, i) + 1]
+            opens[d].append([x for x in map(received, group) if x is not None])
     at, free, left = [0] * pp, [0.0] * pp, sum(map(len, order))
     held = [0.0] * pp  # a synchronising host's wait for its group's transfers out
     began: dict[int, float] = {}  # stage -> when its last backward starts
@@ -969,6 +989,13 @@ def _scheduled(
             tasks = order[d]
             while at[d] < len(tasks):
                 st, mb, phase = tasks[at[d]]
+                gate = free[d]
+                if syncs and opens[d][at[d]]:
+                    arrivals = [made.get(x) for x, _ in opens[d][at[d]]]
+                    if None in arrivals:
+                        break  # a transfer into its group is from a task still to place
+                    for arrival, (_, delay) in zip(arrivals, opens[d][at[d]], strict=True):
+                        gate = max(gate, arrival + delay)
                 if phase == "F":
                     before = (st - 1, mb, "F") if st else None
                     span, out, on, end = span_f[st], out_f[st], on_f[st], end_f[st]
@@ -980,7 +1007,7 @@ def _scheduled(
                     else:
                         span, out, on, end = span_b[st], out_b[st], on_b[st], end_b[st]
                     into = st > 0 and send[1, st - 1]
-                start = free[d]
+                start = gate
                 finish, value = start + span, start + out
                 if before is not None:
                     arrival = made.get(before)
