@@ -521,12 +521,15 @@ class Estimator:
         waits for its inputs, so every microbatch's forward or backward on a stage takes
         at least the longest chain, in its own records' order, from its first compute op
         to its last (:meth:`_chains`: the ops' times and the tensor-parallel collectives
-        the chain waits for, from the cost and collective models the simulator reads).
-        A rank's stream holds ``m`` of each of its stages' tasks, the gradient sums and
-        the optimizer step; before its first task the first microbatch's forward crosses
-        the stages before it (the fill), and after its last the last backward crosses
-        them back (the drain). Transfers, data-parallel reductions, the hosts and
-        everything else the simulator adds only make the step longer. The two-tier
+        the chain waits for, from the cost and collective models the simulator reads;
+        a backward between the first microbatch's and the last's also adds its gradients
+        to their sums, :meth:`_sums`). A rank's stream holds ``m`` of each of its
+        stages' tasks, the gradient sums and the optimizer step; before its first task
+        the first microbatch's forward crosses the stages before it (the fill), and
+        after its last the last backward crosses them back (the drain); each gradient's
+        data-parallel reduction starts no sooner than the last backward makes it
+        (:func:`_scheduled`). The hosts, contention and everything else the simulator
+        adds only make the step longer. The two-tier
         search uses it beside the margin-widened estimate (``ir.search.tiers``): where
         the tensor-parallel collectives are much of the step, the estimate's margin
         allows steps the chain rules out."""
@@ -974,7 +977,7 @@ def _scheduled(
     opens: list[list[list | None]] = []
     for d in range(pp):
         opens.append([])
-        for i, task in enumerate(order[d]):
+        for i in range(len(order[d])):
             if i and not last[d][i - 1]:
                 opens[d].append(None)
                 continue
