@@ -575,7 +575,7 @@ class Estimator:
         # the compute alone, every gradient sum counted (on the chains or beside them)
         busy = m * ranked[9] + (m - 1) * acc
         best = _scheduled(
-            s.schedule, pp, v, m, chains[:8], opt, send, syncs, None, gathers, summing, jobs
+            s.schedule, pp, v, m, chains[:8], opt, send, syncs, jobs, gathers, summing
         )
         if gathers is not None:
             opt = np.maximum(opt, gathers)  # (after every task, one at a time)
@@ -726,7 +726,7 @@ class Estimator:
             }
             sums = self._sums(tp, sp)
             out = np.zeros((14, stages))
-            made_at: dict[str, float] = {}  # a backward's values, from its start
+            made_at: dict[str, tuple[int, float]] = {}  # a backward's values: stage, from its start
             for st in range(stages):
                 for ph, step in ((0, -1), (1, 1)):  # the neighbour it receives from
                     task = tasks[2 * st + ph]
@@ -744,14 +744,20 @@ class Estimator:
                         if ph and add is None:  # (the replays run layer by layer: none)
                             if len(own[st]) < len(task):
                                 ready = _walk(own[st], records, conv, dev, comm, 0.0, ())[1]
-                            made_at.update(ready)
+                            made_at.update((n, (st, x)) for n, x in ready.items())
                         if arrive:
                             last, ready = _walk(task, records, conv, dev, comm, _NEVER, arrive, add)
                             out[on, st] = _first(ready, sent)
                             out[end, st] = max(last, 0.0)
-            # each optimizer step's gradient: made no sooner after its backward starts
+            # each optimizer step's gradient: made no sooner after its backward starts (0
+            # where another stage makes it: a weight two stages read, tied)
             grads = [op.inputs[1].name for op in prof.plan.post]
-            return (*out, np.asarray([max(made_at.get(g, 0.0), 0.0) for g in grads]))
+            where = self._state(tp, stages, sp)[-2]
+            offsets = [
+                max(made_at[g][1], 0.0) if g in made_at and made_at[g][0] == at else 0.0
+                for g, at in zip(grads, where.tolist(), strict=True)
+            ]
+            return (*out, np.asarray(offsets))
 
         return self._cached(("chains", tp, rows, stages, sp, recompute), make)
 
@@ -923,10 +929,9 @@ def _scheduled(
     opt: np.ndarray,
     send: np.ndarray | None = None,
     syncs: bool = False,
-    reduce: np.ndarray | None = None,
+    jobs: tuple | None = None,
     gathers: np.ndarray | None = None,
     summing: tuple | None = None,
-    jobs: tuple | None = None,
 ) -> float:
     """The pipeline's tasks in each rank's order (``T.megatron``'s, from
     ``ir.transforms.pipeline.device_groups``), each at least its chains long
@@ -939,18 +944,17 @@ def _scheduled(
     transfers (``syncs``), a rank's next group of tasks also starts no sooner than the
     transfers out of its last group end (``ir.transforms.pipeline.run_exchanges``: an
     exchange between groups). The last task's end and its rank's optimizer step; 0.0
-    for a schedule whose tasks cannot all be placed. ``reduce[stage]``: the seconds of
-    the data-parallel reductions of its gradients, released no sooner than its last
-    backward starts, one at a time on its rank's one communicator (its replicas' group);
-    ``gathers[rank]``: ZeRO's all-gathers of the updated weights on it, after those
-    reductions and after the rank's last task (the optimizer steps follow every task).
-    ``summing``: the backward's span, out, on and end for the microbatches between the
-    first and the last (those add their gradients to the sums on their chains).
-    ``jobs``: instead of ``reduce``, each gradient's reduction apart, as arrays (its
-    stage, how long after its stage's last backward starts the gradient is made at the
-    earliest, the reduction's seconds, its optimizer step's seconds): each released when
-    its gradient is made, and the rank's step ends no sooner than one optimizer step after
-    the last is done (each step reads its reduced gradient)."""
+    for a schedule whose tasks cannot all be placed. ``jobs``: the data-parallel
+    reductions of the gradients, as arrays (each one's stage, how long after its
+    stage's last backward starts its gradient is made at the earliest, the reduction's
+    seconds, its optimizer step's seconds): each released when its gradient is made, one
+    at a time on its rank's one communicator (its replicas' group), and the rank's step
+    ends no sooner than one optimizer step after the last is done (each step reads its
+    reduced gradient); ``gathers[rank]``: ZeRO's all-gathers of the updated weights on
+    it, after those reductions and after the rank's last task and an optimizer step (the
+    optimizer steps follow every task). ``summing``: the backward's span, out, on and
+    end for the microbatches between the first and the last (those add their gradients
+    to the sums on their chains)."""
     from ..transforms.pipeline import device_groups
 
     span_f, span_b, out_f, out_b, on_f, on_b, end_f, end_b = chains
@@ -1046,14 +1050,6 @@ def _scheduled(
                 end = max(end, done + least)
                 if gathers is not None:
                     end = max(end, max(free[d] + least, done) + gathers[d])
-        elif reduce is not None:
-            done = _released(
-                np.asarray([began.get(st, 0.0) for st in range(d, stages, pp)]),
-                np.asarray(reduce[d:stages:pp]),
-            )
-            end = max(end, done)
-            if gathers is not None:
-                end = max(end, max(free[d], done) + gathers[d])
         ends.append(end)
     return float(max(ends))
 
@@ -1084,7 +1080,11 @@ def _walk(
     when each value is ready. ``sums[i]``: the seconds of the gradient sums that follow
     record ``i``'s in its run (``T.megatron`` adds a microbatch's gradients to their sums
     at the end of the pmap body that makes them: a run of compute records, which a
-    conversion ends), on the same stream after the run's last op."""
+    conversion ends), on the same stream after the run's last op. (The transform also
+    ends a body where sequence parallelism gathers a forward value again, which is no
+    record: a sum walked later than it runs crosses no wait here, since the walk waits
+    only at conversions and arrivals, and a gradient is made after its stage's arrival
+    is read; so the walk's end is the same and its values no later.)"""
     ready = dict.fromkeys(arrived, 0.0)
     free = start
     pending = 0.0  # the sums the run so far has made

@@ -477,20 +477,21 @@ def test_the_scheduled_floor_places_each_task_after_its_rank_and_its_input() -> 
     # stage's last backward starts (rank 0 at 7, rank 1 at 5): rank 1 done at 8; then
     # ZeRO's all-gathers after each rank's last task and its reductions: rank 0
     # max(9, 8) + 1, rank 1 max(7, 8) + 2.5
-    reduce = np.array([1.0, 3.0])
-    assert _scheduled("1f1b", 2, 1, 2, chains, opt, None, False, reduce) == 9.5
+    jobs = (np.array([0, 1]), z, np.array([1.0, 3.0]), z)  # (stage, made, seconds, step)
+    assert _scheduled("1f1b", 2, 1, 2, chains, opt, None, False, jobs) == 9.5
     gathers = np.array([1.0, 2.5])
-    assert _scheduled("1f1b", 2, 1, 2, chains, opt, None, False, reduce, gathers) == 10.5
+    assert _scheduled("1f1b", 2, 1, 2, chains, opt, None, False, jobs, gathers) == 10.5
     # a microbatch between the first and the last adds its gradients to the sums on its
     # backward's chain (3 s instead of 2): one stage, three microbatches, F B F B' F B
     summing = (np.array([3.0]), np.array([0.0]), np.array([0.0]), np.array([3.0]))
     assert _scheduled("1f1b", 1, 1, 3, one, np.array([0.0]), summing=summing) == 10.0
     # each gradient's reduction released when the last backward (1 s to 3 s) makes it,
     # 0.5 s and 2 s into it, 1 s each on one channel: done at 3 + 1, then an optimizer
-    # step (0.25 s) reads it; released all at the backward's start they would end by 3
+    # step (0.25 s) reads it; released both at the backward's start they would end by 3
     jobs = (np.array([0, 0]), np.array([0.5, 2.0]), np.ones(2), np.full(2, 0.25))
     assert _scheduled("1f1b", 1, 1, 1, one, np.array([0.0]), jobs=jobs) == 4.25
-    assert _scheduled("1f1b", 1, 1, 1, one, np.array([0.0]), None, False, np.array([2.0])) == 3.0
+    at_start = (np.array([0, 0]), np.zeros(2), np.ones(2), np.zeros(2))
+    assert _scheduled("1f1b", 1, 1, 1, one, np.array([0.0]), jobs=at_start) == 3.0
 
 
 def test_the_gradient_sums_on_the_backward_chains_raise_the_floor_and_keep_it_one(
