@@ -566,11 +566,8 @@ class Estimator:
                     gathers = self._gathers(s.tp, pp * v, sp, s.dp).reshape(v, pp).sum(axis=0)
             except (NotEstimableError, DistIRError, ZeroDivisionError, KeyError):
                 return 0.0
-        tasks = m * span_f + min(m, 2) * span_b
-        if summing is not None:
-            tasks = tasks + (m - 2) * summing[0]
-        else:
-            tasks = tasks + max(m - 2, 0) * span_b
+        middle = span_b if summing is None else summing[0]
+        tasks = m * span_f + min(m, 2) * span_b + max(m - 2, 0) * middle
         spans = tasks.reshape(v, pp).sum(axis=0)  # stage c pp + r: rank r
         # the compute alone, every gradient sum counted (on the chains or beside them)
         busy = m * ranked[9] + (m - 1) * acc
@@ -979,7 +976,7 @@ def _scheduled(
     # it is done (the exchange before it carries them all, and returns once all are):
     # per rank and task, those of the group it opens (None for a task within a group)
     opens: list[list[list | None]] = []
-    for d in range(pp):
+    for d in range(pp if syncs else 0):
         opens.append([])
         for i in range(len(order[d])):
             if i and not last[d][i - 1]:
@@ -1004,11 +1001,9 @@ def _scheduled(
                     for arrival, (_, delay) in zip(arrivals, opens[d][at[d]], strict=True):
                         gate = max(gate, arrival + delay)
                 if phase == "F":
-                    before = (st - 1, mb, "F") if st else None
                     span, out, on, end = span_f[st], out_f[st], on_f[st], end_f[st]
                     into = st + 1 < stages and send[0, st + 1]  # its result's transfer
                 else:  # the last stage's backward starts from its own forward (its rank's)
-                    before = (st + 1, mb, "B") if st < stages - 1 else None
                     if summing is not None and 0 < mb < m - 1:
                         span, out, on, end = (x[st] for x in summing)
                     else:
@@ -1016,11 +1011,12 @@ def _scheduled(
                     into = st > 0 and send[1, st - 1]
                 start = gate
                 finish, value = start + span, start + out
-                if before is not None:
-                    arrival = made.get(before)
+                got = received(tasks[at[d]])
+                if got is not None:
+                    arrival = made.get(got[0])
                     if arrival is None:
                         break  # its input is another rank's still to place
-                    arrival += send[0, st] if phase == "F" else send[1, st]
+                    arrival += got[1]
                     finish, value = max(finish, arrival + end), max(value, arrival + on)
                     if syncs:  # received in the exchange before its group, then waited for
                         finish, value = max(finish, arrival + span), max(value, arrival + out)
