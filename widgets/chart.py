@@ -7,8 +7,9 @@ on a busy machine left a chart blank or showing its first figure. Its later chan
 travel as messages, not state, so a page reload showed the first figure too.
 
 :class:`Chart` fixes both by design. Its module (``static/chart.js``) is a few KB and
-loads at once; plotly.js reaches the page once per kernel, as the state of one shared
-:class:`PlotlyLibrary` model every chart refers to, and is evaluated once per page. The
+loads at once; plotly.js reaches the page once, with one shared :class:`PlotlyLibrary`
+model every chart refers to (never in the state a reloaded page restores), and is
+evaluated once per page. The
 figure a chart shows is its *state* (``figure``): a reloaded page, a second view and
 the saved notebook all show the latest figure, and :func:`figure_json` of it is what a
 static page draws. The browser sizes the chart to its container and reports clicks and
@@ -50,11 +51,38 @@ __all__ = [
 
 
 class PlotlyLibrary(ipywidgets.Widget):
-    """plotly.js, sent to the browser once per kernel: every :class:`Chart` refers to it
-    and the page evaluates it once (a model without a view)."""
+    """plotly.js for the pages that draw charts: one model per kernel, without a view;
+    every :class:`Chart` refers to it and a page evaluates it once.
+
+    The source rides only in the message that opens the model, so the pages open then
+    draw at once, even while the cell that made the first chart still runs. After that
+    the model's state is its version alone: a reloaded page or a second tab restores
+    every widget of the kernel in one small message (ipywidgets gives that message 4 s,
+    then falls back to one request per widget), and asks for the source with a message
+    of its own, answered with the source as one binary buffer.
+    """
 
     version = traitlets.Unicode("").tag(sync=True)
-    source = traitlets.Unicode("").tag(sync=True)
+    source = traitlets.Unicode("").tag(sync=True)  # in the opening message only
+
+    def __init__(self) -> None:
+        self._opened = False
+        super().__init__(version=get_plotlyjs_version(), source=get_plotlyjs())
+        self._opened = True
+        self.on_msg(self._answer)
+
+    def get_state(self, key: Any = None, drop_defaults: bool = False) -> dict[str, Any]:
+        state = super().get_state(key, drop_defaults)
+        if self._opened and "source" in state:
+            if drop_defaults:
+                del state["source"]
+            else:
+                state["source"] = ""
+        return state
+
+    def _answer(self, _widget: Any, content: Any, _buffers: Any) -> None:
+        if isinstance(content, dict) and content.get("want") == "plotly.js":
+            self.send({"plotly.js": self.version}, buffers=[self.source.encode()])
 
 
 class _Library:
@@ -65,7 +93,7 @@ class _Library:
     @classmethod
     def get(cls) -> PlotlyLibrary:
         if cls.widget is None or cls.widget.comm is None:
-            cls.widget = PlotlyLibrary(version=get_plotlyjs_version(), source=get_plotlyjs())
+            cls.widget = PlotlyLibrary()
         return cls.widget
 
 

@@ -30,6 +30,7 @@ from widgets import (
     compare_figure,
 )
 from widgets.breakdown import breakdown_html
+from widgets.cells import held_widgets, own_by_cell
 from widgets.chart import Chart
 from widgets.gantt import connect_clicks, gantt_spec
 from widgets.gantt_zoom import GanttZoom
@@ -186,6 +187,20 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self.arguments: dict[str, Any] = {}  # arrays by input name, for imported models
         self.weight_names: tuple[str, ...] = ()  # the arguments that are weights
         self.refresh()
+        # running this cell again closes this workbench: its view leaves with the output
+        own_by_cell(self.close)
+
+    def close(self) -> None:
+        """Close the dashboard and every widget it holds (panels shown or not, charts
+        kept for a later state); the session stays usable from code. Running again the
+        cell that made a workbench closes it (see :mod:`widgets.cells`)."""
+        if self.comm is None:
+            return
+        for widget in held_widgets(self):
+            if widget is self:
+                super().close()
+            else:
+                widget.close()
 
     # -- bring your own model ---------------------------------------------------------
 

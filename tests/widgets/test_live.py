@@ -4,13 +4,17 @@ the same step draws; a click is read against the traces shown when it comes."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
+import comm
+import ipywidgets
 import numpy as np
+from comm.base_comm import BaseComm
 
 import ir
-from widgets.chart import Chart, figure_json, from_typed_array, plotly_library
+from widgets.chart import Chart, PlotlyLibrary, figure_json, from_typed_array, plotly_library
 from widgets.gantt import connect_clicks, gantt_figure, gantt_spec
 from widgets.live import live_figure, plotted, show
 from widgets.memory import memory_figure, memory_spec
@@ -50,6 +54,43 @@ def test_every_chart_shares_one_plotly_library_model():
     assert first.library is second.library is plotly_library()
     assert "plotly.js" in first.library.source[:200]  # sent once, referred to by every chart
     assert "source" not in first.figure and len(first._esm) < 20_000  # charts stay small
+
+
+class _Recorded(BaseComm):
+    """A comm that keeps what it would send to the front end."""
+
+    sent: list[tuple[str, dict, list]] = []
+
+    def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
+        _Recorded.sent.append((msg_type, data or {}, list(buffers or [])))
+
+
+def test_plotly_js_travels_in_the_opening_message_and_on_request_never_in_restored_state(
+    monkeypatch,
+):
+    _Recorded.sent = []
+    monkeypatch.setattr(comm, "create_comm", _Recorded)
+    library = PlotlyLibrary()
+    (kind, opening, _), *_ = _Recorded.sent
+    assert kind == "comm_open" and opening["state"]["source"] == library.source
+    assert library.source.startswith("/**") and len(library.source) > 1_000_000
+    # what a reloaded page restores (ipywidgets' request_states): the version alone
+    assert library.get_state()["source"] == "" and library.version
+    assert "source" not in library.get_state(drop_defaults=True)
+    state = ipywidgets.Widget.get_manager_state(drop_defaults=True)["state"]
+    assert len(json.dumps(state[library.model_id])) < 1_000
+    # that page asks for the source: one binary buffer back
+    library.comm.handle_msg(
+        {"content": {"data": {"method": "custom", "content": {"want": "plotly.js"}}}, "buffers": []}
+    )
+    kind, reply, buffers = _Recorded.sent[-1]
+    assert kind == "comm_msg" and reply["content"] == {"plotly.js": library.version}
+    assert bytes(buffers[0]).decode() == library.source
+    library.comm.handle_msg(
+        {"content": {"data": {"method": "custom", "content": {"x": 1}}}, "buffers": []}
+    )
+    assert _Recorded.sent[-1][1] is reply  # anything else: no answer
+    library.close()
 
 
 def test_a_chart_of_a_figure_and_its_saved_state_draw_the_same():

@@ -11,10 +11,10 @@ function plotly(model) {
   if (!cache.has(ref)) {
     const loading = (async () => {
       const library = await model.widget_manager.get_model(ref.slice(REF.length));
+      const text = library.get("source") || (await asked(library));
       // plotly.min.js is a UMD bundle: give it a CommonJS `module` to fill
       const source =
-        "const module = { exports: {} };\n" + library.get("source") +
-        "\nexport default module.exports;\n";
+        "const module = { exports: {} };\n" + text + "\nexport default module.exports;\n";
       const url = URL.createObjectURL(new Blob([source], { type: "text/javascript" }));
       try {
         return (await import(/* webpackIgnore: true */ url)).default;
@@ -26,6 +26,21 @@ function plotly(model) {
     cache.set(ref, loading);
   }
   return cache.get(ref);
+}
+
+// The library's source rides only in the message that opened its model: a page that
+// restored the model later (a reload, a second tab) asks the kernel for it.
+function asked(library) {
+  return new Promise((resolve) => {
+    const take = (content, buffers) => {
+      if (!content || content["plotly.js"] !== library.get("version")) return;
+      if (!buffers || !buffers.length) return;
+      library.off("msg:custom", take);
+      resolve(new TextDecoder().decode(buffers[0]));
+    };
+    library.on("msg:custom", take);
+    library.send({ want: "plotly.js" });
+  });
 }
 
 function ints(spec) {
