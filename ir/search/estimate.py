@@ -474,7 +474,11 @@ class Estimator:
             )
             issue = self.costs.device.host_comm_s()  # the host's time to issue one transfer
             host = host + conv * issue
-            work = np.maximum(dev, host) + comm  # a stage's compute: at least its host's issue
+            # a stage's time: its device's ops and the collectives between them, or its
+            # host's issue where that is longer (the host runs ahead of the device through
+            # the collectives, as the simulator's does, so the two overlap: the device
+            # waits for the host only where the host is the slower of the two)
+            work = np.maximum(dev + comm, host)
             # the transfers a stage takes part in per microbatch: its input in and its
             # result out, its gradient in and out (none before the first, after the last)
             stage = np.arange(stages)
