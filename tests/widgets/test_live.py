@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import comm
 import ipywidgets
@@ -59,7 +60,7 @@ def test_every_chart_shares_one_plotly_library_model():
 class _Recorded(BaseComm):
     """A comm that keeps what it would send to the front end."""
 
-    sent: list[tuple[str, dict, list]] = []
+    sent: ClassVar[list[tuple[str, dict, list]]] = []
 
     def publish_msg(self, msg_type, data=None, metadata=None, buffers=None, **keys):
         _Recorded.sent.append((msg_type, data or {}, list(buffers or [])))
