@@ -151,7 +151,8 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
         self._shown_view = "distributed"
         self.graph.on_select(self._on_graph_select)
         self.view.observe(lambda _: self.refresh(), names="value")
-        self.session.on_change(lambda _s: self.refresh())
+        self._on_session_change = lambda _s: self.refresh()
+        self.session.on_change(self._on_session_change)
         self.file_controls = self._file_controls()
         self.export_panel = ExportPanel(lambda: self.session, working=self.activity.working)
         side = w.VBox(
@@ -192,10 +193,12 @@ class Workbench(SessionFilePanel, ReadyTransformsPanel, w.VBox):
 
     def close(self) -> None:
         """Close the dashboard and every widget it holds (panels shown or not, charts
-        kept for a later state); the session stays usable from code. Running again the
-        cell that made a workbench closes it (see :mod:`widgets.cells`)."""
+        kept for a later state); the session stays usable from code and no longer
+        redraws it. Running again the cell that made a workbench closes it (see
+        :mod:`widgets.cells`)."""
         if self.comm is None:
             return
+        self.session.off_change(self._on_session_change)
         for widget in held_widgets(self):
             if widget is self:
                 super().close()

@@ -503,6 +503,11 @@ class Session:
         and a :class:`ListenerWarning` is issued, and later callbacks still run."""
         self._listeners.append(callback)
 
+    def off_change(self, callback: Callable[[Session], None]) -> None:
+        """Stop calling ``callback`` (one :meth:`on_change` gave); unknown ones are ignored."""
+        if callback in self._listeners:
+            self._listeners.remove(callback)
+
     # -- changes -------------------------------------------------------------------------
 
     def annotate(self, value_name: str, spec: Annotation) -> bool:

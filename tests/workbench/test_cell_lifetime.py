@@ -44,7 +44,11 @@ def test_closing_a_workbench_closes_every_widget_it_made_and_nothing_else():
     wb.close()
     assert set(_instances) == before  # all of it gone, nothing else
     assert _open(library) and all(_open(w) for w in cells.held_widgets(other))
-    assert wb.session.set_strategy(dp=1) and wb.session.result.step_time_s > 0  # still usable
+    # the session stays usable from code, and no longer redraws a closed dashboard
+    redrawn: list[int] = []
+    wb.refresh = lambda: redrawn.append(1)
+    assert wb.session.set_strategy(dp=1) and wb.session.result.step_time_s > 0
+    assert redrawn == [] and set(_instances) == before
     wb.close()  # twice is harmless
     assert other.set_strategy(dp=4) and _open(other.gantt)
 
