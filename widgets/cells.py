@@ -23,7 +23,7 @@ import ipywidgets
 
 from .chart import PlotlyLibrary
 
-__all__ = ["close_held", "current_run", "held_widgets", "own_by_cell"]
+__all__ = ["current_run", "held_widgets", "own_by_cell"]
 
 _OURS = ("widgets", "workbench")
 # cell id -> (the request that ran it last, the close of each owner that run made)
@@ -48,13 +48,12 @@ def current_run() -> tuple[str, str] | None:
     return (str(cell), str(request)) if cell and request else None
 
 
-def own_by_cell(close: Callable[[], None], run: tuple[str, str] | None = None) -> bool:
-    """Register ``close`` (a top-level widget's) with the running cell; first call the
-    closes that the cell's earlier runs registered. ``run`` defaults to
-    :func:`current_run`; returns whether a cell took it."""
-    run = run if run is not None else current_run()
+def own_by_cell(close: Callable[[], None]) -> None:
+    """Register ``close`` (a top-level widget's) with the running cell (:func:`current_run`),
+    first calling the closes that the cell's earlier runs registered."""
+    run = current_run()
     if run is None:
-        return False
+        return
     cell, request = run
     last, closes = _BY_CELL.get(cell, (request, []))
     if last != request:
@@ -63,7 +62,6 @@ def own_by_cell(close: Callable[[], None], run: tuple[str, str] | None = None) -
         closes = []
     closes.append(close)
     _BY_CELL[cell] = (request, closes)
-    return True
 
 
 def held_widgets(root: Any) -> Iterator[ipywidgets.Widget]:
@@ -86,10 +84,3 @@ def held_widgets(root: Any) -> Iterator[ipywidgets.Widget]:
         elif type(x).__module__.split(".")[0] in _OURS and hasattr(x, "__dict__"):
             todo.extend(vars(x).values())
 
-
-def close_held(root: Any) -> int:
-    """Close every widget ``root`` holds (:func:`held_widgets`); returns how many."""
-    widgets = list(held_widgets(root))
-    for widget in widgets:
-        widget.close()
-    return len(widgets)

@@ -9,11 +9,10 @@ travel as messages, not state, so a page reload showed the first figure too.
 :class:`Chart` fixes both by design. Its module (``static/chart.js``) is a few KB and
 loads at once; plotly.js reaches the page once, with one shared :class:`PlotlyLibrary`
 model every chart refers to (never in the state a reloaded page restores), and is
-evaluated once per page. The
-figure a chart shows is its *state* (``figure``): a reloaded page, a second view and
-the saved notebook all show the latest figure, and :func:`figure_json` of it is what a
-static page draws. The browser sizes the chart to its container and reports clicks and
-zooms; Python decides what they mean.
+evaluated once per page. The figure a chart shows is its *state* (``figure``): a
+reloaded page, a second view and the saved notebook all show the latest figure, and
+:func:`figure_json` of it is what a static page draws. The browser sizes the chart to
+its container and reports clicks and zooms; Python decides what they mean.
 """
 
 from __future__ import annotations
