@@ -83,4 +83,3 @@ def held_widgets(root: Any) -> Iterator[ipywidgets.Widget]:
             todo.extend(x)
         elif type(x).__module__.split(".")[0] in _OURS and hasattr(x, "__dict__"):
             todo.extend(vars(x).values())
-
