@@ -25,7 +25,11 @@
    51200, bfloat16, Adam) at tp 8 x pp 8 and ``--gpt3-microbatches`` microbatches of
    one sequence, on 1,024 and 16,384 ``a100-hgx`` GPUs (dp 16 and 256): model, build,
    simulate and memory-curve seconds and the process's peak resident memory (each in a
-   process of its own).
+   process of its own). Then its tasks step (``T.megatron(tasks=True)``) on 1,024 GPUs
+   at 8, 64 and 128 microbatches, simulated with repeated tasks replayed
+   (``ir.sim.tasks``: the steady state's microbatches not walked) beside every
+   application walked, in the same process: CPU seconds, applications walked, and
+   whether every figure is equal.
 3. Every knob for the same GPT-3 on 1,024 GPUs (batch 1536): dp x tp x pp, every
    microbatch count dividing the batch, the three schedules, chunks 1-8, ZeRO 0-2,
    sequence parallelism and recomputation: 110,880 strategies. Figures (wall and CPU
@@ -185,6 +189,45 @@ def gpt3(dp: int, microbatches: int, tasks: bool = False) -> dict[str, float]:
         "rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,
         "cpu_s": time.process_time() - cpu0,
     }
+
+
+def bench_steady_state(microbatches: tuple[int, ...] = (8, 64, 128)) -> None:
+    """GPT-3's tasks step simulated with its repeated tasks replayed (``ir.sim.tasks``)
+    beside every application walked, in the same process: CPU seconds, applications
+    walked, and whether every figure is equal."""
+    from ir.sim.engine import Engine
+    from ir.sim.result import SimResult
+
+    dp = 16
+    topology = ir.Topology.preset("a100-hgx", dp * 64)
+    print(
+        "GPT-3 175B shape, tp8 x pp8 x dp16 (1,024 GPUs), 1F1B tasks step: simulated with "
+        "repeated tasks replayed, beside every application walked (best of 2, CPU s):"
+    )
+    for m in microbatches:
+        f = models.gpt(dp * m, 2048, 12288, 96, 51200, 96, dtype="bfloat16")
+        g = transforms.megatron(transforms.training(f, "adam"), dp, 8, 8, m, tasks=True)
+        figures = {}
+        for share in (False, True):
+            best = float("inf")
+            for _ in range(2):
+                start = time.process_time()
+                engine = Engine(topology, classes=g.rank_classes, share_tasks=share)
+                engine.run(g)
+                best = min(best, time.process_time() - start)
+            result = SimResult(engine)
+            figures[share] = (best, engine, result.step_time_s, result.totals)
+        (walk_s, _, step_a, totals_a), (memo_s, engine, step_b, totals_b) = (
+            figures[False],
+            figures[True],
+        )
+        applications = engine.task_memo.hits + engine.task_memo.walked
+        print(
+            f"  {m:>4} microbatches: every application walked {walk_s:.2f} s, replayed "
+            f"{memo_s:.2f} s ({engine.task_memo.walked} of {applications} task applications "
+            f"walked); step {step_b:.4f} s; every figure equal: "
+            f"{step_a == step_b and totals_a == totals_b}"
+        )
 
 
 def bench_space() -> None:
@@ -386,6 +429,8 @@ def main() -> None:
                 f"{r['top_level_ops']} ops; step {r['step_s']:.2f} s, device peak "
                 f"{r['device_peak_gb']:.1f} GB; process peak {r['rss_gib']:.2f} GiB"
             )
+    if not args.skip_gpt3:
+        bench_steady_state()
     if not args.skip_space:
         bench_space()
     if args.full_search:

@@ -55,13 +55,16 @@ from ..types import (
 from ..value import Value
 from ..verify import describe_op
 from .bodies import BodySchedule, BodyTiming, schedule_of
+from .clock import on_clock
 from .costs import OpCosts, compute_key
 from .slots import SlotTable, UnknownDeviceError, element, leaves_of, unique_leaves
+from .tasks import TaskMemo
 
 COMBINE_MODES = ("roofline", "additive")
 COMM_MODES = ("channels", "serial", "blocking")
 
 COMPUTE, COMMUNICATION = 0, 1  # stream numbers in the trace
+
 
 # Enum class attributes go through EnumType.__getattr__ (hundreds of ns each in
 # Python 3.11): the hot paths compare against these module constants instead.
@@ -108,6 +111,8 @@ class Engine(SlotTable):
     ``share_bodies``: schedule the pmap bodies that qualify once per device model
     (:mod:`ir.sim.bodies`) instead of walking their ops on every application; the
     result is the same to the last bit (``False`` is the reference it is tested against).
+    ``share_tasks`` (by default ``share_bodies``): time a task application whose start
+    times are an earlier one's shifted from that one (:mod:`ir.sim.tasks`), likewise.
     """
 
     def __init__(
@@ -119,6 +124,7 @@ class Engine(SlotTable):
         classes: Sequence[Sequence[int]] = (),
         costs: OpCosts | None = None,
         share_bodies: bool = True,
+        share_tasks: bool | None = None,
     ) -> None:
         if not isinstance(combine, str) or combine not in COMBINE_MODES:
             raise SimulationError(
@@ -138,6 +144,11 @@ class Engine(SlotTable):
         self.costs = costs  # measured op times over the models (ir.sim.costs)
         self.additive = combine == "additive"
         self.share_bodies = share_bodies
+        # repeated tasks replayed from an earlier application (ir.sim.tasks); by default
+        # with the shared bodies, both off being the reference walk
+        if share_tasks is None:
+            share_tasks = share_bodies
+        self.task_memo = TaskMemo() if share_tasks else None
         # devices of one model (the same figures) time an op alike: cost each model once
         models: dict[tuple, int] = {}
         self._model_of = [models.setdefault(_hardware_of(d), len(models)) for d in topology.devices]
@@ -151,7 +162,7 @@ class Engine(SlotTable):
         # sync points (a point-to-point transfer under Megatron-LM's schedules). Devices
         # without a kernel model cost no host time and never wait for it.
         self.host_free = [0.0] * n
-        self.host_comm = [d.host_comm_s() for d in topology.devices]
+        self.host_comm = [on_clock(d.host_comm_s()) for d in topology.devices]
         self.host_sync = [d.syncs_after_p2p for d in topology.devices]
         # Point-to-point transfers a host issues one after another (nothing issued between)
         # are one batch_isend_irecv: all posted, then one wait for them all. The host's
@@ -591,7 +602,7 @@ class Engine(SlotTable):
             if measured is None:
                 durations = self._durations(c, dtype)
             else:
-                durations = [measured] * len(self._model_of)
+                durations = [on_clock(measured)] * len(self._model_of)
             # the key last: what bodies of equal shape are told apart by (ir.sim.bodies)
             cost = (c.flops, nbytes, durations, sizes, self._host_times(c), key)
             self._cost_by_types[key] = cost
@@ -616,7 +627,8 @@ class Engine(SlotTable):
         device's kernel model, or launch + roofline, additive with ``combine="additive"``)."""
         tf32 = self.topology.allow_tf32
         per_model = [
-            d.op_time_s(cost, dtype, allow_tf32=tf32, additive=self.additive) for d in self._models
+            on_clock(d.op_time_s(cost, dtype, allow_tf32=tf32, additive=self.additive))
+            for d in self._models
         ]
         return [per_model[k] for k in self._model_of]
 
@@ -624,7 +636,7 @@ class Engine(SlotTable):
         """The host time to issue an op of ``cost`` on each device; None if nothing costs."""
         if not self.hosted:
             return None
-        per_model = [d.host_time_s(cost) for d in self._models]
+        per_model = [on_clock(d.host_time_s(cost)) for d in self._models]
         return [per_model[k] for k in self._model_of]
 
     def _collective(self, op: Op, scope: _Scope, prep: tuple, once: bool = False) -> tuple:
@@ -676,6 +688,7 @@ class Engine(SlotTable):
                 dur = self.costs.communication_time_s(c.kind, c.size_bytes, len(c.devices))
             if dur is None:
                 dur = c.time_s(self.topology)
+            dur = on_clock(dur)
             channels = self._channels(c.kind, participants, c.groups)
             group = len(self.participant_sets)
             self.participant_sets.append(participants)
@@ -768,12 +781,21 @@ def _pmap(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
 
 def _task(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
     # The body's ops as if they stood in its place (each on its own, program order): the
-    # same walk as the flat program's, with the body's values bound to this application's.
+    # same walk as the flat program's, with the body's values bound to this application's;
+    # or, where an earlier application started from the same times shifted, that one's
+    # units and slots shifted (ir.sim.tasks: the same to the last bit).
     (body,) = op.subfunctions
-    inner = dict(zip(body.inputs, map(env.__getitem__, op.inputs)))
-    engine._run_ops(body.ops, inner, scope, once=True, top=False)
-    for v, out in zip(op.outputs, body.outputs):
-        env[v] = inner[out]
+    values = list(map(env.__getitem__, op.inputs))
+
+    def walk() -> list:
+        inner = dict(zip(body.inputs, values))
+        engine._run_ops(body.ops, inner, scope, once=True, top=False)
+        return [inner[out] for out in body.outputs]
+
+    memo = engine.task_memo
+    outs = walk() if memo is None or scope.bindings else memo.run(engine, op, body, values, walk)
+    for v, out in zip(op.outputs, outs):
+        env[v] = out
 
 
 def _tuple_get(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:

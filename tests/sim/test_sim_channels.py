@@ -7,6 +7,7 @@ import pytest
 
 import ir
 from ir import FunctionBuilder, TensorType
+from ir.sim.clock import on_clock
 
 LINKS = dict(
     peak_flops=1e12,
@@ -16,7 +17,7 @@ LINKS = dict(
     link_latency_s=0.0,
 )
 SIZE_BYTES = 64 * 64 * 4
-SEND_S = SIZE_BYTES / 1e9
+SEND_S = on_clock(SIZE_BYTES / 1e9)  # on the engine's clock (ir.sim.clock)
 
 
 def _x(b: FunctionBuilder, name: str, device: int) -> ir.Value:

@@ -8,6 +8,7 @@ from seed_mlp_texts import DATA_PARALLEL, HORIZONTAL, PIPELINE, SEQUENTIAL
 
 import ir
 from ir import FunctionBuilder, TensorType
+from ir.sim.clock import on_clock
 
 KB = 64 * 64 * 4  # bytes of one 64 x 64 float32 tensor
 
@@ -25,7 +26,7 @@ def chain() -> ir.Function:
 def test_liveness_of_a_chain_by_hand():
     topology = ir.Topology.uniform(1, peak_flops=1e12, mem_bandwidth_bytes_per_s=1e11)
     result = ir.simulate(chain(), topology)
-    t = 2 * KB / 1e11  # each Relu reads and writes one tensor
+    t = on_clock(2 * KB / 1e11)  # each Relu reads and writes one tensor (engine's clock)
     times, live = result.memory_timeline(0)
     # x resident from 0; a allocated at 0; b at t (a freed at 2t, after b's op);
     # c at 2t; b freed at 3t; c (an output) stays to the end.
