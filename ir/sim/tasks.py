@@ -357,7 +357,7 @@ def _record(
         r.durs = engine.inst_dur[u0:]
         r.costs = engine.inst_cost[u0:]
         r.use_count = engine.use_count[u0:]
-        r.use_slots = [slot(s) for s in engine.use_slots[us0:]]
+        r.use_slots = _codes([slot(s) for s in engine.use_slots[us0:]])
         r.slot_ready = [t - anchor for t in engine.slot_ready[s0:]]
         r.slot_bytes = engine.slot_bytes[s0:]
         r.slot_device = engine.slot_device[s0:]
@@ -372,7 +372,7 @@ def _record(
         r.app_schedule = engine.app_schedule[a0:]
         r.app_timing = engine.app_timing[a0:]
         r.app_base = [t - anchor for t in engine.app_base[a0:]]
-        r.app_in = [slot(s) for s in engine.app_in_slots[ai0:]]
+        r.app_in = _codes([slot(s) for s in engine.app_in_slots[ai0:]])
         r.app_first = [s - s0 for s in engine.app_first[a0:]]
         r.app_segments = [
             (a - a0, tuple((k, t - anchor) for k, t in segs))
@@ -440,26 +440,27 @@ def _replay(engine: Any, plan: _Plan, r: _Record, anchor: float, slots: list[int
 
     engine.inst_op.extend(r.ops)
     engine.inst_where.extend(r.where)
-    engine.inst_start.extend([t + anchor for t in r.starts])
-    engine.inst_end.extend([t + anchor for t in r.ends])
+    shift, renumber = anchor.__add__, u0.__add__  # C-level maps, no per-item bytecode
+    engine.inst_start.extend(map(shift, r.starts))
+    engine.inst_end.extend(map(shift, r.ends))
     engine.inst_dur.extend(r.durs)
     engine.inst_cost.extend(r.costs)
     engine.use_count.extend(r.use_count)
-    engine.use_slots.extend([x + s0 if x >= 0 else slots[~x] for x in r.use_slots])
-    engine.slot_ready.extend([t + anchor for t in r.slot_ready])
+    engine.use_slots.extend(_slots_of(r.use_slots, s0, slots))
+    engine.slot_ready.extend(map(shift, r.slot_ready))
     engine.slot_bytes.extend(r.slot_bytes)
     engine.slot_device.extend(r.slot_device)
-    engine.slot_producer.extend([k + u0 for k in r.slot_producer])
-    engine.comm_instances.extend([k + u0 for k in r.comm_units])
+    engine.slot_producer.extend(map(renumber, r.slot_producer))
+    engine.comm_instances.extend(map(renumber, r.comm_units))
     engine.comm_channels.extend(r.comm_channels)
     engine.comm_groups.extend(r.comm_groups)
     if r.app_unit:
-        engine.app_unit.extend([k + u0 for k in r.app_unit])
+        engine.app_unit.extend(map(renumber, r.app_unit))
         engine.app_schedule.extend(r.app_schedule)
         engine.app_timing.extend(r.app_timing)
-        engine.app_base.extend([t + anchor for t in r.app_base])
-        engine.app_in_slots.extend([x + s0 if x >= 0 else slots[~x] for x in r.app_in])
-        engine.app_first.extend([s + s0 for s in r.app_first])
+        engine.app_base.extend(map(shift, r.app_base))
+        engine.app_in_slots.extend(_slots_of(r.app_in, s0, slots))
+        engine.app_first.extend(map(s0.__add__, r.app_first))
         for a, segs in r.app_segments:
             engine.app_segments[a + a0] = tuple((k, t + anchor) for k, t in segs)
     devices, n = plan.devices, len(plan.devices)
@@ -485,6 +486,21 @@ def _replay(engine: Any, plan: _Plan, r: _Record, anchor: float, slots: list[int
             for x, plain in r.int_outputs
         ]
     return [_placed(v, s0, slots) for v in r.outputs]
+
+
+def _slots_of(codes: tuple[list[int], list[tuple[int, int]]], s0: int, slots: list[int]) -> list:
+    """Recorded slot references in this application: ``made[i] + s0`` for the slots it
+    makes, then each ``(i, p)`` of ``inputs`` its input slot ``p``."""
+    made, inputs = codes
+    out = list(map(s0.__add__, made))
+    for i, p in inputs:
+        out[i] = slots[p]
+    return out
+
+
+def _codes(refs: list[int]) -> tuple[list[int], list[tuple[int, int]]]:
+    """``refs`` (made: >= 0, an input: ~its position) as :func:`_slots_of` reads them."""
+    return [x if x >= 0 else 0 for x in refs], [(i, ~x) for i, x in enumerate(refs) if x < 0]
 
 
 def _placed(value: Any, s0: int, slots: list[int]) -> Any:
