@@ -106,38 +106,45 @@ class _Plan:
         self.misses = 0
 
 
-def _flat(values: list) -> list[int]:
+def _flat(values: list) -> tuple[list[int], Any]:
+    """The slots of an application's operand values, in order, and their form: None
+    where every value is one plain slot, else each value's (a class's one slot ``~s``,
+    a tuple of them): applications of one body may pass a tuple as a class's one slot
+    or as its elements, which put the slots at different positions."""
     try:
         if min(values, default=0) >= 0:  # plain slots, the common case
-            return list(values)
-        return [v if v >= 0 else ~v for v in values]  # and class slots (~s)
+            return list(values), None
+        # and class slots (~s)
+        return [v if v >= 0 else ~v for v in values], tuple([v < 0 for v in values])
     except TypeError:  # a tuple among them
         pass
     out: list[int] = []
-    _flat_slots(values, out)
-    return out
+    form = _flat_slots(values, out)
+    return out, form
 
 
-def _flat_slots(values: list, out: list[int]) -> None:
-    """The slots of ``values`` (ints, ``~s`` class slots, nested tuples), in order."""
+def _flat_slots(values: Any, out: list[int]) -> tuple:
+    """Appends the slots of ``values`` (ints, ``~s`` class slots, nested tuples) to
+    ``out``, in order; returns their form (True: a class slot, False: a slot)."""
+    form: list[Any] = []
     for v in values:
         if v.__class__ is int:
             out.append(v if v >= 0 else ~v)
+            form.append(v < 0)
             continue
-        try:
-            if min(v) >= 0:  # a flat tuple of slots
-                out.extend(v)
-                continue
-        except TypeError:  # nested
-            pass
-        _flat_slots(v, out)
+        if v and all(x.__class__ is int and x >= 0 for x in v):  # a flat tuple of slots
+            out.extend(v)
+            form.append(len(v))
+            continue
+        form.append(_flat_slots(v, out))
+    return tuple(form)
 
 
 class TaskMemo:
     """The engine's memo of task applications (see the module docstring)."""
 
     def __init__(self) -> None:
-        self.plans: dict[Function, _Plan | None] = {}
+        self.plans: dict[tuple[Function, Any], _Plan | None] = {}
         self.hits = 0
         self.walked = 0
 
@@ -147,17 +154,18 @@ class TaskMemo:
         """The body's output values for this application: replayed from a record where
         one matches, else ``walk()`` (which runs the body and returns them), recorded."""
         plans = self.plans
-        if body not in plans:  # the first application: walked, and its reach noted
+        slots, form = _flat(values)
+        kind = (body, form)  # the positions of the slots: one plan each
+        if kind not in plans:  # the first application: walked, and its reach noted
             mark = _mark(engine)
             outs = walk()
             self.walked += 1
-            plans[body] = _plan_of(engine, mark, _flat(values))
+            plans[kind] = _plan_of(engine, mark, slots)
             return outs
-        plan = plans[body]
+        plan = plans[kind]
         if plan is None:
             self.walked += 1
             return walk()
-        slots = _flat(values)
         found = _key(engine, plan, slots)
         if found is None:  # times past the exact range
             self.walked += 1
@@ -177,7 +185,7 @@ class TaskMemo:
             if made is not None:
                 plan.records[key] = made
         if plan.misses >= _GIVE_UP_AFTER and plan.hits == 0:
-            plans[body] = None  # nothing repeats here: stop paying for records
+            plans[kind] = None  # nothing repeats here: stop paying for records
         return outs
 
 

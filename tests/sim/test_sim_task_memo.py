@@ -197,3 +197,43 @@ def test_an_input_that_holds_its_stream_is_part_of_the_key() -> None:
     starts = [e.start_s for e in ir.sim.SimResult(walked).events if e.op.op_type == "Relu"]
     gaps = {round(b - a, 12) for a, b in pairwise(starts)}
     assert len(gaps) == 2  # the two phases, alternating
+
+
+def test_a_tuple_passed_as_a_class_slot_or_as_its_elements_keeps_its_positions() -> None:
+    # a rank class's tuple is one slot (~s) in one application and a tuple of slots in
+    # another: the slots then sit at other positions, so each form has its own plan
+    import dataclasses
+
+    t0, t1 = ir.TensorType((64, 64), F64, 0), ir.TensorType((64, 64), F64, 1)
+    pair = ir.TupleType((t0, t1))
+    body = ir.FunctionBuilder("body")
+    x, y = body.input("x", pair), body.input("y", pair)
+    first = body.call("TupleGet", x, index=0)
+    body = body.finish([body.call("MatMul", first, body.call("TupleGet", y, index=0))])
+    b = ir.FunctionBuilder("f")
+    whole, other = b.input("whole", pair), b.input("other", pair)
+    a = b.call("MakeTuple", b.input("a0", t0), b.input("a1", t1))
+    c = b.call("MakeTuple", b.input("c0", t0), b.input("c1", t1))
+    outs = []
+    for operands in ([whole, a], [whole, a], [c, other], [c, other]):
+        outs += b.add_op("Task", operands, subfunctions=[body]).outputs
+    f = b.finish(outs)
+    topology = ir.Topology.uniform(2)
+    for g in (f, dataclasses.replace(f, rank_classes=((0, 1),))):
+        _same(*_engines(g, topology))
+
+
+def test_a_task_given_an_empty_tuple_is_timed() -> None:
+    t0 = ir.TensorType((8, 8), F64, 0)
+    body = ir.FunctionBuilder("body")
+    x = body.input("x", t0)
+    body.input("nothing", ir.TupleType(()))
+    body = body.finish([body.call("Relu", x)])
+    b = ir.FunctionBuilder("f")
+    x, nothing = b.input("x", t0), b.input("nothing", ir.TupleType(()))
+    outs = []
+    for _ in range(3):
+        outs += b.add_op("Task", [x, nothing], subfunctions=[body]).outputs
+    walked, replayed = _engines(b.finish(outs), ir.Topology.uniform(1))
+    _same(walked, replayed)
+    assert replayed.task_memo.hits == 1
