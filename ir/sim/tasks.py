@@ -177,11 +177,12 @@ class TaskMemo:
             self.hits += 1
             return _replay(engine, plan, record, anchor, slots)
         mark = _mark(engine)
+        registers = _registers(engine, plan) if record is None else None
         outs = walk()
         self.walked += 1
         plan.misses += 1
         if record is None:
-            made = _record(engine, plan, mark, anchor, slots, (state, stale), outs)
+            made = _record(engine, plan, mark, anchor, slots, (state, stale, registers), outs)
             if made is not None:
                 plan.records[key] = made
         if plan.misses >= _GIVE_UP_AFTER and plan.hits == 0:
@@ -293,6 +294,18 @@ def _state(engine: Any, plan: _Plan) -> list[float]:
     return state
 
 
+_REGISTERS = (("seg_base", True), ("seg_off", False), ("host_base", True), ("host_off", False))
+
+
+def _registers(engine: Any, plan: _Plan) -> list[float]:
+    """A pmap run's registers on the plan's devices (``_REGISTERS``, in order)."""
+    out: list[float] = []
+    for name, _ in _REGISTERS:
+        column = getattr(engine, name)
+        out.extend([column[d] for d in plan.devices])
+    return out
+
+
 def _key(
     engine: Any, plan: _Plan, slots: list[int]
 ) -> tuple[tuple, float, list[float], list[bool]] | None:
@@ -393,17 +406,19 @@ def _record(
             r.int_outputs = [(slot(v), True) if v >= 0 else (slot(~v), False) for v in outs]
     except _NotLocalError:
         return None
-    state, stale = before
+    state, stale, registers = before
     after = _state(engine, plan)
     # a stale entry the walk left alone stays as the next application has it (None)
     r.state = [None if s and t == t0 else t - anchor for t, t0, s in zip(after, state, stale)]
-    devices = plan.devices
-    r.scratch = (
-        [engine.seg_base[d] - anchor for d in devices],
-        [engine.seg_off[d] for d in devices],
-        [engine.host_base[d] - anchor for d in devices],
-        [engine.host_off[d] for d in devices],
-    )
+    # a pmap run's registers the walk changed: (column, device, value, a time?)
+    r.scratch = []
+    k = 0
+    for name, is_time in _REGISTERS:
+        for d in plan.devices:
+            t0, t = registers[k], getattr(engine, name)[d]
+            if t != t0:
+                r.scratch.append((getattr(engine, name), d, t - anchor if is_time else t, is_time))
+            k += 1
     made = [*r.starts, *r.ends, *r.slot_ready, *r.app_base, *[t for t in r.state if t is not None]]
     r.max_rel = max(made, default=0.0)
     if anchor + r.max_rel >= EXACT_BELOW_S:
@@ -481,13 +496,9 @@ def _replay(engine: Any, plan: _Plan, r: _Record, anchor: float, slots: list[int
     comm_free = engine.comm_free
     for c, t in zip(plan.channels, state[4 * n :]):
         comm_free[c] = t + anchor
-    # a pmap run's registers (dead between runs; set as the walk leaves them)
-    seg_base, seg_off, host_base, host_off = r.scratch
-    for i, d in enumerate(devices):
-        engine.seg_base[d] = seg_base[i] + anchor
-        engine.seg_off[d] = seg_off[i]
-        engine.host_base[d] = host_base[i] + anchor
-        engine.host_off[d] = host_off[i]
+    # a pmap run's registers, as the walk leaves them (read only within a run)
+    for column, d, t, is_time in r.scratch:
+        column[d] = t + anchor if is_time else t
     if r.int_outputs is not None:  # slots and class slots: one pass, no calls
         return [
             (x + s0 if x >= 0 else slots[~x]) if plain else ~(x + s0 if x >= 0 else slots[~x])

@@ -63,6 +63,10 @@ COLUMNS = (
     "comm_free",
     "p2p_posted",
     "p2p_waited",
+    "seg_base",  # a pmap run's registers too (ir.sim.engine)
+    "seg_off",
+    "host_base",
+    "host_off",
     "top_start",
     "pinned",
 )
