@@ -65,7 +65,6 @@ COMM_MODES = ("channels", "serial", "blocking")
 
 COMPUTE, COMMUNICATION = 0, 1  # stream numbers in the trace
 
-
 # Enum class attributes go through EnumType.__getattr__ (hundreds of ns each in
 # Python 3.11): the hot paths compare against these module constants instead.
 _COMPUTE_KIND, _COMMUNICATION_KIND, _CONTROL_KIND = (
@@ -793,7 +792,7 @@ def _task(engine: Engine, op: Op, env: dict[Value, Any], scope: _Scope) -> None:
         return [inner[out] for out in body.outputs]
 
     memo = engine.task_memo
-    outs = walk() if memo is None or scope.bindings else memo.run(engine, op, body, values, walk)
+    outs = walk() if memo is None or scope.bindings else memo.run(engine, body, values, walk)
     for v, out in zip(op.outputs, outs):
         env[v] = out
 

@@ -5,7 +5,7 @@ the same body applied once per microbatch (``T.megatron(tasks=True)``). What one
 application does depends only on the times it starts from: when each of its inputs is
 ready, and when each stream it uses is free (the compute streams and host clocks of
 its devices, the channels of its transfers). The engine's clock is exact below
-``EXACT_BELOW_S`` (whole ticks, ``ir.sim.engine.on_clock``), so the walk is
+``EXACT_BELOW_S`` (whole ticks, ``ir.sim.clock.on_clock``), so the walk is
 shift-invariant there: an application whose start times are an earlier one's, all
 later by the same delta, ends the same way, every time later by exactly that delta.
 
@@ -29,16 +29,14 @@ is part of the key too.
 
 from __future__ import annotations
 
+from math import inf
 from typing import Any
 
 from ..function import Function
-from ..op import Op
 
 # an application is replayed only where every time it reads and makes is below this
 # (the engine's clock is exact there; above it the walk rounds, and is walked)
 from .clock import EXACT_BELOW_S
-
-_INF = float("inf")
 
 # a body whose applications never repeat stops being recorded after this many misses
 _GIVE_UP_AFTER = 12
@@ -150,7 +148,7 @@ class TaskMemo:
 
     # -- entry from the engine's Task rule ----------------------------------------
 
-    def run(self, engine: Any, op: Op, body: Function, values: list, walk: Any) -> list:
+    def run(self, engine: Any, body: Function, values: list, walk: Any) -> list:
         """The body's output values for this application: replayed from a record where
         one matches, else ``walk()`` (which runs the body and returns them), recorded."""
         plans = self.plans
@@ -314,9 +312,10 @@ def _key(
 
     Entries that cannot affect the application are *stale* and keyed as such, not by
     their times (which drift: a weight ready at 0, a host that never syncs): an input
-    ready no later than every stream the plan uses was free (each reader waits for its
-    stream anyway), a host's batch of posts that its clock has passed (read only while
-    the clock equals its last wait), a host clock where no host costs time or syncs."""
+    ready no later than every stream its readers wait for was free (the plan's groups:
+    each reader waits for its stream anyway), a host's batch of posts that its clock
+    has passed (read only while the clock equals its last wait), a host clock where no
+    host costs time or syncs."""
     ready = engine.slot_ready
     n = len(plan.devices)
     state = _state(engine, plan)
@@ -334,7 +333,7 @@ def _key(
             stale[2 * n + i] = stale[3 * n + i] = True
     # an input no later than every stream its readers wait for cannot hold one
     floors = [min([state[j] for j in g]) for g in plan.groups]
-    floors += (_INF, -_INF)  # unread: never counts; read with no stream: always counts
+    floors += (inf, -inf)  # unread: never counts; read with no stream: always counts
     floor_of = [floors[k] for k in plan.group_of]
     rel_inputs = [t - anchor if t > f else None for t, f in zip(inputs, floor_of)]
     rel_state = [None if s else t - anchor for t, s in zip(state, stale)]
@@ -351,7 +350,7 @@ def _record(
     mark: tuple[int, ...],
     anchor: float,
     slots: list[int],
-    before: tuple[list[float], list[bool]],
+    before: tuple[list[float], list[bool], list[float]],
     outs: list,
 ) -> _Record | None:
     u0, s0, us0, c0, a0, ai0, p0, ch0 = mark
@@ -400,10 +399,11 @@ def _record(
             for a, segs in engine.app_segments.items()
             if a >= a0
         ]
-        r.outputs = [_relocated(v, slot) for v in outs]
-        r.int_outputs = None
+        r.outputs = r.int_outputs = None
         if all(v.__class__ is int for v in outs):  # (code, plain or class slot) each
             r.int_outputs = [(slot(v), True) if v >= 0 else (slot(~v), False) for v in outs]
+        else:
+            r.outputs = [_relocated(v, slot) for v in outs]
     except _NotLocalError:
         return None
     state, stale, registers = before
@@ -414,10 +414,11 @@ def _record(
     r.scratch = []
     k = 0
     for name, is_time in _REGISTERS:
+        column = getattr(engine, name)
         for d in plan.devices:
-            t0, t = registers[k], getattr(engine, name)[d]
-            if t != t0:
-                r.scratch.append((getattr(engine, name), d, t - anchor if is_time else t, is_time))
+            t = column[d]
+            if t != registers[k]:
+                r.scratch.append((column, d, t - anchor if is_time else t, is_time))
             k += 1
     made = [*r.starts, *r.ends, *r.slot_ready, *r.app_base, *[t for t in r.state if t is not None]]
     r.max_rel = max(made, default=0.0)
