@@ -256,7 +256,7 @@ def bench_space() -> None:
     # (and with the request's shared analyses, which the estimator and the builds reuse)
     shared = SharedPlans()
     tensor_cpu = time.process_time()
-    problems = _tensor_problems(t, space, shared)
+    problems = _tensor_problems(t, space, shared, batch)
     tensor_cpu = time.process_time() - tensor_cpu
     pruned = prune(space, ModelFacts.of(t, batch), capacity, problems)
     todo = [s for s in space if s not in pruned]

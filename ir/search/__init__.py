@@ -283,7 +283,7 @@ def _requested(t: Function, topology: Topology, rows_of_batch: int, strategies_:
     # the analyses strategies share (the tensor degree's, the stages', the batch pieces'),
     # run once in this request (not in an executor's processes: each builds its own)
     shared = SharedPlans()
-    problems = _tensor_problems(t, strategies_, shared)
+    problems = _tensor_problems(t, strategies_, shared, rows_of_batch)
     pruned = prune(strategies_, facts, capacity, problems)
     model_flops, dtype = _flops(t)
     peak = topology.devices[0].peak_flops_for(dtype, True, allow_tf32=topology.allow_tf32)
@@ -398,17 +398,20 @@ def _check_request(
 
 
 def _tensor_problems(
-    t: Function, space: list[Strategy], shared: SharedPlans | None = None
+    t: Function, space: list[Strategy], shared: SharedPlans | None = None, batch: int = 1
 ) -> dict[int, str | None]:
     """For each tensor-parallel degree of the space, why it would repeat work on every
     tensor rank (beyond the attention heads, say), or None: analysed once per degree,
     so the builds need not check again (``shared``: the search's, whose vocabulary forms
-    the builds then reuse)."""
+    the builds then reuse; analysed at the batch pieces the estimator analyses ``t`` at,
+    where ``batch`` has them, so that it reuses the analyses)."""
     from ..transforms.megatron import tensor_replication_problem
+    from .estimate import analysed_pieces
 
     analyses = shared.of(t, False)[1] if shared is not None else None
     degrees = sorted({s.tp for s in space})
-    problems = {k: tensor_replication_problem(t, k, analyses) for k in degrees if k > 1}
+    pieces = analysed_pieces(batch) or 1
+    problems = {k: tensor_replication_problem(t, k, analyses, pieces) for k in degrees if k > 1}
     return {k: why.splitlines()[0] if why else None for k, why in problems.items()}
 
 

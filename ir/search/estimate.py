@@ -114,13 +114,20 @@ class Estimates:
     refused: dict[int, str] = field(default_factory=dict)  # index -> the stage cut's refusal
 
 
+def analysed_pieces(batch: int) -> int | None:
+    """The number of batch pieces the estimator analyses a step of ``batch`` rows at (None:
+    the batch has no such number): two at least, since with one the data plan has no
+    gradient sum (no optimizer steps after it to read the weights from)."""
+    return next((k for k in range(2, 9) if batch % k == 0), None)
+
+
 class Estimator:
     """Closed-form step time and memory of ``t``'s strategies on ``topology``.
 
-    Built once per search: it analyses the step without tensor parallelism at two
-    microbatch sizes (which dimensions follow the batch) and at the space's smallest
-    tensor-parallel degree (which dimensions the degree splits; with sequence parallelism
-    too if the space has it); :meth:`estimate` then costs any list of strategies, a
+    Built once per search: it analyses the step at one microbatch size (its data level
+    says which dimensions follow the batch) without tensor parallelism and at the space's
+    smallest tensor-parallel degree (which dimensions the degree splits; with sequence
+    parallelism too if the space has it); :meth:`estimate` then costs any list of strategies, a
     group of strategies that share a degree, microbatch size and pipeline at a time, with
     numpy. What it costs is kept: per (degree, rows) each distinct op once, per stage
     count each op's stage once. ``shared``: the search request's :class:`SharedPlans` of
@@ -140,9 +147,7 @@ class Estimator:
         # plans), which its pruning made and its builds reuse
         self.shared = shared.of(t, False)[1] if shared is not None else None
         self.costs = Costs(topology)
-        # two pieces at least: with one, the data plan has no gradient sum (no optimizer
-        # steps after it to read the weights from)
-        self.pieces = next((k for k in (2, 4, 8) if batch % (2 * k) == 0), None)
+        self.pieces = analysed_pieces(batch)
         self._profiles: dict[tuple[int, bool], tuple[Profile, int] | None] = {}
         self._cache: dict[tuple, Any] = {}
         self._members: dict[tuple, tuple] = {}
@@ -153,7 +158,6 @@ class Estimator:
             replayed = replayed_names(t, shared.of(t, True)[0] if shared is not None else None)
         try:
             base = Profile(t, 1, self.pieces, shared=self.shared)
-            base.infer(Profile(t, 1, 2 * self.pieces, shared=self.shared), 0)
         except DistIRError:
             return
         base.finish(replayed)
@@ -176,18 +180,13 @@ class Estimator:
     def _infer_alone(
         self, prof: Profile, alone: set[str], tp: int, wide: list[int], sp: bool
     ) -> None:
-        """Scale the records ``prof`` has and the degree-1 step has not (a vocabulary-
-        parallel embedding and loss) by the same comparison as the rest: the split step at
-        twice the pieces (batch dimensions) and at twice the degree (split ones). Left
-        unscaled, they keep the reference microbatch's rows at every size (at GPT-3's
-        1,536 sequences, 192 times a 4-sequence microbatch's logits)."""
-        try:
-            prof.infer(Profile(self.t, tp, 2 * self.pieces, sp, self.shared), 0, alone)
-        except DistIRError:
-            return
-        if max(wide) > tp:  # degrees above the analysed one: what twice it splits
+        """Find the split dimensions of the records ``prof`` has and the degree-1 step has
+        not (a vocabulary-parallel embedding and loss) by comparing the step at twice the
+        degree, where the space has degrees above ``tp`` (their batch dimensions, like
+        every record's, are the data level's)."""
+        if max(wide) > tp:
             with contextlib.suppress(DistIRError):
-                prof.infer(Profile(self.t, 2 * tp, self.pieces, sp, self.shared), 1, alone)
+                prof.infer_split(Profile(self.t, 2 * tp, self.pieces, sp, self.shared), alone)
 
     def _entry(self, tp: int, sp: bool) -> tuple[Profile, int]:
         entry = self._profiles.get((min(tp, 2), sp and tp > 1))
@@ -258,24 +257,21 @@ class Estimator:
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
-            dev, host, comm, conv, keep, total, first, again, held = self._records(
-                tp, rows, sp, recompute
-            )
-            phase, stage = prof.phase, prof.stage_of(stages)
-            slot = np.concatenate([stage * 2 + phase, (stage * 2 + 1)[again]])
-            take = np.concatenate([np.arange(len(stage)), np.flatnonzero(again)])
+            dev, host, comm, kept, total, first, held = self._classes(tp, rows, sp)
+            count, last = prof.counts(stages)  # (2 stages, classes): records per class
+            both = count[0::2] + count[1::2]  # per stage, either phase
+            again = prof.again & recompute  # (forward classes) replayed in the backward
+            conv = (prof.class_is_conv & (comm > 0)).astype(np.float64)
 
             def per(values: np.ndarray) -> np.ndarray:
-                out = np.bincount(slot, weights=values[take], minlength=2 * stages)
-                return out.reshape(stages, 2)
+                out = (count @ values).reshape(stages, 2)
+                out[:, 1] += count[0::2] @ np.where(again, values, 0.0)
+                return out
 
-            saved = np.bincount(stage, weights=keep, minlength=stages)
-            largest = np.zeros(stages)
-            np.maximum.at(largest, stage, total)
-            send = np.zeros(stages)
-            forward = prof.forward_ops
-            send[stage[forward]] = first[forward]  # the last forward result wins
-            returned = np.bincount(stage, weights=held, minlength=stages)
+            saved = both @ np.where(again, 0.0, kept)
+            largest = np.where(both > 0, total, 0.0).max(axis=1, initial=0.0)
+            send = np.where(last >= 0, first[last], 0.0)  # its last forward result's bytes
+            returned = both @ held
             return per(dev), per(host), per(comm), saved, largest, send, per(conv), returned
 
         return self._cached(("stages", tp, rows, stages, sp, recompute), make)

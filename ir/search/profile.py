@@ -4,13 +4,14 @@ degree, and how their shapes scale with the microbatch and the degree.
 A :class:`Profile` is the analysis ``T.megatron`` makes of one strategy (its
 ``MegatronPlan``: the local ops of one microbatch on one device, the tensor-parallel
 conversions, the optimizer steps) read as *records*. Analysing every (microbatch size,
-degree) of a big space would cost seconds each; instead the estimator analyses a few
-and compares them record by record (matched by the names of the values they make):
-a dimension that halves when the rows per microbatch halve is a batch dimension, one
-that halves when the degree doubles is split by the degree. A record's shapes at any
-(rows, degree) follow, and its time is asked of the same cost rules and device methods
-the simulator uses (``Device.op_time_s``, ``Device.host_time_s``,
-``Collective.time_s``), not of a copy.
+degree) of a big space would cost seconds each; instead the estimator analyses a few. A
+record's batch dimensions are those its values are split along over the batch's pieces
+(the plan's data level says, value by value: one analysis per degree, at any number of
+pieces); the dimensions the degree splits are found by comparing two degrees record by
+record (matched by the names of the values they make): one that halves when the degree
+doubles. A record's shapes at any (rows, degree) follow, and its time is asked of the
+same cost rules and device methods the simulator uses (``Device.op_time_s``,
+``Device.host_time_s``, ``Collective.time_s``), not of a copy.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ..transforms._megatron_shared import SharedAnalyses
 from ..transforms._spmd import P, R
 from ..transforms.stage_cut import StageCuts, annotated_stages
 from ..types import TensorType, compute_dtype
+from ..value import Value
 
 
 class NotEstimableError(Exception):
@@ -60,9 +62,12 @@ class Record:
     writes: tuple[str, ...]
     scale: list[list[tuple[int, int]]] = field(default_factory=list)
     converted: str = ""  # a conversion: the name of the value it makes (what ops read)
+    batch_known: bool = True  # False: a value the data level does not name (its rows fixed)
 
     def shapes(self, rows_ratio: float, split_ratio: float) -> list[tuple[int, ...]]:
         """The shapes at ``rows / rows_ref`` and ``degree_ref / degree``."""
+        if not self.batch_known and rows_ratio != 1.0:
+            raise NotEstimableError(f"{self.name}: which dimensions follow the batch is unknown")
         out = []
         for t, dims in zip(self.types, self.scale):
             shape = []
@@ -115,9 +120,31 @@ class Profile:
             for x in task
             if x.regather and x.op is None
         }
+        # each value's batch dimension: the one the data level splits it along over the
+        # pieces (a tensor-parallel conversion's result: its operand's)
+        key_of, state = plan.key_of, plan.dplan.state
+        converts: dict[Value, Value] = {}
+
+        def scale_of(values: Sequence[Value], types: list[TensorType]) -> list | None:
+            if len(values) != len(types):
+                return None
+            out = []
+            for v, x in zip(values, types):
+                key = key_of.get(converts.get(v, v))
+                if key is None:
+                    return None
+                dims = [(0, 0)] * len(x.shape)
+                st = state.get(key)
+                if st is not None and st.kind == "S" and st.dim < len(dims):
+                    dims[st.dim] = (1, 0)
+                out.append(dims)
+            return out
+
         for item in plan.items:
             if item.op is None:
                 key = item.keys[0]
+                if item.outputs:
+                    converts[item.outputs[0]] = converts.get(key, key)
                 source = local.value(key)
                 name = f"{key.name}#conv{seen.setdefault(key.name + '#', 0)}"
                 seen[key.name + "#"] += 1
@@ -126,6 +153,7 @@ class Profile:
                 rec = Record(name, _kind(item), item.phase, None, [source.type], 1, reads, ())
                 if item.outputs:
                     rec.converted = local.value(item.outputs[0]).name
+                values: Sequence[Value] = (key,)
             else:
                 op = item.op
                 first = op.outputs[0].name if op.outputs else op.op_type
@@ -139,19 +167,21 @@ class Profile:
                 rec = Record(
                     f"{first}#{k}", "op", item.phase, op, types, len(op.inputs), reads, writes
                 )
-            rec.scale = [[(0, 0)] * len(x.shape) for x in rec.types]
+                values = (*item.keys, *item.outputs)
+            scale = scale_of(values, rec.types)
+            rec.batch_known = scale is not None
+            rec.scale = scale or [[(0, 0)] * len(x.shape) for x in rec.types]
             self.records.append(rec)
         self.by_name = {r.name: r for r in self.records}
         self._stages: dict[int, np.ndarray] = {}
         self._assignments: dict[tuple, Any] = {}
         self._cuts: dict[Function, StageCuts] = {}
 
-    def infer(self, other: Profile, axis: int, only: set[str] | None = None) -> None:
-        """Mark the dimensions that halve in ``other`` (the same step at twice the pieces,
-        ``axis`` 0, or twice the degree, ``axis`` 1) as scaling along that axis (of the
-        records named in ``only``, if given)."""
+    def infer_split(self, other: Profile, only: set[str]) -> None:
+        """Mark the dimensions that halve in ``other`` (the same step at twice the degree)
+        as split by the degree, of the records named in ``only``."""
         for rec in self.records:
-            if only is not None and rec.name not in only:
+            if rec.name not in only:
                 continue
             twin = other.by_name.get(rec.name)
             if twin is None or len(twin.types) != len(rec.types):
@@ -161,35 +191,37 @@ class Profile:
                     continue
                 for i, (x, y) in enumerate(zip(a.shape, b.shape)):
                     if x == 2 * y and x != y:
-                        dims[i] = (1, dims[i][1]) if axis == 0 else (dims[i][0], 1)
+                        dims[i] = (dims[i][0], 1)
 
     def split_from(self, base: Profile) -> set[str]:
-        """This profile's degree against ``base`` (degree 1, the same pieces, its batch
-        dimensions known): a dimension ``degree`` times smaller here is split by the
-        degree; batch dimensions are ``base``'s, value by value; a conversion's tensor
-        scales as the result of the op that makes it. Returns the names of the records
-        ``base`` has no twin of (ops only the split step has: a vocabulary-parallel
-        embedding or loss), whose scaling this leaves to :meth:`infer`."""
+        """This profile's degree against ``base`` (degree 1, the same pieces): a dimension
+        ``degree`` times smaller here is split by the degree; a conversion's tensor scales
+        as the result of the op that makes it. Returns the names of the records ``base``
+        has no twin of (ops only the split step has: a vocabulary-parallel embedding or
+        loss), whose split dimensions this leaves to :meth:`infer_split`."""
         factor = self.tp // base.tp
         made: dict[str, list[tuple[int, int]]] = {}
+        made_known: dict[str, bool] = {}
         twinned: set[str] = set()
         for rec in self.records:
             twin = base.by_name.get(rec.name)
             if rec.op is None or twin is None or len(twin.types) != len(rec.types):
                 continue
             twinned.add(rec.name)
-            for dims, here, there, there_dims in zip(rec.scale, rec.types, twin.types, twin.scale):
+            for dims, here, there in zip(rec.scale, rec.types, twin.types):
                 if len(here.shape) != len(there.shape):
                     continue
                 for i, (x, y) in enumerate(zip(here.shape, there.shape)):
-                    dims[i] = (there_dims[i][0], int(x * factor == y and x != y))
+                    dims[i] = (dims[i][0], int(x * factor == y and x != y))
             for w, dims in zip(rec.writes, rec.scale[rec.n_in :]):
                 made[w] = dims
+                made_known[w] = rec.batch_known
         for rec in self.records:
             if rec.op is None:
                 dims = made.get(rec.name.split("#conv")[0])
                 if dims is not None and len(dims) == len(rec.types[0].shape):
                     rec.scale = [list(dims)]
+                    rec.batch_known = rec.batch_known and made_known[rec.name.split("#conv")[0]]
         return {
             r.name
             for r in self.records
@@ -234,7 +266,9 @@ class Profile:
             ids.append(k)
         self.class_of = np.asarray(ids, dtype=np.int64)
         self.again = np.asarray([c[2] for c in self.classes], dtype=bool)
+        self.class_is_conv = np.asarray([c[0].op is None for c in self.classes], dtype=bool)
         self.forward_ops = np.flatnonzero((self.phase == 0) & ~self.is_conv)
+        self._counts: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def assignment(self, stages: int) -> dict[Op, int]:
         """``T.megatron``'s stage of each op of the analysed step among ``stages`` (shared
@@ -252,6 +286,24 @@ class Profile:
             self._assignments[(t, stages)] = found
         if isinstance(found, Exception):
             raise RefusedError(str(found).splitlines()[0])
+        return found
+
+    def counts(self, stages: int) -> tuple[np.ndarray, np.ndarray]:
+        """Among ``stages``: per stage and phase (rows ``2 stage + phase``, phase 1 the
+        backward), how many records of each class it holds (columns); and per stage, the
+        class of its last forward op (-1: none). A model's identical layers make a few
+        classes of many records, so a (rows, degree) sums its stages from these counts,
+        never record by record (``Estimator._stages``)."""
+        found = self._counts.get(stages)
+        if found is None:
+            slot = self.stage_of(stages) * 2 + self.phase
+            n = len(self.classes)
+            flat = np.bincount(slot * n + self.class_of, minlength=2 * stages * n)
+            at = np.full(stages, -1, dtype=np.int64)  # each stage's last forward op
+            forward = self.forward_ops
+            np.maximum.at(at, self.stage_of(stages)[forward], forward)
+            last = np.where(at >= 0, self.class_of[at], -1)
+            found = self._counts[stages] = (flat.reshape(2 * stages, n).astype(np.float64), last)
         return found
 
     def share(self, other: Profile) -> None:

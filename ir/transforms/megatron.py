@@ -326,13 +326,16 @@ def tensor_split_problem(t: Function, tp: int) -> str | None:
 
 
 def tensor_replication_problem(
-    t: Function, tp: int, shared: SharedAnalyses | None = None
+    t: Function, tp: int, shared: SharedAnalyses | None = None, pieces: int = 1
 ) -> str | None:
     """Why :func:`megatron` refuses ``tp`` for ``t`` because it would repeat work on every
     tensor rank (``tp`` beyond or not dividing the attention heads, the MLP width, the
     vocabulary: ``ir.transforms.tensor_limits``), or None. The analysis only, as
     :func:`tensor_split_problem`; the same for every dp, pp and microbatch count.
-    ``shared``: analyses of ``t`` shared with other calls (see :func:`megatron`).
+    ``shared``: analyses of ``t`` shared with other calls (see :func:`megatron`);
+    ``pieces``: the number of batch pieces (replicas x microbatches) to analyse ``t`` at,
+    dividing its batch (the answer is the same for any: a search gives the one its
+    estimator analyses, so that the two share the analysis).
 
     >>> import ir
     >>> from ir.transforms import training
@@ -346,8 +349,9 @@ def tensor_replication_problem(
     tensor level: tp=8 leaves 4 weight(s) that tensor parallelism splits whole on every tensor rank
     """
     tp = _positive("the tensor-parallel degree (tp)", tp)
+    pieces = _positive("pieces", pieces)
     try:
-        MegatronPlan(t, 1, tp, 1, 1, "1f1b", 1, 0, shared=shared, checks_only=True)
+        MegatronPlan(t, 1, tp, 1, pieces, "1f1b", 1, 0, shared=shared, checks_only=True)
     except TensorReplicationError as e:
         return str(e)
     except TransformError:
