@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, TypeVar
 
 from .op import Op
 from .types import DeviceRef, TupleType, devices_of
 from .value import Value
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,6 +75,16 @@ class Function:
             for sub in op.subfunctions:
                 seen.update(dict.fromkeys(sub.devices))
         return tuple(d for d in seen if isinstance(d, int))
+
+    def derived(self, key: str, make: Callable[[Function], T]) -> T:
+        """``make(self)``, computed once for this function and kept with it (it never
+        changes): an analysis many transforms read of one program (its batch inputs), as
+        :attr:`producers` is kept. ``key`` names the analysis; ``make`` must depend on the
+        function alone, and callers must not change what it returns."""
+        found = self.__dict__.setdefault("_derived", {})
+        if key not in found:
+            found[key] = make(self)
+        return found[key]
 
     def value(self, name: str) -> Value:
         """The input or op output named ``name`` (first match, ops inside pmap bodies excluded)."""

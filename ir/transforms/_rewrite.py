@@ -128,6 +128,11 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
                 f"{f.name} has no input(s) {unknown}; its inputs are {list(by_name)}"
             )
         return [by_name[n] for n in names]
+    return list(f.derived("batch_inputs", _batch_inputs))
+
+
+def _batch_inputs(f: Function) -> tuple[Value, ...]:
+    """:func:`batch_inputs` of ``f`` without names (kept with ``f``: ``Function.derived``)."""
     # a training program's untrained buffers (rotary frequencies) are not batches either
     params = set(_optimized_inputs(f) or ()) | set(_weight_like(f))
     read = {v for op in f.ops for v in op.inputs} | set(f.outputs)
@@ -137,9 +142,9 @@ def batch_inputs(f: Function, names: Sequence[str] | None = None) -> list[Value]
         if v not in params and v in read and isinstance(v.type, TensorType) and v.type.rank >= 1
     ]
     if not data:
-        return []
+        return ()
     batch = _batch_rows(f, data)
-    return [v for v in data if v.type.shape[0] == batch]
+    return tuple(v for v in data if v.type.shape[0] == batch)
 
 
 def _batch_rows(f: Function, data: Sequence[Value]) -> int:

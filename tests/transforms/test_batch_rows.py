@@ -92,3 +92,27 @@ def test_a_reshape_that_merges_the_batch_behind_another_axis_is_refused_by_name(
     f = b.finish(b.call("Reshape", flat, shape=(3, 8), name="y"))
     with pytest.raises(T.TransformError, match=r"axis 1 of 'ht' .* must stay whole\n  in: flat"):
         T.data_parallel(f, 2)
+
+
+def test_the_batch_inputs_are_found_once_per_program_and_kept_with_it(monkeypatch) -> None:
+    """A search's builds ask the batch inputs of one training step hundreds of times (its
+    data plans, stage cuts and constants): found once, kept with the (immutable) program
+    (``Function.derived``); each caller gets its own list, and a pickled program (an
+    executor's worker's) answers the same."""
+    import pickle
+
+    from ir.transforms import _rewrite
+
+    t = T.training(ir.models.with_loss(windows(), kind="mse"), params=TRAINED)
+    calls = []
+    found = _rewrite._batch_inputs
+    monkeypatch.setattr(_rewrite, "_batch_inputs", lambda f: calls.append(f) or found(f))
+    first = batch_inputs(t)
+    first.append(t.inputs[0])  # the caller's list, not the kept one
+    assert [v.name for v in batch_inputs(t)] == ["x", "labels"]
+    assert len(calls) == 1
+    copy = pickle.loads(pickle.dumps(t))
+    assert [v.name for v in batch_inputs(copy)] == ["x", "labels"]
+    other = windows()  # another program is its own
+    assert [v.name for v in batch_inputs(other)] == ["x"]
+    assert len(calls) == 2
