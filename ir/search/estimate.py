@@ -127,9 +127,9 @@ class Estimator:
     Built once per search: it analyses the step at one microbatch size (its data level
     says which dimensions follow the batch) without tensor parallelism and at the space's
     smallest tensor-parallel degree (which dimensions the degree splits; with sequence
-    parallelism too if the space has it); :meth:`estimate` then costs any list of strategies, a
-    group of strategies that share a degree, microbatch size and pipeline at a time, with
-    numpy. What it costs is kept: per (degree, rows) each distinct op once, per stage
+    parallelism too if the space has it); :meth:`estimate` then costs any list of
+    strategies, a group of strategies that share a degree, microbatch size and pipeline at
+    a time, with numpy. What it costs is kept: per (degree, rows) each distinct op once, per stage
     count each op's stage once. ``shared``: the search request's :class:`SharedPlans` of
     ``t``, whose analyses (made by the pruning, reused by the builds) its own start from;
     the estimates are the same without it."""
@@ -233,19 +233,14 @@ class Estimator:
         return self._cached(("classes", tp, rows, sp), make)
 
     def _records(self, tp: int, rows: int, sp: bool, recompute: bool) -> tuple[np.ndarray, ...]:
-        """Per record: device, host and collective seconds, transfers, kept bytes (none
-        for what recomputation replays), allocated bytes, first result bytes; which
-        records the backward replays; bytes returned by the step."""
+        """Per record: device and collective seconds, and whether the backward replays it
+        (what the longest chains and the kept bytes walk record by record)."""
 
         def make() -> tuple[np.ndarray, ...]:
             prof, _ = self._entry(tp, sp)
-            dev, host, comm, kept, total, first, held = self._classes(tp, rows, sp)
+            dev, _, comm, *_ = self._classes(tp, rows, sp)
             cls = prof.class_of
-            again = prof.again[cls] & recompute
-            conv = (prof.is_conv & (comm[cls] > 0)).astype(np.float64)
-            keep = np.where(again, 0.0, kept[cls])
-            out = dev[cls], host[cls], comm[cls], conv, keep, total[cls], first[cls], again
-            return (*out, held[cls])
+            return dev[cls], comm[cls], prof.again[cls] & recompute
 
         return self._cached(("records", tp, rows, sp, recompute), make)
 
@@ -640,7 +635,7 @@ class Estimator:
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
-            again = self._records(tp, rows, sp, recompute)[7]
+            again = self._records(tp, rows, sp, recompute)[2]
             sizes = self._sizes(tp, rows, sp)
             records, phase, stage = prof.records, prof.phase, prof.stage_of(stages)
             back: dict[str, set[int]] = {}  # name -> the stages whose backward reads it
@@ -699,7 +694,7 @@ class Estimator:
 
         def make() -> tuple:
             prof, _ = self._entry(tp, sp)
-            dev, _, comm, _, _, _, _, again, _ = self._records(tp, rows, sp, recompute)
+            dev, comm, again = self._records(tp, rows, sp, recompute)
             records, phase, stage = prof.records, prof.phase, prof.stage_of(stages)
             conv = prof.is_conv
             made: dict[tuple[str, int], int] = {}  # (name, phase) -> its stage

@@ -218,10 +218,11 @@ class Profile:
                 made_known[w] = rec.batch_known
         for rec in self.records:
             if rec.op is None:
-                dims = made.get(rec.name.split("#conv")[0])
+                source = rec.name.split("#conv")[0]
+                dims = made.get(source)
                 if dims is not None and len(dims) == len(rec.types[0].shape):
                     rec.scale = [list(dims)]
-                    rec.batch_known = rec.batch_known and made_known[rec.name.split("#conv")[0]]
+                    rec.batch_known = rec.batch_known and made_known[source]
         return {
             r.name
             for r in self.records
@@ -296,12 +297,12 @@ class Profile:
         never record by record (``Estimator._stages``)."""
         found = self._counts.get(stages)
         if found is None:
-            slot = self.stage_of(stages) * 2 + self.phase
-            n = len(self.classes)
+            stage, n = self.stage_of(stages), len(self.classes)
+            slot = stage * 2 + self.phase
             flat = np.bincount(slot * n + self.class_of, minlength=2 * stages * n)
             at = np.full(stages, -1, dtype=np.int64)  # each stage's last forward op
             forward = self.forward_ops
-            np.maximum.at(at, self.stage_of(stages)[forward], forward)
+            np.maximum.at(at, stage[forward], forward)
             last = np.where(at >= 0, self.class_of[at], -1)
             found = self._counts[stages] = (flat.reshape(2 * stages, n).astype(np.float64), last)
         return found
